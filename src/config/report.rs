@@ -1,0 +1,115 @@
+//! The human-readable summary `mpc check-config` prints.
+
+use std::fmt::Write;
+
+use super::{HostConfig, Parsed, Severity, Strategy};
+use crate::platform::Platform;
+
+/// One platform's strategy and capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlatformSummary {
+    /// The platform.
+    pub platform: Platform,
+    /// `local`, `dynamic`, `dynamic-pool`, `static` or `disabled`.
+    pub strategy: &'static str,
+    /// Capacity in words (hosts × concurrency, max-instances, ...).
+    pub capacity: String,
+}
+
+impl HostConfig {
+    /// Strategy and capacity of every platform the config names.
+    pub fn summaries(&self) -> Vec<PlatformSummary> {
+        self.platforms()
+            .into_iter()
+            .map(|p| {
+                let (strategy, capacity) = match self.resolve(p) {
+                    Strategy::Local => (
+                        "local",
+                        match p.node_os_arch() {
+                            Some((os, arch)) => format!(
+                                "in-cluster nodes (kubernetes.io/os={os}, kubernetes.io/arch={arch})"
+                            ),
+                            None => "in the build pod".to_owned(),
+                        },
+                    ),
+                    Strategy::Dynamic(d) => (
+                        "dynamic",
+                        format!(
+                            "max-instances {} ({} in {}, 1 TaskRun per instance)",
+                            d.max_instances, d.instance_type, d.region
+                        ),
+                    ),
+                    Strategy::DynamicPool(pool) => (
+                        "dynamic-pool",
+                        format!(
+                            "max-instances {} × concurrency {} = {} slots ({} in {}, max-age {} min{})",
+                            pool.instance.max_instances,
+                            pool.concurrency,
+                            pool.instance.max_instances * pool.concurrency,
+                            pool.instance.instance_type,
+                            pool.instance.region,
+                            pool.max_age.as_secs() / 60,
+                            if pool.min_instances > 0 {
+                                format!(", {} warm", pool.min_instances)
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    ),
+                    Strategy::Static(s) => {
+                        let n = s.hosts.len();
+                        let first = s.hosts[0].concurrency;
+                        let capacity = if s.hosts.iter().all(|h| h.concurrency == first) {
+                            format!("{n} host(s) × concurrency {first} = {} slots", s.capacity())
+                        } else {
+                            format!("{n} host(s), {} slots in total", s.capacity())
+                        };
+                        ("static", capacity)
+                    }
+                    Strategy::Disabled(why) => ("disabled", why.to_owned()),
+                    Strategy::Unknown => ("unknown", String::new()),
+                };
+                PlatformSummary {
+                    platform: p.clone(),
+                    strategy,
+                    capacity,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Renders the per-platform table followed by every warning and error.
+pub fn render_report(source: &str, parsed: &Parsed) -> String {
+    let mut out = String::new();
+    let rows = parsed.config.summaries();
+    let _ = writeln!(out, "{source}: {} platform(s)", rows.len());
+    let width = rows
+        .iter()
+        .map(|r| r.platform.as_str().len())
+        .max()
+        .unwrap_or(8)
+        .max(8);
+    let _ = writeln!(
+        out,
+        "  {:<width$}  {:<12}  capacity",
+        "platform", "strategy"
+    );
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:<12}  {}",
+            r.platform.as_str(),
+            r.strategy,
+            r.capacity
+        );
+    }
+    for (sev, title) in [(Severity::Warning, "warnings"), (Severity::Error, "errors")] {
+        let items: Vec<_> = parsed.of(sev).collect();
+        let _ = writeln!(out, "{title}: {}", items.len());
+        for d in items {
+            let _ = writeln!(out, "  {d}");
+        }
+    }
+    out
+}

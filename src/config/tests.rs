@@ -1,0 +1,540 @@
+use super::*;
+
+fn data(pairs: &[(&str, &str)]) -> ConfigData {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn p(s: &str) -> Platform {
+    Platform::parse(s).unwrap()
+}
+
+fn fixture(name: &str) -> Parsed {
+    let path = format!(
+        "{}/tests/fixtures/configmaps/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let (d, mut diags) = read_configmap_yaml(&text).unwrap();
+    let mut parsed = parse(&d);
+    diags.append(&mut parsed.diagnostics);
+    parsed.diagnostics = diags;
+    parsed
+}
+
+fn dynamic_keys(label: &str) -> Vec<(String, String)> {
+    [
+        ("type", "aws"),
+        ("region", "us-east-1"),
+        ("ami", "ami-1"),
+        ("instance-type", "m6g.large"),
+        ("key-name", "kp"),
+        ("aws-secret", "aws"),
+        ("ssh-secret", "ssh"),
+        ("max-instances", "3"),
+    ]
+    .iter()
+    .map(|(f, v)| (format!("dynamic.{label}.{f}"), (*v).to_owned()))
+    .collect()
+}
+
+fn with(mut base: Vec<(String, String)>, extra: &[(&str, &str)]) -> ConfigData {
+    base.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    base.into_iter().collect()
+}
+
+fn errors_for<'a>(parsed: &'a Parsed, key: &str) -> Vec<&'a Diagnostic> {
+    parsed
+        .of(Severity::Error)
+        .filter(|d| d.key == key)
+        .collect()
+}
+
+#[test]
+fn production_like_fixture_parses_cleanly() {
+    let parsed = fixture("production-like.yaml");
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let c = &parsed.config;
+    assert_eq!(
+        c.local,
+        [p("linux/x86_64"), p("local"), p("localhost")].into()
+    );
+    assert_eq!(c.dynamic.len(), 4);
+    let arm = &c.dynamic[&p("linux/arm64")];
+    assert_eq!(arm.max_instances, 250);
+    assert_eq!(arm.instance_tag, "prod-arm64");
+    assert_eq!(arm.disk_gb, DEFAULT_DISK_GB);
+    assert_eq!(arm.allocation_timeout, DEFAULT_ALLOCATION_TIMEOUT);
+    assert_eq!(
+        arm.security_group_id.as_deref(),
+        Some("sg-0759f4a43faada557")
+    );
+    let mlarge = &c.dynamic[&p("linux-mlarge/arm64")];
+    assert_eq!(
+        mlarge.instance_tag, "example-prod",
+        "falls back to the global tag"
+    );
+    assert_eq!(mlarge.disk_gb, 160);
+    let ud = mlarge.user_data.as_deref().unwrap();
+    assert!(ud.starts_with("Content-Type: multipart/mixed"));
+    assert!(ud.contains("grep -qE '\\S'"));
+    assert!(ud.ends_with("--//--"));
+    let root = &c.dynamic[&p("linux-root/amd64")];
+    assert_eq!(
+        root.sudo_commands,
+        [
+            "/usr/bin/podman",
+            "/usr/bin/rm /usr/share/containers/mounts.conf"
+        ]
+    );
+    assert_eq!((root.iops, root.throughput), (Some(16000), Some(1000)));
+    assert_eq!(
+        c.additional_instance_tags,
+        vec![
+            ("Project".to_owned(), "Example".to_owned()),
+            ("Owner".to_owned(), "infra@example.com".to_owned()),
+            ("ManagedBy".to_owned(), "Example Infra Team".to_owned()),
+            ("cost-center".to_owned(), "670".to_owned()),
+        ]
+    );
+    let pool = &c.pools[&p("linux-pool/arm64")];
+    assert_eq!(pool.concurrency, 4);
+    assert_eq!(pool.max_age, Duration::from_secs(120 * 60));
+    assert_eq!(c.capacity(&p("linux-pool/arm64")), Some(40));
+    let s390 = &c.static_pools[&p("linux/s390x")];
+    assert_eq!(s390.hosts.len(), 2);
+    assert_eq!(s390.hosts[1].address, "s390x-2.builders.example.com");
+    assert_eq!(c.capacity(&p("linux/s390x")), Some(8));
+    let ppc = &c.static_pools[&p("linux/ppc64le")];
+    assert_eq!(ppc.hosts[0].name, "ppc64le.static.1", "dotted host names");
+    assert!(matches!(c.resolve(&p("linux/s390x")), Strategy::Static(_)));
+    assert!(matches!(c.resolve(&p("linux/x86_64")), Strategy::Local));
+    assert!(matches!(c.resolve(&p("linux/riscv64")), Strategy::Unknown));
+    // key-name missing on nothing here; the only warnings are the ones we expect none of.
+    assert_eq!(
+        parsed.of(Severity::Warning).count(),
+        0,
+        "{:#?}",
+        parsed.diagnostics
+    );
+}
+
+#[test]
+fn dev_like_fixture_disables_only_the_unconfigured_platform() {
+    let parsed = fixture("dev-like.yaml");
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let c = &parsed.config;
+    assert!(
+        matches!(c.resolve(&p("linux/s390x")), Strategy::Disabled(r) if r.contains("no dynamic.linux-s390x.* keys"))
+    );
+    assert!(
+        matches!(c.resolve(&p("linux/arm64")), Strategy::Dynamic(d) if d.strict_public_address)
+    );
+    let win = &c.dynamic[&p("windows/c4xlarge-amd64")];
+    assert_eq!(win.allocation_timeout, Duration::from_secs(1200));
+    assert!(
+        win.user_data
+            .as_deref()
+            .unwrap()
+            .starts_with("<powershell>\nStart-Service sshd")
+    );
+    let warned: Vec<_> = parsed
+        .of(Severity::Warning)
+        .map(|d| d.key.as_str())
+        .collect();
+    assert!(
+        warned.contains(&"dynamic.linux-arm64.concurrency"),
+        "{warned:?}"
+    );
+    assert!(
+        warned.contains(&"dynamic.linux-arm64.max-age"),
+        "{warned:?}"
+    );
+    assert!(warned.contains(&"dynamic-platforms"), "{warned:?}");
+}
+
+#[test]
+fn local_only_fixture_accepts_bare_names() {
+    let parsed = fixture("local-only.yaml");
+    assert!(parsed.diagnostics.is_empty(), "{:#?}", parsed.diagnostics);
+    assert!(matches!(
+        parsed.config.resolve(&p("test-platform")),
+        Strategy::Local
+    ));
+}
+
+#[test]
+fn resolution_order_local_dynamic_pool_static() {
+    let mut d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("local-platforms", "linux/arm64"),
+            ("dynamic-platforms", "linux/arm64,linux/amd64"),
+            ("dynamic-pool-platforms", "linux/amd64, linux/s390x"),
+        ],
+    );
+    d.extend(with(
+        dynamic_keys("linux-amd64"),
+        &[("dynamic.linux-amd64.concurrency", "2")],
+    ));
+    d.extend(with(
+        dynamic_keys("linux-s390x"),
+        &[("dynamic.linux-s390x.concurrency", "2")],
+    ));
+    for (f, v) in [
+        ("address", "10.0.0.1"),
+        ("platform", "linux/s390x"),
+        ("user", "root"),
+        ("secret", "k"),
+        ("concurrency", "2"),
+    ] {
+        d.insert(format!("host.h1.{f}"), v.to_owned());
+    }
+    let parsed = parse(&d);
+    let c = &parsed.config;
+    assert!(matches!(c.resolve(&p("linux/arm64")), Strategy::Local));
+    assert!(matches!(c.resolve(&p("linux/amd64")), Strategy::Dynamic(_)));
+    assert!(matches!(
+        c.resolve(&p("linux/s390x")),
+        Strategy::DynamicPool(_)
+    ));
+    assert!(
+        c.static_pools.is_empty(),
+        "shadowed static hosts are not used"
+    );
+    let warnings: Vec<String> = parsed
+        .of(Severity::Warning)
+        .map(|d| d.to_string())
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("dynamic-platforms = \"linux/arm64\"")
+                && w.contains("local-platforms")),
+        "{warnings:#?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("host.h1.platform") && w.contains("dynamic-pool-platforms")),
+        "{warnings:#?}"
+    );
+}
+
+#[test]
+fn every_error_names_key_and_value() {
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64,linux/AMD64"),
+            ("dynamic.linux-arm64.max-instances", "lots"),
+        ],
+    );
+    let parsed = parse(&d);
+    let e = errors_for(&parsed, "dynamic.linux-arm64.max-instances");
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].value.as_deref(), Some("lots"));
+    assert!(
+        e[0].to_string()
+            .starts_with("error: dynamic.linux-arm64.max-instances = \"lots\": not a whole number")
+    );
+    let e = errors_for(&parsed, "dynamic-platforms");
+    assert_eq!(e[0].value.as_deref(), Some("linux/AMD64"));
+    assert!(
+        matches!(parsed.config.resolve(&p("linux/arm64")), Strategy::Disabled(r) if r.contains("max-instances"))
+    );
+}
+
+#[test]
+fn one_bad_platform_disables_only_itself() {
+    let mut d = with(
+        dynamic_keys("linux-arm64"),
+        &[("dynamic-platforms", "linux/arm64,linux/amd64")],
+    );
+    d.extend(with(
+        dynamic_keys("linux-amd64"),
+        &[("dynamic.linux-amd64.type", "ibmz")],
+    ));
+    let parsed = parse(&d);
+    assert!(matches!(
+        parsed.config.resolve(&p("linux/arm64")),
+        Strategy::Dynamic(_)
+    ));
+    assert!(
+        matches!(parsed.config.resolve(&p("linux/amd64")), Strategy::Disabled(r) if r.contains("ibmz"))
+    );
+    assert_eq!(errors_for(&parsed, "dynamic.linux-amd64.type").len(), 1);
+}
+
+#[test]
+fn missing_required_dynamic_keys() {
+    let d: ConfigData = dynamic_keys("linux-arm64")
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with(".ami") && !k.ends_with(".max-instances"))
+        .chain([("dynamic-platforms".to_owned(), "linux/arm64".to_owned())])
+        .collect();
+    let parsed = parse(&d);
+    assert_eq!(errors_for(&parsed, "dynamic.linux-arm64.ami").len(), 1);
+    assert_eq!(
+        errors_for(&parsed, "dynamic.linux-arm64.max-instances").len(),
+        1
+    );
+    assert!(matches!(
+        parsed.config.resolve(&p("linux/arm64")),
+        Strategy::Disabled(_)
+    ));
+}
+
+#[test]
+fn pool_rules() {
+    let base = |extra: &[(&str, &str)]| {
+        let mut d = with(dynamic_keys("linux-arm64"), extra);
+        d.insert("dynamic-pool-platforms".into(), "linux/arm64".into());
+        parse(&d)
+    };
+    let parsed = base(&[]);
+    assert_eq!(
+        errors_for(&parsed, "dynamic.linux-arm64.concurrency").len(),
+        1,
+        "concurrency required"
+    );
+    let parsed = base(&[("dynamic.linux-arm64.concurrency", "9")]);
+    assert_eq!(
+        errors_for(&parsed, "dynamic.linux-arm64.concurrency").len(),
+        1,
+        "1..=8"
+    );
+    let parsed = base(&[
+        ("dynamic.linux-arm64.concurrency", "2"),
+        ("dynamic.linux-arm64.max-age", "1441"),
+    ]);
+    assert_eq!(errors_for(&parsed, "dynamic.linux-arm64.max-age").len(), 1);
+    let parsed = base(&[
+        ("dynamic.linux-arm64.concurrency", "2"),
+        ("dynamic.linux-arm64.min-instances", "5"),
+    ]);
+    assert_eq!(
+        errors_for(&parsed, "dynamic.linux-arm64.min-instances").len(),
+        1,
+        "min > max"
+    );
+    let parsed = base(&[
+        ("dynamic.linux-arm64.concurrency", "2"),
+        ("dynamic.linux-arm64.min-instances", "1"),
+    ]);
+    assert!(!parsed.has_errors());
+    let pool = &parsed.config.pools[&p("linux/arm64")];
+    assert_eq!(
+        (pool.concurrency, pool.min_instances, pool.max_age),
+        (2, 1, DEFAULT_MAX_AGE)
+    );
+}
+
+#[test]
+fn dynamic_value_rules() {
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("dynamic.linux-arm64.disk", "0"),
+            ("dynamic.linux-arm64.strict-public-address", "yes"),
+            ("dynamic.linux-arm64.sudo-commands", "/bin/sh -c 'reboot'"),
+            ("dynamic.linux-arm64.allocation-timeout", "-1"),
+            ("dynamic.linux-arm64.user", "Admin"),
+            ("dynamic.linux-arm64.host-key-policy", "off"),
+            ("dynamic.linux-arm64.region", "us east"),
+            ("dynamic.linux-arm64.frobnicate", "1"),
+        ],
+    );
+    let parsed = parse(&d);
+    for field in [
+        "disk",
+        "strict-public-address",
+        "sudo-commands",
+        "allocation-timeout",
+        "user",
+        "host-key-policy",
+        "region",
+    ] {
+        assert_eq!(
+            errors_for(&parsed, &format!("dynamic.linux-arm64.{field}")).len(),
+            1,
+            "{field}: {:#?}",
+            parsed.diagnostics
+        );
+    }
+    assert!(
+        parsed
+            .of(Severity::Warning)
+            .any(|d| d.key == "dynamic.linux-arm64.frobnicate")
+    );
+    let big = "x".repeat(MAX_USER_DATA_BYTES + 1);
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("dynamic.linux-arm64.user-data", &big),
+        ],
+    );
+    let parsed = parse(&d);
+    let e = errors_for(&parsed, "dynamic.linux-arm64.user-data");
+    assert_eq!(e.len(), 1);
+    assert!(e[0].message.contains("16384"));
+}
+
+#[test]
+fn spot_and_user_and_tags() {
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("dynamic.linux-arm64.spot", "true"),
+            ("dynamic.linux-arm64.user", "ubuntu"),
+            ("additional-instance-tags", "a=1,broken,b=two words"),
+        ],
+    );
+    let parsed = parse(&d);
+    let dp = &parsed.config.dynamic[&p("linux/arm64")];
+    assert!(dp.spot);
+    assert_eq!(dp.user, "ubuntu");
+    assert_eq!(dp.instance_tag, DEFAULT_INSTANCE_TAG);
+    assert_eq!(
+        parsed.config.additional_instance_tags,
+        vec![("a".into(), "1".into()), ("b".into(), "two words".into())],
+        "the bad tag alone is dropped"
+    );
+    let e = errors_for(&parsed, "additional-instance-tags");
+    assert_eq!(e[0].value.as_deref(), Some("broken"));
+}
+
+#[test]
+fn static_host_rules() {
+    let host = |name: &str, fields: &[(&str, &str)]| -> Vec<(String, String)> {
+        fields
+            .iter()
+            .map(|(f, v)| (format!("host.{name}.{f}"), (*v).to_owned()))
+            .collect()
+    };
+    let good = [
+        ("address", "10.0.0.1"),
+        ("platform", "linux/s390x"),
+        ("user", "root"),
+        ("secret", "key"),
+        ("concurrency", "4"),
+    ];
+    let mut d: ConfigData = host("good", &good).into_iter().collect();
+    d.extend(host(
+        "bad-addr",
+        &[
+            ("address", "10.0.0.2; rm -rf /"),
+            ("platform", "linux/s390x"),
+            ("user", "root"),
+            ("secret", "key"),
+        ],
+    ));
+    d.extend(host(
+        "no-conc",
+        &[
+            ("address", "h.example.com"),
+            ("platform", "linux/s390x"),
+            ("user", "root"),
+            ("secret", "key"),
+        ],
+    ));
+    d.extend(host(
+        "too-many",
+        &[
+            ("address", "10.0.0.3"),
+            ("platform", "linux/ppc64le"),
+            ("user", "root"),
+            ("secret", "key"),
+            ("concurrency", "9"),
+        ],
+    ));
+    d.extend(host(
+        "pinned",
+        &[
+            ("address", "10.0.0.4"),
+            ("platform", "linux/s390x"),
+            ("user", "root"),
+            ("secret", "key"),
+            ("concurrency", "1"),
+            ("host-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB2a"),
+        ],
+    ));
+    let parsed = parse(&d);
+    let s390 = &parsed.config.static_pools[&p("linux/s390x")];
+    let names: Vec<_> = s390.hosts.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["good", "no-conc", "pinned"]);
+    assert_eq!(s390.hosts[1].concurrency, 1, "defaults to 1 with a warning");
+    assert_eq!(s390.capacity(), 6);
+    assert!(
+        s390.hosts[2]
+            .host_key
+            .as_deref()
+            .unwrap()
+            .starts_with("ssh-ed25519 ")
+    );
+    assert_eq!(errors_for(&parsed, "host.bad-addr.address").len(), 1);
+    assert_eq!(errors_for(&parsed, "host.too-many.concurrency").len(), 1);
+    assert!(matches!(
+        parsed.config.resolve(&p("linux/ppc64le")),
+        Strategy::Disabled(r) if r.contains("host.too-many.concurrency")
+    ));
+}
+
+#[test]
+fn globals() {
+    let parsed = parse(&data(&[
+        ("gate-pending", "true"),
+        ("reject-unknown-platforms", "maybe"),
+        ("otp-server-url", "http://otp"),
+        ("something-new", "x"),
+    ]));
+    assert!(parsed.config.gate_pending);
+    assert!(!parsed.config.reject_unknown_platforms);
+    assert_eq!(errors_for(&parsed, "reject-unknown-platforms").len(), 1);
+    assert_eq!(errors_for(&parsed, "otp-server-url").len(), 1);
+    assert!(
+        parsed
+            .of(Severity::Warning)
+            .any(|d| d.key == "something-new")
+    );
+    let parsed = parse(&data(&[("otp-server-url", "https://otp.mpc.svc:8443/otp")]));
+    assert_eq!(
+        parsed.config.otp_server_url.as_deref(),
+        Some("https://otp.mpc.svc:8443/otp")
+    );
+}
+
+#[test]
+fn unused_dynamic_group_is_a_warning() {
+    let parsed = parse(&dynamic_keys("linux-arm64").into_iter().collect());
+    assert!(!parsed.has_errors());
+    assert!(parsed.config.dynamic.is_empty());
+    assert!(
+        parsed
+            .of(Severity::Warning)
+            .any(|d| d.message.contains("unused"))
+    );
+}
+
+#[test]
+fn report_lists_strategies_and_capacity() {
+    let parsed = fixture("production-like.yaml");
+    let out = render_report("prod.yaml", &parsed);
+    assert!(out.contains("linux/s390x"), "{out}");
+    assert!(out.contains("2 host(s) × concurrency 4 = 8 slots"), "{out}");
+    assert!(
+        out.contains("max-instances 10 × concurrency 4 = 40 slots"),
+        "{out}"
+    );
+    assert!(out.contains("kubernetes.io/arch=amd64"), "{out}");
+    assert!(out.contains("errors: 0"), "{out}");
+}

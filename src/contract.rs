@@ -1,0 +1,112 @@
+//! Names shared with the Konflux multi-platform-controller (labels, annotations, finalizer, secret
+//! layout, remote user names). They are a compatibility contract: existing Tasks, dashboards and
+//! cleanup jobs depend on them, so they must never change.
+
+use md5::{Digest, Md5};
+
+/// The TaskRun param naming the platform.
+pub const PLATFORM_PARAM: &str = "PLATFORM";
+
+/// Label: platform label value; the scheduler's watch selector.
+pub const TARGET_PLATFORM_LABEL: &str = "build.appstudio.redhat.com/target-platform";
+/// Label: host name, instance id, or `localhost`.
+pub const ASSIGNED_HOST_LABEL: &str = "build.appstudio.redhat.com/assigned-host";
+/// Label: queued for this platform (removed when assigned).
+pub const WAITING_FOR_PLATFORM_LABEL: &str = "build.appstudio.redhat.com/waiting-for-platform";
+/// Label on internal TaskRuns, which are never allocated.
+pub const TASK_TYPE_LABEL: &str = "build.appstudio.redhat.com/task-type";
+/// Label `true` on every secret we create.
+pub const MULTI_PLATFORM_SECRET_LABEL: &str = "build.appstudio.redhat.com/multi-platform-secret";
+/// Label on the `host-config` ConfigMap.
+pub const MULTI_PLATFORM_CONFIG_LABEL: &str = "build.appstudio.redhat.com/multi-platform-config";
+
+/// Annotation: comma list of hosts whose provisioning failed for this TaskRun.
+pub const FAILED_HOSTS_ANNOTATION: &str = "build.appstudio.redhat.com/failed-hosts";
+/// Annotation: the dynamic instance of this TaskRun.
+pub const CLOUD_INSTANCE_ID_ANNOTATION: &str = "build.appstudio.redhat.com/cloud-instance-id";
+/// Annotation: the address of this TaskRun's dynamic instance.
+pub const CLOUD_ADDRESS_ANNOTATION: &str = "build.appstudio.redhat.com/cloud-address";
+/// Annotation: unix seconds when allocation started.
+pub const ALLOCATION_START_TIME_ANNOTATION: &str =
+    "build.appstudio.redhat.com/allocation-start-time";
+
+/// Finalizer held on remote TaskRuns until cleanup is durable.
+pub const FINALIZER: &str = "appstudio.io/multi-platform-finalizer";
+
+/// `assigned-host` value for platforms served in the pod.
+pub const LOCALHOST: &str = "localhost";
+
+/// Name of the host-config ConfigMap in the controller namespace.
+pub const HOST_CONFIG_NAME: &str = "host-config";
+
+/// Prefix of the per-TaskRun secret name.
+pub const SECRET_PREFIX: &str = "multi-platform-ssh-";
+
+/// Secret data keys (design §3).
+pub mod secret_keys {
+    /// One-time token to redeem at `otp-server`.
+    pub const OTP: &str = "otp";
+    /// URL of the OTP server's `/otp` endpoint.
+    pub const OTP_SERVER: &str = "otp-server";
+    /// PEM CA that signs the OTP server's certificate.
+    pub const OTP_CA: &str = "otp-ca";
+    /// `user@address`, or `localhost`.
+    pub const HOST: &str = "host";
+    /// The remote user's home directory.
+    pub const USER_DIR: &str = "user-dir";
+    /// A human message when allocation failed.
+    pub const ERROR: &str = "error";
+}
+
+/// Tags on every cloud instance we launch (design §5).
+pub mod instance_tags {
+    /// `true` on every managed instance.
+    pub const MANAGED: &str = "MultiPlatformManaged";
+    /// The configured instance tag.
+    pub const INSTANCE: &str = "multi-platform-instance";
+    /// `<namespace>:<taskrun name>` of the owner.
+    pub const TASKRUN_ID: &str = "taskRunID";
+}
+
+/// The secret a TaskRun mounts: `multi-platform-ssh-<taskrun name>`.
+pub fn secret_name(taskrun_name: &str) -> String {
+    format!("{SECRET_PREFIX}{taskrun_name}")
+}
+
+/// The per-TaskRun remote user: `u-` + the first 28 hex digits of md5(name + namespace).
+///
+/// Kept bit-for-bit with the Go controller so existing host cleanup jobs recognise our users.
+pub fn remote_user_name(taskrun_name: &str, namespace: &str) -> String {
+    let mut h = Md5::new();
+    h.update(taskrun_name.as_bytes());
+    h.update(namespace.as_bytes());
+    let hex = hex::encode(h.finalize());
+    format!("u-{}", &hex[..28])
+}
+
+/// `taskRunID` tag value: `<namespace>:<name>`.
+pub fn taskrun_id(namespace: &str, name: &str) -> String {
+    format!("{namespace}:{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_name_matches_go_controller() {
+        // md5("build-1" + "tenant") computed independently with coreutils md5sum.
+        let u = remote_user_name("build-1", "tenant");
+        assert_eq!(u.len(), 30);
+        assert!(u.starts_with("u-"));
+        assert_eq!(
+            u,
+            format!("u-{}", &"b4b4c7ca2eb9cd86cf07ca4b15a129fe"[..28])
+        );
+    }
+
+    #[test]
+    fn secret_name_prefix() {
+        assert_eq!(secret_name("tr"), "multi-platform-ssh-tr");
+    }
+}
