@@ -1,1 +1,10 @@
-//! e2e harness
+//! End-to-end harness: a Kubernetes test API server that real clients (kubectl, kube-rs) accept, a
+//! Tekton stand-in, and helpers that run real `sshd` and `moto` on loopback.
+//!
+//! Test infrastructure only; never used in production.
+
+pub mod apiserver;
+pub mod ec2_proxy;
+pub mod moto;
+pub mod sshd;
+pub mod tekton;
