@@ -18,6 +18,7 @@ pub mod resources;
 pub mod selector;
 pub mod status;
 pub mod store;
+pub mod testing;
 mod watch;
 
 use std::collections::HashMap;
