@@ -750,7 +750,20 @@ impl Registry {
                     .sum();
                 json!(n)
             }
-            CellSource::Path(p) => jsonpath::eval(obj, p).unwrap_or(Value::Null),
+            CellSource::Path(p) => {
+                let v = jsonpath::eval(obj, p).unwrap_or(Value::Null);
+                // Date columns are shown as an age, as the apiserver's CRD table convertor does.
+                let date = (column.kind == "date")
+                    .then(|| v.as_str())
+                    .flatten()
+                    .and_then(|s| {
+                        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+                    });
+                match date {
+                    Some(d) => json!(human_duration((now - d).whole_seconds().max(0))),
+                    None => v,
+                }
+            }
         }
     }
 }
