@@ -127,7 +127,12 @@ fn decode_continue(s: &str) -> Result<(u64, ObjKey), ApiError> {
 }
 
 impl Shared {
-    fn namespace_check(&self, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<(), ApiError> {
+    fn namespace_check(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<(), ApiError> {
         let Some(ns) = ns.filter(|_| def.namespaced) else {
             return Ok(());
         };
@@ -285,7 +290,10 @@ impl Shared {
                 "resourceVersion should not be set on objects to be created",
             ));
         }
-        let requested_name = obj["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let requested_name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         self.namespace_check(def, ns, &requested_name)?;
         if !opts.skip_admission {
             obj = admission::admit(self, def, ns, "CREATE", obj, None, opts.dry_run).await?;

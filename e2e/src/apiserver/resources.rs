@@ -757,7 +757,11 @@ impl Registry {
                     .then(|| v.as_str())
                     .flatten()
                     .and_then(|s| {
-                        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+                        time::OffsetDateTime::parse(
+                            s,
+                            &time::format_description::well_known::Rfc3339,
+                        )
+                        .ok()
                     });
                 match date {
                     Some(d) => json!(human_duration((now - d).whole_seconds().max(0))),

@@ -31,13 +31,18 @@ pub struct TestWebhook {
 
 impl std::fmt::Debug for TestWebhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestWebhook").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("TestWebhook")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
 async fn review(State(st): State<Arc<HookState>>, body: axum::Json<Value>) -> axum::Json<Value> {
     let req = body.0["request"].clone();
-    st.seen.lock().unwrap_or_else(|e| e.into_inner()).push(req.clone());
+    st.seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(req.clone());
     let delay = *st.delay.lock().unwrap_or_else(|e| e.into_inner());
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -50,13 +55,17 @@ async fn review(State(st): State<Arc<HookState>>, body: axum::Json<Value>) -> ax
         resp["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(p));
         resp["patchType"] = json!("JSONPatch");
     }
-    axum::Json(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}))
+    axum::Json(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}),
+    )
 }
 
 impl TestWebhook {
     /// Starts the webhook (certificate for `127.0.0.1` and `localhost`); `decide` answers each
     /// review.
-    pub async fn start(decide: impl Fn(&Value) -> Value + Send + Sync + 'static) -> std::io::Result<Self> {
+    pub async fn start(
+        decide: impl Fn(&Value) -> Value + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
         Self::start_with_names(&["127.0.0.1", "localhost"], decide).await
     }
 
@@ -68,7 +77,8 @@ impl TestWebhook {
     ) -> std::io::Result<Self> {
         mpc::tls::install_crypto_provider();
         let sans: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let bundle = mpc::certs::generate("e2e-webhook", &sans, 1).map_err(std::io::Error::other)?;
+        let bundle =
+            mpc::certs::generate("e2e-webhook", &sans, 1).map_err(std::io::Error::other)?;
         let dir = tempfile::tempdir()?;
         mpc::certs::write_bundle(&bundle, dir.path()).map_err(std::io::Error::other)?;
         let cert = mpc::tls::ReloadingCert::load(mpc::tls::CertPaths::in_dir(dir.path()))
@@ -120,7 +130,11 @@ impl TestWebhook {
 
     /// Every AdmissionReview `request` received so far.
     pub fn requests(&self) -> Vec<Value> {
-        self.state.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.state
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Makes every later answer wait this long.
@@ -146,7 +160,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
