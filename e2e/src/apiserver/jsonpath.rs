@@ -73,7 +73,10 @@ pub fn eval(obj: &Value, path: &str) -> Option<Value> {
                         }
                         let matches = match x {
                             Some(Value::String(s)) => s == want,
-                            Some(other) => other.to_string() == *want,
+                            Some(other) => {
+                                let text = other.to_string();
+                                text == *want
+                            }
                             None => false,
                         };
                         if matches {

@@ -365,7 +365,7 @@ pub fn validate(def: &ResourceDef, obj: &Value, old: Option<&Value>) -> Vec<Caus
             Some(v) => {
                 if let Err(e) = validate_label_value(v) {
                     errs.push((
-                        format!("metadata.labels"),
+                        "metadata.labels".to_owned(),
                         format!("Invalid value: {v:?}: {e}"),
                     ));
                 }
@@ -542,13 +542,11 @@ fn validate_webhooks(obj: &Value, errs: &mut Vec<Cause>) {
                 f("clientConfig"),
                 "Required value: exactly one of url or service is required".into(),
             )),
-            (Some(u), None) => {
-                if !u.as_str().is_some_and(|u| u.starts_with("https://")) {
-                    errs.push((
-                        f("clientConfig.url"),
-                        "Invalid value: 'https' is the only allowed URL scheme".into(),
-                    ));
-                }
+            (Some(u), None) if !u.as_str().is_some_and(|u| u.starts_with("https://")) => {
+                errs.push((
+                    f("clientConfig.url"),
+                    "Invalid value: 'https' is the only allowed URL scheme".into(),
+                ));
             }
             _ => {}
         }

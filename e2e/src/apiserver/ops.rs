@@ -48,6 +48,10 @@ pub(crate) enum Deleted {
     Pending(Value),
 }
 
+/// A page of a list: items (in the version asked for), list resourceVersion, continue token,
+/// remaining item count.
+pub(crate) type ListPage = (Vec<Value>, u64, Option<String>, Option<usize>);
+
 /// Selection and paging of a list.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ListOpts {
@@ -171,7 +175,7 @@ impl Shared {
         def: &ResourceDef,
         ns: Option<&str>,
         opts: &ListOpts,
-    ) -> Result<(Vec<Value>, u64, Option<String>, Option<usize>), ApiError> {
+    ) -> Result<ListPage, ApiError> {
         check_fields(def, &opts.fields)?;
         let store = self.lock();
         let current = store.current_rv();

@@ -124,6 +124,7 @@ impl ResourceDef {
     }
 
     /// The value of a field-selector field, or `Err` if the resource does not support the field.
+    #[allow(clippy::result_unit_err)]
     pub fn field_value(&self, obj: &Value, field: &str) -> Result<Option<String>, ()> {
         let s = |v: &Value| match v {
             Value::String(s) => Some(s.clone()),
