@@ -1,0 +1,544 @@
+//! A small subset of CEL for webhook `matchConditions`: literals, `object`/`oldObject`/`request`
+//! field access (`.`, `[...]`, `has()`), `== != < <= > >= in`, `&& || !`, `? :`, `size()`,
+//! `startsWith`/`endsWith`/`contains`, and the `exists`/`all`/`exists_one` macros. Expressions
+//! outside the subset are refused when the configuration is written, never silently misjudged.
+
+use serde_json::Value;
+
+/// A parsed expression.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expr {
+    /// A literal.
+    Lit(Value),
+    /// A variable or macro-bound name.
+    Ident(String),
+    /// `e.f`.
+    Field(Box<Expr>, String),
+    /// `e[i]`.
+    Index(Box<Expr>, Box<Expr>),
+    /// `has(e.f)`.
+    Has(Box<Expr>, String),
+    /// `!e`.
+    Not(Box<Expr>),
+    /// Binary operator.
+    Bin(String, Box<Expr>, Box<Expr>),
+    /// `c ? a : b`.
+    Cond(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// `target.method(args)` or `fn(args)` (target `None`).
+    Call(Option<Box<Expr>>, String, Vec<Expr>),
+    /// `target.exists(v, pred)` and friends.
+    Macro(Box<Expr>, String, String, Box<Expr>),
+    /// `[a, b]`.
+    List(Vec<Expr>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Ident(String),
+    Str(String),
+    Num(f64),
+    Op(&'static str),
+}
+
+fn lex(s: &str) -> Result<Vec<Tok>, String> {
+    let c: Vec<char> = s.chars().collect();
+    let mut i = 0;
+    let mut out = Vec::new();
+    const OPS: [&str; 22] = [
+        "&&", "||", "==", "!=", "<=", ">=", "!", "<", ">", "(", ")", "[", "]", ".", ",", "?", ":",
+        "+", "-", "{", "}", "*",
+    ];
+    while i < c.len() {
+        let ch = c[i];
+        if ch.is_whitespace() {
+            i += 1;
+        } else if ch == '\'' || ch == '"' {
+            let q = ch;
+            i += 1;
+            let mut v = String::new();
+            while i < c.len() && c[i] != q {
+                if c[i] == '\\' && i + 1 < c.len() {
+                    i += 1;
+                }
+                v.push(c[i]);
+                i += 1;
+            }
+            if i >= c.len() {
+                return Err("unterminated string literal".into());
+            }
+            i += 1;
+            out.push(Tok::Str(v));
+        } else if ch.is_ascii_digit() {
+            let start = i;
+            while i < c.len() && (c[i].is_ascii_digit() || c[i] == '.') {
+                i += 1;
+            }
+            let n: String = c[start..i].iter().collect();
+            out.push(Tok::Num(n.parse().map_err(|_| format!("bad number {n}"))?));
+        } else if ch.is_alphabetic() || ch == '_' {
+            let start = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            out.push(Tok::Ident(c[start..i].iter().collect()));
+        } else {
+            let rest: String = c[i..c.len().min(i + 2)].iter().collect();
+            let op = OPS
+                .iter()
+                .find(|o| rest.starts_with(*o))
+                .ok_or_else(|| format!("unexpected character {ch:?}"))?;
+            i += op.len();
+            out.push(Tok::Op(op));
+        }
+    }
+    Ok(out)
+}
+
+struct Parser {
+    toks: Vec<Tok>,
+    pos: usize,
+}
+
+impl Parser {
+    fn peek_op(&self, op: &str) -> bool {
+        matches!(self.toks.get(self.pos), Some(Tok::Op(o)) if *o == op)
+    }
+    fn eat_op(&mut self, op: &str) -> bool {
+        if self.peek_op(op) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expect(&mut self, op: &str) -> Result<(), String> {
+        if self.eat_op(op) {
+            Ok(())
+        } else {
+            Err(format!("expected {op:?} at token {}", self.pos))
+        }
+    }
+    fn expr(&mut self) -> Result<Expr, String> {
+        let c = self.or()?;
+        if self.eat_op("?") {
+            let a = self.expr()?;
+            self.expect(":")?;
+            let b = self.expr()?;
+            return Ok(Expr::Cond(Box::new(c), Box::new(a), Box::new(b)));
+        }
+        Ok(c)
+    }
+    fn or(&mut self) -> Result<Expr, String> {
+        let mut l = self.and()?;
+        while self.eat_op("||") {
+            l = Expr::Bin("||".into(), Box::new(l), Box::new(self.and()?));
+        }
+        Ok(l)
+    }
+    fn and(&mut self) -> Result<Expr, String> {
+        let mut l = self.rel()?;
+        while self.eat_op("&&") {
+            l = Expr::Bin("&&".into(), Box::new(l), Box::new(self.rel()?));
+        }
+        Ok(l)
+    }
+    fn rel(&mut self) -> Result<Expr, String> {
+        let l = self.unary()?;
+        for op in ["==", "!=", "<=", ">=", "<", ">"] {
+            if self.eat_op(op) {
+                return Ok(Expr::Bin(op.into(), Box::new(l), Box::new(self.unary()?)));
+            }
+        }
+        if matches!(self.toks.get(self.pos), Some(Tok::Ident(s)) if s == "in") {
+            self.pos += 1;
+            return Ok(Expr::Bin("in".into(), Box::new(l), Box::new(self.unary()?)));
+        }
+        if let Some(Tok::Op(o @ ("+" | "-" | "*"))) = self.toks.get(self.pos) {
+            return Err(format!(
+                "arithmetic ({o}) is not supported by this test API server"
+            ));
+        }
+        Ok(l)
+    }
+    fn unary(&mut self) -> Result<Expr, String> {
+        if self.eat_op("!") {
+            return Ok(Expr::Not(Box::new(self.unary()?)));
+        }
+        self.member()
+    }
+    fn args(&mut self) -> Result<Vec<Expr>, String> {
+        let mut a = Vec::new();
+        if self.eat_op(")") {
+            return Ok(a);
+        }
+        loop {
+            a.push(self.expr()?);
+            if self.eat_op(")") {
+                return Ok(a);
+            }
+            self.expect(",")?;
+        }
+    }
+    fn member(&mut self) -> Result<Expr, String> {
+        let mut e = self.primary()?;
+        loop {
+            if self.eat_op(".") {
+                let Some(Tok::Ident(name)) = self.toks.get(self.pos).cloned() else {
+                    return Err("expected a field name after '.'".into());
+                };
+                self.pos += 1;
+                if self.eat_op("(") {
+                    if matches!(name.as_str(), "exists" | "all" | "exists_one") {
+                        let Some(Tok::Ident(var)) = self.toks.get(self.pos).cloned() else {
+                            return Err(format!("{name}() needs a variable name"));
+                        };
+                        self.pos += 1;
+                        self.expect(",")?;
+                        let body = self.expr()?;
+                        self.expect(")")?;
+                        e = Expr::Macro(Box::new(e), name, var, Box::new(body));
+                    } else if matches!(
+                        name.as_str(),
+                        "startsWith" | "endsWith" | "contains" | "size"
+                    ) {
+                        let a = self.args()?;
+                        e = Expr::Call(Some(Box::new(e)), name, a);
+                    } else {
+                        return Err(format!(
+                            "method {name}() is not supported by this test API server"
+                        ));
+                    }
+                } else {
+                    e = Expr::Field(Box::new(e), name);
+                }
+            } else if self.eat_op("[") {
+                let i = self.expr()?;
+                self.expect("]")?;
+                e = Expr::Index(Box::new(e), Box::new(i));
+            } else {
+                return Ok(e);
+            }
+        }
+    }
+    fn primary(&mut self) -> Result<Expr, String> {
+        let t = self
+            .toks
+            .get(self.pos)
+            .cloned()
+            .ok_or("unexpected end of expression")?;
+        self.pos += 1;
+        match t {
+            Tok::Str(s) => Ok(Expr::Lit(Value::String(s))),
+            Tok::Num(n) => Ok(Expr::Lit(serde_json::json!(n))),
+            Tok::Op("(") => {
+                let e = self.expr()?;
+                self.expect(")")?;
+                Ok(e)
+            }
+            Tok::Op("[") => {
+                let mut items = Vec::new();
+                if !self.eat_op("]") {
+                    loop {
+                        items.push(self.expr()?);
+                        if self.eat_op("]") {
+                            break;
+                        }
+                        self.expect(",")?;
+                    }
+                }
+                Ok(Expr::List(items))
+            }
+            Tok::Ident(id) => match id.as_str() {
+                "true" => Ok(Expr::Lit(Value::Bool(true))),
+                "false" => Ok(Expr::Lit(Value::Bool(false))),
+                "null" => Ok(Expr::Lit(Value::Null)),
+                "has" => {
+                    self.expect("(")?;
+                    let e = self.member()?;
+                    self.expect(")")?;
+                    match e {
+                        Expr::Field(t, f) => Ok(Expr::Has(t, f)),
+                        _ => Err("has() needs a field selection argument".into()),
+                    }
+                }
+                "size" if self.peek_op("(") => {
+                    self.pos += 1;
+                    let a = self.args()?;
+                    Ok(Expr::Call(None, "size".into(), a))
+                }
+                _ if self.peek_op("(") => Err(format!(
+                    "function {id}() is not supported by this test API server"
+                )),
+                _ => Ok(Expr::Ident(id)),
+            },
+            Tok::Op(o) => Err(format!("unexpected {o:?}")),
+        }
+    }
+}
+
+/// Parses an expression of the supported subset.
+pub fn parse(src: &str) -> Result<Expr, String> {
+    let mut p = Parser {
+        toks: lex(src)?,
+        pos: 0,
+    };
+    let e = p.expr()?;
+    if p.pos != p.toks.len() {
+        return Err(format!("unexpected trailing input at token {}", p.pos));
+    }
+    Ok(e)
+}
+
+type Env<'a> = Vec<(String, Value)>;
+
+fn lookup(env: &Env<'_>, name: &str) -> Result<Value, String> {
+    env.iter()
+        .rev()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+        .ok_or_else(|| format!("undeclared reference to {name:?}"))
+}
+
+fn truthy(v: &Value) -> Result<bool, String> {
+    v.as_bool()
+        .ok_or_else(|| format!("no such overload: expected bool, got {v}"))
+}
+
+fn eval_in(e: &Expr, env: &mut Env<'_>) -> Result<Value, String> {
+    Ok(match e {
+        Expr::Lit(v) => v.clone(),
+        Expr::Ident(n) => lookup(env, n)?,
+        Expr::Field(t, f) => {
+            let t = eval_in(t, env)?;
+            t.get(f.as_str())
+                .cloned()
+                .ok_or_else(|| format!("no such key: {f}"))?
+        }
+        Expr::Index(t, i) => {
+            let t = eval_in(t, env)?;
+            let i = eval_in(i, env)?;
+            match (&t, &i) {
+                (Value::Object(m), Value::String(k)) => m
+                    .get(k)
+                    .cloned()
+                    .ok_or_else(|| format!("no such key: {k}"))?,
+                (Value::Array(a), Value::Number(n)) => a
+                    .get(n.as_f64().unwrap_or(-1.0) as usize)
+                    .cloned()
+                    .ok_or("index out of range")?,
+                _ => return Err(format!("no such overload: index {i} of {t}")),
+            }
+        }
+        Expr::Has(t, f) => {
+            let t = eval_in(t, env)?;
+            Value::Bool(t.get(f.as_str()).is_some_and(|v| !v.is_null()))
+        }
+        Expr::Not(x) => Value::Bool(!truthy(&eval_in(x, env)?)?),
+        Expr::Cond(c, a, b) => {
+            if truthy(&eval_in(c, env)?)? {
+                eval_in(a, env)?
+            } else {
+                eval_in(b, env)?
+            }
+        }
+        Expr::Bin(op, l, r) => {
+            if op == "&&" || op == "||" {
+                // CEL's commutative logic: an error on one side is absorbed if the other decides.
+                let lv = eval_in(l, env).and_then(|v| truthy(&v));
+                let short = op == "||";
+                if lv == Ok(short) {
+                    return Ok(Value::Bool(short));
+                }
+                let rv = eval_in(r, env).and_then(|v| truthy(&v));
+                return match (lv, rv) {
+                    (_, Ok(b)) if b == short => Ok(Value::Bool(short)),
+                    (Ok(_), Ok(_)) => Ok(Value::Bool(!short)),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
+            }
+            let lv = eval_in(l, env)?;
+            let rv = eval_in(r, env)?;
+            match op.as_str() {
+                "==" => Value::Bool(json_eq(&lv, &rv)),
+                "!=" => Value::Bool(!json_eq(&lv, &rv)),
+                "in" => Value::Bool(match &rv {
+                    Value::Object(m) => lv.as_str().is_some_and(|k| m.contains_key(k)),
+                    Value::Array(a) => a.iter().any(|x| json_eq(x, &lv)),
+                    _ => return Err(format!("no such overload: in {rv}")),
+                }),
+                cmp => {
+                    let ord = match (&lv, &rv) {
+                        (Value::Number(a), Value::Number(b)) => a
+                            .as_f64()
+                            .partial_cmp(&b.as_f64())
+                            .ok_or("incomparable numbers")?,
+                        (Value::String(a), Value::String(b)) => a.cmp(b),
+                        _ => return Err(format!("no such overload: {lv} {cmp} {rv}")),
+                    };
+                    Value::Bool(match cmp {
+                        "<" => ord.is_lt(),
+                        "<=" => ord.is_le(),
+                        ">" => ord.is_gt(),
+                        _ => ord.is_ge(),
+                    })
+                }
+            }
+        }
+        Expr::Call(target, name, args) => {
+            let mut vals = Vec::new();
+            if let Some(t) = target {
+                vals.push(eval_in(t, env)?);
+            }
+            for a in args {
+                vals.push(eval_in(a, env)?);
+            }
+            match (name.as_str(), vals.as_slice()) {
+                ("size", [v]) => serde_json::json!(match v {
+                    Value::String(s) => s.chars().count(),
+                    Value::Array(a) => a.len(),
+                    Value::Object(m) => m.len(),
+                    _ => return Err(format!("no such overload: size({v})")),
+                }),
+                ("startsWith", [Value::String(a), Value::String(b)]) => {
+                    Value::Bool(a.starts_with(b.as_str()))
+                }
+                ("endsWith", [Value::String(a), Value::String(b)]) => {
+                    Value::Bool(a.ends_with(b.as_str()))
+                }
+                ("contains", [Value::String(a), Value::String(b)]) => {
+                    Value::Bool(a.contains(b.as_str()))
+                }
+                _ => return Err(format!("no such overload: {name}")),
+            }
+        }
+        Expr::Macro(t, name, var, body) => {
+            let items: Vec<Value> = match eval_in(t, env)? {
+                Value::Array(a) => a,
+                Value::Object(m) => m.keys().map(|k| Value::String(k.clone())).collect(),
+                other => return Err(format!("no such overload: {name} on {other}")),
+            };
+            let mut hits = 0usize;
+            let mut first_err = None;
+            for item in items {
+                env.push((var.clone(), item));
+                let r = eval_in(body, env).and_then(|v| truthy(&v));
+                env.pop();
+                match r {
+                    Ok(true) => hits += 1,
+                    Ok(false) if name == "all" => return Ok(Value::Bool(false)),
+                    Ok(false) => {}
+                    Err(e) => first_err = first_err.or(Some(e)),
+                }
+                if name == "exists" && hits > 0 {
+                    return Ok(Value::Bool(true));
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            Value::Bool(match name.as_str() {
+                "exists" => false,
+                "all" => true,
+                _ => hits == 1,
+            })
+        }
+        Expr::List(items) => Value::Array(
+            items
+                .iter()
+                .map(|i| eval_in(i, env))
+                .collect::<Result<_, _>>()?,
+        ),
+    })
+}
+
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+/// Evaluates `expr` with `vars` bound (`object`, `oldObject`, `request`); the result must be bool.
+pub fn eval_bool(expr: &Expr, vars: &[(&str, Value)]) -> Result<bool, String> {
+    let mut env: Env<'_> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    truthy(&eval_in(expr, &mut env)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(src: &str, obj: Value) -> Result<bool, String> {
+        eval_bool(
+            &parse(src).unwrap(),
+            &[
+                ("object", obj),
+                ("oldObject", Value::Null),
+                ("request", json!({"operation": "CREATE"})),
+            ],
+        )
+    }
+
+    #[test]
+    fn subset_evaluates() {
+        let tr = json!({"metadata": {"labels": {"a": "1"}}, "spec": {"params": [{"name": "PLATFORM", "value": "linux/arm64"}]}});
+        assert_eq!(
+            ev(
+                "object.spec.params.exists(p, p.name == 'PLATFORM')",
+                tr.clone()
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            ev(
+                "has(object.metadata.labels) && 'a' in object.metadata.labels",
+                tr.clone()
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            ev("!has(object.metadata.annotations)", tr.clone()),
+            Ok(true)
+        );
+        assert_eq!(
+            ev(
+                "request.operation == \"CREATE\" || request.operation == 'UPDATE'",
+                tr.clone()
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            ev(
+                "object.spec.params.all(p, p.value.startsWith('linux/'))",
+                tr.clone()
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            ev("size(object.spec.params) > 1 ? true : false", tr.clone()),
+            Ok(false)
+        );
+        assert_eq!(
+            ev("object.metadata.labels['a'] == '1'", tr.clone()),
+            Ok(true)
+        );
+        // Errors are absorbed by a deciding || side, and surface otherwise.
+        assert_eq!(
+            ev("has(object.x) || object.x.y == 1", tr.clone()),
+            Err("no such key: x".into())
+        );
+        assert_eq!(ev("object.x.y == 1 || true", tr.clone()), Ok(true));
+    }
+
+    #[test]
+    fn unsupported_is_refused_at_parse() {
+        assert!(parse("object.metadata.name.matches('x')").is_err());
+        assert!(parse("size(object.a) + 1 > 2").is_err());
+        assert!(parse("authorizer.requestResource.check('x').allowed()").is_err());
+        assert!(parse("'a' ==").is_err());
+    }
+}

@@ -1,0 +1,538 @@
+//! A Kubernetes API server for tests: in-memory, on loopback, spoken to by the real `kubectl` and
+//! kube-rs. It follows the documented API semantics (resourceVersions, watches, finalizers,
+//! patches, admission webhooks, garbage collection); `e2e/README.md` lists exactly what is covered.
+//!
+//! Test infrastructure only.
+
+mod admission;
+pub mod cel;
+mod controllers;
+pub mod faults;
+mod http;
+mod jsonpath;
+pub mod meta;
+mod ops;
+pub mod patch;
+mod render;
+pub mod resources;
+pub mod selector;
+pub mod status;
+pub mod store;
+pub mod testing;
+mod watch;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use faults::{Faults, RequestMatch, Verb};
+pub use status::ApiError;
+
+use resources::Registry;
+use store::Store;
+
+/// Why the server could not start or a request helper failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Binding or I/O.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// Certificates.
+    #[error("certificates: {0}")]
+    Certs(#[from] mpc::certs::CertsError),
+    /// TLS configuration.
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    /// A kube client could not be built.
+    #[error("kube client: {0}")]
+    Kube(String),
+    /// A manifest could not be parsed.
+    #[error("manifest: {0}")]
+    Manifest(String),
+    /// The server refused a request made through a helper.
+    #[error("{}", .0.message)]
+    Api(ApiError),
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Events kept for watches; older resourceVersions answer 410 Gone.
+    pub history_capacity: usize,
+    /// How often watches that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// Watch duration when the client sets no `timeoutSeconds` (the apiserver uses 30-60 min).
+    pub default_watch_timeout: Duration,
+    /// Namespaces that exist from the start.
+    pub namespaces: Vec<String>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            history_capacity: 10_000,
+            bookmark_interval: Duration::from_secs(5),
+            default_watch_timeout: Duration::from_secs(1800),
+            namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
+                .map(str::to_owned)
+                .to_vec(),
+            max_body_bytes: 3 * 1024 * 1024,
+        }
+    }
+}
+
+/// State shared by request handlers, watches and the built-in controllers.
+pub(crate) struct Shared {
+    pub(crate) store: Mutex<Store>,
+    pub(crate) registry: RwLock<Registry>,
+    pub(crate) changed: tokio::sync::watch::Sender<u64>,
+    pub(crate) faults: Faults,
+    pub(crate) watch_kill: Mutex<CancellationToken>,
+    pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
+    pub(crate) opts: Options,
+    pub(crate) address: SocketAddr,
+}
+
+impl Shared {
+    pub(crate) fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes watches and controllers after a write.
+    pub(crate) fn notify(&self, rv: u64) {
+        self.changed.send_replace(rv);
+    }
+
+    pub(crate) fn watch_token(&self) -> CancellationToken {
+        self.watch_kill
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+struct Serving {
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// A running test API server. Dropping it stops serving.
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    tls: Arc<rustls::ServerConfig>,
+    https: SocketAddr,
+    plain: SocketAddr,
+    ca_pem: String,
+    serving: tokio::sync::Mutex<Option<Serving>>,
+    controllers: CancellationToken,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("https", &self.https)
+            .field("plain", &self.plain)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The built-in Tekton CRDs (`tekton.dev` TaskRun and Task, `v1` stored, `v1beta1` served).
+pub const TEKTON_CRDS: &str = include_str!("../../crds/tekton.yaml");
+
+/// Parses a multi-document YAML (or a single JSON document) into objects, skipping empty ones.
+pub fn parse_documents(text: &str) -> Result<Vec<Value>, Error> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc).map_err(|e| Error::Manifest(e.to_string()))?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+impl ApiServer {
+    /// Starts a server on random 127.0.0.1 ports (HTTPS and plain HTTP).
+    pub async fn start(opts: Options) -> Result<Self, Error> {
+        mpc::tls::install_crypto_provider();
+        let bundle = mpc::certs::generate(
+            "e2e-apiserver",
+            &["127.0.0.1".to_owned(), "localhost".to_owned()],
+            30,
+        )?;
+        let certs = mpc::tls::parse_certs(bundle.cert_pem.as_bytes(), Path::new("apiserver.crt"))
+            .map_err(|e| Error::Manifest(e.to_string()))?;
+        use rustls::pki_types::pem::PemObject;
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(bundle.key_pem.as_bytes())
+            .map_err(|e| Error::Manifest(e.to_string()))?;
+        let mut tls = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tls = Arc::new(tls);
+
+        let https_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let plain_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let https = https_listener.local_addr()?;
+        let plain = plain_listener.local_addr()?;
+
+        let (changed, _) = tokio::sync::watch::channel(1);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new(opts.history_capacity)),
+            registry: RwLock::new(Registry::with_builtins()),
+            changed,
+            faults: Faults::default(),
+            watch_kill: Mutex::new(CancellationToken::new()),
+            services: Mutex::new(HashMap::new()),
+            opts,
+            address: https,
+        });
+        for ns in shared.opts.namespaces.clone() {
+            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            let def = shared
+                .registry()
+                .get("", "v1", "namespaces")
+                .expect("built-in");
+            shared
+                .create(&def, None, obj, &ops::WriteOpts::internal())
+                .await
+                .map_err(Error::Api)?;
+        }
+        let controllers = CancellationToken::new();
+        tokio::spawn(controllers::run(Arc::clone(&shared), controllers.clone()));
+
+        let dir = tempfile::Builder::new()
+            .prefix("e2e-apiserver-")
+            .tempdir()?;
+        let server = Self {
+            shared,
+            tls,
+            https,
+            plain,
+            ca_pem: bundle.ca_pem,
+            serving: tokio::sync::Mutex::new(None),
+            controllers,
+            dir,
+        };
+        std::fs::write(server.kubeconfig_path(), server.kubeconfig_yaml())?;
+        server.serve(https_listener, plain_listener).await;
+        Ok(server)
+    }
+
+    async fn serve(&self, https: TcpListener, plain: TcpListener) {
+        let cancel = CancellationToken::new();
+        let app = http::router(Arc::clone(&self.shared));
+        let opts = mpc::serve::ServeOptions {
+            drain_timeout: Duration::from_millis(500),
+            ..Default::default()
+        };
+        let tasks = vec![
+            tokio::spawn(mpc::serve::serve_tls(
+                https,
+                Arc::clone(&self.tls),
+                app.clone(),
+                cancel.clone(),
+                opts,
+            )),
+            tokio::spawn(mpc::serve::serve_plain(plain, app, cancel.clone(), opts)),
+        ];
+        *self.serving.lock().await = Some(Serving { cancel, tasks });
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.https)
+    }
+
+    /// `http://127.0.0.1:<port>` (same API without TLS).
+    pub fn plain_url(&self) -> String {
+        format!("http://{}", self.plain)
+    }
+
+    /// The CA that signed the serving certificate (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A kubeconfig for this server (TLS, CA embedded, namespace `default`).
+    pub fn kubeconfig_yaml(&self) -> String {
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: default\ncurrent-context: e2e\nusers:\n- name: e2e\n  user:\n    token: e2e-test-token\n",
+            self.url()
+        )
+    }
+
+    /// Path of a file holding [`ApiServer::kubeconfig_yaml`] (removed with the server).
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    /// A kube-rs client for this server.
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml())
+            .map_err(|e| Error::Kube(e.to_string()))?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Kube(e.to_string()))?;
+        kube::Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
+    }
+
+    /// Fault injection rules.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// Aborts every open watch connection (clients see the stream break and re-watch).
+    pub fn drop_watches(&self) {
+        let mut t = self
+            .shared
+            .watch_kill
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        t.cancel();
+        *t = CancellationToken::new();
+    }
+
+    /// Drops the whole event history: watches from any earlier resourceVersion get 410 Gone.
+    pub fn compact(&self) {
+        self.shared.lock().compact();
+    }
+
+    /// The latest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().current_rv()
+    }
+
+    /// Stops serving (connections and watches are cut), optionally compacts the history, and
+    /// serves the same data again on the same ports.
+    pub async fn restart(&self, compact: bool) -> Result<(), Error> {
+        self.stop_serving().await;
+        if compact {
+            self.compact();
+        }
+        let https = bind_again(self.https).await?;
+        let plain = bind_again(self.plain).await?;
+        self.serve(https, plain).await;
+        Ok(())
+    }
+
+    async fn stop_serving(&self) {
+        let serving = self.serving.lock().await.take();
+        self.drop_watches();
+        if let Some(s) = serving {
+            s.cancel.cancel();
+            for t in s.tasks {
+                let _ = t.await;
+            }
+        }
+    }
+
+    /// Stops the server and its controllers.
+    pub async fn shutdown(self) {
+        self.stop_serving().await;
+        self.controllers.cancel();
+    }
+
+    /// Routes webhook calls for Service `namespace/name:port` to `addr` (the TLS name checked is
+    /// still `name.namespace.svc`, as in a cluster).
+    pub fn map_service(&self, namespace: &str, name: &str, port: u16, addr: SocketAddr) {
+        self.shared
+            .services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((namespace.to_owned(), name.to_owned(), port), addr);
+    }
+
+    /// Creates every object of a multi-document YAML through the API (admission included), in
+    /// order; returns the created objects.
+    pub async fn create_yaml(&self, yaml: &str) -> Result<Vec<Value>, Error> {
+        let mut out = Vec::new();
+        for doc in parse_documents(yaml)? {
+            out.push(self.create(doc).await?);
+        }
+        Ok(out)
+    }
+
+    /// Creates one object (its `apiVersion`, `kind` and `metadata.namespace` say where).
+    pub async fn create(&self, obj: Value) -> Result<Value, Error> {
+        let def = self.def_for(&obj)?;
+        let ns = if def.namespaced {
+            Some(
+                obj["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_owned(),
+            )
+        } else {
+            None
+        };
+        self.shared
+            .create(&def, ns.as_deref(), obj, &ops::WriteOpts::default())
+            .await
+            .map_err(Error::Api)
+    }
+
+    /// Reads one object: `get("tekton.dev/v1", "taskruns", Some("ns"), "name")`.
+    pub fn get(
+        &self,
+        api_version: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Value, Error> {
+        let (g, v) = split_api_version(api_version);
+        let def = self
+            .shared
+            .registry()
+            .get(g, v, plural)
+            .ok_or_else(|| Error::Api(ApiError::no_route(plural)))?;
+        self.shared.get(&def, namespace, name).map_err(Error::Api)
+    }
+
+    /// Registers a MutatingWebhookConfiguration named `name` with one webhook calling `url`
+    /// (HTTPS, verified against `ca_pem`) for `operations` on `group/resources` in every version.
+    pub async fn register_webhook(
+        &self,
+        name: &str,
+        url: &str,
+        ca_pem: &str,
+        rule: WebhookRule,
+    ) -> Result<Value, Error> {
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        let mut hook = json!({
+            "name": format!("{name}.e2e.test"),
+            "clientConfig": {"url": url, "caBundle": ca},
+            "rules": [{
+                "operations": rule.operations,
+                "apiGroups": [rule.group],
+                "apiVersions": ["*"],
+                "resources": rule.resources,
+            }],
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": rule.failure_policy,
+            "reinvocationPolicy": rule.reinvocation_policy,
+            "timeoutSeconds": rule.timeout_seconds,
+        });
+        if let Some(s) = rule.object_selector {
+            hook["objectSelector"] = s;
+        }
+        if let Some(s) = rule.namespace_selector {
+            hook["namespaceSelector"] = s;
+        }
+        if !rule.match_conditions.is_empty() {
+            hook["matchConditions"] = rule
+                .match_conditions
+                .iter()
+                .enumerate()
+                .map(|(i, e)| json!({"name": format!("c{i}"), "expression": e}))
+                .collect();
+        }
+        self.create(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [hook],
+        }))
+        .await
+    }
+
+    fn def_for(&self, obj: &Value) -> Result<Arc<resources::ResourceDef>, Error> {
+        let av = obj["apiVersion"].as_str().unwrap_or_default();
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        let (g, v) = split_api_version(av);
+        self.shared
+            .registry()
+            .find_kind(g, v, kind)
+            .ok_or_else(|| Error::Api(ApiError::not_found_kind(av, kind)))
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.controllers.cancel();
+        self.drop_watches();
+        if let Ok(mut s) = self.serving.try_lock()
+            && let Some(s) = s.take()
+        {
+            s.cancel.cancel();
+        }
+    }
+}
+
+async fn bind_again(addr: SocketAddr) -> Result<TcpListener, Error> {
+    // The old listener is closed; its port may linger briefly in the kernel.
+    let mut last = None;
+    for _ in 0..50 {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(Error::Io(last.expect("tried at least once")))
+}
+
+/// `group/version` → (group, version); `v1` → ("", "v1").
+pub fn split_api_version(av: &str) -> (&str, &str) {
+    av.rsplit_once('/').unwrap_or(("", av))
+}
+
+/// What [`ApiServer::register_webhook`] registers.
+#[derive(Debug, Clone)]
+pub struct WebhookRule {
+    /// API group (`tekton.dev`).
+    pub group: String,
+    /// Resources (`taskruns`).
+    pub resources: Vec<String>,
+    /// `CREATE`, `UPDATE`.
+    pub operations: Vec<String>,
+    /// `Fail` or `Ignore`.
+    pub failure_policy: String,
+    /// `Never` or `IfNeeded`.
+    pub reinvocation_policy: String,
+    /// 1..=30.
+    pub timeout_seconds: u32,
+    /// `objectSelector`.
+    pub object_selector: Option<Value>,
+    /// `namespaceSelector`.
+    pub namespace_selector: Option<Value>,
+    /// `matchConditions` expressions.
+    pub match_conditions: Vec<String>,
+}
+
+impl WebhookRule {
+    /// CREATE of `group/resource`, failurePolicy Fail, 10 s.
+    pub fn create_of(group: &str, resource: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            resources: vec![resource.to_owned()],
+            operations: vec!["CREATE".to_owned()],
+            failure_policy: "Fail".to_owned(),
+            reinvocation_policy: "Never".to_owned(),
+            timeout_seconds: 10,
+            object_selector: None,
+            namespace_selector: None,
+            match_conditions: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! In-memory object storage with one global resourceVersion counter and a bounded event history
+//! (what etcd plus the watch cache give the apiserver). Events older than the history's start are
+//! compacted: watching or reading from before that answers 410 Gone.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+/// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
+pub type ObjKey = (String, String);
+
+/// Watch event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Object created.
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, in resourceVersion order.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The resourceVersion the change produced.
+    pub rv: u64,
+    /// Storage key of the resource (`core/pods`).
+    pub storage: Arc<str>,
+    /// Object key.
+    pub key: ObjKey,
+    /// Change type.
+    pub kind: EventType,
+    /// The object after the change (for deletions: the last state, at the deletion's rv).
+    pub object: Arc<Value>,
+    /// The object before the change (`None` for additions).
+    pub prev: Option<Arc<Value>>,
+}
+
+/// Storage failures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// No such object.
+    NotFound,
+    /// The name is taken.
+    AlreadyExists,
+    /// The precondition resourceVersion is not the stored one.
+    Conflict,
+    /// The requested resourceVersion was compacted; carries the oldest still available.
+    Gone {
+        /// The version asked for.
+        requested: u64,
+        /// The oldest version still served.
+        oldest: u64,
+    },
+}
+
+/// Objects by storage key, the global revision and the event history.
+#[derive(Debug)]
+pub struct Store {
+    rv: u64,
+    objects: HashMap<String, BTreeMap<ObjKey, Arc<Value>>>,
+    history: VecDeque<Event>,
+    capacity: usize,
+    compacted: u64,
+    uids: HashMap<String, (String, ObjKey)>,
+}
+
+fn rv_of(obj: &Value) -> u64 {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn uid_of(obj: &Value) -> Option<String> {
+    obj["metadata"]["uid"].as_str().map(str::to_owned)
+}
+
+impl Store {
+    /// An empty store keeping at most `capacity` events of history.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            rv: 1,
+            objects: HashMap::new(),
+            history: VecDeque::new(),
+            capacity: capacity.max(1),
+            compacted: 1,
+            uids: HashMap::new(),
+        }
+    }
+
+    /// The latest resourceVersion.
+    pub fn current_rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// The oldest resourceVersion a watch or snapshot can start from.
+    pub fn oldest_rv(&self) -> u64 {
+        self.compacted
+    }
+
+    /// Reads one object.
+    pub fn get(&self, storage: &str, key: &ObjKey) -> Option<Arc<Value>> {
+        self.objects.get(storage)?.get(key).cloned()
+    }
+
+    /// The current objects of a resource in key order, optionally in one namespace.
+    pub fn list(&self, storage: &str, namespace: Option<&str>) -> Vec<(ObjKey, Arc<Value>)> {
+        let Some(m) = self.objects.get(storage) else {
+            return Vec::new();
+        };
+        match namespace {
+            Some(ns) => m
+                .range((ns.to_owned(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect(),
+            None => m.iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect(),
+        }
+    }
+
+    /// Number of objects of a resource in a namespace (or everywhere).
+    pub fn count(&self, storage: &str, namespace: Option<&str>) -> usize {
+        self.list(storage, namespace).len()
+    }
+
+    /// Where the object with this uid lives, if it exists.
+    pub fn locate_uid(&self, uid: &str) -> Option<(String, ObjKey)> {
+        self.uids.get(uid).cloned()
+    }
+
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn record(&mut self, ev: Event) {
+        self.history.push_back(ev);
+        while self.history.len() > self.capacity {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+    }
+
+    fn stamp(obj: &mut Value, rv: u64) {
+        if !obj["metadata"].is_object() {
+            obj["metadata"] = json!({});
+        }
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+    }
+
+    /// Stores a new object; fails if the key is taken.
+    pub fn create(
+        &mut self,
+        storage: &str,
+        key: ObjKey,
+        mut obj: Value,
+    ) -> Result<Arc<Value>, StoreError> {
+        if self.get(storage, &key).is_some() {
+            return Err(StoreError::AlreadyExists);
+        }
+        let rv = self.next_rv();
+        Self::stamp(&mut obj, rv);
+        let obj = Arc::new(obj);
+        if let Some(uid) = uid_of(&obj) {
+            self.uids.insert(uid, (storage.to_owned(), key.clone()));
+        }
+        self.objects
+            .entry(storage.to_owned())
+            .or_default()
+            .insert(key.clone(), Arc::clone(&obj));
+        self.record(Event {
+            rv,
+            storage: storage.into(),
+            key,
+            kind: EventType::Added,
+            object: Arc::clone(&obj),
+            prev: None,
+        });
+        Ok(obj)
+    }
+
+    /// Replaces an object if its stored resourceVersion is `expected_rv` (when given). An update
+    /// that changes nothing keeps the resourceVersion and emits no event, as in Kubernetes.
+    pub fn update(
+        &mut self,
+        storage: &str,
+        key: &ObjKey,
+        mut obj: Value,
+        expected_rv: Option<u64>,
+    ) -> Result<Arc<Value>, StoreError> {
+        let old = self.get(storage, key).ok_or(StoreError::NotFound)?;
+        if expected_rv.is_some_and(|e| e != rv_of(&old)) {
+            return Err(StoreError::Conflict);
+        }
+        Self::stamp(&mut obj, rv_of(&old));
+        if obj == *old {
+            return Ok(old);
+        }
+        let rv = self.next_rv();
+        Self::stamp(&mut obj, rv);
+        let obj = Arc::new(obj);
+        self.objects
+            .entry(storage.to_owned())
+            .or_default()
+            .insert(key.clone(), Arc::clone(&obj));
+        self.record(Event {
+            rv,
+            storage: storage.into(),
+            key: key.clone(),
+            kind: EventType::Modified,
+            object: Arc::clone(&obj),
+            prev: Some(old),
+        });
+        Ok(obj)
+    }
+
+    /// Removes an object (if its resourceVersion is `expected_rv`, when given). `last` is the final
+    /// state reported in the DELETED event (default: the stored object).
+    pub fn delete(
+        &mut self,
+        storage: &str,
+        key: &ObjKey,
+        last: Option<Value>,
+        expected_rv: Option<u64>,
+    ) -> Result<Arc<Value>, StoreError> {
+        let old = self.get(storage, key).ok_or(StoreError::NotFound)?;
+        if expected_rv.is_some_and(|e| e != rv_of(&old)) {
+            return Err(StoreError::Conflict);
+        }
+        let rv = self.next_rv();
+        let mut obj = last.unwrap_or_else(|| (*old).clone());
+        Self::stamp(&mut obj, rv);
+        let obj = Arc::new(obj);
+        if let Some(m) = self.objects.get_mut(storage) {
+            m.remove(key);
+        }
+        if let Some(uid) = uid_of(&old) {
+            self.uids.remove(&uid);
+        }
+        self.record(Event {
+            rv,
+            storage: storage.into(),
+            key: key.clone(),
+            kind: EventType::Deleted,
+            object: Arc::clone(&obj),
+            prev: Some(old),
+        });
+        Ok(obj)
+    }
+
+    /// Events after `rv` (exclusive), oldest first, or `Gone` if some were compacted away.
+    pub fn events_after(&self, rv: u64) -> Result<Vec<Event>, StoreError> {
+        if rv < self.compacted {
+            return Err(StoreError::Gone {
+                requested: rv,
+                oldest: self.compacted,
+            });
+        }
+        let start = self.history.partition_point(|e| e.rv <= rv);
+        Ok(self.history.range(start..).cloned().collect())
+    }
+
+    /// The objects of a resource as they were at `rv` (for paginated lists and exact reads).
+    pub fn snapshot(
+        &self,
+        storage: &str,
+        namespace: Option<&str>,
+        rv: u64,
+    ) -> Result<Vec<(ObjKey, Arc<Value>)>, StoreError> {
+        if rv > self.rv {
+            // Kubernetes waits briefly, then answers "Too large resource version"; the caller maps
+            // this to a 504 Timeout with that message.
+            return Err(StoreError::Gone {
+                requested: rv,
+                oldest: self.rv,
+            });
+        }
+        let mut state: BTreeMap<ObjKey, Arc<Value>> =
+            self.list(storage, None).into_iter().collect();
+        if rv < self.rv {
+            if rv < self.compacted {
+                return Err(StoreError::Gone {
+                    requested: rv,
+                    oldest: self.compacted,
+                });
+            }
+            let start = self.history.partition_point(|e| e.rv <= rv);
+            for ev in self.history.range(start..).rev() {
+                if &*ev.storage != storage {
+                    continue;
+                }
+                match ev.kind {
+                    EventType::Added => {
+                        state.remove(&ev.key);
+                    }
+                    EventType::Modified | EventType::Deleted => {
+                        if let Some(p) = &ev.prev {
+                            state.insert(ev.key.clone(), Arc::clone(p));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(state
+            .into_iter()
+            .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
+            .collect())
+    }
+
+    /// Drops all history: every earlier resourceVersion becomes too old.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    /// Drops history up to and including `rv`.
+    pub fn compact_to(&mut self, rv: u64) {
+        while self.history.front().is_some_and(|e| e.rv <= rv) {
+            self.history.pop_front();
+        }
+        self.compacted = self.compacted.max(rv.min(self.rv));
+    }
+
+    /// Number of events kept.
+    pub fn history_len(&self) -> usize {
+        self.history.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(ns: &str, n: &str) -> ObjKey {
+        (ns.into(), n.into())
+    }
+
+    #[test]
+    fn create_update_delete_and_history() {
+        let mut s = Store::new(100);
+        let a = s
+            .create(
+                "core/cm",
+                k("ns", "a"),
+                json!({"metadata": {"name": "a", "uid": "u1"}, "data": {"x": "1"}}),
+            )
+            .unwrap();
+        let rv1 = rv_of(&a);
+        assert_eq!(
+            s.create("core/cm", k("ns", "a"), json!({})),
+            Err(StoreError::AlreadyExists)
+        );
+        let mut b = (*a).clone();
+        b["data"]["x"] = json!("2");
+        assert_eq!(
+            s.update("core/cm", &k("ns", "a"), b.clone(), Some(rv1 - 1)),
+            Err(StoreError::Conflict)
+        );
+        let b = s.update("core/cm", &k("ns", "a"), b, Some(rv1)).unwrap();
+        assert!(rv_of(&b) > rv1);
+        // A no-op update keeps the version and records nothing.
+        let n = s.history_len();
+        let same = s
+            .update("core/cm", &k("ns", "a"), (*b).clone(), None)
+            .unwrap();
+        assert_eq!(rv_of(&same), rv_of(&b));
+        assert_eq!(s.history_len(), n);
+        assert_eq!(s.locate_uid("u1"), Some(("core/cm".into(), k("ns", "a"))));
+        let d = s.delete("core/cm", &k("ns", "a"), None, None).unwrap();
+        assert!(rv_of(&d) > rv_of(&b));
+        assert!(s.locate_uid("u1").is_none());
+        let evs = s.events_after(rv1).unwrap();
+        assert_eq!(
+            evs.iter().map(|e| e.kind).collect::<Vec<_>>(),
+            [EventType::Modified, EventType::Deleted]
+        );
+    }
+
+    #[test]
+    fn snapshots_rewind_history() {
+        let mut s = Store::new(100);
+        s.create("r", k("a", "1"), json!({"v": 1})).unwrap();
+        let at = s.current_rv();
+        s.create("r", k("a", "2"), json!({"v": 2})).unwrap();
+        s.update("r", &k("a", "1"), json!({"v": 10}), None).unwrap();
+        s.delete("r", &k("a", "1"), None, None).unwrap();
+        s.create("other", k("a", "9"), json!({})).unwrap();
+        let snap = s.snapshot("r", None, at).unwrap();
+        assert_eq!(snap.len(), 1);
+        assert_eq!(snap[0].1["v"], 1);
+        assert_eq!(s.snapshot("r", Some("b"), at).unwrap().len(), 0);
+        let now = s.snapshot("r", None, s.current_rv()).unwrap();
+        assert_eq!(now.len(), 1);
+        assert_eq!(now[0].0, k("a", "2"));
+    }
+
+    #[test]
+    fn bounded_history_compacts() {
+        let mut s = Store::new(3);
+        for i in 0..10 {
+            s.create("r", k("", &i.to_string()), json!({})).unwrap();
+        }
+        assert_eq!(s.history_len(), 3);
+        assert!(matches!(s.events_after(2), Err(StoreError::Gone { .. })));
+        assert_eq!(s.events_after(s.oldest_rv()).unwrap().len(), 3);
+        s.compact();
+        assert!(matches!(
+            s.events_after(s.current_rv() - 1),
+            Err(StoreError::Gone { .. })
+        ));
+        assert!(s.events_after(s.current_rv()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn namespace_listing_is_exact() {
+        let mut s = Store::new(10);
+        for (ns, n) in [("a", "x"), ("ab", "y"), ("a", "z"), ("", "c")] {
+            s.create("r", k(ns, n), json!({})).unwrap();
+        }
+        let names: Vec<_> = s
+            .list("r", Some("a"))
+            .into_iter()
+            .map(|(k, _)| k.1)
+            .collect();
+        assert_eq!(names, ["x", "z"]);
+        assert_eq!(s.count("r", None), 4);
+    }
+}

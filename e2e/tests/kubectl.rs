@@ -1,0 +1,419 @@
+//! Conformance as judged by the real `kubectl` (on PATH, or `$KUBECTL`): create/apply, get
+//! (JSON and tables), watch, patch (merge, JSON, strategic), label, delete blocked by a
+//! finalizer, wait --for=delete, CRD registration then `get taskruns`.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use e2e::apiserver::testing::eventually;
+use e2e::apiserver::{ApiServer, Options};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const T: Duration = Duration::from_secs(20);
+
+struct Kubectl {
+    server: ApiServer,
+    // Discovery cache per test: ports are reused across tests, a shared cache would lie.
+    cache: tempfile::TempDir,
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    async fn start() -> Self {
+        Self {
+            server: ApiServer::start(Options::default()).await.unwrap(),
+            cache: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let bin = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+        let mut c = tokio::process::Command::new(bin);
+        c.arg("--kubeconfig")
+            .arg(self.server.kubeconfig_path())
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true);
+        c
+    }
+
+    async fn run_with(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let mut c = self.command(args);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c
+            .spawn()
+            .expect("kubectl runs (install it with e2e/setup.sh)");
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            pipe.write_all(s.as_bytes()).await.unwrap();
+        }
+        drop(pipe);
+        let o = tokio::time::timeout(T, child.wait_with_output())
+            .await
+            .expect("kubectl finished")
+            .unwrap();
+        Out {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let o = self.run_with(args, None).await;
+        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
+        o.stdout
+    }
+
+    async fn ok_stdin(&self, args: &[&str], input: &str) -> String {
+        let o = self.run_with(args, Some(input)).await;
+        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
+        o.stdout
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&a).await).unwrap()
+    }
+
+    async fn cms(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.server.client().await.unwrap(), "default")
+    }
+}
+
+const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  labels:\n    app: e2e\ndata:\n  k: v\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_get_apply_label_patch() {
+    let k = Kubectl::start().await;
+    assert!(
+        k.ok_stdin(&["create", "--validate=false", "-f", "-"], CM)
+            .await
+            .contains("configmap/cfg created")
+    );
+    let got = k.json(&["get", "configmap", "cfg"]).await;
+    assert_eq!(got["data"]["k"], "v");
+    assert!(got["metadata"]["uid"].is_string());
+    let table = k.ok(&["get", "cm"]).await;
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("cfg ")), "{table}");
+    let applied = k
+        .ok_stdin(
+            &["apply", "--validate=false", "-f", "-"],
+            &CM.replace("k: v", "k: v2"),
+        )
+        .await;
+    assert!(applied.contains("configmap/cfg configured"), "{applied}");
+    assert_eq!(k.json(&["get", "cm", "cfg"]).await["data"]["k"], "v2");
+    let fresh = k
+        .ok_stdin(
+            &["apply", "--validate=false", "-f", "-"],
+            &CM.replace("name: cfg", "name: other"),
+        )
+        .await;
+    assert!(fresh.contains("configmap/other created"), "{fresh}");
+    k.ok(&["label", "cm", "cfg", "team=a"]).await;
+    assert_eq!(
+        k.ok(&["get", "cm", "-l", "team=a", "-o", "name"])
+            .await
+            .trim(),
+        "configmap/cfg"
+    );
+    assert_eq!(
+        k.ok(&["get", "cm", "-l", "team!=a,app", "-o", "name"])
+            .await
+            .trim(),
+        "configmap/other"
+    );
+    k.ok(&["label", "cm", "cfg", "team-"]).await;
+    assert!(
+        k.json(&["get", "cm", "cfg"]).await["metadata"]["labels"]
+            .get("team")
+            .is_none()
+    );
+    k.ok(&[
+        "patch",
+        "cm",
+        "cfg",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"m":"1"}}"#,
+    ])
+    .await;
+    k.ok(&["patch", "cm", "cfg", "--type", "json", "-p", r#"[{"op":"test","path":"/data/m","value":"1"},{"op":"replace","path":"/data/k","value":"j"}]"#]).await;
+    k.ok(&[
+        "patch",
+        "cm",
+        "cfg",
+        "--type",
+        "strategic",
+        "-p",
+        r#"{"metadata":{"finalizers":["e2e.io/x"]}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "cm",
+        "cfg",
+        "--type",
+        "strategic",
+        "-p",
+        r#"{"metadata":{"finalizers":["e2e.io/y"]}}"#,
+    ])
+    .await;
+    let after = k.json(&["get", "cm", "cfg"]).await;
+    assert_eq!(after["data"], json!({"k": "j", "m": "1"}));
+    assert_eq!(
+        after["metadata"]["finalizers"],
+        json!(["e2e.io/x", "e2e.io/y"])
+    );
+    let failed = k
+        .run_with(
+            &[
+                "patch",
+                "cm",
+                "cfg",
+                "--type",
+                "json",
+                "-p",
+                r#"[{"op":"test","path":"/data/m","value":"2"}]"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(!failed.ok);
+    k.ok(&[
+        "patch",
+        "cm",
+        "cfg",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .await;
+    k.ok(&["annotate", "cm", "cfg", "note=hello"]).await;
+    assert_eq!(
+        k.json(&["get", "cm", "cfg"]).await["metadata"]["annotations"]["note"],
+        "hello"
+    );
+    let missing = k.run_with(&["get", "cm", "nope"], None).await;
+    assert!(!missing.ok);
+    assert!(
+        missing.stderr.contains("NotFound") && missing.stderr.contains("\"nope\" not found"),
+        "{}",
+        missing.stderr
+    );
+    let all = k.ok(&["get", "cm", "-A"]).await;
+    assert!(all.starts_with("NAMESPACE"), "{all}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_sees_events() {
+    let k = Kubectl::start().await;
+    let api = k.cms().await;
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "w0"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut c = k.command(&["get", "cm", "-w", "--output-watch-events", "-o", "json"]);
+    c.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = c.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        // Watch events come one JSON object per line.
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            if let Ok(v) = serde_json::from_str::<Value>(&l) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let mut events = Vec::new();
+    let mut next = async || -> (String, String) {
+        let v = tokio::time::timeout(T, rx.recv())
+            .await
+            .expect("watch event")
+            .unwrap();
+        (
+            v["type"].as_str().unwrap().to_owned(),
+            v["object"]["metadata"]["name"].as_str().unwrap().to_owned(),
+        )
+    };
+    events.push(next().await);
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "w1"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    events.push(next().await);
+    api.patch(
+        "w1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"a": "b"}})),
+    )
+    .await
+    .unwrap();
+    events.push(next().await);
+    api.delete("w1", &DeleteParams::default()).await.unwrap();
+    events.push(next().await);
+    let want: Vec<(String, String)> = [
+        ("ADDED", "w0"),
+        ("ADDED", "w1"),
+        ("MODIFIED", "w1"),
+        ("DELETED", "w1"),
+    ]
+    .iter()
+    .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+    .collect();
+    assert_eq!(events, want);
+    child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_waits_for_finalizer_and_wait_for_delete() {
+    let k = Kubectl::start().await;
+    k.ok_stdin(
+        &["create", "--validate=false", "-f", "-"],
+        &CM.replace("\ndata:", "\n  finalizers: [e2e.io/hold]\ndata:"),
+    )
+    .await;
+    let mut del = k.command(&["delete", "cm", "cfg", "--timeout=30s"]);
+    del.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let del = del.spawn().unwrap();
+    let mut wait = k.command(&["wait", "--for=delete", "cm/cfg", "--timeout=30s"]);
+    wait.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let wait = wait.spawn().unwrap();
+    let api = k.cms().await;
+    eventually(T, "deletionTimestamp", || async {
+        api.get("cfg")
+            .await
+            .ok()?
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        api.get_opt("cfg").await.unwrap().is_some(),
+        "held by the finalizer"
+    );
+    k.ok(&[
+        "patch",
+        "cm",
+        "cfg",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ])
+    .await;
+    let d = tokio::time::timeout(T, del.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    assert!(String::from_utf8_lossy(&d.stdout).contains("configmap \"cfg\" deleted"));
+    let w = tokio::time::timeout(T, wait.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+}
+
+fn crd_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/tekton.yaml")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_registration_then_get_taskruns() {
+    let k = Kubectl::start().await;
+    let before = k.run_with(&["get", "taskruns"], None).await;
+    assert!(
+        !before.ok
+            && before
+                .stderr
+                .contains("the server doesn't have a resource type"),
+        "{}",
+        before.stderr
+    );
+    let crd = crd_file();
+    k.ok(&["apply", "--validate=false", "-f", crd.to_str().unwrap()])
+        .await;
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/taskruns.tekton.dev",
+        "--timeout=10s",
+    ])
+    .await;
+    let tr = "apiVersion: tekton.dev/v1\nkind: TaskRun\nmetadata:\n  name: build-1\nspec:\n  params:\n  - name: PLATFORM\n    value: linux/arm64\n  taskSpec:\n    steps:\n    - name: s\n      image: busybox\n      script: echo hi\n";
+    k.ok_stdin(&["create", "--validate=false", "-f", "-"], tr)
+        .await;
+    let table = k.ok(&["get", "taskruns"]).await;
+    let header = table.lines().next().unwrap();
+    for col in ["NAME", "SUCCEEDED", "REASON", "STARTTIME", "COMPLETIONTIME"] {
+        assert!(header.contains(col), "{table}");
+    }
+    assert!(table.contains("build-1"), "{table}");
+    assert_eq!(
+        k.ok(&["get", "tr", "-o", "name"]).await.trim(),
+        "taskrun.tekton.dev/build-1"
+    );
+    let v1b1 = k
+        .json(&["get", "taskruns.v1beta1.tekton.dev", "build-1"])
+        .await;
+    assert_eq!(v1b1["apiVersion"], "tekton.dev/v1beta1");
+    k.ok(&[
+        "patch",
+        "tr",
+        "build-1",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"labels":{"x":"y"}}}"#,
+    ])
+    .await;
+    k.ok(&["label", "tr", "build-1", "z=w"]).await;
+    let got = k.json(&["get", "tr", "build-1"]).await;
+    assert_eq!(got["metadata"]["labels"], json!({"x": "y", "z": "w"}));
+    let strategic = k
+        .run_with(
+            &[
+                "patch",
+                "tr",
+                "build-1",
+                "--type",
+                "strategic",
+                "-p",
+                r#"{"metadata":{"labels":{"a":"b"}}}"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(!strategic.ok, "custom resources refuse strategic merge");
+    k.ok(&["delete", "tr", "build-1"]).await;
+    assert!(
+        k.ok(&["get", "tr"]).await.is_empty() || !k.ok(&["get", "tr"]).await.contains("build-1")
+    );
+}
