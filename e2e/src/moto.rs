@@ -341,13 +341,16 @@ impl Moto {
                     .collect(),
             ))
             .build();
-        let out = ec2
+        let mut req = ec2
             .run_instances()
             .image_id(ami)
             .instance_type("t3.micro".into())
             .min_count(n)
-            .max_count(n)
-            .tag_specifications(spec)
+            .max_count(n);
+        if !tags.is_empty() {
+            req = req.tag_specifications(spec);
+        }
+        let out = req
             .send()
             .await
             .map_err(|e| MotoError::Sdk(aws_sdk_ec2::error::DisplayErrorContext(e).to_string()))?;

@@ -439,12 +439,9 @@ async fn inventory_pages_and_filters_by_tag_and_state() {
     assert_eq!(running.state, InstanceState::Running);
     assert_eq!(running.instance_type, "t3.micro");
     assert!(running.launch_time.is_some());
-    assert!(
-        running
-            .private_ip
-            .as_deref()
-            .is_some_and(|a| a.starts_with("10.77.1."))
-    );
+    assert!(running.private_ip.is_some() && running.public_ip.is_some());
+    assert!(running.public_dns.is_some());
+    assert_eq!(running.address(false), running.public_dns.as_deref());
     assert_eq!(running.tag("taskRunID"), Some("tenant:inv-2"));
     let m = h.cloud.metrics();
     assert_eq!(m.instances(PLATFORM, InstanceState::Running), 7);
@@ -683,18 +680,32 @@ async fn fake_cloud_addresses_are_never_dialled() {
         .await
         .unwrap()
         .instance;
-    let address = launched.address(false).unwrap().to_owned();
-    assert!(
-        !address.parse::<IpAddr>().unwrap().is_loopback(),
-        "{address}"
-    );
-    // Even with a loopback port configured, a 10.x / 54.x address is refused before any dial.
+    // moto's default VPC: a public DNS name, a 54.x public and a 10.x private address.
+    let addresses: Vec<&str> = [
+        launched.public_dns.as_deref(),
+        launched.public_ip.as_deref(),
+        launched.private_ip.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    assert_eq!(addresses.len(), 3, "{launched:?}");
+    assert_eq!(launched.address(false), Some(addresses[0]));
+    for a in &addresses {
+        assert!(
+            a.parse::<IpAddr>().map_or(true, |ip| !ip.is_loopback()),
+            "{a}"
+        );
+    }
+    // Even with a loopback port configured, none of them is dialled: refused before any connect.
     let resolver = LoopbackMap::new().with_loopback_port(22);
-    let probes = probe_all(&resolver, &[address.as_str()], Duration::from_secs(1)).await;
-    assert!(
-        matches!(&probes[0], Probe::Unresolved { reason } if reason.contains(&address)),
-        "{probes:?}"
-    );
+    let probes = probe_all(&resolver, &addresses, Duration::from_secs(1)).await;
+    for (probe, a) in probes.iter().zip(&addresses) {
+        assert!(
+            matches!(probe, Probe::Unresolved { reason } if reason.contains(a)),
+            "{probe:?}"
+        );
+    }
 }
 
 #[tokio::test]
