@@ -109,10 +109,10 @@ where
     let status = e.raw_response().map(|r| r.status().as_u16());
     let construction = matches!(e, SdkError::ConstructionFailure(_));
     let code = e.code().map(str::to_owned);
-    let message = match (e.message(), &code) {
-        (Some(m), _) => m.to_owned(),
-        _ => DisplayErrorContext(e).to_string(),
-    };
+    let message = e
+        .message()
+        .map(str::to_owned)
+        .unwrap_or_else(|| DisplayErrorContext(e).to_string());
     (code, message, status, construction)
 }
 
@@ -723,5 +723,106 @@ impl Cloud for AwsCloud {
         id: &'a str,
     ) -> BoxFuture<'a, Result<Terminated, CloudError>> {
         Box::pin(self.terminate_impl(scope, id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::testing::platform;
+    use aws_sdk_ec2::primitives::DateTime;
+    use aws_sdk_ec2::types::{InstanceLifecycleType, InstanceStateName};
+
+    fn creds(id: &str, secret: &str) -> Credentials {
+        Credentials {
+            access_key_id: id.into(),
+            secret_access_key: secret.into(),
+            session_token: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn clients_are_cached_per_region_and_credentials_and_replaced_on_rotation() {
+        let cloud = AwsCloud::new(AwsOptions::default(), CloudMetrics::unregistered().unwrap());
+        let east = platform();
+        let mut west = platform();
+        west.region = "eu-west-1".into();
+        let a = creds("AKIA1", "s1");
+        let scope = |platform, credentials| Scope {
+            platform,
+            credentials,
+        };
+        cloud.client(scope(&east, &a));
+        cloud.client(scope(&east, &a));
+        assert_eq!(cloud.cached_clients(), 1, "reused");
+        cloud.client(scope(&west, &a));
+        assert_eq!(cloud.cached_clients(), 2, "one per region");
+        let b = creds("AKIA2", "s2");
+        cloud.client(scope(&east, &b));
+        assert_eq!(cloud.cached_clients(), 3, "one per access key");
+        let rotated = creds("AKIA1", "s1-new");
+        cloud.client(scope(&east, &rotated));
+        assert_eq!(
+            cloud.cached_clients(),
+            3,
+            "a rotated secret replaces the old client"
+        );
+    }
+
+    #[test]
+    fn sdk_instances_map_to_the_truth() {
+        let i = aws_sdk_ec2::types::Instance::builder()
+            .instance_id("i-1")
+            .state(
+                aws_sdk_ec2::types::InstanceState::builder()
+                    .name(InstanceStateName::ShuttingDown)
+                    .build(),
+            )
+            .launch_time(DateTime::from_secs(1_700_000_000))
+            .instance_type(InstanceType::M5Large)
+            .private_ip_address("10.0.0.5")
+            .public_dns_name("")
+            .instance_lifecycle(InstanceLifecycleType::Spot)
+            .tags(Tag::builder().key("taskRunID").value("ns:tr").build())
+            .build();
+        let got = to_instance(&i).unwrap();
+        assert_eq!(got.state, InstanceState::ShuttingDown);
+        assert!(got.state.is_gone());
+        assert_eq!(
+            got.launch_time,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        );
+        assert_eq!(got.instance_type, "m5.large");
+        assert_eq!(
+            got.public_dns, None,
+            "AWS reports no public name as an empty string"
+        );
+        assert_eq!(got.address(false), Some("10.0.0.5"));
+        assert!(got.spot);
+        assert_eq!(got.taskrun_id(), Some("ns:tr"));
+        let no_id = aws_sdk_ec2::types::Instance::builder().build();
+        assert_eq!(to_instance(&no_id), None);
+    }
+
+    #[test]
+    fn ours_means_managed_and_same_instance_tag() {
+        let p = platform();
+        let mut i = to_instance(
+            &aws_sdk_ec2::types::Instance::builder()
+                .instance_id("i-1")
+                .build(),
+        )
+        .unwrap();
+        assert!(!is_ours(&i, &p));
+        i.tags.insert("MultiPlatformManaged".into(), "true".into());
+        i.tags
+            .insert("multi-platform-instance".into(), "someone-else".into());
+        assert!(!is_ours(&i, &p));
+        i.tags
+            .insert("multi-platform-instance".into(), p.instance_tag.clone());
+        assert!(is_ours(&i, &p));
+        assert!(of_platform(&i, &p), "no platform tag: a Go-era instance");
+        i.tags.insert(tags::PLATFORM.into(), "linux-s390x".into());
+        assert!(!of_platform(&i, &p));
     }
 }

@@ -50,7 +50,8 @@ pub enum Terminated {
 /// (owner, attempt), terminations succeed when the instance is already gone.
 pub trait Cloud: Send + Sync {
     /// Launches the instance for `request`, or adopts the one an earlier try of the same
-    /// (owner, attempt) already launched.
+    /// (owner, attempt) already launched. An adopted instance may be gone (see its `state`):
+    /// launch the next attempt then.
     fn launch<'a>(
         &'a self,
         request: &'a LaunchRequest<'a>,
