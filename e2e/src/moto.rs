@@ -226,8 +226,9 @@ impl Moto {
         }
     }
 
-    /// A VPC `10.77.0.0/16` with one subnet, a security group and key pair in `region`, one of
-    /// moto's images and an instance profile.
+    /// A VPC `10.77.0.0/16` with one subnet, a security group and key pair in `region`, some of
+    /// moto's images (moto's RegisterImage ignores the root device name and architecture, so its
+    /// built-in images are used) and an instance profile.
     pub async fn fixture(&self, region: &str) -> Result<Fixture, MotoError> {
         self.fixture_in(region, "10.77.0.0/16", "10.77.1.0/24")
             .await
@@ -251,21 +252,36 @@ impl Moto {
         let images = ec2
             .describe_images()
             .owners("amazon")
-            .filters(
-                Filter::builder()
-                    .name("architecture")
-                    .values("x86_64")
-                    .build(),
-            )
             .send()
             .await
             .map_err(|e| sdk(&aws_sdk_ec2::error::DisplayErrorContext(e)))?;
-        let image = images
+        // (id, architecture, root device), sorted for a stable choice.
+        let mut images: Vec<(String, String, String)> = images
             .images()
             .iter()
-            .filter(|i| i.root_device_name().is_some() && i.image_id().is_some())
-            .min_by_key(|i| i.image_id().map(str::to_owned))
-            .ok_or_else(|| MotoError::Sdk("moto lists no images".into()))?;
+            .filter_map(|i| {
+                Some((
+                    i.image_id()?.to_owned(),
+                    i.architecture()?.as_str().to_owned(),
+                    i.root_device_name()?.to_owned(),
+                ))
+            })
+            .collect();
+        images.sort();
+        let pick = |arch: &str, root: Option<&str>, not_root: Option<&str>| {
+            images
+                .iter()
+                .find(|(_, a, r)| {
+                    a == arch
+                        && root.is_none_or(|want| r == want)
+                        && not_root.is_none_or(|avoid| r != avoid)
+                })
+                .cloned()
+                .ok_or_else(|| MotoError::Sdk(format!("moto lists no {arch} image")))
+        };
+        let (ami, _, root_device) = pick("x86_64", Some("/dev/xvda"), None)?;
+        let (alt_ami, _, alt_root_device) = pick("x86_64", None, Some(&root_device))?;
+        let (arm64_ami, _, _) = pick("arm64", None, None)?;
         let vpc = ec2
             .create_vpc()
             .cidr_block(vpc_cidr)
@@ -311,8 +327,11 @@ impl Moto {
         };
         Ok(Fixture {
             region: region.to_owned(),
-            ami: image.image_id().unwrap_or("").to_owned(),
-            root_device: image.root_device_name().unwrap_or("").to_owned(),
+            ami,
+            root_device,
+            alt_ami,
+            alt_root_device,
+            arm64_ami,
             vpc_id,
             subnet_id,
             security_group_id: sg.group_id().unwrap_or("").to_owned(),
@@ -367,10 +386,16 @@ impl Moto {
 pub struct Fixture {
     /// Region.
     pub region: String,
-    /// An image moto knows.
+    /// An x86_64 image moto knows, with root device `/dev/xvda`.
     pub ami: String,
     /// Its root device name.
     pub root_device: String,
+    /// An x86_64 image with another root device name.
+    pub alt_ami: String,
+    /// Its root device name (not `root_device`).
+    pub alt_root_device: String,
+    /// An arm64 image.
+    pub arm64_ami: String,
     /// The VPC.
     pub vpc_id: String,
     /// A subnet of the VPC.

@@ -288,6 +288,7 @@ async fn launch_with_group_name_and_profile_arn() {
     let cfg = host_config(
         fx,
         &[
+            ("ami", &fx.alt_ami),
             ("subnet-id", &fx.subnet_id),
             ("security-group", &fx.security_group_name),
             ("instance-profile-arn", &fx.instance_profile_arn),
@@ -332,6 +333,15 @@ async fn launch_with_group_name_and_profile_arn() {
     // Defaults: 40 GB gp3, no IOPS/throughput override.
     assert_eq!(r.param("BlockDeviceMapping.1.Ebs.VolumeSize"), Some("40"));
     assert_eq!(r.param("BlockDeviceMapping.1.Ebs.Iops"), None);
+    // The root disk override follows this image's root device, not a fixed name.
+    assert_ne!(fx.alt_root_device, fx.root_device);
+    assert_eq!(
+        r.param("BlockDeviceMapping.1.DeviceName"),
+        Some(fx.alt_root_device.as_str())
+    );
+    let bdm = i.block_device_mappings();
+    assert_eq!(bdm.len(), 1, "{bdm:?}");
+    assert_eq!(bdm[0].device_name(), Some(fx.alt_root_device.as_str()));
 }
 
 #[tokio::test]
