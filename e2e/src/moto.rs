@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{BehaviorVersion, Region};
-use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
+use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use mpc::cloud::Credentials;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
