@@ -1,0 +1,199 @@
+//! Cloud metrics (`multi_platform_controller_cloud_*`). Every label has a bounded value set:
+//! operations and outcomes are fixed enums, platforms come from the config, states from
+//! [`InstanceState::ALL`].
+
+use std::time::Duration;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::cloud::{ErrorClass, Instance, InstanceState, Operation};
+use crate::metrics::name;
+
+/// Outcome label of a successful call.
+pub const SUCCESS: &str = "success";
+
+/// The cloud metrics of one process.
+#[derive(Clone)]
+pub struct CloudMetrics {
+    calls: IntCounterVec,
+    latency: HistogramVec,
+    instances: IntGaugeVec,
+    orphans: IntCounterVec,
+    spot_fallbacks: IntCounterVec,
+    launches: IntCounterVec,
+}
+
+impl std::fmt::Debug for CloudMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CloudMetrics")
+    }
+}
+
+impl CloudMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = Self::unregistered()?;
+        registry.register(Box::new(m.calls.clone()))?;
+        registry.register(Box::new(m.latency.clone()))?;
+        registry.register(Box::new(m.instances.clone()))?;
+        registry.register(Box::new(m.orphans.clone()))?;
+        registry.register(Box::new(m.spot_fallbacks.clone()))?;
+        registry.register(Box::new(m.launches.clone()))?;
+        Ok(m)
+    }
+
+    /// Creates the metrics without registering them (tools and tests that do not export them).
+    pub fn unregistered() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            calls: IntCounterVec::new(
+                Opts::new(
+                    name("cloud_api_calls"),
+                    "Cloud API calls by operation and outcome (success or error class), retries included",
+                ),
+                &["operation", "outcome"],
+            )?,
+            latency: HistogramVec::new(
+                HistogramOpts::new(
+                    name("cloud_api_latency_seconds"),
+                    "Latency of single cloud API calls, by operation",
+                )
+                .buckets(vec![
+                    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ]),
+                &["operation"],
+            )?,
+            instances: IntGaugeVec::new(
+                Opts::new(
+                    name("cloud_instances"),
+                    "Tagged instances by platform and state, as of the last listing",
+                ),
+                &["platform", "state"],
+            )?,
+            orphans: IntCounterVec::new(
+                Opts::new(
+                    name("cloud_orphans_terminated"),
+                    "Orphaned instances terminated by the sweep",
+                ),
+                &["platform"],
+            )?,
+            spot_fallbacks: IntCounterVec::new(
+                Opts::new(
+                    name("cloud_spot_fallbacks"),
+                    "Spot launches refused and retried on-demand",
+                ),
+                &["platform"],
+            )?,
+            launches: IntCounterVec::new(
+                Opts::new(
+                    name("cloud_launches"),
+                    "Instances launched, or adopted from an earlier try of the same launch",
+                ),
+                &["platform", "result"],
+            )?,
+        })
+    }
+
+    /// Records one API call.
+    pub(crate) fn call(&self, op: Operation, outcome: Result<(), ErrorClass>, elapsed: Duration) {
+        let outcome = match outcome {
+            Ok(()) => SUCCESS,
+            Err(class) => class.as_str(),
+        };
+        self.calls.with_label_values(&[op.as_str(), outcome]).inc();
+        self.latency
+            .with_label_values(&[op.as_str()])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the per-state instance counts of `platform` from a full listing.
+    pub(crate) fn set_instances(&self, platform: &str, instances: &[Instance]) {
+        for state in InstanceState::ALL {
+            let n = instances.iter().filter(|i| i.state == state).count();
+            self.instances
+                .with_label_values(&[platform, state.as_str()])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts an orphan terminated by the sweep.
+    pub(crate) fn orphan_terminated(&self, platform: &str) {
+        self.orphans.with_label_values(&[platform]).inc();
+    }
+
+    /// Counts a spot launch that fell back to on-demand.
+    pub(crate) fn spot_fallback(&self, platform: &str) {
+        self.spot_fallbacks.with_label_values(&[platform]).inc();
+    }
+
+    /// Counts a launch (`adopted` when an earlier try's instance was found).
+    pub(crate) fn launched(&self, platform: &str, adopted: bool) {
+        let result = if adopted { "adopted" } else { "launched" };
+        self.launches.with_label_values(&[platform, result]).inc();
+    }
+
+    /// Calls counted so far for an operation and outcome label (`success` or an error class).
+    pub fn calls(&self, op: Operation, outcome: &str) -> u64 {
+        self.calls.with_label_values(&[op.as_str(), outcome]).get()
+    }
+
+    /// Instances of a platform in a state, as of the last listing.
+    pub fn instances(&self, platform: &str, state: InstanceState) -> i64 {
+        self.instances
+            .with_label_values(&[platform, state.as_str()])
+            .get()
+    }
+
+    /// Orphans terminated for a platform.
+    pub fn orphans_terminated(&self, platform: &str) -> u64 {
+        self.orphans.with_label_values(&[platform]).get()
+    }
+
+    /// Spot fallbacks for a platform.
+    pub fn spot_fallbacks(&self, platform: &str) -> u64 {
+        self.spot_fallbacks.with_label_values(&[platform]).get()
+    }
+
+    /// Launches of a platform: `(launched, adopted)`.
+    pub fn launches(&self, platform: &str) -> (u64, u64) {
+        (
+            self.launches
+                .with_label_values(&[platform, "launched"])
+                .get(),
+            self.launches
+                .with_label_values(&[platform, "adopted"])
+                .get(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_and_exports_bounded_series() {
+        let r = Registry::new();
+        let m = CloudMetrics::new(&r).unwrap();
+        m.call(Operation::RunInstances, Ok(()), Duration::from_millis(20));
+        m.call(
+            Operation::RunInstances,
+            Err(ErrorClass::Throttled),
+            Duration::from_millis(5),
+        );
+        m.set_instances("linux/arm64", &[]);
+        let text = crate::metrics::encode(&r);
+        assert!(text.contains(
+            "multi_platform_controller_cloud_api_calls{operation=\"RunInstances\",outcome=\"throttled\"} 1"
+        ), "{text}");
+        assert!(text.contains(
+            "multi_platform_controller_cloud_api_latency_seconds_count{operation=\"RunInstances\"} 2"
+        ));
+        assert!(text.contains(
+            "multi_platform_controller_cloud_instances{platform=\"linux/arm64\",state=\"stopped\"} 0"
+        ));
+        assert!(
+            CloudMetrics::new(&r).is_err(),
+            "double registration is refused"
+        );
+    }
+}
