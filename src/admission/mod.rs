@@ -31,7 +31,7 @@ use crate::contract;
 use crate::platform::{Platform, label_value};
 
 pub use patch::escape_pointer_token;
-use wire::{ObjectIn, ReviewIn, SpecIn, Str, TaskRunIn};
+use wire::{Obj, ObjectIn, ReviewIn, SpecIn, Str, TaskRunIn};
 
 /// `target-platform` value for a platform whose label form is not a valid label value (arrays,
 /// spaces, over 63 characters). The underscore keeps it distinct from every valid platform's label.
@@ -168,10 +168,10 @@ pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewe
     // The object was parsed in the first pass unless it came before `kind`/`operation`.
     let parsed_late;
     let taskrun: &TaskRunIn<'_> = match &request.object {
-        ObjectIn::TaskRun(t) => t,
+        ObjectIn::TaskRun(t) => &t.0,
         ObjectIn::Raw(raw) => {
-            parsed_late = serde_json::from_str::<TaskRunIn<'_>>(raw.get())?;
-            &parsed_late
+            parsed_late = serde_json::from_str::<Obj<TaskRunIn<'_>>>(raw.get())?;
+            &parsed_late.0
         }
         ObjectIn::Absent | ObjectIn::Skipped => {
             return Err(AdmissionError::Missing("request.object"));
@@ -229,7 +229,7 @@ fn decide(
     platform_out: &mut Option<String>,
 ) -> (Decision, Response) {
     let ignore = |why| (Decision::Ignored(why), Response::allow());
-    let meta = taskrun.metadata.as_ref();
+    let meta = taskrun.metadata.as_deref();
     if meta
         .and_then(|m| m.labels.as_ref())
         .and_then(|l| l.get(contract::TASK_TYPE_LABEL))
@@ -238,7 +238,7 @@ fn decide(
         return ignore(IgnoreReason::Internal);
     }
     let default_spec = SpecIn::default();
-    let spec = taskrun.spec.as_ref().unwrap_or(&default_spec);
+    let spec = taskrun.spec.as_deref().unwrap_or(&default_spec);
     let Some(value) = platform_value(spec) else {
         return ignore(IgnoreReason::NoPlatform);
     };

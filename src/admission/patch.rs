@@ -170,7 +170,7 @@ pub(super) fn local(
         );
     }
     if let Some((os, arch)) = os_arch {
-        node_affinity(patch, spec.pod_template.as_ref(), os, arch);
+        node_affinity(patch, spec.pod_template.as_deref(), os, arch);
     }
 }
 

@@ -141,6 +141,15 @@ fn errors_name_what_is_wrong() {
     let bad_labels = r#"{"metadata":{"finalizers":[1]},"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}}"#;
     let e = review(request(false, bad_labels).as_bytes(), &cfg, 0).unwrap_err();
     assert!(e.to_string().contains("expected a string"), "{e}");
+    // Objects the patch writes into must be objects: arrays would make the patch inapplicable.
+    for obj in [
+        r#"{"metadata":[],"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}}"#,
+        r#"[{"labels":{}},{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}]"#,
+        r#"{"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}],"podTemplate":[[]]}}"#,
+    ] {
+        let e = review(request(false, obj).as_bytes(), &cfg, 0).unwrap_err();
+        assert!(e.to_string().contains("expected an object"), "{obj}: {e}");
+    }
 }
 
 #[test]

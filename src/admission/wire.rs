@@ -54,6 +54,39 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+/// A JSON object parsed as `T`. Derived struct impls also accept arrays (fields by position);
+/// every object the webhook patches into must really be an object, or the patch would not apply.
+pub(super) struct Obj<T>(pub T);
+
+impl<T> Deref for Obj<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Default> Default for Obj<T> {
+    fn default() -> Self {
+        Self(T::default())
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<Self::Value, M::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Obj)
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
 /// Top level of an `admission.k8s.io` AdmissionReview.
 #[derive(Deserialize)]
 pub(super) struct ReviewIn<'a> {
@@ -92,7 +125,7 @@ pub(super) enum ObjectIn<'a> {
     /// Skipped: the request is ignored whatever the object says.
     Skipped,
     /// Parsed TaskRun view.
-    TaskRun(Box<TaskRunIn<'a>>),
+    TaskRun(Box<Obj<TaskRunIn<'a>>>),
     /// Captured before `kind`/`operation` were known; parsed later if needed.
     Raw(&'a RawValue),
 }
@@ -150,7 +183,7 @@ impl<'de: 'a, 'a> Visitor<'de> for RequestVisitor<'a> {
                 "name" => req.name = map.next_value()?,
                 "object" => {
                     req.object = match req.wants_object() {
-                        Some(true) => match map.next_value::<Option<TaskRunIn<'a>>>()? {
+                        Some(true) => match map.next_value::<Option<Obj<TaskRunIn<'a>>>>()? {
                             Some(t) => ObjectIn::TaskRun(Box::new(t)),
                             None => ObjectIn::Absent,
                         },
@@ -177,9 +210,9 @@ impl<'de: 'a, 'a> Visitor<'de> for RequestVisitor<'a> {
 #[derive(Deserialize, Default)]
 pub(super) struct TaskRunIn<'a> {
     #[serde(borrow, default)]
-    pub metadata: Option<MetadataIn<'a>>,
+    pub metadata: Option<Obj<MetadataIn<'a>>>,
     #[serde(borrow, default)]
-    pub spec: Option<SpecIn<'a>>,
+    pub spec: Option<Obj<SpecIn<'a>>>,
 }
 
 /// `metadata`: only the keys the webhook reads or writes.
@@ -199,9 +232,9 @@ pub(super) struct SpecIn<'a> {
     #[serde(borrow, default)]
     pub params: Option<Vec<ParamIn<'a>>>,
     #[serde(rename = "taskSpec", borrow, default)]
-    pub task_spec: Option<TaskSpecIn<'a>>,
+    pub task_spec: Option<Obj<TaskSpecIn<'a>>>,
     #[serde(rename = "podTemplate", borrow, default)]
-    pub pod_template: Option<PodTemplateIn<'a>>,
+    pub pod_template: Option<Obj<PodTemplateIn<'a>>>,
     #[serde(borrow, default)]
     pub status: Option<&'a RawValue>,
 }
@@ -261,14 +294,14 @@ impl VolumeIn<'_> {
 #[derive(Deserialize, Default)]
 pub(super) struct PodTemplateIn<'a> {
     #[serde(borrow, default)]
-    pub affinity: Option<AffinityIn<'a>>,
+    pub affinity: Option<Obj<AffinityIn<'a>>>,
 }
 
 /// `podTemplate.affinity`.
 #[derive(Deserialize, Default)]
 pub(super) struct AffinityIn<'a> {
     #[serde(rename = "nodeAffinity", borrow, default)]
-    pub node_affinity: Option<NodeAffinityIn<'a>>,
+    pub node_affinity: Option<Obj<NodeAffinityIn<'a>>>,
 }
 
 /// `affinity.nodeAffinity`.
@@ -279,14 +312,14 @@ pub(super) struct NodeAffinityIn<'a> {
         borrow,
         default
     )]
-    pub required: Option<NodeSelectorIn<'a>>,
+    pub required: Option<Obj<NodeSelectorIn<'a>>>,
 }
 
 /// `nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
 #[derive(Deserialize, Default)]
 pub(super) struct NodeSelectorIn<'a> {
     #[serde(rename = "nodeSelectorTerms", borrow, default)]
-    pub terms: Option<Vec<NodeSelectorTermIn<'a>>>,
+    pub terms: Option<Vec<Obj<NodeSelectorTermIn<'a>>>>,
 }
 
 /// One node selector term (terms are ORed; requirements inside a term are ANDed).
