@@ -383,7 +383,7 @@ where
 }
 
 struct Setup {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     cert_dir: PathBuf,
     config: PathBuf,
 }
@@ -396,7 +396,7 @@ fn setup() -> Setup {
     let config = dir.path().join("host-config.yaml");
     std::fs::copy(fixtures().join("host-config.yaml"), &config).unwrap();
     Setup {
-        _dir: dir,
+        dir,
         cert_dir,
         config,
     }
@@ -413,7 +413,7 @@ async fn start(s: &Setup, tweak: impl FnOnce(&mut ControllerArgs)) -> Controller
 async fn tls_webhook_with_mpc_certs_ca_and_hot_reload() {
     let s = setup();
     // The files `mpc certs` writes, read back as the deployment would mount them.
-    let out = s._dir.path().join("mpc-certs");
+    let out = s.dir.path().join("mpc-certs");
     certs::run(&certs::CertsArgs {
         service: SERVICE.into(),
         namespace: NAMESPACE.into(),

@@ -256,7 +256,7 @@ fn decide(
 
     let resolved = match &value {
         PlatformValue::Text(s) => {
-            *platform_out = Some(s.to_string());
+            *platform_out = Some(truncated(s, 128));
             match Platform::parse(s) {
                 Ok(p) => match config.resolve(&p) {
                     Strategy::Local => Resolved::Local(p),
@@ -267,7 +267,7 @@ fn decide(
             }
         }
         PlatformValue::NotString(raw) => {
-            *platform_out = Some(raw.get().to_owned());
+            *platform_out = Some(truncated(raw.get(), 128));
             Resolved::Malformed(format!(
                 "PLATFORM must be a string such as \"linux/arm64\", got {}",
                 json_type(raw)
@@ -347,6 +347,18 @@ pub fn is_label_value(v: &str) -> bool {
         && b[b.len() - 1].is_ascii_alphanumeric()
         && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// At most `max` bytes of `s` (on a char boundary), for logs.
+fn truncated(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
 }
 
 fn json_type(raw: &RawValue) -> &'static str {

@@ -153,6 +153,14 @@ fn errors_name_what_is_wrong() {
 }
 
 #[test]
+fn logged_platform_is_capped() {
+    assert_eq!(truncated("linux/arm64", 128), "linux/arm64");
+    let long = "é".repeat(100);
+    let t = truncated(&long, 7);
+    assert_eq!(t, "ééé...");
+}
+
+#[test]
 fn outcomes_cover_every_decision() {
     for d in [
         Decision::Local,
