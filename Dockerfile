@@ -4,6 +4,7 @@
 # Runs as a non-root user and writes nothing outside mounted volumes (HOME and TMPDIR are emptyDirs
 # in manifests/deployment.yaml), so it works with readOnlyRootFilesystem.
 
+# Keep in step with rust-toolchain.toml (not copied: the image already is that toolchain).
 ARG RUST_VERSION=1.95.0
 ARG DEBIAN_RELEASE=trixie
 
@@ -11,10 +12,11 @@ FROM docker.io/library/rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
 WORKDIR /src
 # aws-lc-rs compiles C with the system toolchain; no OpenSSL anywhere.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake make gcc g++ libclang-dev perl pkg-config \
+ && apt-get install -y --no-install-recommends cmake make gcc g++ \
  && rm -rf /var/lib/apt/lists/*
-COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
+COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# Every workspace target must exist for cargo to read the manifest.
 COPY benches ./benches
 COPY e2e ./e2e
 # Cache mounts keep the registry and compiled dependencies between builds.
