@@ -1,1 +1,700 @@
-//! Placeholder: filled in by its issue.
+//! The live host-config: the current [`HostConfig`] plus change notification, fed by a backend.
+//!
+//! [`ConfigSource`] is what consumers hold (the webhook reads [`ConfigSource::current`] per request;
+//! the scheduler can [`ConfigSource::subscribe`]). Backends push raw ConfigMap data into it with
+//! [`ConfigSource::publish`] or report an unreadable input with [`ConfigSource::publish_failure`].
+//! This module has the file backend ([`watch_path`]): a ConfigMap YAML file, or a directory holding
+//! a mounted ConfigMap (one file per key). A ConfigMap watch is another backend of the same shape.
+//!
+//! The last good config keeps serving: an unreadable or unparsable input changes nothing, and a
+//! readable update with entry errors keeps the previous definition of whatever those errors would
+//! disable ([`keep_last_good`]). Problems are logged and counted in `config_errors`;
+//! `platform_pool_size{platform}` follows the config that is actually served.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{IntCounter, IntGaugeVec, Opts, Registry};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, ConfigData, Diagnostic, HostConfig, Severity, Strategy};
+use crate::metrics;
+
+/// Metrics about the served configuration.
+#[derive(Clone, Debug)]
+pub struct ConfigMetrics {
+    errors: IntCounter,
+    pool_size: IntGaugeVec,
+}
+
+impl ConfigMetrics {
+    /// Creates `config_errors` and `platform_pool_size` and registers them in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let errors = IntCounter::with_opts(Opts::new(
+            metrics::name("config_errors"),
+            "Problems found in host-config updates: entry errors, plus unreadable or unparsable inputs.",
+        ))?;
+        let pool_size = IntGaugeVec::new(
+            Opts::new(
+                metrics::name("platform_pool_size"),
+                "Concurrent TaskRuns each remote platform can serve under the served config (0 when disabled).",
+            ),
+            &["platform"],
+        )?;
+        registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(pool_size.clone()))?;
+        Ok(Self { errors, pool_size })
+    }
+
+    fn set_pool_sizes(&self, cfg: &HostConfig) {
+        self.pool_size.reset();
+        for p in cfg.platforms() {
+            if let Some(n) = cfg.capacity(p) {
+                self.pool_size
+                    .with_label_values(&[p.as_str()])
+                    .set(i64::from(n));
+            }
+        }
+    }
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Update {
+    /// Same input as last time: nothing to do.
+    Unchanged,
+    /// The input was parsed and is now served (merged with the last good config).
+    Applied {
+        /// Error diagnostics in the input.
+        errors: usize,
+        /// What kept its previous definition, one message each.
+        kept: Vec<String>,
+    },
+    /// The input was rejected as a whole; the last good config (if any) keeps serving.
+    Rejected(String),
+}
+
+/// The live configuration, shared by every consumer. Cloning is cheap.
+#[derive(Clone, Debug)]
+pub struct ConfigSource {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tx: watch::Sender<Option<Arc<HostConfig>>>,
+    metrics: Option<ConfigMetrics>,
+    last: Mutex<LastInput>,
+}
+
+#[derive(Debug, Default)]
+struct LastInput {
+    data: Option<ConfigData>,
+    failure: Option<String>,
+}
+
+impl ConfigSource {
+    /// An empty source (not loaded until the first publish).
+    pub fn new(metrics: Option<ConfigMetrics>) -> Self {
+        let (tx, _) = watch::channel(None);
+        Self {
+            inner: Arc::new(Inner {
+                tx,
+                metrics,
+                last: Mutex::new(LastInput::default()),
+            }),
+        }
+    }
+
+    /// A source serving `config` until something is published (tests, benchmarks, simulation).
+    pub fn fixed(config: HostConfig) -> Self {
+        let s = Self::new(None);
+        s.inner.tx.send_replace(Some(Arc::new(config)));
+        s
+    }
+
+    /// The config being served, `None` until the first successful load.
+    pub fn current(&self) -> Option<Arc<HostConfig>> {
+        self.inner.tx.borrow().clone()
+    }
+
+    /// True once a config has been loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.inner.tx.borrow().is_some()
+    }
+
+    /// A receiver that sees every change of the served config.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<HostConfig>>> {
+        self.inner.tx.subscribe()
+    }
+
+    /// Publishes ConfigMap data read by a backend (`read_diagnostics` are problems the backend found
+    /// while reading, e.g. non-string values). `origin` names the input in logs.
+    pub fn publish(
+        &self,
+        origin: &str,
+        data: ConfigData,
+        read_diagnostics: Vec<Diagnostic>,
+    ) -> Update {
+        let mut last = self.inner.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.data.as_ref() == Some(&data) {
+            if last.failure.take().is_some() {
+                tracing::info!(origin, "host-config readable again, unchanged");
+            }
+            return Update::Unchanged;
+        }
+        last.failure = None;
+        let mut parsed = config::parse(&data);
+        let mut diagnostics = read_diagnostics;
+        diagnostics.append(&mut parsed.diagnostics);
+        let errors = diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .count();
+        for d in &diagnostics {
+            match d.severity {
+                Severity::Error => tracing::warn!(origin, diagnostic = %d, "host-config error"),
+                _ => tracing::info!(origin, diagnostic = %d, "host-config warning"),
+            }
+        }
+        if let Some(m) = &self.inner.metrics {
+            m.errors.inc_by(errors as u64);
+        }
+        let previous = self.current();
+        let merged = match previous.as_deref() {
+            Some(prev) => keep_last_good(prev, parsed.config, &diagnostics),
+            None => Merged {
+                config: parsed.config,
+                kept: Vec::new(),
+                rejected: None,
+            },
+        };
+        last.data = Some(data);
+        if let Some(why) = merged.rejected {
+            tracing::warn!(origin, reason = %why, "host-config update not applied; the previous config keeps serving");
+            return Update::Rejected(why);
+        }
+        for k in &merged.kept {
+            tracing::warn!(origin, kept = %k, "host-config entry kept from the previous config");
+        }
+        self.serve(merged.config);
+        tracing::info!(
+            origin,
+            errors,
+            kept = merged.kept.len(),
+            "host-config loaded"
+        );
+        Update::Applied {
+            errors,
+            kept: merged.kept,
+        }
+    }
+
+    /// Reports an input that could not be read or parsed at all; counted once per distinct error.
+    pub fn publish_failure(&self, origin: &str, error: &str) -> Update {
+        let mut last = self.inner.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.failure.as_deref() == Some(error) {
+            return Update::Unchanged;
+        }
+        last.failure = Some(error.to_owned());
+        // Whatever comes next must be re-applied even if it equals the last good input.
+        last.data = None;
+        if let Some(m) = &self.inner.metrics {
+            m.errors.inc();
+        }
+        let serving = if self.is_loaded() {
+            "the previous config keeps serving"
+        } else {
+            "no config loaded yet"
+        };
+        tracing::warn!(origin, %error, "host-config unreadable; {serving}");
+        Update::Rejected(error.to_owned())
+    }
+
+    fn serve(&self, cfg: HostConfig) {
+        if let Some(m) = &self.inner.metrics {
+            m.set_pool_sizes(&cfg);
+        }
+        self.inner.tx.send_if_modified(|cur| {
+            if cur.as_deref() == Some(&cfg) {
+                false
+            } else {
+                *cur = Some(Arc::new(cfg));
+                true
+            }
+        });
+    }
+}
+
+/// Result of [`keep_last_good`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Merged {
+    /// The config to serve.
+    pub config: HostConfig,
+    /// What kept its previous definition, one message each.
+    pub kept: Vec<String>,
+    /// Set when the update must not be applied at all.
+    pub rejected: Option<String>,
+}
+
+/// Merges a readable update with the config served so far, so that entry errors never take away
+/// something that worked (pure):
+/// - a platform that `previous` served and `next` disables keeps its previous definition;
+/// - a static host whose entry now has errors keeps its previous definition, if its platform is
+///   still served by static hosts;
+/// - a global setting whose new value is invalid keeps its previous value;
+/// - an invalid global `instance-tag` rejects the update: instance ownership (and so cleanup of
+///   leaked instances) depends on it, so a fallback to the default tag is never applied.
+///
+/// Deliberate removals (a platform or host no longer named at all) are applied as written.
+pub fn keep_last_good(
+    previous: &HostConfig,
+    next: HostConfig,
+    diagnostics: &[Diagnostic],
+) -> Merged {
+    let mut next = next;
+    let mut kept = Vec::new();
+    let errors: Vec<&Diagnostic> = diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
+
+    if errors.iter().any(|d| d.key == "instance-tag") {
+        return Merged {
+            config: previous.clone(),
+            kept,
+            rejected: Some(
+                "instance-tag is invalid; instance ownership depends on it, so the whole update is held back"
+                    .into(),
+            ),
+        };
+    }
+
+    let disabled: Vec<_> = next.disabled.keys().cloned().collect();
+    for p in disabled {
+        let strategy = previous.resolve(&p);
+        if matches!(strategy, Strategy::Disabled(_) | Strategy::Unknown) {
+            continue;
+        }
+        next.local.remove(&p);
+        next.dynamic.remove(&p);
+        next.pools.remove(&p);
+        next.static_pools.remove(&p);
+        match strategy {
+            Strategy::Local => {
+                next.local.insert(p.clone());
+            }
+            Strategy::Dynamic(d) => {
+                next.dynamic.insert(p.clone(), d.clone());
+            }
+            Strategy::DynamicPool(d) => {
+                next.pools.insert(p.clone(), d.clone());
+            }
+            Strategy::Static(s) => {
+                next.static_pools.insert(p.clone(), s.clone());
+            }
+            Strategy::Disabled(_) | Strategy::Unknown => {}
+        }
+        let reason = next.disabled.remove(&p).unwrap_or_default();
+        kept.push(format!(
+            "platform {p} keeps its previous definition (the update would disable it: {reason})"
+        ));
+    }
+
+    let mut hosts_seen = BTreeSet::new();
+    for d in &errors {
+        let Some((name, _field)) = d
+            .key
+            .strip_prefix("host.")
+            .and_then(|rest| rest.rsplit_once('.'))
+        else {
+            continue;
+        };
+        if !hosts_seen.insert(name) {
+            continue;
+        }
+        let in_next = next
+            .static_pools
+            .values()
+            .any(|pool| pool.hosts.iter().any(|h| h.name == name));
+        let Some(prev) = previous
+            .static_pools
+            .values()
+            .flat_map(|pool| &pool.hosts)
+            .find(|h| h.name == name)
+        else {
+            continue;
+        };
+        if in_next {
+            continue;
+        }
+        if let Some(pool) = next.static_pools.get_mut(&prev.platform) {
+            pool.hosts.push(prev.clone());
+            pool.hosts.sort_by(|a, b| a.name.cmp(&b.name));
+            kept.push(format!(
+                "static host {name} keeps its previous definition (its new entry has errors: {d})"
+            ));
+        }
+    }
+
+    for d in &errors {
+        let restored = match d.key.as_str() {
+            "gate-pending" => {
+                next.gate_pending = previous.gate_pending;
+                true
+            }
+            "reject-unknown-platforms" => {
+                next.reject_unknown_platforms = previous.reject_unknown_platforms;
+                true
+            }
+            "otp-server-url" => {
+                next.otp_server_url.clone_from(&previous.otp_server_url);
+                true
+            }
+            "additional-instance-tags" => {
+                next.additional_instance_tags
+                    .clone_from(&previous.additional_instance_tags);
+                true
+            }
+            _ => false,
+        };
+        if restored && !kept.iter().any(|k| k.starts_with(&format!("{} ", d.key))) {
+            kept.push(format!("{} keeps its previous value ({d})", d.key));
+        }
+    }
+
+    Merged {
+        config: next,
+        kept,
+        rejected: None,
+    }
+}
+
+/// Reads a host-config from `path`: a ConfigMap YAML file, or a directory where a ConfigMap is
+/// mounted (one file per key; Kubernetes' `..data` snapshot is read when present, so a swap in
+/// progress is never seen half done).
+pub fn read_path(path: &Path) -> Result<(ConfigData, Vec<Diagnostic>), String> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.is_dir() {
+        return read_dir(path).map(|d| (d, Vec::new()));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| format!("{}: not UTF-8 text: {e}", path.display()))?;
+    config::read_configmap_yaml(text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn read_dir(dir: &Path) -> Result<ConfigData, String> {
+    let io = |p: &Path, e: std::io::Error| format!("cannot read {}: {e}", p.display());
+    // `..data` points at the current timestamped snapshot directory.
+    let snapshot = dir.join("..data");
+    let root = if snapshot.is_dir() {
+        std::fs::canonicalize(&snapshot).map_err(|e| io(&snapshot, e))?
+    } else {
+        dir.to_owned()
+    };
+    let mut data = ConfigData::new();
+    for entry in std::fs::read_dir(&root).map_err(|e| io(&root, e))? {
+        let entry = entry.map_err(|e| io(&root, e))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let p = entry.path();
+        if !p.is_file() {
+            continue;
+        }
+        let bytes = std::fs::read(&p).map_err(|e| io(&p, e))?;
+        let value = String::from_utf8(bytes)
+            .map_err(|e| format!("{}: not UTF-8 text: {e}", p.display()))?;
+        data.insert(name, value);
+    }
+    Ok(data)
+}
+
+/// Reads `path` once and publishes the result.
+pub fn load_path(source: &ConfigSource, path: &Path) -> Update {
+    let origin = path.display().to_string();
+    match read_path(path) {
+        Ok((data, diags)) => source.publish(&origin, data, diags),
+        Err(e) => source.publish_failure(&origin, &e),
+    }
+}
+
+/// Polls `path` every `interval` (reading follows symlink swaps) until `cancel` fires.
+pub fn watch_path(
+    source: ConfigSource,
+    path: PathBuf,
+    interval: Duration,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let (s, p) = (source.clone(), path.clone());
+            // File reads are blocking; they are small, but keep them off the async workers.
+            let _ = tokio::task::spawn_blocking(move || load_path(&s, &p)).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::Platform;
+
+    fn data(pairs: &[(&str, &str)]) -> ConfigData {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn dynamic(label: &str, max: &str) -> Vec<(String, String)> {
+        [
+            ("type", "aws"),
+            ("region", "us-east-1"),
+            ("ami", "ami-1"),
+            ("instance-type", "m6g.large"),
+            ("aws-secret", "aws"),
+            ("ssh-secret", "ssh"),
+            ("max-instances", max),
+        ]
+        .iter()
+        .map(|(f, v)| (format!("dynamic.{label}.{f}"), (*v).to_owned()))
+        .collect()
+    }
+
+    fn host(name: &str, platform: &str, concurrency: &str) -> Vec<(String, String)> {
+        [
+            ("address", "10.0.0.1"),
+            ("platform", platform),
+            ("user", "builder"),
+            ("secret", "ssh"),
+            ("concurrency", concurrency),
+        ]
+        .iter()
+        .map(|(f, v)| (format!("host.{name}.{f}"), (*v).to_owned()))
+        .collect()
+    }
+
+    fn base() -> ConfigData {
+        let mut d = data(&[
+            ("local-platforms", "linux/amd64"),
+            ("dynamic-platforms", "linux/arm64"),
+            ("gate-pending", "true"),
+        ]);
+        d.extend(dynamic("linux-arm64", "4"));
+        d.extend(host("p1", "linux/ppc64le", "2"));
+        d.extend(host("p2", "linux/ppc64le", "3"));
+        d
+    }
+
+    fn p(s: &str) -> Platform {
+        Platform::parse(s).unwrap()
+    }
+
+    fn merge(prev: &ConfigData, next: &ConfigData) -> Merged {
+        let prev = config::parse(prev).config;
+        let parsed = config::parse(next);
+        keep_last_good(&prev, parsed.config, &parsed.diagnostics)
+    }
+
+    #[test]
+    fn platform_disabled_by_an_error_keeps_its_previous_definition() {
+        let prev = base();
+        let mut next = base();
+        next.insert("dynamic.linux-arm64.max-instances".into(), "lots".into());
+        next.insert("dynamic.linux-arm64.region".into(), "eu-west-1".into());
+        let m = merge(&prev, &next);
+        let d = &m.config.dynamic[&p("linux/arm64")];
+        assert_eq!(d.max_instances, 4);
+        assert_eq!(
+            d.region, "us-east-1",
+            "the whole previous definition is kept"
+        );
+        assert!(m.config.disabled.is_empty());
+        assert_eq!(m.kept.len(), 1);
+        assert!(m.kept[0].contains("linux/arm64"), "{:?}", m.kept);
+        assert!(m.kept[0].contains("max-instances"), "{:?}", m.kept);
+    }
+
+    #[test]
+    fn valid_changes_and_removals_are_applied() {
+        let prev = base();
+        let mut next = base();
+        next.insert("dynamic.linux-arm64.max-instances".into(), "9".into());
+        next.insert("local-platforms".into(), "".into());
+        let m = merge(&prev, &next);
+        assert_eq!(m.config.dynamic[&p("linux/arm64")].max_instances, 9);
+        assert!(m.config.local.is_empty(), "a deliberate removal is applied");
+        assert!(m.kept.is_empty());
+        // Moving a platform out of every list removes it even though its keys stay.
+        let mut next = base();
+        next.insert("dynamic-platforms".into(), "".into());
+        let m = merge(&prev, &next);
+        assert!(m.config.dynamic.is_empty());
+        assert!(m.kept.is_empty());
+    }
+
+    #[test]
+    fn platform_never_served_stays_disabled() {
+        let prev = data(&[]);
+        let mut next = base();
+        next.insert("dynamic.linux-arm64.max-instances".into(), "0".into());
+        let m = merge(&prev, &next);
+        assert!(matches!(
+            m.config.resolve(&p("linux/arm64")),
+            Strategy::Disabled(_)
+        ));
+        assert!(m.kept.is_empty());
+    }
+
+    #[test]
+    fn broken_static_host_keeps_its_previous_entry() {
+        let prev = base();
+        let mut next = base();
+        next.insert("host.p2.concurrency".into(), "99".into());
+        let m = merge(&prev, &next);
+        let pool = &m.config.static_pools[&p("linux/ppc64le")];
+        let names: Vec<_> = pool.hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["p1", "p2"]);
+        assert_eq!(pool.hosts[1].concurrency, 3);
+        assert!(m.kept[0].contains("static host p2"), "{:?}", m.kept);
+
+        // Every host broken: the platform is disabled, so the previous pool is kept whole.
+        next.insert("host.p1.concurrency".into(), "0".into());
+        let m = merge(&prev, &next);
+        assert_eq!(m.config.static_pools[&p("linux/ppc64le")].capacity(), 5);
+    }
+
+    #[test]
+    fn removed_static_host_is_not_resurrected() {
+        let prev = base();
+        let next: ConfigData = base()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("host.p2."))
+            .collect();
+        let m = merge(&prev, &next);
+        assert_eq!(m.config.static_pools[&p("linux/ppc64le")].hosts.len(), 1);
+    }
+
+    #[test]
+    fn invalid_global_settings_keep_their_previous_values() {
+        let prev = base();
+        let mut next = base();
+        next.insert("gate-pending".into(), "maybe".into());
+        let m = merge(&prev, &next);
+        assert!(m.config.gate_pending);
+        assert!(m.kept.iter().any(|k| k.starts_with("gate-pending keeps")));
+
+        let mut next = base();
+        next.insert("instance-tag".into(), "two words".into());
+        let m = merge(&prev, &next);
+        assert!(m.rejected.is_some());
+        assert_eq!(m.config, config::parse(&prev).config);
+    }
+
+    #[test]
+    fn publish_serves_counts_and_keeps_last_good() {
+        let registry = Registry::new();
+        let metrics = ConfigMetrics::register(&registry).unwrap();
+        let src = ConfigSource::new(Some(metrics.clone()));
+        let mut rx = src.subscribe();
+        assert!(!src.is_loaded());
+        assert!(matches!(
+            src.publish("t", base(), Vec::new()),
+            Update::Applied { errors: 0, .. }
+        ));
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        assert_eq!(src.publish("t", base(), Vec::new()), Update::Unchanged);
+        assert!(!rx.has_changed().unwrap());
+        let size = |pl: &str| metrics.pool_size.with_label_values(&[pl]).get();
+        assert_eq!(size("linux/arm64"), 4);
+        assert_eq!(size("linux/ppc64le"), 5);
+
+        let mut bad = base();
+        bad.insert("dynamic.linux-arm64.max-instances".into(), "x".into());
+        match src.publish("t", bad.clone(), Vec::new()) {
+            Update::Applied { errors: 1, kept } => assert_eq!(kept.len(), 1),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(metrics.errors.get(), 1);
+        assert_eq!(
+            src.current().unwrap().dynamic[&p("linux/arm64")].max_instances,
+            4
+        );
+        assert_eq!(
+            size("linux/arm64"),
+            4,
+            "the gauge follows the served config"
+        );
+
+        // Unreadable input: counted once, config unchanged.
+        assert!(matches!(
+            src.publish_failure("t", "boom"),
+            Update::Rejected(_)
+        ));
+        assert_eq!(src.publish_failure("t", "boom"), Update::Unchanged);
+        assert_eq!(metrics.errors.get(), 2);
+        assert!(src.is_loaded());
+
+        // Removing a platform drops its gauge series.
+        let mut smaller = base();
+        smaller.insert("dynamic-platforms".into(), "".into());
+        src.publish("t", smaller, Vec::new());
+        let text = metrics::encode(&registry);
+        assert!(!text.contains("platform=\"linux/arm64\""), "{text}");
+        assert!(text.contains("platform=\"linux/ppc64le\"} 5"), "{text}");
+    }
+
+    #[test]
+    fn reads_a_mounted_configmap_directory_through_its_data_symlink() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let snap1 = d.join("..2025_01_01_00_00_00.1");
+        std::fs::create_dir(&snap1).unwrap();
+        std::fs::write(snap1.join("local-platforms"), "linux/amd64").unwrap();
+        symlink("..2025_01_01_00_00_00.1", d.join("..data")).unwrap();
+        symlink("..data/local-platforms", d.join("local-platforms")).unwrap();
+        let (data, _) = read_path(d).unwrap();
+        assert_eq!(data.len(), 1);
+        assert_eq!(data["local-platforms"], "linux/amd64");
+
+        // Kubernetes-style swap: new snapshot, then an atomic rename of a new `..data` link.
+        let snap2 = d.join("..2025_01_01_00_01_00.2");
+        std::fs::create_dir(&snap2).unwrap();
+        std::fs::write(snap2.join("local-platforms"), "linux/arm64").unwrap();
+        std::fs::write(snap2.join("gate-pending"), "true").unwrap();
+        symlink("..2025_01_01_00_01_00.2", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        std::fs::remove_dir_all(&snap1).unwrap();
+        let (data, _) = read_path(d).unwrap();
+        assert_eq!(data["local-platforms"], "linux/arm64");
+        assert_eq!(data["gate-pending"], "true");
+    }
+
+    #[test]
+    fn read_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("host-config.yaml");
+        let e = read_path(&f).unwrap_err();
+        assert!(e.contains("host-config.yaml"), "{e}");
+        std::fs::write(&f, "kind: Secret\n").unwrap();
+        let e = read_path(&f).unwrap_err();
+        assert!(e.contains("not a ConfigMap"), "{e}");
+    }
+}

@@ -172,6 +172,8 @@ impl ReloadingCert {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // A broken pair stays broken for many polls: report each distinct problem once.
+            let mut last_error = String::new();
             loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
@@ -179,11 +181,16 @@ impl ReloadingCert {
                 }
                 match this.reload() {
                     Ok(true) => {
+                        last_error.clear();
                         tracing::info!(cert = %this.paths.cert.display(), "serving certificate reloaded")
                     }
-                    Ok(false) => {}
+                    Ok(false) => last_error.clear(),
                     Err(error) => {
-                        tracing::warn!(%error, "serving certificate not reloaded; the previous one keeps serving")
+                        let text = error.to_string();
+                        if text != last_error {
+                            tracing::warn!(%error, "serving certificate not reloaded; the previous one keeps serving");
+                            last_error = text;
+                        }
                     }
                 }
             }

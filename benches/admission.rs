@@ -1,0 +1,68 @@
+//! Admission decision cost on one core: a ~3.5 KB taskRef review and a ~40 KB inline-Task review
+//! (12 steps), both compact JSON as the API server sends them. `full_dom/*` parses the same bytes
+//! into a `serde_json::Value` only, as a reference for what a full-DOM approach starts from.
+//!
+//! cargo bench --bench admission
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use mpc::admission::{self, Decision};
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/admission")
+        .join(format!("{name}.json"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    serde_json::to_vec(&v).unwrap()
+}
+
+fn config() -> mpc::config::HostConfig {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission/host-config.yaml");
+    let (data, _) =
+        mpc::config::read_configmap_yaml(&std::fs::read_to_string(path).unwrap()).unwrap();
+    mpc::config::parse(&data).config
+}
+
+fn bench(c: &mut Criterion) {
+    let cfg = config();
+    let inputs = [
+        ("taskref_3k", fixture("taskref-bundle")),
+        ("inline_40k", fixture("large-inline-taskspec")),
+    ];
+    for (name, body) in &inputs {
+        // The benchmark must measure the real decision, not an early error.
+        let r = admission::review(body, &cfg, 1_700_000_000).unwrap();
+        assert_eq!(r.decision, Decision::Remote, "{name}");
+        assert_eq!(r.patch_ops, 3, "{name}");
+        eprintln!("{name}: {} bytes", body.len());
+    }
+    let mut g = c.benchmark_group("decide");
+    for (name, body) in &inputs {
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(*name, |b| {
+            b.iter(|| admission::review(black_box(body), black_box(&cfg), 1_700_000_000).unwrap())
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("full_dom");
+    for (name, body) in &inputs {
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(*name, |b| {
+            b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(body)).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,491 @@
+//! The TaskRun mutating admission webhook, as a pure function: AdmissionReview request bytes, the
+//! live [`HostConfig`] and the current time in, AdmissionReview response bytes out (design §1 step 2
+//! and §2).
+//!
+//! - local platform: label `assigned-host=localhost` and, for `os/arch` platforms, a required node
+//!   affinity on `kubernetes.io/os` and `kubernetes.io/arch` merged into every node selector term;
+//! - remote platform (dynamic, dynamic pool, static, or configured but disabled by a config error):
+//!   label `target-platform`, the finalizer, annotation `allocation-start-time`, and
+//!   `spec.status: TaskRunPending` when `gate-pending` is set;
+//! - unknown or malformed platform: marked like a remote one so the scheduler writes an `error`
+//!   secret explaining the problem, or denied with 422 when `reject-unknown-platforms` is set.
+//!
+//! The target-platform label value is the platform with `/` → `-` when that is a valid Kubernetes
+//! label value, else [`INVALID_PLATFORM_LABEL`] (the API server would reject the TaskRun otherwise;
+//! the scheduler reads the platform from the `PLATFORM` param, the label is only its selector).
+
+mod patch;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Write as _;
+
+use base64::Engine as _;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::config::{HostConfig, Strategy};
+use crate::contract;
+use crate::platform::{Platform, label_value};
+
+pub use patch::escape_pointer_token;
+use wire::{Obj, ObjectIn, ReviewIn, SpecIn, Str, TaskRunIn};
+
+/// `target-platform` value for a platform whose label form is not a valid label value (arrays,
+/// spaces, over 63 characters). The underscore keeps it distinct from every valid platform's label.
+pub const INVALID_PLATFORM_LABEL: &str = "invalid_platform";
+
+/// `spec.status` value that keeps Tekton from creating the pod (Tekton ≥ 1.11).
+pub const PENDING_STATUS: &str = "TaskRunPending";
+
+/// Why a request was let through untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoreReason {
+    /// Not a `tekton.dev` v1/v1beta1 TaskRun.
+    NotTaskRun,
+    /// An operation other than CREATE.
+    NotCreate,
+    /// Labelled `build.appstudio.redhat.com/task-type`: an internal TaskRun.
+    Internal,
+    /// No `PLATFORM` param (nor an inline Task default for it).
+    NoPlatform,
+    /// An inline Task that mounts no `multi-platform-ssh-*` secret.
+    NoSecretVolume,
+}
+
+/// What the webhook decided for one request; [`Decision::outcome`] is the metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Local platform: pinned to matching nodes.
+    Local,
+    /// Remote platform: marked for allocation.
+    Remote,
+    /// Unknown or malformed platform: allowed and marked, so the scheduler writes an error secret.
+    Unknown,
+    /// Unknown or malformed platform denied (`reject-unknown-platforms`).
+    Denied,
+    /// Allowed untouched.
+    Ignored(IgnoreReason),
+}
+
+impl Decision {
+    /// Every [`Decision::outcome`] value, for pre-registering metric label sets.
+    pub const OUTCOMES: [&'static str; 5] = ["local", "remote", "unknown", "denied", "ignored"];
+
+    /// Bounded metric label: `local`, `remote`, `unknown`, `denied` or `ignored`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Decision::Local => "local",
+            Decision::Remote => "remote",
+            Decision::Unknown => "unknown",
+            Decision::Denied => "denied",
+            Decision::Ignored(_) => "ignored",
+        }
+    }
+}
+
+/// A request the webhook could not read: the server answers HTTP 400 with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// Not JSON, or JSON of the wrong shape.
+    #[error("malformed AdmissionReview: {0}")]
+    Json(#[from] serde_json::Error),
+    /// `kind` is not `AdmissionReview` or `apiVersion` not `admission.k8s.io/...`.
+    #[error(
+        "not an AdmissionReview: expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got apiVersion {api_version:?} and kind {kind:?}"
+    )]
+    NotAdmissionReview {
+        /// `apiVersion` as received.
+        api_version: String,
+        /// `kind` as received.
+        kind: String,
+    },
+    /// A required field is missing.
+    #[error("malformed AdmissionReview: {0} is missing")]
+    Missing(&'static str),
+}
+
+/// A decided request: the response to send and what to log and count.
+#[derive(Debug, Clone)]
+pub struct Reviewed {
+    /// The decision.
+    pub decision: Decision,
+    /// AdmissionReview response JSON.
+    pub response: Vec<u8>,
+    /// JSON Patch operations in the response (0 when nothing changes).
+    pub patch_ops: usize,
+    /// `request.namespace`.
+    pub namespace: String,
+    /// `request.name` (empty when the API server has not generated it yet).
+    pub name: String,
+    /// The `PLATFORM` value as received, when there is one (JSON text when not a string).
+    pub platform: Option<String>,
+}
+
+/// Reviews one AdmissionReview request. `now_unix` (seconds) stamps `allocation-start-time`.
+pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewed, AdmissionError> {
+    let review: ReviewIn<'_> = serde_json::from_slice(body)?;
+    let api_version = review.api_version.as_deref().unwrap_or("");
+    let kind = review.kind.as_deref().unwrap_or("");
+    if !api_version.starts_with("admission.k8s.io/") || kind != "AdmissionReview" {
+        return Err(AdmissionError::NotAdmissionReview {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+        });
+    }
+    let request = review.request.ok_or(AdmissionError::Missing("request"))?;
+    let uid = request.uid.ok_or(AdmissionError::Missing("request.uid"))?;
+    let gvk = request
+        .kind
+        .ok_or(AdmissionError::Missing("request.kind"))?;
+    let operation = request
+        .operation
+        .ok_or(AdmissionError::Missing("request.operation"))?;
+
+    let mut out = Reviewed {
+        decision: Decision::Ignored(IgnoreReason::NotTaskRun),
+        response: Vec::new(),
+        patch_ops: 0,
+        namespace: request.namespace.as_deref().unwrap_or("").to_owned(),
+        name: request.name.as_deref().unwrap_or("").to_owned(),
+        platform: None,
+    };
+    let respond = |out: &mut Reviewed, r: Response| {
+        out.response = r.encode(api_version, &uid);
+    };
+
+    if !gvk.is_taskrun() {
+        respond(&mut out, Response::allow());
+        return Ok(out);
+    }
+    if &*operation != "CREATE" {
+        out.decision = Decision::Ignored(IgnoreReason::NotCreate);
+        respond(&mut out, Response::allow());
+        return Ok(out);
+    }
+    // The object was parsed in the first pass unless it came before `kind`/`operation`.
+    let parsed_late;
+    let taskrun: &TaskRunIn<'_> = match &request.object {
+        ObjectIn::TaskRun(t) => &t.0,
+        ObjectIn::Raw(raw) => {
+            parsed_late = serde_json::from_str::<Obj<TaskRunIn<'_>>>(raw.get())?;
+            &parsed_late.0
+        }
+        ObjectIn::Absent | ObjectIn::Skipped => {
+            return Err(AdmissionError::Missing("request.object"));
+        }
+    };
+
+    let (decision, response) = decide(taskrun, config, now_unix, &mut out.platform);
+    out.decision = decision;
+    out.patch_ops = response.patch_ops;
+    respond(&mut out, response);
+    Ok(out)
+}
+
+/// The `PLATFORM` value: a string, or something else (array, object, number) kept as JSON text.
+enum PlatformValue<'a> {
+    Text(Str<'a>),
+    NotString(&'a RawValue),
+}
+
+fn platform_value<'a>(spec: &SpecIn<'a>) -> Option<PlatformValue<'a>> {
+    let from_params = spec
+        .params
+        .as_deref()
+        .and_then(|ps| ps.iter().find(|p| &*p.name == contract::PLATFORM_PARAM))
+        .map(|p| p.value);
+    // An inline Task's default applies when the TaskRun does not set the param.
+    let raw = match from_params {
+        Some(v) => v,
+        None => spec
+            .task_spec
+            .as_ref()
+            .and_then(|ts| ts.params.as_deref())
+            .and_then(|ps| ps.iter().find(|p| &*p.name == contract::PLATFORM_PARAM))
+            .and_then(|p| p.default),
+    };
+    let raw = raw?;
+    match serde_json::from_str::<Str<'a>>(raw.get()) {
+        Ok(s) => Some(PlatformValue::Text(s)),
+        Err(_) => Some(PlatformValue::NotString(raw)),
+    }
+}
+
+/// How the platform resolved.
+enum Resolved<'c> {
+    Local(Platform),
+    Remote(Platform, Strategy<'c>),
+    Unknown(Platform),
+    Malformed(String),
+}
+
+fn decide(
+    taskrun: &TaskRunIn<'_>,
+    config: &HostConfig,
+    now_unix: u64,
+    platform_out: &mut Option<String>,
+) -> (Decision, Response) {
+    let ignore = |why| (Decision::Ignored(why), Response::allow());
+    let meta = taskrun.metadata.as_deref();
+    if meta
+        .and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get(contract::TASK_TYPE_LABEL))
+        .is_some()
+    {
+        return ignore(IgnoreReason::Internal);
+    }
+    let default_spec = SpecIn::default();
+    let spec = taskrun.spec.as_deref().unwrap_or(&default_spec);
+    let Some(value) = platform_value(spec) else {
+        return ignore(IgnoreReason::NoPlatform);
+    };
+    // A taskRef TaskRun shows no volumes at CREATE, so only an inline Task can rule itself out.
+    if let Some(ts) = &spec.task_spec
+        && !ts
+            .volumes
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|v| v.is_ssh_secret())
+    {
+        return ignore(IgnoreReason::NoSecretVolume);
+    }
+
+    let resolved = match &value {
+        PlatformValue::Text(s) => {
+            *platform_out = Some(truncated(s, 128));
+            match Platform::parse(s) {
+                Ok(p) => match config.resolve(&p) {
+                    Strategy::Local => Resolved::Local(p),
+                    Strategy::Unknown => Resolved::Unknown(p),
+                    other => Resolved::Remote(p, other),
+                },
+                Err(e) => Resolved::Malformed(format!("PLATFORM {:?} is invalid: {e}", &**s)),
+            }
+        }
+        PlatformValue::NotString(raw) => {
+            *platform_out = Some(truncated(raw.get(), 128));
+            Resolved::Malformed(format!(
+                "PLATFORM must be a string such as \"linux/arm64\", got {}",
+                json_type(raw)
+            ))
+        }
+    };
+
+    let mut ops = patch::Patch::default();
+    let mut warnings = Vec::new();
+    let remote_marks = |label: &str, ops: &mut patch::Patch| {
+        let marks = patch::RemoteMarks {
+            label,
+            now_unix,
+            gate_pending: config.gate_pending,
+        };
+        patch::remote(ops, meta, spec, &marks);
+    };
+    let decision = match resolved {
+        Resolved::Local(p) => {
+            patch::local(&mut ops, meta, spec, p.node_os_arch());
+            Decision::Local
+        }
+        Resolved::Remote(p, strategy) => {
+            if let Strategy::Disabled(reason) = strategy {
+                warnings.push(format!(
+                    "platform {p} is disabled by a host-config error ({reason}); this build will fail with that message"
+                ));
+            }
+            remote_marks(&target_label_value(p.as_str()), &mut ops);
+            Decision::Remote
+        }
+        Resolved::Unknown(p) => {
+            let why = format!(
+                "platform {p} is not configured on this cluster (configured: {})",
+                configured_list(config)
+            );
+            if config.reject_unknown_platforms {
+                return (Decision::Denied, Response::deny(why));
+            }
+            warnings.push(format!("{why}; this build will fail with that message"));
+            remote_marks(&target_label_value(p.as_str()), &mut ops);
+            Decision::Unknown
+        }
+        Resolved::Malformed(why) => {
+            if config.reject_unknown_platforms {
+                return (Decision::Denied, Response::deny(why));
+            }
+            let label = match &value {
+                PlatformValue::Text(s) => target_label_value(s),
+                PlatformValue::NotString(_) => INVALID_PLATFORM_LABEL.to_owned(),
+            };
+            warnings.push(format!("{why}; this build will fail with that message"));
+            remote_marks(&label, &mut ops);
+            Decision::Unknown
+        }
+    };
+    (decision, Response::patch(&ops, warnings))
+}
+
+/// The `target-platform` label value for a platform string: `/` → `-` when that is a valid label
+/// value, else [`INVALID_PLATFORM_LABEL`].
+pub fn target_label_value(platform: &str) -> String {
+    let v = label_value(platform);
+    if is_label_value(&v) {
+        v
+    } else {
+        INVALID_PLATFORM_LABEL.to_owned()
+    }
+}
+
+/// A non-empty Kubernetes label value: at most 63 of `[A-Za-z0-9_.-]`, alphanumeric at both ends.
+pub fn is_label_value(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// At most `max` bytes of `s` (on a char boundary), for logs.
+fn truncated(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+fn json_type(raw: &RawValue) -> &'static str {
+    match raw.get().trim_start().as_bytes().first() {
+        Some(b'[') => "an array",
+        Some(b'{') => "an object",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
+}
+
+/// Served platforms for messages, capped so a large config cannot blow up a response.
+fn configured_list(config: &HostConfig) -> String {
+    const SHOWN: usize = 20;
+    let served: Vec<_> = config
+        .platforms()
+        .into_iter()
+        .filter(|p| !config.disabled.contains_key(*p))
+        .collect();
+    if served.is_empty() {
+        return "none".into();
+    }
+    let mut s = String::new();
+    for (i, p) in served.iter().take(SHOWN).enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push_str(p.as_str());
+    }
+    if served.len() > SHOWN {
+        let _ = write!(s, " and {} more", served.len() - SHOWN);
+    }
+    s
+}
+
+/// An AdmissionResponse before encoding.
+struct Response {
+    allowed: bool,
+    patch: Option<String>,
+    patch_ops: usize,
+    status: Option<StatusOut>,
+    warnings: Vec<String>,
+}
+
+impl Response {
+    fn allow() -> Self {
+        Self {
+            allowed: true,
+            patch: None,
+            patch_ops: 0,
+            status: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn patch(ops: &patch::Patch, warnings: Vec<String>) -> Self {
+        let mut r = Self::allow();
+        r.warnings = warnings;
+        if !ops.is_empty() {
+            r.patch = Some(base64::engine::general_purpose::STANDARD.encode(ops.to_json()));
+            r.patch_ops = ops.len();
+        }
+        r
+    }
+
+    fn deny(message: String) -> Self {
+        Self {
+            allowed: false,
+            patch: None,
+            patch_ops: 0,
+            status: Some(StatusOut {
+                status: "Failure",
+                code: 422,
+                reason: "Invalid",
+                message,
+            }),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn encode(self, api_version: &str, uid: &str) -> Vec<u8> {
+        let out = ReviewOut {
+            api_version,
+            kind: "AdmissionReview",
+            response: ResponseOut {
+                uid,
+                allowed: self.allowed,
+                patch_type: self.patch.as_ref().map(|_| "JSONPatch"),
+                patch: self.patch,
+                status: self.status,
+                warnings: self.warnings,
+            },
+        };
+        // Serialising strings and bools cannot fail.
+        serde_json::to_vec(&out).unwrap_or_default()
+    }
+}
+
+#[derive(Serialize)]
+struct ReviewOut<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(rename = "patchType", skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusOut>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+}
+
+/// A `metav1.Status` for denials.
+#[derive(Serialize)]
+struct StatusOut {
+    status: &'static str,
+    code: u16,
+    reason: &'static str,
+    message: String,
+}

@@ -1,0 +1,271 @@
+//! JSON Patch (RFC 6902) operations built against the received TaskRun.
+//!
+//! Only `add` is used, and only onto parents that exist in the received object: a missing (or null)
+//! parent is created whole, with our values inside. On an existing object member `add` replaces the
+//! value, which is what we want for labels we own. Every operation is skipped when the object
+//! already holds what it would write, so a second call on the patched object yields no operations.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::wire::{MetadataIn, NodeSelectorTermIn, PodTemplateIn, SpecIn};
+use crate::contract;
+
+/// One `add` operation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(super) struct Op {
+    op: &'static str,
+    path: String,
+    value: Value,
+}
+
+/// The operations of one response, in application order.
+#[derive(Debug, Default)]
+pub(super) struct Patch {
+    ops: Vec<Op>,
+}
+
+impl Patch {
+    fn add(&mut self, path: String, value: Value) {
+        self.ops.push(Op {
+            op: "add",
+            path,
+            value,
+        });
+    }
+
+    /// No operations: the object already has everything.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The patch as JSON text.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising plain strings and `Value`s cannot fail.
+        serde_json::to_vec(&self.ops).unwrap_or_default()
+    }
+}
+
+/// Escapes a JSON Pointer reference token: `~` → `~0`, `/` → `~1` (RFC 6901).
+pub fn escape_pointer_token(token: &str) -> Cow<'_, str> {
+    if token.contains(['~', '/']) {
+        Cow::Owned(token.replace('~', "~0").replace('/', "~1"))
+    } else {
+        Cow::Borrowed(token)
+    }
+}
+
+/// What a remote (or unknown) platform's TaskRun must carry.
+pub(super) struct RemoteMarks<'a> {
+    /// `target-platform` label value.
+    pub label: &'a str,
+    /// `allocation-start-time` value (unix seconds) if the annotation is absent.
+    pub now_unix: u64,
+    /// Set `spec.status: TaskRunPending` when unset.
+    pub gate_pending: bool,
+}
+
+/// Ensures `metadata` exists; returns the view to use (empty when it was just created).
+fn metadata<'m, 'a>(
+    patch: &mut Patch,
+    meta: Option<&'m MetadataIn<'a>>,
+    empty: &'m MetadataIn<'a>,
+) -> &'m MetadataIn<'a> {
+    match meta {
+        Some(m) => m,
+        None => {
+            patch.add("/metadata".into(), json!({}));
+            empty
+        }
+    }
+}
+
+/// Adds `key=value` to a string map at `parent` (`/metadata/labels`), creating the map if absent.
+fn set_map_entry(patch: &mut Patch, parent: &str, exists: bool, key: &str, value: &str) {
+    if exists {
+        patch.add(
+            format!("{parent}/{}", escape_pointer_token(key)),
+            Value::String(value.to_owned()),
+        );
+    } else {
+        patch.add(parent.to_owned(), json!({ key: value }));
+    }
+}
+
+/// Label, finalizer, allocation start time and (optionally) the pending gate.
+pub(super) fn remote(
+    patch: &mut Patch,
+    meta: Option<&MetadataIn<'_>>,
+    spec: &SpecIn<'_>,
+    marks: &RemoteMarks<'_>,
+) {
+    let empty = MetadataIn::default();
+    let meta = metadata(patch, meta, &empty);
+
+    let labels = meta.labels.as_ref();
+    if labels.and_then(|l| l.get(contract::TARGET_PLATFORM_LABEL)) != Some(marks.label) {
+        set_map_entry(
+            patch,
+            "/metadata/labels",
+            labels.is_some(),
+            contract::TARGET_PLATFORM_LABEL,
+            marks.label,
+        );
+    }
+
+    match &meta.finalizers {
+        Some(list) if list.iter().any(|f| &**f == contract::FINALIZER) => {}
+        Some(_) => patch.add(
+            "/metadata/finalizers/-".into(),
+            Value::String(contract::FINALIZER.into()),
+        ),
+        None => patch.add("/metadata/finalizers".into(), json!([contract::FINALIZER])),
+    }
+
+    // Never overwrite: the scheduler measures allocation time from the first admission.
+    let annotations = meta.annotations.as_ref();
+    if annotations
+        .and_then(|a| a.get(contract::ALLOCATION_START_TIME_ANNOTATION))
+        .is_none()
+    {
+        set_map_entry(
+            patch,
+            "/metadata/annotations",
+            annotations.is_some(),
+            contract::ALLOCATION_START_TIME_ANNOTATION,
+            &marks.now_unix.to_string(),
+        );
+    }
+
+    if marks.gate_pending && spec.status.is_none() {
+        patch.add("/spec/status".into(), json!("TaskRunPending"));
+    }
+}
+
+/// `assigned-host=localhost` and, unless `os_arch` is `None` (bare names), a required node
+/// affinity for `kubernetes.io/os` and `kubernetes.io/arch`.
+pub(super) fn local(
+    patch: &mut Patch,
+    meta: Option<&MetadataIn<'_>>,
+    spec: &SpecIn<'_>,
+    os_arch: Option<(&str, &str)>,
+) {
+    let empty = MetadataIn::default();
+    let meta = metadata(patch, meta, &empty);
+    let labels = meta.labels.as_ref();
+    if labels.and_then(|l| l.get(contract::ASSIGNED_HOST_LABEL)) != Some(contract::LOCALHOST) {
+        set_map_entry(
+            patch,
+            "/metadata/labels",
+            labels.is_some(),
+            contract::ASSIGNED_HOST_LABEL,
+            contract::LOCALHOST,
+        );
+    }
+    if let Some((os, arch)) = os_arch {
+        node_affinity(patch, spec.pod_template.as_deref(), os, arch);
+    }
+}
+
+const OS_KEY: &str = "kubernetes.io/os";
+const ARCH_KEY: &str = "kubernetes.io/arch";
+
+fn requirement(key: &str, value: &str) -> Value {
+    json!({ "key": key, "operator": "In", "values": [value] })
+}
+
+/// Merges `os`/`arch` requirements into every non-empty node selector term (terms are ORed, so
+/// each must carry them), or adds a term when there is none, creating missing parents.
+fn node_affinity(
+    patch: &mut Patch,
+    pod_template: Option<&PodTemplateIn<'_>>,
+    os: &str,
+    arch: &str,
+) {
+    let ours = || json!([requirement(OS_KEY, os), requirement(ARCH_KEY, arch)]);
+    let term = || json!({ "matchExpressions": ours() });
+    let selector = || json!({ "nodeSelectorTerms": [term()] });
+    let node_affinity = || json!({ "requiredDuringSchedulingIgnoredDuringExecution": selector() });
+
+    let Some(pt) = pod_template else {
+        patch.add(
+            "/spec/podTemplate".into(),
+            json!({ "affinity": { "nodeAffinity": node_affinity() } }),
+        );
+        return;
+    };
+    let Some(affinity) = &pt.affinity else {
+        patch.add(
+            "/spec/podTemplate/affinity".into(),
+            json!({ "nodeAffinity": node_affinity() }),
+        );
+        return;
+    };
+    let base = "/spec/podTemplate/affinity/nodeAffinity";
+    let Some(na) = &affinity.node_affinity else {
+        patch.add(base.into(), node_affinity());
+        return;
+    };
+    let base = format!("{base}/requiredDuringSchedulingIgnoredDuringExecution");
+    let Some(required) = &na.required else {
+        patch.add(base, selector());
+        return;
+    };
+    let base = format!("{base}/nodeSelectorTerms");
+    let Some(terms) = &required.terms else {
+        patch.add(base, json!([term()]));
+        return;
+    };
+    let mut merged_any = false;
+    for (i, t) in terms.iter().enumerate() {
+        if t.is_empty() {
+            continue;
+        }
+        merged_any = true;
+        merge_term(patch, &format!("{base}/{i}/matchExpressions"), t, os, arch);
+    }
+    if !merged_any {
+        patch.add(format!("{base}/-"), term());
+    }
+}
+
+fn merge_term(patch: &mut Patch, path: &str, term: &NodeSelectorTermIn<'_>, os: &str, arch: &str) {
+    let missing: Vec<Value> = [(OS_KEY, os), (ARCH_KEY, arch)]
+        .into_iter()
+        .filter(|(k, v)| !term.requires(k, v))
+        .map(|(k, v)| requirement(k, v))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    if term.match_expressions.is_some() {
+        for m in missing {
+            patch.add(format!("{path}/-"), m);
+        }
+    } else {
+        patch.add(path.to_owned(), Value::Array(missing));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_pointer_tokens() {
+        assert_eq!(
+            escape_pointer_token("build.appstudio.redhat.com/target-platform"),
+            "build.appstudio.redhat.com~1target-platform"
+        );
+        assert_eq!(escape_pointer_token("a~b/c"), "a~0b~1c");
+        assert_eq!(escape_pointer_token("~1"), "~01");
+        assert!(matches!(escape_pointer_token("plain"), Cow::Borrowed(_)));
+    }
+}

@@ -1,0 +1,174 @@
+//! Unit tests of the parts the fixture tests (`tests/admission.rs`) do not reach directly.
+
+use super::*;
+use crate::config::{ConfigData, parse};
+
+fn config(pairs: &[(&str, &str)]) -> HostConfig {
+    let data: ConfigData = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    parse(&data).config
+}
+
+fn request(object_first: bool, object: &str) -> String {
+    let head = r#""uid":"u-1","kind":{"group":"tekton.dev","version":"v1","kind":"TaskRun"},"operation":"CREATE","namespace":"ns","name":"tr""#;
+    let body = if object_first {
+        format!(r#"{{"object":{object},{head}}}"#)
+    } else {
+        format!(r#"{{{head},"object":{object}}}"#)
+    };
+    format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{body}}}"#)
+}
+
+fn decode_patch(response: &[u8]) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(response).unwrap();
+    let p = v["response"]["patch"].as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(p).unwrap();
+    Some(serde_json::from_slice(&bytes).unwrap())
+}
+
+const LOCAL_TR: &str =
+    r#"{"metadata":{"name":"tr"},"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}}"#;
+
+#[test]
+fn object_before_kind_and_operation_gives_the_same_answer() {
+    let cfg = config(&[("local-platforms", "linux/amd64")]);
+    let a = review(request(false, LOCAL_TR).as_bytes(), &cfg, 7).unwrap();
+    let b = review(request(true, LOCAL_TR).as_bytes(), &cfg, 7).unwrap();
+    assert_eq!(a.decision, Decision::Local);
+    assert_eq!(a.response, b.response);
+    assert_eq!(a.namespace, "ns");
+    assert_eq!(a.name, "tr");
+    assert_eq!(a.platform.as_deref(), Some("linux/amd64"));
+}
+
+#[test]
+fn escaped_strings_are_read_like_plain_ones() {
+    // `\/` and `\u0041` escapes force owned strings; the decision must not change.
+    let obj = r#"{"metadata":{"labels":{"build.appstudio.redhat.com\/task-type":"x"}},"spec":{"params":[{"name":"PL\u0041TFORM","value":"linux\/amd64"}]}}"#;
+    let cfg = config(&[("local-platforms", "linux/amd64")]);
+    let r = review(request(false, obj).as_bytes(), &cfg, 7).unwrap();
+    assert_eq!(r.decision, Decision::Ignored(IgnoreReason::Internal));
+    let obj = r#"{"spec":{"params":[{"name":"PL\u0041TFORM","value":"linux\/amd64"}]}}"#;
+    let r = review(request(false, obj).as_bytes(), &cfg, 7).unwrap();
+    assert_eq!(r.decision, Decision::Local);
+    // No metadata at all: it is created before labels are added under it.
+    let ops = decode_patch(&r.response).unwrap();
+    assert_eq!(ops[0]["path"], "/metadata");
+    assert_eq!(ops[1]["path"], "/metadata/labels");
+}
+
+#[test]
+fn inline_task_default_supplies_the_platform() {
+    let obj = r#"{"metadata":{"name":"tr"},"spec":{"taskSpec":{"params":[{"name":"PLATFORM","default":"linux/arm64"}],"volumes":[{"name":"ssh","secret":{"secretName":"multi-platform-ssh-$(context.taskRun.name)"}}],"steps":[]}}}"#;
+    let cfg = config(&[
+        ("dynamic-platforms", "linux/arm64"),
+        ("dynamic.linux-arm64.type", "aws"),
+        ("dynamic.linux-arm64.region", "us-east-1"),
+        ("dynamic.linux-arm64.ami", "ami-1"),
+        ("dynamic.linux-arm64.instance-type", "m6g.large"),
+        ("dynamic.linux-arm64.aws-secret", "aws"),
+        ("dynamic.linux-arm64.ssh-secret", "ssh"),
+        ("dynamic.linux-arm64.max-instances", "4"),
+    ]);
+    let r = review(request(false, obj).as_bytes(), &cfg, 1700000000).unwrap();
+    assert_eq!(r.decision, Decision::Remote);
+    let ops = decode_patch(&r.response).unwrap();
+    let adds: Vec<&str> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        adds,
+        [
+            "/metadata/labels",
+            "/metadata/finalizers",
+            "/metadata/annotations"
+        ]
+    );
+    assert_eq!(
+        ops[0]["value"]["build.appstudio.redhat.com/target-platform"],
+        "linux-arm64"
+    );
+    assert_eq!(
+        ops[2]["value"]["build.appstudio.redhat.com/allocation-start-time"],
+        "1700000000"
+    );
+}
+
+#[test]
+fn label_values_are_always_valid() {
+    assert_eq!(target_label_value("linux/arm64"), "linux-arm64");
+    assert_eq!(target_label_value("linux/AMD64"), "linux-AMD64");
+    assert_eq!(target_label_value("linux arm64"), INVALID_PLATFORM_LABEL);
+    assert_eq!(target_label_value(""), INVALID_PLATFORM_LABEL);
+    assert_eq!(target_label_value("-linux"), INVALID_PLATFORM_LABEL);
+    let long = format!("linux/{}", "a".repeat(63));
+    assert_eq!(target_label_value(&long), INVALID_PLATFORM_LABEL);
+    assert!(is_label_value(INVALID_PLATFORM_LABEL));
+    assert!(is_label_value("a"));
+    assert!(is_label_value(&"a".repeat(63)));
+    assert!(!is_label_value(&"a".repeat(64)));
+    assert!(!is_label_value("a_"));
+}
+
+#[test]
+fn errors_name_what_is_wrong() {
+    let cfg = HostConfig::default();
+    let e = review(b"{\"apiVersion\":\"admission.k8s.io/v1\",", &cfg, 0).unwrap_err();
+    assert!(e.to_string().contains("EOF"), "{e}");
+    let e = review(br#"{"apiVersion":"v1","kind":"Pod"}"#, &cfg, 0).unwrap_err();
+    assert!(e.to_string().contains("not an AdmissionReview"), "{e}");
+    let e = review(
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+        &cfg,
+        0,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "malformed AdmissionReview: request is missing"
+    );
+    let no_object = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","kind":{"group":"tekton.dev","version":"v1","kind":"TaskRun"},"operation":"CREATE"}}"#;
+    let e = review(no_object.as_bytes(), &cfg, 0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "malformed AdmissionReview: request.object is missing"
+    );
+    let bad_labels = r#"{"metadata":{"finalizers":[1]},"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}}"#;
+    let e = review(request(false, bad_labels).as_bytes(), &cfg, 0).unwrap_err();
+    assert!(e.to_string().contains("expected a string"), "{e}");
+    // Objects the patch writes into must be objects: arrays would make the patch inapplicable.
+    for obj in [
+        r#"{"metadata":[],"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}}"#,
+        r#"[{"labels":{}},{"params":[{"name":"PLATFORM","value":"linux/amd64"}]}]"#,
+        r#"{"spec":{"params":[{"name":"PLATFORM","value":"linux/amd64"}],"podTemplate":[[]]}}"#,
+    ] {
+        let e = review(request(false, obj).as_bytes(), &cfg, 0).unwrap_err();
+        assert!(e.to_string().contains("expected an object"), "{obj}: {e}");
+    }
+}
+
+#[test]
+fn logged_platform_is_capped() {
+    assert_eq!(truncated("linux/arm64", 128), "linux/arm64");
+    let long = "é".repeat(100);
+    let t = truncated(&long, 7);
+    assert_eq!(t, "ééé...");
+}
+
+#[test]
+fn outcomes_cover_every_decision() {
+    for d in [
+        Decision::Local,
+        Decision::Remote,
+        Decision::Unknown,
+        Decision::Denied,
+        Decision::Ignored(IgnoreReason::NoPlatform),
+    ] {
+        assert!(Decision::OUTCOMES.contains(&d.outcome()));
+    }
+}

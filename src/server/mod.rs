@@ -1,0 +1,324 @@
+//! `mpc controller`: the TLS admission webhook and the plain-HTTP admin port.
+//!
+//! Startup binds both ports, loads the host-config and the serving certificate, and keeps polling
+//! both for changes. `/readyz` turns ready once both are loaded; if the certificate is not there
+//! yet (a cert-manager Secret still being issued), the webhook port starts serving as soon as it
+//! appears. On SIGTERM or SIGINT the pod turns unready, keeps serving for `--shutdown-delay` so
+//! endpoints stop sending it traffic, then stops accepting and drains in-flight requests.
+
+pub mod admin;
+pub mod webhook;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config_source::{self, ConfigMetrics, ConfigSource};
+use crate::serve::{self, ServeOptions};
+use crate::tls::{CertPaths, ReloadingCert};
+use admin::{AdminState, Readiness};
+use webhook::{Limits, WebhookMetrics, WebhookState};
+
+/// Errors that stop the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A port could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Metric registration failed (a name registered twice).
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// `mpc controller` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// host-config: a ConfigMap YAML file, or the directory the ConfigMap is mounted at (re-read on change).
+    #[arg(long, env = "MPC_CONFIG")]
+    pub config: PathBuf,
+    /// Directory holding the webhook serving certificate as `tls.crt` and `tls.key` (re-read on change).
+    #[arg(
+        long,
+        env = "MPC_WEBHOOK_CERT_DIR",
+        default_value = "/etc/mpc/webhook-certs"
+    )]
+    pub cert_dir: PathBuf,
+    /// Webhook (HTTPS) listen address.
+    #[arg(long, env = "MPC_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+    /// Admin (plain HTTP: /healthz, /readyz, /metrics) listen address.
+    #[arg(long, env = "MPC_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// How often the certificate and config files are re-read (e.g. `5s`, `500ms`).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
+    /// Largest accepted webhook request body, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Longest time to receive and answer one webhook request.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// After SIGTERM, how long to keep serving while unready, so endpoints drop the pod first.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+    /// Then, how long in-flight requests may take to finish.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+impl ControllerArgs {
+    /// Defaults for everything but the config path (tests and benchmarks).
+    pub fn with_config(config: PathBuf, cert_dir: PathBuf) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            config,
+            cert_dir,
+            webhook_addr: loopback,
+            admin_addr: loopback,
+            reload_interval: Duration::from_secs(5),
+            max_body_bytes: Limits::default().max_body_bytes,
+            request_timeout: Limits::default().request_timeout,
+            shutdown_delay: Duration::ZERO,
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Parses `5s`, `500ms`, `2m` or plain seconds (`1.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (examples: 5s, 500ms, 2m)"))?;
+    if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
+        return Err(format!("{s:?} must be between 0 and 24h"));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+/// A running controller (both ports), started by [`Controller::start`].
+#[derive(Debug)]
+pub struct Controller {
+    webhook_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    readiness: Readiness,
+    config: ConfigSource,
+    shutdown_delay: Duration,
+    stop: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl Controller {
+    /// Binds both ports, loads config and certificate, and starts serving. Registers its metrics
+    /// in `registry`, which `/metrics` renders.
+    pub async fn start(args: &ControllerArgs, registry: Registry) -> Result<Self, ServerError> {
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })
+        };
+        let webhook_listener = bind(args.webhook_addr).await?;
+        let admin_listener = bind(args.admin_addr).await?;
+        let webhook_addr = local_addr(&webhook_listener, args.webhook_addr)?;
+        let admin_addr = local_addr(&admin_listener, args.admin_addr)?;
+
+        let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
+        let webhook_metrics = WebhookMetrics::register(&registry)?;
+        let readiness = Readiness::new(config.clone());
+        let stop = CancellationToken::new();
+        let opts = ServeOptions {
+            drain_timeout: args.drain_timeout,
+            ..ServeOptions::default()
+        };
+        let mut tasks = JoinSet::new();
+
+        {
+            let (source, path) = (config.clone(), args.config.clone());
+            let _ =
+                tokio::task::spawn_blocking(move || config_source::load_path(&source, &path)).await;
+        }
+        let watcher = config_source::watch_path(
+            config.clone(),
+            args.config.clone(),
+            args.reload_interval,
+            stop.clone(),
+        );
+        tasks.spawn(async move {
+            let _ = watcher.await;
+        });
+
+        let admin_app = admin::router(AdminState {
+            readiness: readiness.clone(),
+            registry,
+        });
+        tasks.spawn(serve::serve_plain(
+            admin_listener,
+            admin_app,
+            stop.clone(),
+            opts,
+        ));
+
+        let webhook_app = webhook::router(
+            WebhookState {
+                config: config.clone(),
+                metrics: Some(webhook_metrics),
+                clock: webhook::unix_now,
+            },
+            Limits {
+                max_body_bytes: args.max_body_bytes,
+                request_timeout: args.request_timeout,
+            },
+        );
+        let cert_paths = CertPaths::in_dir(&args.cert_dir);
+        let interval = args.reload_interval;
+        let (ready, stop2) = (readiness.clone(), stop.clone());
+        tasks.spawn(async move {
+            let Some(cert) = wait_for_cert(cert_paths, interval, &stop2).await else {
+                return;
+            };
+            ready.set_cert_loaded();
+            let reloader = cert.spawn_reloader(interval, stop2.clone());
+            let tls = cert.server_config(&[b"h2", b"http/1.1"]);
+            serve::serve_tls(webhook_listener, tls, webhook_app, stop2, opts).await;
+            let _ = reloader.await;
+        });
+
+        tracing::info!(%webhook_addr, %admin_addr, config = %args.config.display(), "controller started");
+        Ok(Self {
+            webhook_addr,
+            admin_addr,
+            readiness,
+            config,
+            shutdown_delay: args.shutdown_delay,
+            stop,
+            tasks,
+        })
+    }
+
+    /// The bound webhook (HTTPS) address.
+    pub fn webhook_addr(&self) -> SocketAddr {
+        self.webhook_addr
+    }
+
+    /// The bound admin (HTTP) address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The live config.
+    pub fn config(&self) -> &ConfigSource {
+        &self.config
+    }
+
+    /// Readiness as `/readyz` reports it.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    /// Graceful shutdown: unready, wait the shutdown delay, stop accepting, drain, return.
+    pub async fn shutdown(mut self) {
+        self.readiness.set_stopping();
+        if !self.shutdown_delay.is_zero() {
+            tracing::info!(delay = ?self.shutdown_delay, "shutting down: unready, still serving");
+            tokio::time::sleep(self.shutdown_delay).await;
+        }
+        tracing::info!("shutting down: no new connections; draining");
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        tracing::info!("controller stopped");
+    }
+}
+
+fn local_addr(l: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, ServerError> {
+    l.local_addr()
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Loads the serving certificate, retrying every `interval` until it loads or `stop` fires.
+async fn wait_for_cert(
+    paths: CertPaths,
+    interval: Duration,
+    stop: &CancellationToken,
+) -> Option<Arc<ReloadingCert>> {
+    let mut last_error = String::new();
+    loop {
+        match ReloadingCert::load(paths.clone()) {
+            Ok(cert) => {
+                tracing::info!(cert = %paths.cert.display(), "serving certificate loaded");
+                return Some(cert);
+            }
+            Err(error) => {
+                let e = error.to_string();
+                if e != last_error {
+                    tracing::warn!(%error, "serving certificate not loadable yet; retrying");
+                    last_error = e;
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return None,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() -> Result<(), ServerError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(ServerError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServerError::Signals)?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+/// Runs `mpc controller` until SIGTERM or SIGINT, then shuts down gracefully.
+pub async fn run_controller(args: ControllerArgs) -> Result<(), ServerError> {
+    let controller = Controller::start(&args, prometheus::default_registry().clone()).await?;
+    let signal = shutdown_signal().await;
+    controller.shutdown().await;
+    signal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").unwrap_err().contains("soon"));
+        assert!(parse_duration("2d").is_err());
+    }
+}

@@ -1,0 +1,180 @@
+//! The webhook endpoint (`POST /mutate-taskrun`) and its metrics.
+//!
+//! Admission is CPU-bound and takes microseconds, so it runs directly in the handler.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use tower_http::timeout::TimeoutLayer;
+
+use crate::admission::{self, Decision};
+use crate::config_source::ConfigSource;
+use crate::metrics;
+
+/// Path the MutatingWebhookConfiguration calls.
+pub const MUTATE_PATH: &str = "/mutate-taskrun";
+
+/// Outcome label of a request that could not be read (HTTP 400/413).
+pub const OUTCOME_BAD_REQUEST: &str = "bad_request";
+/// Outcome label of a request answered 503 because no config is loaded yet.
+pub const OUTCOME_UNAVAILABLE: &str = "unavailable";
+
+/// `webhook_requests` and `webhook_request_duration_seconds`, by outcome.
+#[derive(Clone, Debug)]
+pub struct WebhookMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+}
+
+impl WebhookMetrics {
+    /// Creates the webhook metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                metrics::name("webhook_requests"),
+                "Admission requests answered, by outcome (local, remote, unknown, denied, ignored, bad_request, unavailable).",
+            ),
+            &["outcome"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                metrics::name("webhook_request_duration_seconds"),
+                "Time to decide one admission request and encode the answer, by outcome.",
+            )
+            .buckets(vec![
+                0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+                0.01, 0.05, 0.25,
+            ]),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        // Every series exists from the start, so rates and alerts see zeros instead of gaps.
+        for o in Decision::OUTCOMES
+            .iter()
+            .chain(&[OUTCOME_BAD_REQUEST, OUTCOME_UNAVAILABLE])
+        {
+            requests.with_label_values(&[*o]);
+            duration.with_label_values(&[*o]);
+        }
+        Ok(Self { requests, duration })
+    }
+
+    fn observe(&self, outcome: &str, started: Instant) {
+        self.requests.with_label_values(&[outcome]).inc();
+        self.duration
+            .with_label_values(&[outcome])
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Request limits of the webhook endpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest accepted body (413 above it).
+    pub max_body_bytes: usize,
+    /// Longest time to receive and answer one request (408 after it).
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the webhook handler needs.
+#[derive(Clone, Debug)]
+pub struct WebhookState {
+    /// The live host-config.
+    pub config: ConfigSource,
+    /// Metrics, when registered.
+    pub metrics: Option<WebhookMetrics>,
+    /// Current unix time in seconds (injected so tests can pin `allocation-start-time`).
+    pub clock: fn() -> u64,
+}
+
+/// Seconds since the Unix epoch from the system clock.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The TLS-side router: `POST /mutate-taskrun` with body limit and timeout.
+pub fn router(state: WebhookState, limits: Limits) -> Router {
+    Router::new()
+        .route(MUTATE_PATH, post(mutate))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.request_timeout,
+        ))
+        .with_state(state)
+}
+
+async fn mutate(
+    State(state): State<WebhookState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let observe = |outcome: &str| {
+        if let Some(m) = &state.metrics {
+            m.observe(outcome, started);
+        }
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            tracing::warn!(error = %rejection.body_text(), "webhook request body not read");
+            observe(OUTCOME_BAD_REQUEST);
+            return rejection.into_response();
+        }
+    };
+    let Some(config) = state.config.current() else {
+        observe(OUTCOME_UNAVAILABLE);
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "host-config is not loaded yet\n",
+        )
+            .into_response();
+    };
+    match admission::review(&body, &config, (state.clock)()) {
+        Ok(r) => {
+            observe(r.decision.outcome());
+            match r.decision {
+                Decision::Denied | Decision::Unknown => tracing::info!(
+                    decision = ?r.decision,
+                    namespace = %r.namespace,
+                    name = %r.name,
+                    platform = r.platform.as_deref().unwrap_or(""),
+                    "TaskRun with an unusable platform"
+                ),
+                _ => tracing::debug!(
+                    decision = ?r.decision,
+                    namespace = %r.namespace,
+                    name = %r.name,
+                    platform = r.platform.as_deref().unwrap_or(""),
+                    patch_ops = r.patch_ops,
+                    "TaskRun admitted"
+                ),
+            }
+            ([(header::CONTENT_TYPE, "application/json")], r.response).into_response()
+        }
+        Err(error) => {
+            tracing::warn!(%error, bytes = body.len(), "unreadable admission request");
+            observe(OUTCOME_BAD_REQUEST);
+            (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response()
+        }
+    }
+}
