@@ -103,7 +103,7 @@ impl Scheduler {
     }
 
     /// Error secret after too many instances failed for this TaskRun.
-    fn fail_instances(&mut self, key: Key, p: PlatformId, out: &mut Vec<Action>) {
+    pub(super) fn fail_instances(&mut self, key: Key, p: PlatformId, out: &mut Vec<Action>) {
         let failed = self
             .taskruns
             .get(key)

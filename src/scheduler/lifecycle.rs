@@ -106,6 +106,12 @@ impl Scheduler {
             return;
         };
         let p = t.platform;
+        if retry && self.hopeless(p, key, out) {
+            return;
+        }
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
         let ticket = self.next_ticket;
         self.next_ticket = self.next_ticket.wrapping_add(1);
         t.state = State::Waiting { ticket, retry };
@@ -138,6 +144,40 @@ impl Scheduler {
         }
         if self.is_waiting(key) {
             self.mark_waiting(key, ahead, out);
+        }
+    }
+
+    /// A waiter that already failed everywhere it may go gets its error secret now rather than
+    /// when room appears.
+    fn hopeless(&mut self, p: PlatformId, key: Key, out: &mut Vec<Action>) -> bool {
+        match self.platforms[p as usize].mode {
+            Mode::Static => {
+                let hosts = &self.platforms[p as usize].hosts;
+                let all_failed = !hosts.is_empty()
+                    && hosts
+                        .iter()
+                        .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
+                if all_failed {
+                    let failed = self
+                        .taskruns
+                        .get(key)
+                        .and_then(|t| t.extra.as_ref())
+                        .map(|e| e.failed.clone())
+                        .unwrap_or_default();
+                    let msg =
+                        messages::all_hosts_failed(&self.platforms[p as usize].platform, &failed);
+                    self.fail(key, msg, out);
+                }
+                all_failed
+            }
+            Mode::Dynamic(_) | Mode::Pool(_) => {
+                let exhausted = self.failures(key) >= self.policy.instance_attempts;
+                if exhausted {
+                    self.fail_instances(key, p, out);
+                }
+                exhausted
+            }
+            _ => false,
         }
     }
 

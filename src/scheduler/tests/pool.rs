@@ -125,12 +125,16 @@ fn min_instances_are_kept_warm() {
     };
     let a = boot(&mut h, l[0].0, "i-warm");
     assert!(provisions(&a).is_empty());
-    // Idle past the idle timeout: kept, it is the warm one.
-    assert!(terminates(&h.wait(3600)).is_empty());
+    // Idle past the idle timeout (but not max-age): kept, it is the warm one.
+    assert!(terminates(&h.wait(1800)).is_empty());
     // A TaskRun uses it without a launch.
     let a = h.submit("ns", "a", P);
     assert!(launches(&a).is_empty());
     assert_eq!(provisions(&a)[0].2, "i-warm");
+    // Past max-age (60 min) it drains; a fresh warm instance replaces it.
+    let a = h.wait(1800);
+    assert_eq!(launches(&a).len(), 1, "{a:#?}");
+    assert!(terminates(&a).is_empty(), "a still builds on it");
 }
 
 #[test]
