@@ -188,18 +188,22 @@ impl Scheduler {
         let (taskrun_id, client_token) = match requester.and_then(|k| self.taskrun_ref(k)) {
             Some(r) => {
                 let t = self.taskruns.get(requester.expect("set")).expect("live");
+                // Unique per request: the controller's own retries of this action reuse it (no
+                // double launch); a crash between launch and annotation is covered by adopting
+                // the instance by its taskRunID tag on recovery.
                 let token = format!(
-                    "{}-{}-{}-{}",
+                    "{}-{}-{}-{}-{}",
                     r.uid,
                     t.retries,
                     t.extra.as_ref().map_or(0, |e| e.failed.len()),
-                    launches
+                    launches,
+                    op.0
                 );
                 (Some(r.id()), token)
             }
             None => (
                 None,
-                format!("warm-{}-{}-{}", created.as_millis(), index, launches),
+                format!("warm-{}-{}-{}-{}", created.as_millis(), index, launches, op.0),
             ),
         };
         self.ops.insert(op, Op::Launch { inst });
@@ -570,9 +574,10 @@ impl Scheduler {
         match result {
             Ok(id) => {
                 let id: Arc<str> = id.into();
-                if self.instance_ids.contains_key(&id) {
-                    // The same instance under two entries (a replayed client token): keep one.
-                    self.drop_instance(inst, out);
+                if let Some(&other) = self.instance_ids.get(&id)
+                    && other != inst
+                {
+                    self.launched_known(inst, other, out);
                     return;
                 }
                 i.id = Some(id.clone());
@@ -652,6 +657,59 @@ impl Scheduler {
                     self.fail(k, msg.clone(), out);
                 }
                 self.drop_instance(inst, out);
+            }
+        }
+    }
+
+    /// A launch returned an instance we already track (the cloud deduplicated a client token):
+    /// keep one entry. An unowned dynamic instance goes to the TaskRun that asked; otherwise the
+    /// requesters go back to the queue, first in line.
+    fn launched_known(&mut self, inst: Key, other: Key, out: &mut Vec<Action>) {
+        let Some(i) = self.instances.get_mut(inst) else {
+            return;
+        };
+        let users: Vec<Key> = i.owner.into_iter().chain(i.attached.drain(..)).collect();
+        let (platform, dynamic) = (i.platform, i.pool.is_none());
+        i.owner = None;
+        self.drop_instance(inst, out);
+        let reusable = self.instances.get(other).is_some_and(|o| {
+            o.owner.is_none()
+                && o.pool.is_none()
+                && dynamic
+                && o.platform == platform
+                && matches!(o.state, InstState::Booting | InstState::Ready)
+        });
+        let live = |s: &Self, k: Key| {
+            matches!(s.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst)
+        };
+        if reusable && users.len() == 1 && live(self, users[0]) {
+            let owner = users[0];
+            let o = self.instances.get_mut(other).expect("checked");
+            o.owner = Some(owner);
+            if o.address.is_none() && o.state == InstState::Ready {
+                // Known only from a listing: probe before use.
+                o.state = InstState::Booting;
+            }
+            let booting = o.state == InstState::Booting;
+            let n = o.probes;
+            if let Some(t) = self.taskruns.get_mut(owner) {
+                t.state = State::OnInstance {
+                    inst: other,
+                    phase: Phase::Reserved,
+                };
+            }
+            self.record_instance(owner, other, out);
+            if booting {
+                let now = self.now;
+                self.arm(now, Timer::Probe(other, n));
+            } else {
+                self.start_provision(owner, other, out);
+            }
+            return;
+        }
+        for k in users {
+            if live(self, k) {
+                self.enqueue(k, true, out);
             }
         }
     }

@@ -52,7 +52,7 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             t.state = State::OnHost {
                 host: hid,
-                def: def.clone(),
+                def: Some(def.clone()),
                 phase: Phase::Provisioning(op),
             };
         }
@@ -77,6 +77,28 @@ impl Scheduler {
         let k = (h.load * RATIO_SCALE / def.concurrency.max(1), h.rank, hid);
         h.indexed = Some(k);
         self.platforms[h.platform as usize].avail.insert(k);
+    }
+
+    /// A host entry for a name the config does not have (an allocation found after a restart).
+    pub(super) fn retired_host(&mut self, name: &str) -> HostId {
+        if let Some(&h) = self.host_ids.get(name) {
+            return h;
+        }
+        let h = self.hosts.len() as HostId;
+        let name: std::sync::Arc<str> = name.into();
+        self.hosts.push(super::Host {
+            name: name.clone(),
+            def: None,
+            platform: NO_PLATFORM,
+            rank: u32::MAX,
+            load: 0,
+            indexed: None,
+            failures: 0,
+            backoff_level: 0,
+            backoff_until: None,
+        });
+        self.host_ids.insert(name, h);
+        h
     }
 
     /// A TaskRun left the host.

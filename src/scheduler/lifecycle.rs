@@ -374,6 +374,8 @@ impl Scheduler {
             return;
         };
         match &t.state {
+            // A malformed PLATFORM param stays malformed: the error secret stands.
+            State::Failed if t.platform == NO_PLATFORM => {}
             State::Failed => {
                 // A new attempt gets a new chance (the error may have been transient).
                 t.extra = None;
@@ -385,14 +387,30 @@ impl Scheduler {
                 def,
                 phase: Phase::Ready(_),
             } => {
-                let (host, def) = (*host, def.clone());
+                let host = *host;
+                let def = def.clone().or_else(|| self.hosts[host as usize].def.clone());
                 self.delete_secret(key, out);
+                let Some(def) = def else {
+                    // The host left the config: start over elsewhere.
+                    let name = self.hosts[host as usize].name.clone();
+                    if let Some(t) = self.taskruns.get_mut(key) {
+                        t.extra.get_or_insert_with(Box::<Extra>::default).failed.push((
+                            name,
+                            "the host is no longer configured".to_owned(),
+                        ));
+                    }
+                    self.release_host(host);
+                    let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
+                    self.enqueue(key, true, out);
+                    self.capacity_freed(p, out);
+                    return;
+                };
                 let op = self.op_id();
                 let target = HostRef::Static(def.clone());
                 if let Some(t) = self.taskruns.get_mut(key) {
                     t.state = State::OnHost {
                         host,
-                        def,
+                        def: Some(def),
                         phase: Phase::Provisioning(op),
                     };
                 }
@@ -719,8 +737,27 @@ impl Scheduler {
                         self.observe_ran(p, at, out);
                         self.delete_secret(key, out);
                         let r = self.taskrun_ref(key).expect("live");
-                        self.deprovision(Some(key), p, RemoteUser::Of(r), HostRef::Static(def), out);
-                        1
+                        match def.or_else(|| self.hosts[host as usize].def.clone()) {
+                            Some(def) => {
+                                self.deprovision(Some(key), p, RemoteUser::Of(r), HostRef::Static(def), out);
+                                1
+                            }
+                            None => {
+                                // No address or credentials: the host sweep cleans up if it returns.
+                                let host = self.hosts[host as usize].name.clone();
+                                out.push(Action::Notify {
+                                    taskrun: Some(r.clone()),
+                                    warning: true,
+                                    reason: "CleanupFailed",
+                                    message: messages::cleanup_failed(
+                                        &r.remote_user(),
+                                        &host,
+                                        "the host is no longer in the host-config",
+                                    ),
+                                });
+                                0
+                            }
+                        }
                     }
                     Phase::Provisioning(op) => {
                         if let Some(Op::Provision { compensate, .. }) = self.ops.get_mut(&op) {

@@ -122,10 +122,11 @@ struct Extra {
 enum State {
     /// Queued: in the platform's fair queue (or its retry lane when `retry`).
     Waiting { ticket: u32, retry: bool },
-    /// On a static host, with the definition it was allocated under.
+    /// On a static host, with the definition it was allocated under (`None` when recovered
+    /// onto a host the config no longer has).
     OnHost {
         host: HostId,
-        def: Arc<StaticHost>,
+        def: Option<Arc<StaticHost>>,
         phase: Phase,
     },
     /// On a cloud instance (dynamic or pool).

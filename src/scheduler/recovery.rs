@@ -40,8 +40,15 @@ impl Scheduler {
         });
         // Claim instances by annotation first, so tag-based adoption cannot take one that a
         // TaskRun names.
+        // An error or localhost secret settles a TaskRun whatever its labels say: its instance,
+        // if any is still up, is an orphan.
+        let settled = |r: &TaskRunRecord| {
+            !r.finished && matches!(r.secret, Some(SecretKind::Error | SecretKind::Localhost))
+        };
         for rec in &records {
-            if let Some(id) = &rec.instance_id {
+            if let Some(id) = &rec.instance_id
+                && !settled(rec)
+            {
                 claimed.insert(id.clone());
             }
         }
@@ -93,7 +100,9 @@ impl Scheduler {
                 }
                 continue;
             }
-            if self.recover_allocation(key, p, rec, &listed, &pool_members, &mut claimed, out) {
+            if !settled(rec)
+                && self.recover_allocation(key, p, rec, &listed, &pool_members, &mut claimed, out)
+            {
                 continue;
             }
             match rec.secret {
@@ -207,10 +216,22 @@ impl Scheduler {
                 })
                 .map(|l| l.id.clone())
         };
-        let instance_id = rec
+        // The annotated instance unless the listing says it is gone and another one carries
+        // this TaskRun's tag (relaunched just before the crash).
+        let annotated_alive = rec
             .instance_id
-            .clone()
-            .or_else(|| matches!(self.platforms[p as usize].mode, Mode::Dynamic(_)).then(tagged).flatten());
+            .as_deref()
+            .is_some_and(|id| listed.get(id).is_some_and(|l| !l.state.is_gone()));
+        let by_tag = || {
+            matches!(self.platforms[p as usize].mode, Mode::Dynamic(_))
+                .then(tagged)
+                .flatten()
+        };
+        let instance_id = if annotated_alive {
+            rec.instance_id.clone()
+        } else {
+            by_tag().or_else(|| rec.instance_id.clone())
+        };
         if let Some(id) = instance_id {
             claimed.insert(id.clone());
             let template = listed
@@ -248,7 +269,7 @@ impl Scheduler {
                 self.arm(now, Timer::Probe(inst, 0));
                 let at = self.now + template.allocation_timeout;
                 self.arm(at, Timer::Deadline(inst));
-                if rec.instance_id.is_none() {
+                if rec.instance_id.as_deref() != Some(&*id_of(self, inst)) {
                     self.record_recovered(key, inst, out);
                 }
             }
@@ -269,12 +290,32 @@ impl Scheduler {
             // Not ready: provisioned once the probe finds the instance reachable.
             return true;
         }
-        if let Some(&hid) = self.host_ids.get(host)
-            && let Some(def) = self.hosts[hid as usize].def.clone()
-        {
-            self.hosts[hid as usize].load += 1;
-            self.reindex_host(hid);
-            if ready {
+        if host == crate::contract::LOCALHOST {
+            return false;
+        }
+        let known = self.host_ids.get(host).copied();
+        let def = known.and_then(|h| self.hosts[h as usize].def.clone());
+        if def.is_none() && !ready {
+            // Assigned to a host we cannot reach and never served: start over.
+            return false;
+        }
+        // A running build on a host the config dropped is still counted against it.
+        let hid = known.unwrap_or_else(|| self.retired_host(host));
+        self.hosts[hid as usize].load += 1;
+        self.reindex_host(hid);
+        match def {
+            Some(def) if !ready => {
+                let op = self.op_id();
+                if let Some(t) = self.taskruns.get_mut(key) {
+                    t.state = State::OnHost {
+                        host: hid,
+                        def: Some(def.clone()),
+                        phase: Phase::Provisioning(op),
+                    };
+                }
+                self.emit_provision(key, op, HostRef::Static(def), None, out);
+            }
+            def => {
                 if let Some(t) = self.taskruns.get_mut(key) {
                     t.state = State::OnHost {
                         host: hid,
@@ -282,24 +323,9 @@ impl Scheduler {
                         phase,
                     };
                 }
-            } else {
-                let op = self.op_id();
-                if let Some(t) = self.taskruns.get_mut(key) {
-                    t.state = State::OnHost {
-                        host: hid,
-                        def: def.clone(),
-                        phase: Phase::Provisioning(op),
-                    };
-                }
-                self.emit_provision(key, op, HostRef::Static(def), None, out);
             }
-            return true;
         }
-        if host == crate::contract::LOCALHOST {
-            return false;
-        }
-        // Assigned to something we cannot find: running builds keep going, others start over.
-        ready
+        true
     }
 
     fn record_recovered(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
@@ -469,4 +495,11 @@ impl Scheduler {
         });
         self.terminate(inst, "orphan: no TaskRun owns it", out);
     }
+}
+
+fn id_of(s: &Scheduler, inst: Key) -> Arc<str> {
+    s.instances
+        .get(inst)
+        .and_then(|i| i.id.clone())
+        .unwrap_or_else(|| "".into())
 }
