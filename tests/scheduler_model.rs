@@ -206,6 +206,9 @@ impl World {
     }
 
     fn send(&mut self, e: Event) {
+        if std::env::var_os("MODEL_TRACE").is_some() && !matches!(e, Event::Tick) {
+            println!(">> {}", format!("{e:?}").chars().take(160).collect::<String>());
+        }
         let mut out = Vec::new();
         self.sched.handle(self.now, e, &mut out);
         self.apply(out);
@@ -722,7 +725,10 @@ impl World {
             .collect();
         let alive: Vec<_> = self.instances.iter().filter(|(_, i)| i.alive).map(|(id, _)| id.clone()).collect();
         let users: Vec<_> = self.users.iter().filter(|(_, u)| !u.is_empty()).collect();
-        panic!("did not quiesce: taskruns {stuck:?}, instances {alive:?}, users {users:?}");
+        let gauges = self.sched.gauges().platforms;
+        panic!(
+            "did not quiesce: taskruns {stuck:?}, instances {alive:?}, users {users:?}, scheduler {gauges:?}"
+        );
     }
 }
 
@@ -789,6 +795,6 @@ fn regression_trace() {
     use Cmd::*;
     let c = |platform, ns| Create { platform, ns };
     let d = |pick, ok| Deliver { pick, ok };
-    let cmds = vec![c(3,0),Config(2),c(0,0),c(0,0),c(3,0),c(3,0),c(0,0),c(3,0),c(0,0),c(3,0),c(0,0),c(0,0),Finish(0),Finish(0),c(0,0),Finish(38),c(3,0),Finish(14069),d(5404,true),Finish(26694),c(1,0),d(24226,true),d(55350,true),Advance(91),d(10840,false),Restart{flush:true}];
+    let cmds = vec![c(2,0),c(1,0),c(3,0),c(2,0),d(0,true),c(3,0),c(0,0),c(0,0),Finish(47503),Duplicate(0),Retry(0),c(1,0),c(1,0),Retry(0),c(1,0),c(3,0),Finish(35495),c(1,0),c(2,0),Advance(30),c(1,0),Config(2),c(0,0),c(2,0),c(0,0),d(3890,true),d(29,true),d(5206,true),Finish(17332),Retry(900),Retry(385),Retry(35),Retry(5650),c(0,0),Advance(20),d(463,true),c(2,0),Retry(27291),Retry(6623),c(0,0),d(7502,false),c(0,0),Finish(22704),c(0,0),Restart{flush:true},c(0,0),c(0,0),c(0,0),c(0,0),c(0,0),Duplicate(0),c(0,0),d(28284,false),c(0,0),d(38536,false)];
     check(Policy::mpc(), &cmds);
 }

@@ -399,7 +399,7 @@ impl Scheduler {
     }
 
     /// Records a dynamic TaskRun's instance on it.
-    fn record_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
+    pub(super) fn record_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
         let (Some(r), Some(i), Some(t)) = (
             self.taskrun_ref(key),
             self.instances.get(inst),
@@ -407,15 +407,19 @@ impl Scheduler {
         ) else {
             return;
         };
-        out.push(Action::Record {
-            taskrun: r,
-            placement: Placement {
-                assigned_host: i.id.clone(),
+        let placement = Placement {
+            assigned_host: i.id.clone(),
                 waiting_for_platform: None,
                 failed_hosts: super::lifecycle::failed_hosts(t),
-                instance_id: i.id.clone(),
-                instance_address: i.address.clone(),
-            },
+            instance_id: i.id.clone(),
+            instance_address: i.address.clone(),
+        };
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.recorded = true;
+        }
+        out.push(Action::Record {
+            taskrun: r,
+            placement,
         });
     }
 
@@ -527,13 +531,25 @@ impl Scheduler {
         });
     }
 
-    /// Forgets an instance that no longer exists; frees its count.
+    /// Forgets an instance that no longer exists; frees its count. TaskRuns still waiting for
+    /// it go back to the queue, first in line.
     pub(super) fn drop_instance(&mut self, inst: Key, out: &mut Vec<Action>) {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
         let p = i.platform;
         let cleanup_for = i.cleanup_for;
+        let stranded: Vec<Key> = i
+            .owner
+            .into_iter()
+            .chain(i.attached.iter().copied())
+            .filter(|k| {
+                matches!(
+                    self.taskruns.get(*k).map(|t| &t.state),
+                    Some(State::OnInstance { inst: x, phase: Phase::Reserved | Phase::Provisioning(_) }) if *x == inst
+                )
+            })
+            .collect();
         // Remove from the index before the entry goes.
         if let Some(i) = self.instances.get_mut(inst) {
             i.draining = true;
@@ -550,6 +566,9 @@ impl Scheduler {
         ps.members.remove(&inst);
         if let Some(tr) = cleanup_for {
             self.cleanup_done(tr, out);
+        }
+        for k in stranded {
+            self.enqueue(k, true, out);
         }
         self.capacity_freed(p, out);
         self.ensure_warm(p, out);
@@ -853,6 +872,11 @@ impl Scheduler {
         let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
         let p = i.platform;
         let pool = i.pool.is_some();
+        // Out of the index first, so the requeued TaskRuns cannot land on it again.
+        if let Some(i) = self.instances.get_mut(inst) {
+            i.draining = true;
+        }
+        self.reindex_instance(inst);
         for k in users {
             let Some(t) = self.taskruns.get_mut(k) else {
                 continue;

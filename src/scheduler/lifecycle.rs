@@ -53,6 +53,7 @@ impl Scheduler {
             platform,
             retries: spec.retries,
             gated: spec.gated,
+            recorded: false,
             since: spec.since,
             queued: self.now.max(spec.since),
             state: State::Failed,
@@ -79,6 +80,7 @@ impl Scheduler {
         }
         match self.platforms[p as usize].mode.clone() {
             Mode::Local => {
+                self.clear_placement(key, out);
                 if let Some(t) = self.taskruns.get_mut(key) {
                     t.state = State::Local;
                 }
@@ -186,11 +188,17 @@ impl Scheduler {
             return;
         };
         let ps = &self.platforms[t.platform as usize];
+        let label = ps.label.clone();
+        let message = messages::waiting(&ps.platform, ahead);
+        let failed = failed_hosts(t);
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.recorded = false;
+        }
         out.push(Action::Record {
             taskrun: taskrun.clone(),
             placement: Placement {
-                waiting_for_platform: Some(ps.label.clone()),
-                failed_hosts: failed_hosts(t),
+                waiting_for_platform: Some(label),
+                failed_hosts: failed,
                 ..Placement::default()
             },
         });
@@ -198,7 +206,7 @@ impl Scheduler {
             taskrun: Some(taskrun),
             warning: false,
             reason: "WaitingForHost",
-            message: messages::waiting(&ps.platform, ahead),
+            message,
         });
     }
 
@@ -330,6 +338,7 @@ impl Scheduler {
 
     /// Writes the error secret; the TaskRun then runs and fails with the message.
     pub(super) fn fail(&mut self, key: Key, message: String, out: &mut Vec<Action>) {
+        self.clear_placement(key, out);
         let Some(t) = self.taskruns.get_mut(key) else {
             return;
         };
@@ -349,6 +358,27 @@ impl Scheduler {
             });
         }
         self.write_secret(key, SecretData::Error(message), out);
+    }
+
+    /// Clears allocation labels left from an earlier placement (keeping `failed-hosts`).
+    pub(super) fn clear_placement(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        if !t.recorded {
+            return;
+        }
+        t.recorded = false;
+        let failed = failed_hosts(t);
+        if let Some(taskrun) = self.taskrun_ref(key) {
+            out.push(Action::Record {
+                taskrun,
+                placement: Placement {
+                    failed_hosts: failed,
+                    ..Placement::default()
+                },
+            });
+        }
     }
 
     /// Writes the secret and un-gates the TaskRun.
@@ -448,6 +478,9 @@ impl Scheduler {
             return;
         };
         let failed = self.taskruns.get(key).and_then(failed_hosts);
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.recorded = true;
+        }
         let assigned: Arc<str> = match &host {
             HostRef::Static(h) => h.name.as_str().into(),
             HostRef::Instance { id, .. } => id.clone(),

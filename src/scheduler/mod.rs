@@ -102,6 +102,9 @@ struct TaskRun {
     platform: PlatformId,
     retries: u32,
     gated: bool,
+    /// Its labels name a host or instance (a later outcome without a new placement must
+    /// clear them).
+    recorded: bool,
     /// Start of the allocation (`allocation-start-time`).
     since: Time,
     /// When it last joined a queue.

@@ -80,6 +80,7 @@ impl Scheduler {
                 platform: p,
                 retries: rec.retries,
                 gated: rec.gated,
+                recorded: rec.assigned_host.is_some() || rec.instance_id.is_some(),
                 since: rec.since,
                 queued: rec.since,
                 state: State::Failed,
@@ -113,7 +114,11 @@ impl Scheduler {
                     }
                 }
                 // Not allocated (a remote secret without an allocation is stale: replaced).
-                _ => waiters.push(key),
+                _ => {
+                    // Starting over: the old allocation labels no longer hold.
+                    self.clear_placement(key, out);
+                    waiters.push(key)
+                }
             }
         }
         self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
@@ -270,7 +275,7 @@ impl Scheduler {
                 let at = self.now + template.allocation_timeout;
                 self.arm(at, Timer::Deadline(inst));
                 if rec.instance_id.as_deref() != Some(&*id_of(self, inst)) {
-                    self.record_recovered(key, inst, out);
+                    self.record_instance(key, inst, out);
                 }
             }
             return true;
@@ -326,21 +331,6 @@ impl Scheduler {
             }
         }
         true
-    }
-
-    fn record_recovered(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
-        let (Some(r), Some(i)) = (self.taskrun_ref(key), self.instances.get(inst)) else {
-            return;
-        };
-        out.push(Action::Record {
-            taskrun: r,
-            placement: super::Placement {
-                assigned_host: i.id.clone(),
-                instance_id: i.id.clone(),
-                instance_address: i.address.clone(),
-                ..Default::default()
-            },
-        });
     }
 
     fn dynamic_template(&mut self, platform: &Platform) -> Option<Arc<DynamicPlatform>> {
