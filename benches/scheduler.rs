@@ -17,7 +17,10 @@ fn config() -> mpc::config::HostConfig {
     let mut data = ConfigData::new();
     for i in 0..HOSTS {
         let h = format!("host.s390x-{i:04}");
-        data.insert(format!("{h}.address"), format!("10.{}.{}.1", i / 250, i % 250));
+        data.insert(
+            format!("{h}.address"),
+            format!("10.{}.{}.1", i / 250, i % 250),
+        );
         data.insert(format!("{h}.user"), "root".into());
         data.insert(format!("{h}.platform"), "linux/s390x".into());
         data.insert(format!("{h}.secret"), "ssh".into());
@@ -64,7 +67,10 @@ fn queued(cfg: &mpc::config::HostConfig) -> Queued {
 }
 
 fn index_of(name: &str) -> usize {
-    name.split('-').nth(1).and_then(|n| n.parse().ok()).expect("bench names")
+    name.split('-')
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("bench names")
 }
 
 fn collect(out: &[Action], provisioning: &mut VecDeque<(OpId, usize)>, cleanups: &mut Vec<OpId>) {

@@ -41,7 +41,10 @@ fn config(hosts: usize, concurrency: u32) -> mpc::config::HostConfig {
     let mut data = ConfigData::new();
     for i in 0..hosts {
         let h = format!("host.s390x-{i:05}");
-        data.insert(format!("{h}.address"), format!("10.{}.{}.1", i / 250, i % 250));
+        data.insert(
+            format!("{h}.address"),
+            format!("10.{}.{}.1", i / 250, i % 250),
+        );
         data.insert(format!("{h}.user"), "root".into());
         data.insert(format!("{h}.platform"), "linux/s390x".into());
         data.insert(format!("{h}.secret"), "ssh".into());
@@ -113,6 +116,11 @@ fn main() {
     let (running, rb) = measure(12_500, 8, true);
     println!("ledger bytes per tracked TaskRun (limit {LIMIT}):");
     println!("  100,000 queued (1,000 hosts x 4, 4,000 provisioning):  {queued:7.1}  ({qb} bytes)");
-    println!("  100,000 running (12,500 hosts x 8, all provisioned):    {running:7.1}  ({rb} bytes)");
-    assert!(queued <= LIMIT as f64 && running <= LIMIT as f64, "over {LIMIT} bytes per TaskRun");
+    println!(
+        "  100,000 running (12,500 hosts x 8, all provisioned):    {running:7.1}  ({rb} bytes)"
+    );
+    assert!(
+        queued <= LIMIT as f64 && running <= LIMIT as f64,
+        "over {LIMIT} bytes per TaskRun"
+    );
 }

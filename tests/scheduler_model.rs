@@ -5,6 +5,8 @@
 //! fail, replays results, changes the config, crashes the scheduler (in-flight operations either
 //! complete unseen or are lost) and rebuilds it from a snapshot of the world. Invariants are
 //! checked on every action; after the random phase the world quiesces and must end clean.
+//!
+//! `MODEL_CASES=20000` searches deeper; `MODEL_TRACE=1` prints every command, event and action.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -12,8 +14,8 @@ use std::time::Duration;
 use mpc::config::{ConfigData, HostConfig};
 use mpc::platform::Platform;
 use mpc::scheduler::{
-    Action, Event, InstanceRecord, InstanceState, OpId, Policy, ProbeResult, Scheduler,
-    SecretData, SecretKind, Snapshot, TaskRunRecord, TaskRunSpec, Time,
+    Action, Event, InstanceRecord, InstanceState, OpId, Policy, ProbeResult, Scheduler, SecretData,
+    SecretKind, Snapshot, TaskRunRecord, TaskRunSpec, Time,
 };
 use proptest::prelude::*;
 
@@ -70,7 +72,10 @@ fn configs() -> Vec<HostConfig> {
     ];
     let mut b = a.clone();
     let mut c = vec![
-        ("local-platforms".to_owned(), "linux/x86_64,linux/s390x".to_owned()),
+        (
+            "local-platforms".to_owned(),
+            "linux/x86_64,linux/s390x".to_owned(),
+        ),
         ("dynamic-platforms".into(), "linux/arm64".into()),
         ("dynamic-pool-platforms".into(), "linux/amd64".into()),
     ];
@@ -152,11 +157,32 @@ struct WInstance {
 /// An action being executed; its world effect and result happen on delivery.
 #[derive(Clone, Debug)]
 enum Pending {
-    Provision { op: OpId, uid: String, user: String, host: String },
-    Deprovision { op: OpId, user: String, host: String },
-    Launch { op: OpId, platform: String, token: String, tag: String, taskrun_id: Option<String> },
-    Probe { op: OpId, id: String },
-    Terminate { op: OpId, id: String },
+    Provision {
+        op: OpId,
+        uid: String,
+        user: String,
+        host: String,
+    },
+    Deprovision {
+        op: OpId,
+        user: String,
+        host: String,
+    },
+    Launch {
+        op: OpId,
+        platform: String,
+        token: String,
+        tag: String,
+        taskrun_id: Option<String>,
+    },
+    Probe {
+        op: OpId,
+        id: String,
+    },
+    Terminate {
+        op: OpId,
+        id: String,
+    },
 }
 
 struct World {
@@ -207,7 +233,10 @@ impl World {
 
     fn send(&mut self, e: Event) {
         if std::env::var_os("MODEL_TRACE").is_some() && !matches!(e, Event::Tick) {
-            println!(">> {}", format!("{e:?}").chars().take(160).collect::<String>());
+            println!(
+                ">> {}",
+                format!("{e:?}").chars().take(160).collect::<String>()
+            );
         }
         let mut out = Vec::new();
         self.sched.handle(self.now, e, &mut out);
@@ -282,7 +311,10 @@ impl World {
                     .unwrap_or_else(|| panic!("secret for a TaskRun that is gone: {uid}"));
                 assert!(!t.done, "secret written after the TaskRun finished: {uid}");
                 t.secrets_this_attempt += 1;
-                assert_eq!(t.secrets_this_attempt, 1, "two secrets in one attempt: {uid}");
+                assert_eq!(
+                    t.secrets_this_attempt, 1,
+                    "two secrets in one attempt: {uid}"
+                );
                 t.served = true;
                 t.secret = Some(match secret {
                     SecretData::Remote { .. } => SecretKind::Remote,
@@ -385,11 +417,16 @@ impl World {
     /// Executes a pending action in the world; returns its result event.
     fn execute(&mut self, p: Pending, ok: bool) -> Event {
         match p {
-            Pending::Provision { op, uid, user, host } => {
+            Pending::Provision {
+                op,
+                uid,
+                user,
+                host,
+            } => {
                 // A terminated instance refuses connections.
                 let gone = self.instances.get(&host).is_some_and(|i| !i.alive);
                 let ok = ok && !gone;
-                if !gone && (ok || self.next % 2 == 0) {
+                if !gone && (ok || self.next.is_multiple_of(2)) {
                     // Failures may leave a half-made user behind.
                     self.users.entry(host.clone()).or_default().insert(user);
                 }
@@ -433,7 +470,7 @@ impl World {
                     return Event::LaunchFailed {
                         op,
                         error: "simulated".into(),
-                        retryable: self.next % 3 != 0,
+                        retryable: !self.next.is_multiple_of(3),
                     };
                 }
                 let id = match self.tokens.get(&token) {
@@ -455,7 +492,10 @@ impl World {
                         id
                     }
                 };
-                Event::Launched { op, instance_id: id }
+                Event::Launched {
+                    op,
+                    instance_id: id,
+                }
             }
             Pending::Probe { op, id } => {
                 let result = match self.instances.get(&id) {
@@ -614,7 +654,7 @@ impl World {
                     platform: PLATFORMS[platform].to_owned(),
                     since: self.now,
                     retries: 0,
-                    gated: self.next % 2 == 0,
+                    gated: self.next.is_multiple_of(2),
                 };
                 self.taskruns.insert(
                     spec.uid.clone(),
@@ -721,9 +761,22 @@ impl World {
         let stuck: Vec<_> = self
             .taskruns
             .iter()
-            .map(|(u, t)| (u.clone(), t.spec.platform.clone(), t.done, t.secret, t.assigned_host.clone()))
+            .map(|(u, t)| {
+                (
+                    u.clone(),
+                    t.spec.platform.clone(),
+                    t.done,
+                    t.secret,
+                    t.assigned_host.clone(),
+                )
+            })
             .collect();
-        let alive: Vec<_> = self.instances.iter().filter(|(_, i)| i.alive).map(|(id, _)| id.clone()).collect();
+        let alive: Vec<_> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.alive)
+            .map(|(id, _)| id.clone())
+            .collect();
         let users: Vec<_> = self.users.iter().filter(|(_, u)| !u.is_empty()).collect();
         let gauges = self.sched.gauges().platforms;
         panic!(
@@ -790,11 +843,69 @@ fn every_taskrun_that_was_not_cancelled_was_served() {
     assert!(!uids.is_empty());
 }
 
+/// Found by the property test: TaskRuns requeued while an instance failed must not land on that
+/// instance (it was still indexed as booting with free slots) and be stranded when it goes.
 #[test]
-fn regression_trace() {
+fn requeued_taskruns_never_land_on_a_failing_instance() {
     use Cmd::*;
     let c = |platform, ns| Create { platform, ns };
     let d = |pick, ok| Deliver { pick, ok };
-    let cmds = vec![c(2,0),c(1,0),c(3,0),c(2,0),d(0,true),c(3,0),c(0,0),c(0,0),Finish(47503),Duplicate(0),Retry(0),c(1,0),c(1,0),Retry(0),c(1,0),c(3,0),Finish(35495),c(1,0),c(2,0),Advance(30),c(1,0),Config(2),c(0,0),c(2,0),c(0,0),d(3890,true),d(29,true),d(5206,true),Finish(17332),Retry(900),Retry(385),Retry(35),Retry(5650),c(0,0),Advance(20),d(463,true),c(2,0),Retry(27291),Retry(6623),c(0,0),d(7502,false),c(0,0),Finish(22704),c(0,0),Restart{flush:true},c(0,0),c(0,0),c(0,0),c(0,0),c(0,0),Duplicate(0),c(0,0),d(28284,false),c(0,0),d(38536,false)];
+    let cmds = vec![
+        c(2, 0),
+        c(1, 0),
+        c(3, 0),
+        c(2, 0),
+        d(0, true),
+        c(3, 0),
+        c(0, 0),
+        c(0, 0),
+        Finish(47503),
+        Duplicate(0),
+        Retry(0),
+        c(1, 0),
+        c(1, 0),
+        Retry(0),
+        c(1, 0),
+        c(3, 0),
+        Finish(35495),
+        c(1, 0),
+        c(2, 0),
+        Advance(30),
+        c(1, 0),
+        Config(2),
+        c(0, 0),
+        c(2, 0),
+        c(0, 0),
+        d(3890, true),
+        d(29, true),
+        d(5206, true),
+        Finish(17332),
+        Retry(900),
+        Retry(385),
+        Retry(35),
+        Retry(5650),
+        c(0, 0),
+        Advance(20),
+        d(463, true),
+        c(2, 0),
+        Retry(27291),
+        Retry(6623),
+        c(0, 0),
+        d(7502, false),
+        c(0, 0),
+        Finish(22704),
+        c(0, 0),
+        Restart { flush: true },
+        c(0, 0),
+        c(0, 0),
+        c(0, 0),
+        c(0, 0),
+        c(0, 0),
+        Duplicate(0),
+        c(0, 0),
+        d(28284, false),
+        c(0, 0),
+        d(38536, false),
+    ];
     check(Policy::mpc(), &cmds);
 }

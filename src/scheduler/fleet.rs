@@ -68,12 +68,10 @@ impl Scheduler {
         // A ready instance with room (most loaded first, so idle ones can drain), else a
         // booting one, else launch.
         let pick = |set: &std::collections::BTreeSet<(u32, u64, Key)>| {
-            set.iter()
-                .map(|e| e.2)
-                .find(|&k| {
-                    let id = self.instances.get(k).and_then(|i| i.id.clone());
-                    !id.is_some_and(|id| self.failed_on(key, &id))
-                })
+            set.iter().map(|e| e.2).find(|&k| {
+                let id = self.instances.get(k).and_then(|i| i.id.clone());
+                !id.is_some_and(|id| self.failed_on(key, &id))
+            })
         };
         let ps = &self.platforms[p as usize];
         let ready = pick(&ps.ready);
@@ -203,7 +201,13 @@ impl Scheduler {
             }
             None => (
                 None,
-                format!("warm-{}-{}-{}-{}", created.as_millis(), index, launches, op.0),
+                format!(
+                    "warm-{}-{}-{}-{}",
+                    created.as_millis(),
+                    index,
+                    launches,
+                    op.0
+                ),
             ),
         };
         self.ops.insert(op, Op::Launch { inst });
@@ -344,7 +348,8 @@ impl Scheduler {
             return false;
         };
         let p = i.platform;
-        let current = matches!(&self.platforms[p as usize].mode, Mode::Dynamic(t) if **t == *i.template);
+        let current =
+            matches!(&self.platforms[p as usize].mode, Mode::Dynamic(t) if **t == *i.template);
         let usable = matches!(
             i.state,
             InstState::Launching(_) | InstState::Booting | InstState::Ready
@@ -409,8 +414,8 @@ impl Scheduler {
         };
         let placement = Placement {
             assigned_host: i.id.clone(),
-                waiting_for_platform: None,
-                failed_hosts: super::lifecycle::failed_hosts(t),
+            waiting_for_platform: None,
+            failed_hosts: super::lifecycle::failed_hosts(t),
             instance_id: i.id.clone(),
             instance_address: i.address.clone(),
         };
@@ -580,8 +585,7 @@ impl Scheduler {
         result: Result<String, (String, bool)>,
         out: &mut Vec<Action>,
     ) {
-        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. }))
-        else {
+        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
             return;
         };
         let Some(i) = self.instances.get_mut(inst) else {
@@ -698,9 +702,7 @@ impl Scheduler {
                 && o.platform == platform
                 && matches!(o.state, InstState::Booting | InstState::Ready)
         });
-        let live = |s: &Self, k: Key| {
-            matches!(s.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst)
-        };
+        let live = |s: &Self, k: Key| matches!(s.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst);
         if reusable && users.len() == 1 && live(self, users[0]) {
             let owner = users[0];
             let o = self.instances.get_mut(other).expect("checked");
@@ -1023,7 +1025,12 @@ impl Scheduler {
         };
         match i.state {
             InstState::Terminating(_) | InstState::TerminateWait => self.drop_instance(inst, out),
-            _ => self.instance_failed(inst, "the instance was terminated outside the controller", false, out),
+            _ => self.instance_failed(
+                inst,
+                "the instance was terminated outside the controller",
+                false,
+                out,
+            ),
         }
     }
 
@@ -1081,7 +1088,10 @@ impl Scheduler {
             self.arm(at, Timer::MaxAge(inst));
             return;
         }
-        if matches!(i.state, InstState::Terminating(_) | InstState::TerminateWait) {
+        if matches!(
+            i.state,
+            InstState::Terminating(_) | InstState::TerminateWait
+        ) {
             return;
         }
         i.draining = true;
@@ -1119,7 +1129,10 @@ impl Scheduler {
             .filter(|i| {
                 i.pool.is_some()
                     && !i.draining
-                    && !matches!(i.state, InstState::Terminating(_) | InstState::TerminateWait)
+                    && !matches!(
+                        i.state,
+                        InstState::Terminating(_) | InstState::TerminateWait
+                    )
             })
             .count() as u32
     }

@@ -14,7 +14,12 @@ use super::{
 const RATIO_SCALE: u32 = 840;
 
 impl Scheduler {
-    pub(super) fn place_static(&mut self, p: PlatformId, key: Key, out: &mut Vec<Action>) -> Placed {
+    pub(super) fn place_static(
+        &mut self,
+        p: PlatformId,
+        key: Key,
+        out: &mut Vec<Action>,
+    ) -> Placed {
         let mut chosen = None;
         for &(_, _, hid) in &self.platforms[p as usize].avail {
             if !self.failed_on(key, &self.hosts[hid as usize].name) {

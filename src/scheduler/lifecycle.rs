@@ -6,9 +6,8 @@ use std::sync::Arc;
 use super::arena::Key;
 use super::queue::Entry;
 use super::{
-    Action, Extra, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement,
-    PlatformId, RemoteUser, Scheduler, SecretData, State, TaskRun, TaskRunSpec, Timer, Uid,
-    messages,
+    Action, Extra, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement, PlatformId,
+    RemoteUser, Scheduler, SecretData, State, TaskRun, TaskRunSpec, Timer, Uid, messages,
 };
 use crate::platform::Platform;
 
@@ -91,10 +90,8 @@ impl Scheduler {
                 self.fail(key, msg, out);
             }
             Mode::Unknown => {
-                let msg = messages::unknown_platform(
-                    &self.platforms[p as usize].platform,
-                    &self.config,
-                );
+                let msg =
+                    messages::unknown_platform(&self.platforms[p as usize].platform, &self.config);
                 self.fail(key, msg, out);
             }
             Mode::Static | Mode::Dynamic(_) | Mode::Pool(_) => self.enqueue(key, retry, out),
@@ -125,9 +122,13 @@ impl Scheduler {
                 if retry {
                     self.platforms[p as usize].retry.push(key);
                 } else {
-                    ahead = self.platforms[p as usize]
-                        .queue
-                        .push(ns, Entry { taskrun: key, ticket });
+                    ahead = self.platforms[p as usize].queue.push(
+                        ns,
+                        Entry {
+                            taskrun: key,
+                            ticket,
+                        },
+                    );
                 }
                 self.pump(p, out);
             }
@@ -135,9 +136,13 @@ impl Scheduler {
                 // A TaskRun that finds room takes it, whoever waits (Go behaviour).
                 if self.place(p, key, out) == Placed::NoRoom {
                     if !retry {
-                        ahead = self.platforms[p as usize]
-                            .queue
-                            .push(ns, Entry { taskrun: key, ticket });
+                        ahead = self.platforms[p as usize].queue.push(
+                            ns,
+                            Entry {
+                                taskrun: key,
+                                ticket,
+                            },
+                        );
                     }
                     let at = self.now + requeue;
                     self.arm(at, Timer::Requeue(key, ticket));
@@ -418,16 +423,18 @@ impl Scheduler {
                 phase: Phase::Ready(_),
             } => {
                 let host = *host;
-                let def = def.clone().or_else(|| self.hosts[host as usize].def.clone());
+                let def = def
+                    .clone()
+                    .or_else(|| self.hosts[host as usize].def.clone());
                 self.delete_secret(key, out);
                 let Some(def) = def else {
                     // The host left the config: start over elsewhere.
                     let name = self.hosts[host as usize].name.clone();
                     if let Some(t) = self.taskruns.get_mut(key) {
-                        t.extra.get_or_insert_with(Box::<Extra>::default).failed.push((
-                            name,
-                            "the host is no longer configured".to_owned(),
-                        ));
+                        t.extra
+                            .get_or_insert_with(Box::<Extra>::default)
+                            .failed
+                            .push((name, "the host is no longer configured".to_owned()));
                     }
                     self.release_host(host);
                     let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
@@ -772,7 +779,13 @@ impl Scheduler {
                         let r = self.taskrun_ref(key).expect("live");
                         match def.or_else(|| self.hosts[host as usize].def.clone()) {
                             Some(def) => {
-                                self.deprovision(Some(key), p, RemoteUser::Of(r), HostRef::Static(def), out);
+                                self.deprovision(
+                                    Some(key),
+                                    p,
+                                    RemoteUser::Of(r),
+                                    HostRef::Static(def),
+                                    out,
+                                );
                                 1
                             }
                             None => {

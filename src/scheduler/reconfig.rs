@@ -12,7 +12,13 @@ use super::{
 impl Scheduler {
     pub(super) fn apply_config(&mut self, config: HostConfig, out: &mut Vec<Action>) {
         self.config = config;
-        for platform in self.config.platforms().into_iter().cloned().collect::<Vec<_>>() {
+        for platform in self
+            .config
+            .platforms()
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>()
+        {
             self.platform_id(&platform);
         }
         self.apply_hosts();
@@ -103,7 +109,10 @@ impl Scheduler {
                     // Same machines: new concurrency, max-age and min-instances apply.
                     i.pool = Some(pool.clone());
                     let at = i.created + pool.max_age;
-                    let live = !matches!(i.state, InstState::Terminating(_) | InstState::TerminateWait);
+                    let live = !matches!(
+                        i.state,
+                        InstState::Terminating(_) | InstState::TerminateWait
+                    );
                     self.reindex_instance(inst);
                     if live && self.policy.pool_idle_timeout.is_some() {
                         self.arm(at, super::Timer::MaxAge(inst));

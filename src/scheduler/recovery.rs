@@ -14,8 +14,8 @@ use std::sync::Arc;
 use super::arena::Key;
 use super::snapshot::{InstanceRecord, InstanceState, SecretKind, Snapshot, TaskRunRecord};
 use super::{
-    Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser,
-    Scheduler, State, TaskRun, Time, Timer, Uid,
+    Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
+    State, TaskRun, Time, Timer, Uid,
 };
 use crate::config::{DynamicPlatform, DynamicPool};
 use crate::platform::Platform;
@@ -264,7 +264,11 @@ impl Scheduler {
             i.launches = 1;
             i.owner = Some(key);
             i.used = ready;
-            i.state = if ready { InstState::Ready } else { InstState::Booting };
+            i.state = if ready {
+                InstState::Ready
+            } else {
+                InstState::Booting
+            };
             self.instance_ids.insert(id, inst);
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };

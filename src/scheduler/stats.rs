@@ -75,7 +75,10 @@ impl Scheduler {
                 _ => continue,
             };
             let ps = &self.platforms[t.platform as usize];
-            let e = g.platforms.entry(ps.platform.as_str().to_owned()).or_default();
+            let e = g
+                .platforms
+                .entry(ps.platform.as_str().to_owned())
+                .or_default();
             e.waiting += w;
             e.running += r;
             let n = g

@@ -27,8 +27,10 @@ impl Scheduler {
                 let Some(i) = self.instances.get(inst) else {
                     continue;
                 };
-                let ours_terminating =
-                    matches!(i.state, InstState::Terminating(_) | InstState::TerminateWait);
+                let ours_terminating = matches!(
+                    i.state,
+                    InstState::Terminating(_) | InstState::TerminateWait
+                );
                 match rec.state {
                     InstanceState::Terminated => self.on_instance_gone(&rec.id, out),
                     InstanceState::Stopped if !ours_terminating => {
@@ -61,12 +63,10 @@ impl Scheduler {
         };
         let mut keep = BTreeSet::new();
         for (key, t) in self.taskruns.iter() {
-            if matches!(&t.state, State::OnHost { host: h, .. } if *h == hid)
-                || matches!(t.state, State::Cleanup { .. })
-            {
-                if let Some(r) = self.taskrun_ref(key) {
-                    keep.insert(r.remote_user());
-                }
+            let here = matches!(&t.state, State::OnHost { host: h, .. } if *h == hid)
+                || matches!(t.state, State::Cleanup { .. });
+            if here && let Some(r) = self.taskrun_ref(key) {
+                keep.insert(r.remote_user());
             }
         }
         for op in self.ops.values().chain(self.delayed.values()) {

@@ -28,15 +28,31 @@ pub fn render(outcomes: &[Outcome], title: &str) -> String {
         r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#,
         escape(title)
     );
-    panel(&mut s, outcomes, end, TOP, "TaskRuns waiting for a build host", |x| x.waiting);
-    panel(&mut s, outcomes, end, TOP + PANEL_H + GAP, "Cloud instances alive", |x| {
-        x.instances
-    });
+    panel(
+        &mut s,
+        outcomes,
+        end,
+        TOP,
+        "TaskRuns waiting for a build host",
+        |x| x.waiting,
+    );
+    panel(
+        &mut s,
+        outcomes,
+        end,
+        TOP + PANEL_H + GAP,
+        "Cloud instances alive",
+        |x| x.instances,
+    );
     // Legend.
     let ly = h - 18.0;
     for (i, o) in outcomes.iter().enumerate() {
         let x = LEFT + i as f64 * 140.0;
-        let dash = if i == 0 { "" } else { r#" stroke-dasharray="6 3""# };
+        let dash = if i == 0 {
+            ""
+        } else {
+            r#" stroke-dasharray="6 3""#
+        };
         let _ = writeln!(
             s,
             r#"<line x1="{x}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"{dash}/><text x="{}" y="{}">{}</text>"#,
@@ -110,7 +126,11 @@ fn panel(
             let py = bottom - PANEL_H * (value(x) as f64 / ymax);
             let _ = write!(pts, "{px:.1},{py:.1} ");
         }
-        let dash = if i == 0 { "" } else { r#" stroke-dasharray="6 3""# };
+        let dash = if i == 0 {
+            ""
+        } else {
+            r#" stroke-dasharray="6 3""#
+        };
         let _ = writeln!(
             s,
             r#"<polyline fill="none" stroke="{}" stroke-width="1.5"{dash} points="{}"/>"#,
@@ -132,7 +152,9 @@ fn nice(v: f64) -> f64 {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
@@ -146,9 +168,21 @@ mod tests {
             policy,
             platforms: BTreeMap::new(),
             samples: vec![
-                Sample { t: 0.0, waiting: 0, instances: 0 },
-                Sample { t: 1800.0, waiting: peak, instances: 3 },
-                Sample { t: 3600.0, waiting: 0, instances: 1 },
+                Sample {
+                    t: 0.0,
+                    waiting: 0,
+                    instances: 0,
+                },
+                Sample {
+                    t: 1800.0,
+                    waiting: peak,
+                    instances: 3,
+                },
+                Sample {
+                    t: 3600.0,
+                    waiting: 0,
+                    instances: 1,
+                },
             ],
             end: 3600.0,
             events: 0,

@@ -14,8 +14,7 @@ use super::workload::Workload;
 use crate::config::{HostConfig, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
-    Action, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot, TaskRunSpec,
-    Time,
+    Action, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot, TaskRunSpec, Time,
 };
 
 /// Settings of one run.
@@ -340,7 +339,8 @@ impl Sim<'_> {
     fn deliver(&mut self, e: Event) {
         self.events += 1;
         let mut out = std::mem::take(&mut self.out);
-        self.sched.handle(Time::from_millis(self.now_ms), e, &mut out);
+        self.sched
+            .handle(Time::from_millis(self.now_ms), e, &mut out);
         let actions = std::mem::take(&mut out);
         self.out = out;
         self.run_actions(actions);
@@ -455,7 +455,9 @@ impl Sim<'_> {
                         }),
                     );
                 }
-                Action::Probe { op, instance_id, .. } => {
+                Action::Probe {
+                    op, instance_id, ..
+                } => {
                     let t = self.now() + 0.3;
                     let result = match self.cloud.get(&*instance_id) {
                         Some(i) if !i.alive => ProbeResult::Failed {
@@ -492,10 +494,16 @@ impl Sim<'_> {
                         }
                         self.live_total -= 1;
                     }
-                    self.after(1.0, SimEvent::Deliver(Event::Terminated { op, error: None }));
+                    self.after(
+                        1.0,
+                        SimEvent::Deliver(Event::Terminated { op, error: None }),
+                    );
                 }
                 Action::Deprovision { op, .. } => {
-                    self.after(1.5, SimEvent::Deliver(Event::Deprovisioned { op, error: None }));
+                    self.after(
+                        1.5,
+                        SimEvent::Deliver(Event::Deprovisioned { op, error: None }),
+                    );
                 }
                 Action::Record { .. }
                 | Action::DeleteSecret { .. }
@@ -565,7 +573,11 @@ mod tests {
         let mut waits = s.waits.clone();
         waits.sort_by(f64::total_cmp);
         assert!(waits[0] < 10.0, "first ones start at once: {}", waits[0]);
-        assert!((600.0..700.0).contains(&waits[47]), "last waits ~one build: {}", waits[47]);
+        assert!(
+            (600.0..700.0).contains(&waits[47]),
+            "last waits ~one build: {}",
+            waits[47]
+        );
         assert!(o.end >= 1200.0);
     }
 
@@ -580,7 +592,12 @@ mod tests {
         };
         assert_eq!(mpc.platforms["linux/amd64"].waits.len(), 120);
         assert_eq!(go.platforms["linux/amd64"].waits.len(), 120);
-        assert!(mean(&go) > mean(&mpc) + 30.0, "{} vs {}", mean(&go), mean(&mpc));
+        assert!(
+            mean(&go) > mean(&mpc) + 30.0,
+            "{} vs {}",
+            mean(&go),
+            mean(&mpc)
+        );
         assert!(mpc.platforms["linux/amd64"].peak_instances <= 60);
         assert!(go.platforms["linux/amd64"].peak_instances <= 60);
     }

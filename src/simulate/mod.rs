@@ -110,10 +110,11 @@ seeded distributions: the same --seed gives the same result.";
 
 /// Loads a host-config ConfigMap.
 pub fn load_config(text: &str, shown: &str) -> Result<(HostConfig, usize), SimulateError> {
-    let (data, mut diags) = config::read_configmap_yaml(text).map_err(|e| SimulateError::Config {
-        path: shown.to_owned(),
-        message: e.to_string(),
-    })?;
+    let (data, mut diags) =
+        config::read_configmap_yaml(text).map_err(|e| SimulateError::Config {
+            path: shown.to_owned(),
+            message: e.to_string(),
+        })?;
     let mut parsed = config::parse(&data);
     diags.append(&mut parsed.diagnostics);
     let errors = diags
@@ -163,12 +164,14 @@ pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
         }
     };
     let workload = match &args.workload {
-        Some(path) => Workload::parse(&read(path)?, path.display().to_string()).map_err(
-            |source| SimulateError::Workload {
-                path: path.clone(),
-                source,
-            },
-        )?,
+        Some(path) => {
+            Workload::parse(&read(path)?, path.display().to_string()).map_err(|source| {
+                SimulateError::Workload {
+                    path: path.clone(),
+                    source,
+                }
+            })?
+        }
         None => workload::bursty_day(args.taskruns, args.seed),
     };
     let outcomes = run_policies(&config, &workload, args.policy, args.seed);

@@ -144,7 +144,12 @@ fn parse_csv(text: &str) -> Result<Vec<Job>, WorkloadError> {
                 ),
             })
     };
-    let (at, ns, pf, du) = (find("at")?, find("namespace")?, find("platform")?, find("duration")?);
+    let (at, ns, pf, du) = (
+        find("at")?,
+        find("namespace")?,
+        find("platform")?,
+        find("duration")?,
+    );
     let mut jobs = Vec::new();
     for (i, line) in lines {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -281,16 +286,27 @@ mod tests {
 
     #[test]
     fn csv_errors_name_the_line() {
-        let e = Workload::parse("at,namespace,platform,duration\n0,a,linux/arm64,soon\n", String::new())
-            .unwrap_err()
-            .to_string();
+        let e = Workload::parse(
+            "at,namespace,platform,duration\n0,a,linux/arm64,soon\n",
+            String::new(),
+        )
+        .unwrap_err()
+        .to_string();
         assert_eq!(e, "line 2: duration \"soon\" is not a number of seconds");
-        let e = Workload::parse("at,namespace,duration\n", String::new()).unwrap_err().to_string();
-        assert!(e.contains("missing \"platform\""), "{e}");
-        let e = Workload::parse("at,namespace,platform,duration\n-1,a,b/c,1\n", String::new())
+        let e = Workload::parse("at,namespace,duration\n", String::new())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("TaskRun #1") && e.contains("non-negative"), "{e}");
+        assert!(e.contains("missing \"platform\""), "{e}");
+        let e = Workload::parse(
+            "at,namespace,platform,duration\n-1,a,b/c,1\n",
+            String::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("TaskRun #1") && e.contains("non-negative"),
+            "{e}"
+        );
     }
 
     #[test]

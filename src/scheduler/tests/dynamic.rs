@@ -34,7 +34,13 @@ fn launches_probes_provisions_and_terminates() {
     assert!(probes(&h.wait(19)).is_empty());
     let p = probes(&h.wait(1));
     assert_eq!(p.len(), 1);
-    assert!(h.send(Event::Probed { op: p[0].0, result: ProbeResult::Pending }).is_empty());
+    assert!(
+        h.send(Event::Probed {
+            op: p[0].0,
+            result: ProbeResult::Pending
+        })
+        .is_empty()
+    );
     let p = probes(&h.wait(5));
     let a = h.send(Event::Probed {
         op: p[0].0,
@@ -49,13 +55,24 @@ fn launches_probes_provisions_and_terminates() {
         op,
         otp: "t".into(),
     });
-    assert!(matches!(secret(&a, "a"), Some(SecretData::Remote { host, .. }) if host.ends_with("@192.0.2.7")));
+    assert!(
+        matches!(secret(&a, "a"), Some(SecretData::Remote { host, .. }) if host.ends_with("@192.0.2.7"))
+    );
     let a = h.done("ns", "a");
     let t = terminates(&a);
     assert_eq!(t[0].1, "i-1");
-    assert!(deprovisions(&a).is_empty(), "the instance goes away with its user");
+    assert!(
+        deprovisions(&a).is_empty(),
+        "the instance goes away with its user"
+    );
     assert!(finalized(&a).is_empty());
-    assert_eq!(finalized(&h.send(Event::Terminated { op: t[0].0, error: None })), vec!["a"]);
+    assert_eq!(
+        finalized(&h.send(Event::Terminated {
+            op: t[0].0,
+            error: None
+        })),
+        vec!["a"]
+    );
     assert_eq!(h.s.gauges().platforms[P].instances, 0);
 }
 
@@ -69,7 +86,10 @@ fn max_instances_counts_booting_and_terminating_instances() {
     });
     let a = h.submit("ns", "b", P);
     assert!(launches(&a).is_empty());
-    assert_eq!(records(&a, "b")[0].waiting_for_platform.as_deref(), Some("linux-arm64"));
+    assert_eq!(
+        records(&a, "b")[0].waiting_for_platform.as_deref(),
+        Some("linux-arm64")
+    );
     // a finishes: its instance still counts until termination is acknowledged.
     let t = terminates(&h.done("ns", "a"))[0].0;
     let a = h.send(Event::Terminated { op: t, error: None });
@@ -145,7 +165,10 @@ fn provisioning_failure_relaunches_a_fresh_instance() {
     });
     let t = terminates(&a);
     assert_eq!(t[0].1, "i-1");
-    assert!(launches(&a).is_empty(), "max-instances 1: wait for the termination");
+    assert!(
+        launches(&a).is_empty(),
+        "max-instances 1: wait for the termination"
+    );
     let a = h.send(Event::Terminated {
         op: t[0].0,
         error: None,
@@ -182,7 +205,10 @@ fn launch_retries_back_off_then_an_error_secret() {
     };
     assert_eq!(gaps, vec![10, 20, 40, 80]);
     let msg = error_of(&last, "a");
-    assert!(msg.contains("5 attempt") && msg.contains("InsufficientInstanceCapacity"), "{msg}");
+    assert!(
+        msg.contains("5 attempt") && msg.contains("InsufficientInstanceCapacity"),
+        "{msg}"
+    );
     assert_eq!(h.s.gauges().platforms[P].instances, 0);
 }
 
@@ -210,7 +236,13 @@ fn delete_mid_launch_terminates_when_the_launch_result_arrives() {
     });
     let t = terminates(&a);
     assert_eq!(t[0].1, "i-1");
-    assert_eq!(finalized(&h.send(Event::Terminated { op: t[0].0, error: None })), vec!["a"]);
+    assert_eq!(
+        finalized(&h.send(Event::Terminated {
+            op: t[0].0,
+            error: None
+        })),
+        vec!["a"]
+    );
 }
 
 #[test]
@@ -225,7 +257,10 @@ fn instance_of_a_cancelled_taskrun_is_adopted_by_a_waiter() {
     let a = h.done("ns", "a");
     assert_eq!(finalized(&a), vec!["a"]);
     assert!(terminates(&a).is_empty());
-    assert!(a.iter().any(|x| matches!(x, Action::Retag { taskrun_id, .. } if taskrun_id == "ns:b")));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Retag { taskrun_id, .. } if taskrun_id == "ns:b"))
+    );
     assert_eq!(records(&a, "b")[0].instance_id.as_deref(), Some("i-1"));
     let p = probes(&h.wait(20))[0].0;
     let a = h.send(Event::Probed {

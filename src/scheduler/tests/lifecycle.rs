@@ -28,7 +28,10 @@ fn unknown_platform_gets_an_error_naming_the_configured_ones() {
     let msg = error_of(&a, "a");
     assert!(msg.contains("linux/riscv64 is not configured"), "{msg}");
     assert!(msg.contains("linux/s390x"), "{msg}");
-    assert!(a.iter().any(|x| matches!(x, Action::Ungate { .. })), "gated TaskRuns run to show the error");
+    assert!(
+        a.iter().any(|x| matches!(x, Action::Ungate { .. })),
+        "gated TaskRuns run to show the error"
+    );
     assert!(
         !a.iter().any(|x| matches!(x, Action::Observe(_))),
         "no metric label for unconfigured platforms"
@@ -40,7 +43,10 @@ fn malformed_platform_gets_a_specific_error() {
     let mut h = H::new(&mixed());
     let a = h.submit("ns", "a", "Linux/ARM64");
     let msg = error_of(&a, "a");
-    assert!(msg.contains("\"Linux/ARM64\"") && msg.contains("linux/arm64"), "{msg}");
+    assert!(
+        msg.contains("\"Linux/ARM64\"") && msg.contains("linux/arm64"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -71,7 +77,10 @@ fn failed_taskrun_retry_gets_a_new_chance() {
     let mut spec = H::spec("ns", "a", "linux/s390x");
     spec.retries = 1;
     let a = h.send(Event::TaskRun(spec));
-    assert!(matches!(a[0], Action::DeleteSecret { .. }), "old error removed first");
+    assert!(
+        matches!(a[0], Action::DeleteSecret { .. }),
+        "old error removed first"
+    );
     assert_eq!(provisions(&a)[0].2, "h1");
 }
 
@@ -85,7 +94,10 @@ fn platform_removed_from_config_fails_its_waiters_with_a_reason() {
     pairs.push(kv("local-platforms", "linux/x86_64"));
     let a = h.send(Event::ConfigReplaced(config(&pairs)));
     assert!(error_of(&a, "b").contains("not configured"));
-    assert!(secret(&a, "a").is_none(), "the running allocation is untouched");
+    assert!(
+        secret(&a, "a").is_none(),
+        "the running allocation is untouched"
+    );
 }
 
 #[test]

@@ -26,7 +26,10 @@ pub(super) fn kv(k: &str, v: &str) -> (String, String) {
 pub(super) fn static_pairs(hosts: &[(&str, u32)]) -> Vec<(String, String)> {
     let mut v = Vec::new();
     for (i, (name, c)) in hosts.iter().enumerate() {
-        v.push(kv(&format!("host.{name}.address"), &format!("10.0.0.{}", i + 1)));
+        v.push(kv(
+            &format!("host.{name}.address"),
+            &format!("10.0.0.{}", i + 1),
+        ));
         v.push(kv(&format!("host.{name}.user"), "root"));
         v.push(kv(&format!("host.{name}.platform"), "linux/s390x"));
         v.push(kv(&format!("host.{name}.secret"), "s390x-ssh"));
@@ -40,7 +43,11 @@ pub(super) fn dynamic_pairs(max: u32, pool: Option<(u32, u32)>) -> Vec<(String, 
     let label = "linux-arm64";
     let mut v = vec![
         kv(
-            if pool.is_some() { "dynamic-pool-platforms" } else { "dynamic-platforms" },
+            if pool.is_some() {
+                "dynamic-pool-platforms"
+            } else {
+                "dynamic-platforms"
+            },
             "linux/arm64",
         ),
         kv("instance-tag", "test"),
@@ -58,7 +65,10 @@ pub(super) fn dynamic_pairs(max: u32, pool: Option<(u32, u32)>) -> Vec<(String, 
     ] {
         v.push(kv(&format!("dynamic.{label}.{f}"), val));
     }
-    v.push(kv(&format!("dynamic.{label}.max-instances"), &max.to_string()));
+    v.push(kv(
+        &format!("dynamic.{label}.max-instances"),
+        &max.to_string(),
+    ));
     if let Some((c, age)) = pool {
         v.push(kv(&format!("dynamic.{label}.concurrency"), &c.to_string()));
         v.push(kv(&format!("dynamic.{label}.max-age"), &age.to_string()));
@@ -136,7 +146,10 @@ pub(super) fn provisions(acts: &[Action]) -> Vec<(OpId, String, String)> {
 
 /// The single provisioning op for `name`.
 pub(super) fn provision_op(acts: &[Action], name: &str) -> OpId {
-    let v: Vec<_> = provisions(acts).into_iter().filter(|p| p.1 == name).collect();
+    let v: Vec<_> = provisions(acts)
+        .into_iter()
+        .filter(|p| p.1 == name)
+        .collect();
     assert_eq!(v.len(), 1, "one provisioning for {name}: {acts:#?}");
     v[0].0
 }

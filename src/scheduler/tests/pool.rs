@@ -59,7 +59,11 @@ fn old_instance_is_terminated_only_when_idle() {
     let a = h.wait(11 * 60);
     assert!(terminates(&a).is_empty(), "{a:#?}");
     let a = h.submit("ns", "b", P);
-    assert_eq!(launches(&a).len(), 1, "a draining instance takes no new work");
+    assert_eq!(
+        launches(&a).len(),
+        1,
+        "a draining instance takes no new work"
+    );
     // a finishes: the old instance is terminated without waiting for traffic.
     let a = h.done("ns", "a");
     assert_eq!(terminates(&a)[0].1, "i-1");
@@ -148,7 +152,10 @@ fn provisioning_failure_moves_the_taskrun_to_another_instance() {
     });
     assert_eq!(deprovisions(&a)[0].2, "i-1");
     assert_eq!(launches(&a).len(), 1, "i-1 failed for a: a new instance");
-    assert!(terminates(&a).is_empty(), "one failure does not condemn a shared instance");
+    assert!(
+        terminates(&a).is_empty(),
+        "one failure does not condemn a shared instance"
+    );
 }
 
 #[test]

@@ -53,7 +53,10 @@ fn static_allocations_are_counted_and_missing_secrets_reprovisioned() {
     assert_eq!(p.len(), 1, "{out:#?}");
     assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("b", "h2"));
     // c waits: both hosts are full.
-    assert_eq!(records(&out, "c")[0].waiting_for_platform.as_deref(), Some("linux-s390x"));
+    assert_eq!(
+        records(&out, "c")[0].waiting_for_platform.as_deref(),
+        Some("linux-s390x")
+    );
     // a finishing frees h1 for c; a's user is removed from h1.
     let a = h.done("ns", "a");
     assert_eq!(deprovisions(&a)[0].2, "h1");
@@ -76,7 +79,10 @@ fn dynamic_instance_is_probed_and_an_unannotated_launch_is_adopted_by_tag() {
             ],
         },
     );
-    assert!(launches(&out).is_empty(), "max-instances already used by the two: {out:#?}");
+    assert!(
+        launches(&out).is_empty(),
+        "max-instances already used by the two: {out:#?}"
+    );
     assert_eq!(records(&out, "b")[0].instance_id.as_deref(), Some("i-b"));
     let p = probes(&h.wait(0));
     assert_eq!(p.len(), 2, "{p:?}");
@@ -136,8 +142,20 @@ fn finished_taskruns_are_cleaned_up_then_released() {
     assert_eq!(t[0].1, "i-a");
     let dp = deprovisions(&out);
     assert_eq!(dp[0].2, "h1");
-    assert_eq!(finalized(&h.send(Event::Terminated { op: t[0].0, error: None })), vec!["a"]);
-    assert_eq!(finalized(&h.send(Event::Deprovisioned { op: dp[0].0, error: None })), vec!["b"]);
+    assert_eq!(
+        finalized(&h.send(Event::Terminated {
+            op: t[0].0,
+            error: None
+        })),
+        vec!["a"]
+    );
+    assert_eq!(
+        finalized(&h.send(Event::Deprovisioned {
+            op: dp[0].0,
+            error: None
+        })),
+        vec!["b"]
+    );
 }
 
 #[test]

@@ -29,14 +29,20 @@ fn allocates_provisions_and_hands_out_a_one_time_key() {
             user_dir: format!("/home/{user}"),
         })
     );
-    assert!(a.iter().any(|x| matches!(x, Action::Ungate { taskrun } if &*taskrun.name == "a")));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Ungate { taskrun } if &*taskrun.name == "a"))
+    );
     // Done: secret deleted, user removed, finalizer last.
     let a = h.done("ns", "a");
     assert!(a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })));
     let d = deprovisions(&a);
     assert_eq!(d.len(), 1);
     assert_eq!((d[0].1.as_str(), d[0].2.as_str()), (user.as_str(), "h1"));
-    assert!(finalized(&a).is_empty(), "finalizer held until cleanup is durable");
+    assert!(
+        finalized(&a).is_empty(),
+        "finalizer held until cleanup is durable"
+    );
     let a = h.send(Event::Deprovisioned {
         op: d[0].0,
         error: None,
@@ -54,7 +60,13 @@ fn waits_for_concurrency_and_gets_the_freed_slot_in_the_same_step() {
     assert!(provisions(&a).is_empty());
     let rec = records(&a, "c");
     assert_eq!(rec[0].waiting_for_platform.as_deref(), Some("linux-s390x"));
-    assert!(a.iter().any(|x| matches!(x, Action::Notify { reason: "WaitingForHost", .. })));
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::Notify {
+            reason: "WaitingForHost",
+            ..
+        }
+    )));
     let g = h.s.gauges();
     assert_eq!(g.platforms[P].waiting, 1);
     assert_eq!(g.platforms[P].running, 2);
@@ -99,7 +111,10 @@ fn failed_host_is_skipped_and_recorded_then_all_failed_gives_an_error_secret() {
     assert_eq!(p[0].2, "h2");
     let rec = records(&a, "a");
     assert_eq!(rec.last().unwrap().failed_hosts.as_deref(), Some("h1"));
-    assert!(a.iter().any(|x| matches!(x, Action::Observe(Observation::ProvisionFailed(_)))));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Observe(Observation::ProvisionFailed(_))))
+    );
     let a = h.send(Event::ProvisionFailed {
         op: p[0].0,
         error: "disk full".into(),
@@ -107,7 +122,10 @@ fn failed_host_is_skipped_and_recorded_then_all_failed_gives_an_error_secret() {
     let msg = error_of(&a, "a");
     assert!(msg.contains("h1: connection refused"), "{msg}");
     assert!(msg.contains("h2: disk full"), "{msg}");
-    assert!(a.iter().any(|x| matches!(x, Action::Observe(Observation::AllocationFailed(_)))));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Observe(Observation::AllocationFailed(_))))
+    );
     // Both slots are free again.
     assert_eq!(h.s.gauges().platforms[P].running, 0);
 }
@@ -153,12 +171,21 @@ fn host_backs_off_after_repeated_failures_and_returns() {
             op,
             error: "refused".into(),
         });
-        notes.push(
-            a.iter()
-                .any(|x| matches!(x, Action::Notify { reason: "HostBackedOff", .. })),
-        );
+        notes.push(a.iter().any(|x| {
+            matches!(
+                x,
+                Action::Notify {
+                    reason: "HostBackedOff",
+                    ..
+                }
+            )
+        }));
     }
-    assert_eq!(notes, vec![false, false, true], "trips on the third failure in a row");
+    assert_eq!(
+        notes,
+        vec![false, false, true],
+        "trips on the third failure in a row"
+    );
     // New work does not go to h1 while it backs off (h2 is full): it waits.
     let a = h.submit("ns", "n1", P);
     assert!(provisions(&a).is_empty(), "{a:#?}");
@@ -184,7 +211,10 @@ fn cancel_while_provisioning_removes_the_user_when_the_result_arrives() {
         op,
         otp: "late".into(),
     });
-    assert!(secret(&a, "a").is_none(), "no secret for a finished TaskRun");
+    assert!(
+        secret(&a, "a").is_none(),
+        "no secret for a finished TaskRun"
+    );
     let d = deprovisions(&a);
     assert_eq!(d.len(), 1);
     let a = h.send(Event::Deprovisioned {
@@ -233,7 +263,10 @@ fn duplicate_and_bogus_events_change_nothing() {
         vec!["a"]
     );
     assert!(h.done("ns", "a").is_empty(), "done after cleanup");
-    assert!(h.submit("ns", "a", P).is_empty(), "late create event after done");
+    assert!(
+        h.submit("ns", "a", P).is_empty(),
+        "late create event after done"
+    );
 }
 
 #[test]
@@ -300,10 +333,16 @@ fn deprovision_failures_are_retried_then_reported_and_the_finalizer_released() {
             error: Some("host unreachable".into()),
         });
         if !finalized(&a).is_empty() {
-            assert!(a.iter().any(|x| matches!(x, Action::Observe(Observation::CleanupFailed(_)))));
+            assert!(
+                a.iter()
+                    .any(|x| matches!(x, Action::Observe(Observation::CleanupFailed(_))))
+            );
             break;
         }
-        assert!(deprovisions(&a).is_empty(), "retried after a delay, not at once");
+        assert!(
+            deprovisions(&a).is_empty(),
+            "retried after a delay, not at once"
+        );
         let a = h.wait(400);
         d = deprovisions(&a)[0].0;
         attempts += 1;
@@ -358,7 +397,11 @@ fn namespaces_are_served_round_robin_fifo_within() {
         let a = h.done(&current.0, &current.1);
         let p = provisions(&a);
         let name = p[0].1.clone();
-        let ns = if name.starts_with('q') { "quiet" } else { "burst" };
+        let ns = if name.starts_with('q') {
+            "quiet"
+        } else {
+            "burst"
+        };
         order.push(name.clone());
         current = (ns.to_owned(), name);
     }
