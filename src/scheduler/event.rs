@@ -10,8 +10,9 @@ use crate::platform::Platform;
 /// the current time. Every event may be delivered more than once; duplicates are ignored.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// A TaskRun that needs a build host was seen (created or updated). Send it on every watch
-    /// event; it is idempotent. A rising `retries` is a new attempt.
+    /// A TaskRun that needs a build host and is not done was seen (created or updated). Send
+    /// it on every watch event; it is idempotent. A rising `retries` is a new attempt. Late or
+    /// reordered copies arriving after [`Event::TaskRunDone`] are ignored for an hour.
     TaskRun(TaskRunSpec),
     /// The TaskRun finished (`Succeeded` ≠ `Unknown` and not being retried) or was deleted.
     TaskRunDone {

@@ -9,12 +9,12 @@ const W: f64 = 960.0;
 const PANEL_H: f64 = 220.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 62.0;
 const GAP: f64 = 60.0;
 const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
 
 /// Renders the chart.
-pub fn render(outcomes: &[Outcome], title: &str) -> String {
+pub fn render(outcomes: &[Outcome], title: &str, subtitle: &str) -> String {
     let end = outcomes.iter().map(|o| o.end).fold(3600.0, f64::max);
     let h = TOP + 2.0 * PANEL_H + GAP + 50.0;
     let mut s = String::new();
@@ -27,6 +27,11 @@ pub fn render(outcomes: &[Outcome], title: &str) -> String {
         s,
         r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#,
         escape(title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="{LEFT}" y="40" fill="#555">{}</text>"##,
+        escape(subtitle)
     );
     panel(
         &mut s,
@@ -187,7 +192,7 @@ mod tests {
             end: 3600.0,
             events: 0,
         };
-        let svg = render(&[o("mpc", 7), o("mpc-go", 140)], "t <1>");
+        let svg = render(&[o("mpc", 7), o("mpc-go", 140)], "t <1>", "sub");
         assert!(svg.starts_with("<svg"));
         assert!(svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 4, "2 panels x 2 policies");

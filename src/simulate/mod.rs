@@ -193,12 +193,10 @@ pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
     text.push_str(report::LEGEND);
     text.push('\n');
     if let Some(path) = &args.chart {
-        let title = format!("mpc simulate: {}", workload.description);
-        std::fs::write(path, chart::render(&outcomes, &title)).map_err(|source| {
-            SimulateError::Io {
-                path: path.clone(),
-                source,
-            }
+        let svg = chart::render(&outcomes, "mpc simulate", &workload.description);
+        std::fs::write(path, svg).map_err(|source| SimulateError::Io {
+            path: path.clone(),
+            source,
         })?;
         text.push_str(&format!("chart:    {}\n", path.display()));
     }
