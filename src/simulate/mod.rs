@@ -32,7 +32,7 @@ pub const EXAMPLE_CONFIG: &str = include_str!("example-host-config.yaml");
 #[derive(Debug, thiserror::Error)]
 pub enum SimulateError {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
@@ -48,7 +48,7 @@ pub enum SimulateError {
         message: String,
     },
     /// The trace is unusable.
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Workload {
         /// The file.
         path: PathBuf,
@@ -192,6 +192,10 @@ pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
     text.push('\n');
     text.push_str(report::LEGEND);
     text.push('\n');
+    if args.policy != PolicyChoice::Mpc {
+        text.push_str(report::GO_LEGEND);
+        text.push('\n');
+    }
     if let Some(path) = &args.chart {
         let svg = chart::render(&outcomes, "mpc simulate", &workload.description);
         std::fs::write(path, svg).map_err(|source| SimulateError::Io {

@@ -176,8 +176,10 @@ pub fn render(outcomes: &[Outcome]) -> String {
 pub const LEGEND: &str = "\
 WAIT = TaskRun created -> secret ready (queueing, instance boot, SSH provisioning). UTIL = build
 time / capacity paid for (static: slots x run time; dynamic and pool: instance time x concurrency).
-PEAK = most cloud instances alive at once; INST-H = instance-hours until the end of the run.
-mpc-go models the Go controller's timing: 1-minute requeues with one wake-up per completion,
+PEAK = most cloud instances alive at once; INST-H = instance-hours until the end of the run.";
+
+/// Printed when the Go controller's policy ran.
+pub const GO_LEGEND: &str = "mpc-go models the Go controller's timing: 1-minute requeues with one wake-up per completion,
 first address check 2 minutes after launch then every check-interval, no idle reaping.";
 
 #[cfg(test)]
