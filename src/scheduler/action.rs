@@ -1,0 +1,254 @@
+//! Actions: what the core asks the controller to do.
+//!
+//! Execution rules (the controller's side of the contract):
+//! - Actions about the same TaskRun run in the order returned; others may run concurrently.
+//! - Every action is idempotent: after a crash, re-executing any of them is safe (patches, secret
+//!   create-or-replace, launch with its client token, terminate/deprovision of something gone).
+//! - Actions carrying an [`OpId`] must report exactly one result event echoing it; actions
+//!   without one report nothing (retry transient API errors; a TaskRun that is gone is reported
+//!   as [`Event::TaskRunDone`](super::Event::TaskRunDone)).
+//! - Writes about a TaskRun are conditional on its UID (a recreated TaskRun with the same name is
+//!   a different TaskRun).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ids::{OpId, TaskRunRef};
+use crate::config::{DynamicPlatform, StaticHost};
+use crate::platform::Platform;
+
+/// Something the controller must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Merge-patch the TaskRun's allocation labels and annotations to exactly these values
+    /// (`None` removes the key).
+    Record {
+        /// The TaskRun.
+        taskrun: TaskRunRef,
+        /// The values.
+        placement: Placement,
+    },
+    /// Create the TaskRun's user on a host with a fresh key pair and store the private key in
+    /// the OTP server. Result: [`Event::Provisioned`](super::Event::Provisioned) or
+    /// [`Event::ProvisionFailed`](super::Event::ProvisionFailed).
+    Provision {
+        /// Echoed by the result.
+        op: OpId,
+        /// The TaskRun (the user name is [`TaskRunRef::remote_user`]).
+        taskrun: TaskRunRef,
+        /// Where.
+        host: HostRef,
+    },
+    /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun).
+    WriteSecret {
+        /// The TaskRun.
+        taskrun: TaskRunRef,
+        /// The content.
+        secret: SecretData,
+    },
+    /// Delete the TaskRun's secret if its owner is this TaskRun (UID).
+    DeleteSecret {
+        /// The TaskRun.
+        taskrun: TaskRunRef,
+    },
+    /// Clear `spec.status: TaskRunPending` so the TaskRun starts.
+    Ungate {
+        /// The TaskRun.
+        taskrun: TaskRunRef,
+    },
+    /// Remove our finalizer; the last action about a TaskRun.
+    RemoveFinalizer {
+        /// The TaskRun.
+        taskrun: TaskRunRef,
+    },
+    /// Remove a user from a host: kill its processes, `userdel -r`, remove what provisioning
+    /// created. Result: [`Event::Deprovisioned`](super::Event::Deprovisioned).
+    Deprovision {
+        /// Echoed by the result.
+        op: OpId,
+        /// Which user.
+        user: RemoteUser,
+        /// Where.
+        host: HostRef,
+    },
+    /// Launch an instance from `template`, tagged `MultiPlatformManaged=true`,
+    /// `multi-platform-instance=<template.instance_tag>`, `taskRunID=<taskrun_id>` (when set) and the
+    /// config's additional tags. Result: [`Event::Launched`](super::Event::Launched) or
+    /// [`Event::LaunchFailed`](super::Event::LaunchFailed).
+    Launch {
+        /// Echoed by the result.
+        op: OpId,
+        /// The platform.
+        platform: Arc<Platform>,
+        /// Instance template (region, credentials, AMI, type, ...).
+        template: Arc<DynamicPlatform>,
+        /// EC2 `ClientToken`: a retry of this action with the same token cannot launch twice.
+        client_token: String,
+        /// `<namespace>:<name>` of the TaskRun it is for; `None` for a warm pool instance.
+        taskrun_id: Option<String>,
+    },
+    /// Describe the instance and, when it has an address, try an SSH connection (with a short
+    /// timeout). Result: [`Event::Probed`](super::Event::Probed).
+    Probe {
+        /// Echoed by the result.
+        op: OpId,
+        /// The instance.
+        instance_id: Arc<str>,
+        /// Region and credentials.
+        template: Arc<DynamicPlatform>,
+    },
+    /// Terminate an instance. Result: [`Event::Terminated`](super::Event::Terminated).
+    Terminate {
+        /// Echoed by the result.
+        op: OpId,
+        /// The instance.
+        instance_id: Arc<str>,
+        /// Region and credentials.
+        template: Arc<DynamicPlatform>,
+        /// Why (for the log).
+        reason: &'static str,
+    },
+    /// Set the `taskRunID` tag of an instance handed to another TaskRun.
+    Retag {
+        /// The instance.
+        instance_id: Arc<str>,
+        /// Region and credentials.
+        template: Arc<DynamicPlatform>,
+        /// New `<namespace>:<name>`.
+        taskrun_id: String,
+    },
+    /// Emit a Kubernetes Event (on the TaskRun when set).
+    Notify {
+        /// The TaskRun, if the event is about one.
+        taskrun: Option<TaskRunRef>,
+        /// Normal or Warning.
+        warning: bool,
+        /// CamelCase reason.
+        reason: &'static str,
+        /// Human text.
+        message: String,
+    },
+    /// A measurement for the metrics (design §8).
+    Observe(Observation),
+}
+
+/// Allocation labels and annotations of a TaskRun (design §2).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// `assigned-host` label.
+    pub assigned_host: Option<Arc<str>>,
+    /// `waiting-for-platform` label (platform label value).
+    pub waiting_for_platform: Option<Arc<str>>,
+    /// `failed-hosts` annotation (comma-joined; `None` when empty).
+    pub failed_hosts: Option<String>,
+    /// `cloud-instance-id` annotation.
+    pub instance_id: Option<Arc<str>>,
+    /// `cloud-address` annotation.
+    pub instance_address: Option<Arc<str>>,
+}
+
+/// A build host: a static host or a cloud instance.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostRef {
+    /// A static host as configured when the allocation was made.
+    Static(Arc<StaticHost>),
+    /// A cloud instance.
+    Instance {
+        /// Instance id.
+        id: Arc<str>,
+        /// SSH address.
+        address: Arc<str>,
+        /// Its template (login user, SSH secret, sudo commands, host-key policy).
+        template: Arc<DynamicPlatform>,
+    },
+}
+
+impl HostRef {
+    /// Host name or instance id (the `assigned-host` value).
+    pub fn name(&self) -> &str {
+        match self {
+            HostRef::Static(h) => &h.name,
+            HostRef::Instance { id, .. } => id,
+        }
+    }
+
+    /// SSH address.
+    pub fn address(&self) -> &str {
+        match self {
+            HostRef::Static(h) => &h.address,
+            HostRef::Instance { address, .. } => address,
+        }
+    }
+}
+
+/// A user on a build host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteUser {
+    /// The user of a TaskRun ([`TaskRunRef::remote_user`]).
+    Of(TaskRunRef),
+    /// A user found by a sweep that no allocation owns.
+    Named(String),
+}
+
+impl RemoteUser {
+    /// The user name.
+    pub fn name(&self) -> String {
+        match self {
+            RemoteUser::Of(t) => t.remote_user(),
+            RemoteUser::Named(n) => n.clone(),
+        }
+    }
+}
+
+/// Content of the TaskRun's secret (design §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretData {
+    /// A remote user: `otp`, `host` (`user@address`), `user-dir`; the controller adds `otp-server`
+    /// and `otp-ca`.
+    Remote {
+        /// One-time token.
+        otp: String,
+        /// `user@address`.
+        host: String,
+        /// `/home/<user>`.
+        user_dir: String,
+    },
+    /// `host: localhost`.
+    Localhost,
+    /// `error`: what failed and what to do.
+    Error(String),
+}
+
+/// A measurement (design §8 metric names in the variant docs).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// `wait_time`: time queued for capacity.
+    Waited {
+        /// Platform.
+        platform: Arc<Platform>,
+        /// Duration.
+        wait: Duration,
+    },
+    /// `host_allocation_time`: from allocation start to the secret.
+    Allocated {
+        /// Platform.
+        platform: Arc<Platform>,
+        /// Duration.
+        took: Duration,
+    },
+    /// `task_run_time`: from the secret to the TaskRun finishing.
+    Ran {
+        /// Platform.
+        platform: Arc<Platform>,
+        /// Duration.
+        took: Duration,
+    },
+    /// `provisioning_successes`.
+    ProvisionSucceeded(Arc<Platform>),
+    /// `provisioning_failures`.
+    ProvisionFailed(Arc<Platform>),
+    /// `host_allocation_failures`: the TaskRun got an error secret.
+    AllocationFailed(Arc<Platform>),
+    /// `cleanup_failures`.
+    CleanupFailed(Arc<Platform>),
+}

@@ -1,0 +1,153 @@
+//! Events: what the controller tells the core. Results of actions echo the action's [`OpId`].
+
+use super::ids::{OpId, Uid};
+use super::snapshot::InstanceRecord;
+use super::time::Time;
+use crate::config::HostConfig;
+use crate::platform::Platform;
+
+/// Something that happened. Feed each one to [`Scheduler::handle`](super::Scheduler::handle) with
+/// the current time. Every event may be delivered more than once; duplicates are ignored.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A TaskRun that needs a build host and is not done was seen (created or updated). Send
+    /// it on every watch event; it is idempotent. A rising `retries` is a new attempt. Late or
+    /// reordered copies arriving after [`Event::TaskRunDone`] are ignored for an hour.
+    TaskRun(TaskRunSpec),
+    /// The TaskRun finished (`Succeeded` ≠ `Unknown` and not being retried) or was deleted.
+    TaskRunDone {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// UID.
+        uid: String,
+    },
+    /// [`Action::Provision`](super::Action::Provision) succeeded: the user exists with a fresh key
+    /// and the private key is stored in the OTP server under `otp`.
+    Provisioned {
+        /// The provisioning action.
+        op: OpId,
+        /// One-time token that redeems the private key.
+        otp: String,
+    },
+    /// [`Action::Provision`](super::Action::Provision) failed.
+    ProvisionFailed {
+        /// The provisioning action.
+        op: OpId,
+        /// What went wrong (shown to the user if every host fails).
+        error: String,
+    },
+    /// [`Action::Deprovision`](super::Action::Deprovision) finished.
+    Deprovisioned {
+        /// The deprovisioning action.
+        op: OpId,
+        /// `Some` when it failed.
+        error: Option<String>,
+    },
+    /// [`Action::Launch`](super::Action::Launch) created (or, by its client token, found) an
+    /// instance.
+    Launched {
+        /// The launch action.
+        op: OpId,
+        /// The instance id.
+        instance_id: String,
+    },
+    /// [`Action::Launch`](super::Action::Launch) failed.
+    LaunchFailed {
+        /// The launch action.
+        op: OpId,
+        /// The cloud's message.
+        error: String,
+        /// False for errors a retry cannot fix (bad AMI, denied, invalid parameter).
+        retryable: bool,
+    },
+    /// [`Action::Probe`](super::Action::Probe) finished.
+    Probed {
+        /// The probe action.
+        op: OpId,
+        /// What was found.
+        result: ProbeResult,
+    },
+    /// [`Action::Terminate`](super::Action::Terminate) finished.
+    Terminated {
+        /// The terminate action.
+        op: OpId,
+        /// `Some` when it failed (an instance that no longer exists is a success).
+        error: Option<String>,
+    },
+    /// An instance stopped existing or failed outside our control (spot reclaim, manual
+    /// termination), as seen by a watch or a listing.
+    InstanceGone {
+        /// The instance id.
+        instance_id: String,
+    },
+    /// Periodic sweep: every instance carrying our tags that `platform`'s credentials and region
+    /// can see. Unowned ones past the grace period are terminated.
+    InstancesListed {
+        /// Whose config (credentials, region) listed them.
+        platform: Platform,
+        /// The instances.
+        instances: Vec<InstanceRecord>,
+    },
+    /// Periodic sweep: the `u-*` users present on a static host. Users no allocation owns are
+    /// removed.
+    HostUsersListed {
+        /// Static host name.
+        host: String,
+        /// User names found.
+        users: Vec<String>,
+    },
+    /// A new valid configuration replaced the old one. Applies to new work only.
+    ConfigReplaced(HostConfig),
+    /// Time passed; fires due timers. Send it at [`Scheduler::next_deadline`](super::Scheduler::next_deadline).
+    Tick,
+}
+
+/// What the core needs to know about a TaskRun.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRunSpec {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// The `PLATFORM` param as written (validated by the core).
+    pub platform: String,
+    /// `allocation-start-time` (or creation time when absent): the start of the wait.
+    pub since: Time,
+    /// Number of retries Tekton has started (`status.retriesStatus` length).
+    pub retries: u32,
+    /// `spec.status` is `TaskRunPending` (gated by the webhook).
+    pub gated: bool,
+}
+
+impl TaskRunSpec {
+    /// The UID in its compact form.
+    pub fn uid(&self) -> Uid {
+        Uid::new(&self.uid)
+    }
+}
+
+/// Result of probing a booting instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeResult {
+    /// Still starting, no address yet.
+    Pending,
+    /// Has an address but does not answer SSH yet.
+    Booting {
+        /// The address.
+        address: String,
+    },
+    /// Answers SSH at this address.
+    Reachable {
+        /// The address.
+        address: String,
+    },
+    /// Stopped, terminated, or failed to start.
+    Failed {
+        /// What the cloud says.
+        reason: String,
+    },
+}

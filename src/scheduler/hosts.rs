@@ -1,0 +1,180 @@
+//! Static host pools: least-loaded placement, per-host load accounting and health back-off.
+//!
+//! Hosts with room sit in an ordered set keyed by (load / concurrency, rank by name), so the
+//! least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
+
+use super::arena::Key;
+use super::lifecycle::Placed;
+use super::{
+    Action, HostId, HostRef, NO_PLATFORM, Phase, PlatformId, Scheduler, State, Timer, messages,
+};
+
+/// Least common multiple of 1..=8 (the concurrency range): load / concurrency scaled by it is
+/// an exact integer, so hosts of different sizes compare by true load ratio.
+const RATIO_SCALE: u32 = 840;
+
+impl Scheduler {
+    pub(super) fn place_static(
+        &mut self,
+        p: PlatformId,
+        key: Key,
+        out: &mut Vec<Action>,
+    ) -> Placed {
+        let mut chosen = None;
+        for &(_, _, hid) in &self.platforms[p as usize].avail {
+            if !self.failed_on(key, &self.hosts[hid as usize].name) {
+                chosen = Some(hid);
+                break;
+            }
+        }
+        let Some(hid) = chosen else {
+            let hosts = &self.platforms[p as usize].hosts;
+            let all_failed = !hosts.is_empty()
+                && hosts
+                    .iter()
+                    .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
+            if all_failed {
+                let failed = self
+                    .taskruns
+                    .get(key)
+                    .and_then(|t| t.extra.as_ref())
+                    .map(|e| e.failed.clone())
+                    .unwrap_or_default();
+                let msg = messages::all_hosts_failed(&self.platforms[p as usize].platform, &failed);
+                self.fail(key, msg, out);
+                return Placed::Done;
+            }
+            return Placed::NoRoom;
+        };
+        let def = self.hosts[hid as usize]
+            .def
+            .clone()
+            .expect("only configured hosts are indexed");
+        self.hosts[hid as usize].load += 1;
+        self.reindex_host(hid);
+        self.observe_wait(key, out);
+        let op = self.op_id();
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.state = State::OnHost {
+                host: hid,
+                def: Some(def.clone()),
+                phase: Phase::Provisioning(op),
+            };
+        }
+        self.emit_provision(key, op, HostRef::Static(def), None, out);
+        Placed::Done
+    }
+
+    /// Puts the host in (or takes it out of) its platform's set of hosts with room.
+    pub(super) fn reindex_host(&mut self, hid: HostId) {
+        let h = &mut self.hosts[hid as usize];
+        if let Some(k) = h.indexed.take()
+            && h.platform != NO_PLATFORM
+        {
+            self.platforms[h.platform as usize].avail.remove(&k);
+        }
+        let Some(def) = &h.def else {
+            return;
+        };
+        if h.platform == NO_PLATFORM || h.backoff_until.is_some() || h.load >= def.concurrency {
+            return;
+        }
+        let k = (h.load * RATIO_SCALE / def.concurrency.max(1), h.rank, hid);
+        h.indexed = Some(k);
+        self.platforms[h.platform as usize].avail.insert(k);
+    }
+
+    /// A host entry for a name the config does not have (an allocation found after a restart).
+    pub(super) fn retired_host(&mut self, name: &str) -> HostId {
+        if let Some(&h) = self.host_ids.get(name) {
+            return h;
+        }
+        let h = self.hosts.len() as HostId;
+        let name: std::sync::Arc<str> = name.into();
+        self.hosts.push(super::Host {
+            name: name.clone(),
+            def: None,
+            platform: NO_PLATFORM,
+            rank: u32::MAX,
+            load: 0,
+            indexed: None,
+            failures: 0,
+            backoff_level: 0,
+            backoff_until: None,
+        });
+        self.host_ids.insert(name, h);
+        h
+    }
+
+    /// A TaskRun left the host.
+    pub(super) fn release_host(&mut self, hid: HostId) {
+        let h = &mut self.hosts[hid as usize];
+        h.load = h.load.saturating_sub(1);
+        self.reindex_host(hid);
+    }
+
+    /// Provisioning worked: the host is healthy.
+    pub(super) fn provision_ok_on(&mut self, key: Key, _out: &mut Vec<Action>) {
+        match self.taskruns.get(key).map(|t| &t.state) {
+            Some(State::OnHost { host, .. }) => {
+                let h = &mut self.hosts[*host as usize];
+                h.failures = 0;
+                h.backoff_level = 0;
+            }
+            Some(State::OnInstance { inst, .. }) => {
+                if let Some(i) = self.instances.get_mut(*inst) {
+                    i.provision_failures = 0;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Provisioning failed: after repeated failures the host sits out a back-off period that
+    /// doubles each time it trips again without a success in between.
+    pub(super) fn host_failed(&mut self, hid: HostId, out: &mut Vec<Action>) {
+        let Some(b) = self.policy.host_backoff else {
+            return;
+        };
+        let h = &mut self.hosts[hid as usize];
+        h.failures += 1;
+        if h.failures < b.after_failures || h.backoff_until.is_some() {
+            return;
+        }
+        // One more failure after the back-off trips it again (half-open).
+        h.failures = b.after_failures.saturating_sub(1);
+        let d = b
+            .base
+            .checked_mul(1u32 << h.backoff_level.min(16))
+            .unwrap_or(b.max)
+            .min(b.max);
+        h.backoff_level += 1;
+        let until = self.now + d;
+        h.backoff_until = Some(until);
+        let level = h.backoff_level;
+        let name = h.name.clone();
+        self.reindex_host(hid);
+        self.arm(until, Timer::HostBack(hid, level));
+        out.push(Action::Notify {
+            taskrun: None,
+            warning: true,
+            reason: "HostBackedOff",
+            message: format!(
+                "host {name} failed provisioning {} times in a row; no new builds go to it for {} s",
+                b.after_failures,
+                d.as_secs()
+            ),
+        });
+    }
+
+    pub(super) fn host_back_due(&mut self, hid: HostId, level: u32, out: &mut Vec<Action>) {
+        let h = &mut self.hosts[hid as usize];
+        if h.backoff_level != level || h.backoff_until.is_none() {
+            return;
+        }
+        h.backoff_until = None;
+        let p = h.platform;
+        self.reindex_host(hid);
+        self.capacity_freed(p, out);
+    }
+}

@@ -1,0 +1,153 @@
+//! Identifiers: TaskRun UIDs (stored compactly), operation ids echoed by result events, and the
+//! TaskRun reference carried by actions.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A Kubernetes object UID. Canonical lowercase UUIDs (what the API server issues) are stored in
+/// 16 bytes; anything else is kept as text, so any string round-trips exactly.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Uid(Repr);
+
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Repr {
+    // Two halves rather than a u128: keeps the alignment (and so the struct size) at 8.
+    Uuid([u64; 2]),
+    Text(Box<str>),
+}
+
+impl Uid {
+    /// Wraps a UID string.
+    pub fn new(s: &str) -> Self {
+        match parse_uuid(s) {
+            Some(halves) => Uid(Repr::Uuid(halves)),
+            None => Uid(Repr::Text(s.into())),
+        }
+    }
+}
+
+impl From<&str> for Uid {
+    fn from(s: &str) -> Self {
+        Uid::new(s)
+    }
+}
+
+/// Parses `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lowercase hex only, so formatting round-trips).
+fn parse_uuid(s: &str) -> Option<[u64; 2]> {
+    let b = s.as_bytes();
+    if b.len() != 36 {
+        return None;
+    }
+    let mut v: u128 = 0;
+    for (i, &c) in b.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if c != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => return None,
+        };
+        v = (v << 4) | u128::from(d);
+    }
+    Some([(v >> 64) as u64, v as u64])
+}
+
+impl fmt::Display for Uid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Text(s) => f.write_str(s),
+            Repr::Uuid([hi, lo]) => {
+                let v = (u128::from(*hi) << 64) | u128::from(*lo);
+                let h = format!("{v:032x}");
+                write!(
+                    f,
+                    "{}-{}-{}-{}-{}",
+                    &h[..8],
+                    &h[8..12],
+                    &h[12..16],
+                    &h[16..20],
+                    &h[20..]
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Uid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Uid({self})")
+    }
+}
+
+/// Identifies one action with an outcome; the result event echoes it. Unique for the life of a
+/// [`Scheduler`](super::Scheduler); results for ids it no longer waits for are ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+impl fmt::Display for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op-{}", self.0)
+    }
+}
+
+/// The TaskRun an action is about. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRunRef {
+    /// Namespace.
+    pub namespace: Arc<str>,
+    /// Name.
+    pub name: Arc<str>,
+    /// UID: patches and secret deletions must be conditional on it (a TaskRun may be deleted and
+    /// recreated with the same name).
+    pub uid: Uid,
+}
+
+impl TaskRunRef {
+    /// `multi-platform-ssh-<name>`.
+    pub fn secret_name(&self) -> String {
+        crate::contract::secret_name(&self.name)
+    }
+
+    /// `<namespace>:<name>`, the `taskRunID` instance tag.
+    pub fn id(&self) -> String {
+        crate::contract::taskrun_id(&self.namespace, &self.name)
+    }
+
+    /// The remote user provisioned for this TaskRun (`u-<md5>`).
+    pub fn remote_user(&self) -> String {
+        crate::contract::remote_user_name(&self.name, &self.namespace)
+    }
+}
+
+impl fmt::Display for TaskRunRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_round_trips_and_is_compact() {
+        let s = "0f8e2a9c-1b2d-4e3f-8a9b-0c1d2e3f4a5b";
+        let u = Uid::new(s);
+        assert!(matches!(u.0, Repr::Uuid(_)));
+        assert_eq!(u.to_string(), s);
+        assert_eq!(std::mem::size_of::<Uid>(), 24);
+    }
+
+    #[test]
+    fn other_uids_are_kept_verbatim() {
+        for s in ["uid-1", "0F8E2A9C-1B2D-4E3F-8A9B-0C1D2E3F4A5B", ""] {
+            let u = Uid::new(s);
+            assert!(matches!(u.0, Repr::Text(_)), "{s}");
+            assert_eq!(u.to_string(), s);
+        }
+    }
+}

@@ -1,0 +1,874 @@
+//! TaskRun lifecycle: admission, queueing, hand-off, provisioning results, completion, retries,
+//! error secrets and finalizers. Strategy-specific placement lives in `hosts` and `fleet`.
+
+use std::sync::Arc;
+
+use super::arena::Key;
+use super::queue::Entry;
+use super::{
+    Action, Extra, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement, PlatformId,
+    RemoteUser, Scheduler, SecretData, State, TaskRun, TaskRunSpec, Timer, Uid, messages,
+};
+use crate::platform::Platform;
+
+/// Outcome of trying to place a waiter.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Placed {
+    /// Placed (or routed to a terminal state: local, error).
+    Done,
+    /// No room now; keep waiting.
+    NoRoom,
+}
+
+impl Scheduler {
+    pub(super) fn on_taskrun(&mut self, spec: TaskRunSpec, out: &mut Vec<Action>) {
+        let uid = spec.uid();
+        if self.tombstones.contains_key(&uid) {
+            return;
+        }
+        if let Some(&key) = self.by_uid.get(&uid) {
+            let Some(t) = self.taskruns.get_mut(key) else {
+                return;
+            };
+            if !spec.gated {
+                t.gated = false;
+            }
+            if spec.retries > t.retries {
+                t.retries = spec.retries;
+                self.new_attempt(key, out);
+            }
+            return;
+        }
+        let ns = self.intern_ns(&spec.namespace);
+        let parsed = Platform::parse(&spec.platform);
+        let platform = match &parsed {
+            Ok(p) => self.platform_id(p),
+            Err(_) => NO_PLATFORM,
+        };
+        let key = self.taskruns.insert(TaskRun {
+            uid: uid.clone(),
+            name: spec.name.as_str().into(),
+            ns,
+            platform,
+            retries: spec.retries,
+            gated: spec.gated,
+            recorded: false,
+            since: spec.since,
+            queued: self.now.max(spec.since),
+            state: State::Failed,
+            extra: None,
+        });
+        self.by_uid.insert(uid, key);
+        match parsed {
+            Err(e) => {
+                let msg = messages::bad_platform(&spec.platform, &e.to_string());
+                self.fail(key, msg, out);
+            }
+            Ok(_) => self.admit(key, false, out),
+        }
+    }
+
+    /// Routes a TaskRun that needs a host by its platform's current mode.
+    pub(super) fn admit(&mut self, key: Key, retry: bool, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get(key) else {
+            return;
+        };
+        let p = t.platform;
+        if p == NO_PLATFORM {
+            return;
+        }
+        match self.platforms[p as usize].mode.clone() {
+            Mode::Local => {
+                self.clear_placement(key, out);
+                if let Some(t) = self.taskruns.get_mut(key) {
+                    t.state = State::Local;
+                }
+                self.write_secret(key, SecretData::Localhost, out);
+            }
+            Mode::Disabled(reason) => {
+                let msg = messages::disabled(&self.platforms[p as usize].platform, &reason);
+                self.fail(key, msg, out);
+            }
+            Mode::Unknown => {
+                let msg =
+                    messages::unknown_platform(&self.platforms[p as usize].platform, &self.config);
+                self.fail(key, msg, out);
+            }
+            Mode::Static | Mode::Dynamic(_) | Mode::Pool(_) => self.enqueue(key, retry, out),
+        }
+    }
+
+    /// Queues a TaskRun and serves the platform. Marks it waiting only when it could not be
+    /// placed at once.
+    pub(super) fn enqueue(&mut self, key: Key, retry: bool, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        let p = t.platform;
+        if retry && self.hopeless(p, key, out) {
+            return;
+        }
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        let ticket = self.next_ticket;
+        self.next_ticket = self.next_ticket.wrapping_add(1);
+        t.state = State::Waiting { ticket, retry };
+        t.queued = self.now;
+        let ns = t.ns;
+        let mut ahead = 0;
+        match self.policy.handoff {
+            super::Handoff::Immediate => {
+                if retry {
+                    self.platforms[p as usize].retry.push(key);
+                } else {
+                    ahead = self.platforms[p as usize].queue.push(
+                        ns,
+                        Entry {
+                            taskrun: key,
+                            ticket,
+                        },
+                    );
+                }
+                self.pump(p, out);
+            }
+            super::Handoff::Poll { requeue } => {
+                // A TaskRun that finds room takes it, whoever waits (Go behaviour).
+                if self.place(p, key, out) == Placed::NoRoom {
+                    if !retry {
+                        ahead = self.platforms[p as usize].queue.push(
+                            ns,
+                            Entry {
+                                taskrun: key,
+                                ticket,
+                            },
+                        );
+                    }
+                    let at = self.now + requeue;
+                    self.arm(at, Timer::Requeue(key, ticket));
+                }
+            }
+        }
+        if self.is_waiting(key) {
+            self.mark_waiting(key, ahead, out);
+        }
+    }
+
+    /// A waiter that already failed everywhere it may go gets its error secret now rather than
+    /// when room appears.
+    fn hopeless(&mut self, p: PlatformId, key: Key, out: &mut Vec<Action>) -> bool {
+        match self.platforms[p as usize].mode {
+            Mode::Static => {
+                let hosts = &self.platforms[p as usize].hosts;
+                let all_failed = !hosts.is_empty()
+                    && hosts
+                        .iter()
+                        .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
+                if all_failed {
+                    let failed = self
+                        .taskruns
+                        .get(key)
+                        .and_then(|t| t.extra.as_ref())
+                        .map(|e| e.failed.clone())
+                        .unwrap_or_default();
+                    let msg =
+                        messages::all_hosts_failed(&self.platforms[p as usize].platform, &failed);
+                    self.fail(key, msg, out);
+                }
+                all_failed
+            }
+            Mode::Dynamic(_) | Mode::Pool(_) => {
+                let exhausted = self.failures(key) >= self.policy.instance_attempts;
+                if exhausted {
+                    self.fail_instances(key, p, out);
+                }
+                exhausted
+            }
+            _ => false,
+        }
+    }
+
+    fn mark_waiting(&mut self, key: Key, ahead: usize, out: &mut Vec<Action>) {
+        let (Some(taskrun), Some(t)) = (self.taskrun_ref(key), self.taskruns.get(key)) else {
+            return;
+        };
+        let ps = &self.platforms[t.platform as usize];
+        let label = ps.label.clone();
+        let message = messages::waiting(&ps.platform, ahead);
+        let failed = failed_hosts(t);
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.recorded = false;
+        }
+        out.push(Action::Record {
+            taskrun: taskrun.clone(),
+            placement: Placement {
+                waiting_for_platform: Some(label),
+                failed_hosts: failed,
+                ..Placement::default()
+            },
+        });
+        out.push(Action::Notify {
+            taskrun: Some(taskrun),
+            warning: false,
+            reason: "WaitingForHost",
+            message,
+        });
+    }
+
+    pub(super) fn is_waiting(&self, key: Key) -> bool {
+        matches!(
+            self.taskruns.get(key).map(|t| &t.state),
+            Some(State::Waiting { .. })
+        )
+    }
+
+    /// Serves waiters while the platform has room (immediate hand-off only).
+    pub(super) fn pump(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+        if self.policy.handoff != super::Handoff::Immediate || p == NO_PLATFORM {
+            return;
+        }
+        // Waiters that failed somewhere first: they have waited longest.
+        let mut i = 0;
+        while i < self.platforms[p as usize].retry.len() && self.has_room(p) {
+            let key = self.platforms[p as usize].retry[i];
+            let live = matches!(
+                self.taskruns.get(key).map(|t| &t.state),
+                Some(State::Waiting { retry: true, .. })
+            ) && self.taskruns.get(key).map(|t| t.platform) == Some(p);
+            if !live || self.place(p, key, out) == Placed::Done {
+                self.platforms[p as usize].retry.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        while self.has_room(p) {
+            let Some(entry) = self.pop_waiter(p) else {
+                break;
+            };
+            if self.place(p, entry.taskrun, out) == Placed::NoRoom {
+                // Cannot happen for a waiter without failures; keep it served first anyway.
+                if let Some(State::Waiting { retry, .. }) =
+                    self.taskruns.get_mut(entry.taskrun).map(|t| &mut t.state)
+                {
+                    *retry = true;
+                }
+                self.platforms[p as usize].retry.insert(0, entry.taskrun);
+                break;
+            }
+        }
+    }
+
+    /// Next live waiter of the fair queue.
+    pub(super) fn pop_waiter(&mut self, p: PlatformId) -> Option<Entry> {
+        let taskruns = &self.taskruns;
+        self.platforms[p as usize].queue.pop(|e| {
+            matches!(
+                taskruns.get(e.taskrun).map(|t| (&t.state, t.platform)),
+                Some((State::Waiting { ticket, retry: false }, tp)) if *ticket == e.ticket && tp == p
+            )
+        })
+    }
+
+    /// Capacity of `p` was freed: hand it over now, or (polling) wake one waiter.
+    pub(super) fn capacity_freed(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+        if p == NO_PLATFORM {
+            return;
+        }
+        match self.policy.handoff {
+            super::Handoff::Immediate => self.pump(p, out),
+            super::Handoff::Poll { .. } => {
+                if self.has_room(p)
+                    && let Some(entry) = self.pop_waiter(p)
+                {
+                    let _ = self.place(p, entry.taskrun, out);
+                }
+            }
+        }
+    }
+
+    pub(super) fn requeue_due(&mut self, key: Key, ticket: u32, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get(key) else {
+            return;
+        };
+        if !matches!(t.state, State::Waiting { ticket: tk, .. } if tk == ticket) {
+            return;
+        }
+        let p = t.platform;
+        if self.place(p, key, out) == Placed::NoRoom
+            && let super::Handoff::Poll { requeue } = self.policy.handoff
+        {
+            let at = self.now + requeue;
+            self.arm(at, Timer::Requeue(key, ticket));
+        }
+    }
+
+    /// True when a waiter without failures could be placed now.
+    pub(super) fn has_room(&self, p: PlatformId) -> bool {
+        let ps = &self.platforms[p as usize];
+        match &ps.mode {
+            Mode::Static => !ps.avail.is_empty(),
+            Mode::Dynamic(t) => ps.instances < t.max_instances,
+            Mode::Pool(pool) => {
+                !ps.ready.is_empty()
+                    || !ps.booting.is_empty()
+                    || ps.instances < pool.instance.max_instances
+            }
+            // Waiters of these are routed (secret written) by placement.
+            Mode::Local | Mode::Disabled(_) | Mode::Unknown => true,
+        }
+    }
+
+    /// Tries to place one waiter by the platform's current mode.
+    pub(super) fn place(&mut self, p: PlatformId, key: Key, out: &mut Vec<Action>) -> Placed {
+        match self.platforms[p as usize].mode.clone() {
+            Mode::Static => self.place_static(p, key, out),
+            Mode::Dynamic(template) => self.place_dynamic(p, key, template, out),
+            Mode::Pool(pool) => self.place_pool(p, key, pool, out),
+            Mode::Local | Mode::Disabled(_) | Mode::Unknown => {
+                self.admit(key, false, out);
+                Placed::Done
+            }
+        }
+    }
+
+    /// Time spent queued, observed when a waiter leaves the queue.
+    pub(super) fn observe_wait(&mut self, key: Key, out: &mut Vec<Action>) {
+        if let Some(t) = self.taskruns.get(key) {
+            out.push(Action::Observe(Observation::Waited {
+                platform: self.platforms[t.platform as usize].platform.clone(),
+                wait: self.now.since(t.queued),
+            }));
+        }
+    }
+
+    /// Writes the error secret; the TaskRun then runs and fails with the message.
+    pub(super) fn fail(&mut self, key: Key, message: String, out: &mut Vec<Action>) {
+        self.clear_placement(key, out);
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        t.state = State::Failed;
+        let p = t.platform;
+        if p != NO_PLATFORM && self.platforms[p as usize].mode != Mode::Unknown {
+            out.push(Action::Observe(Observation::AllocationFailed(
+                self.platforms[p as usize].platform.clone(),
+            )));
+        }
+        if let Some(r) = self.taskrun_ref(key) {
+            out.push(Action::Notify {
+                taskrun: Some(r),
+                warning: true,
+                reason: "AllocationFailed",
+                message: message.clone(),
+            });
+        }
+        self.write_secret(key, SecretData::Error(message), out);
+    }
+
+    /// Clears allocation labels left from an earlier placement (keeping `failed-hosts`).
+    pub(super) fn clear_placement(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        if !t.recorded {
+            return;
+        }
+        t.recorded = false;
+        let failed = failed_hosts(t);
+        if let Some(taskrun) = self.taskrun_ref(key) {
+            out.push(Action::Record {
+                taskrun,
+                placement: Placement {
+                    failed_hosts: failed,
+                    ..Placement::default()
+                },
+            });
+        }
+    }
+
+    /// Writes the secret and un-gates the TaskRun.
+    pub(super) fn write_secret(&mut self, key: Key, secret: SecretData, out: &mut Vec<Action>) {
+        let Some(taskrun) = self.taskrun_ref(key) else {
+            return;
+        };
+        out.push(Action::WriteSecret {
+            taskrun: taskrun.clone(),
+            secret,
+        });
+        if let Some(t) = self.taskruns.get_mut(key)
+            && t.gated
+        {
+            t.gated = false;
+            out.push(Action::Ungate { taskrun });
+        }
+    }
+
+    /// Tekton started another attempt: the previous key was consumed, so hand out a fresh one.
+    fn new_attempt(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        match &t.state {
+            // A malformed PLATFORM param stays malformed: the error secret stands.
+            State::Failed if t.platform == NO_PLATFORM => {}
+            State::Failed => {
+                // A new attempt gets a new chance (the error may have been transient).
+                t.extra = None;
+                self.delete_secret(key, out);
+                self.admit(key, false, out);
+            }
+            State::OnHost {
+                host,
+                def,
+                phase: Phase::Ready(_),
+            } => {
+                let host = *host;
+                let def = def
+                    .clone()
+                    .or_else(|| self.hosts[host as usize].def.clone());
+                self.delete_secret(key, out);
+                let Some(def) = def else {
+                    // The host left the config: start over elsewhere.
+                    let name = self.hosts[host as usize].name.clone();
+                    if let Some(t) = self.taskruns.get_mut(key) {
+                        t.extra
+                            .get_or_insert_with(Box::<Extra>::default)
+                            .failed
+                            .push((name, "the host is no longer configured".to_owned()));
+                    }
+                    self.release_host(host);
+                    let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
+                    self.enqueue(key, true, out);
+                    self.capacity_freed(p, out);
+                    return;
+                };
+                let op = self.op_id();
+                let target = HostRef::Static(def.clone());
+                if let Some(t) = self.taskruns.get_mut(key) {
+                    t.state = State::OnHost {
+                        host,
+                        def: Some(def),
+                        phase: Phase::Provisioning(op),
+                    };
+                }
+                self.emit_provision(key, op, target, None, out);
+            }
+            State::OnInstance {
+                inst,
+                phase: Phase::Ready(_),
+            } => {
+                let inst = *inst;
+                self.delete_secret(key, out);
+                self.reprovision_on_instance(key, inst, out);
+            }
+            // Nothing handed out yet (or nothing to hand out): the next secret is fresh anyway.
+            _ => {}
+        }
+    }
+
+    pub(super) fn delete_secret(&mut self, key: Key, out: &mut Vec<Action>) {
+        if let Some(taskrun) = self.taskrun_ref(key) {
+            out.push(Action::DeleteSecret { taskrun });
+        }
+    }
+
+    /// Records the placement and asks for provisioning.
+    pub(super) fn emit_provision(
+        &mut self,
+        key: Key,
+        op: OpId,
+        host: HostRef,
+        instance_annotations: Option<(Arc<str>, Arc<str>)>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(taskrun) = self.taskrun_ref(key) else {
+            return;
+        };
+        let failed = self.taskruns.get(key).and_then(failed_hosts);
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.recorded = true;
+        }
+        let assigned: Arc<str> = match &host {
+            HostRef::Static(h) => h.name.as_str().into(),
+            HostRef::Instance { id, .. } => id.clone(),
+        };
+        let (instance_id, instance_address) = match instance_annotations {
+            Some((id, addr)) => (Some(id), Some(addr)),
+            None => (None, None),
+        };
+        out.push(Action::Record {
+            taskrun: taskrun.clone(),
+            placement: Placement {
+                assigned_host: Some(assigned),
+                waiting_for_platform: None,
+                failed_hosts: failed,
+                instance_id,
+                instance_address,
+            },
+        });
+        self.ops.insert(
+            op,
+            Op::Provision {
+                tr: key,
+                host: host.clone(),
+                compensate: false,
+            },
+        );
+        out.push(Action::Provision { op, taskrun, host });
+    }
+
+    pub(super) fn on_provisioned(
+        &mut self,
+        op: OpId,
+        result: Result<String, String>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(Op::Provision {
+            tr,
+            host,
+            compensate,
+        }) = self.take_op(op, |o| matches!(o, Op::Provision { .. }))
+        else {
+            return;
+        };
+        if compensate {
+            // The TaskRun went away while its user was being created: remove the user.
+            let p = self.taskruns.get(tr).map_or(NO_PLATFORM, |t| t.platform);
+            if let Some(r) = self.taskrun_ref(tr) {
+                self.deprovision(Some(tr), p, RemoteUser::Of(r), host, out);
+            }
+            return;
+        }
+        let Some(t) = self.taskruns.get(tr) else {
+            return;
+        };
+        let current = match &t.state {
+            State::OnHost { phase, .. } | State::OnInstance { phase, .. } => {
+                *phase == Phase::Provisioning(op)
+            }
+            _ => false,
+        };
+        if !current {
+            return;
+        }
+        let p = t.platform;
+        let platform = self.platforms[p as usize].platform.clone();
+        match result {
+            Ok(otp) => {
+                let since = t.since;
+                match &mut self.taskruns.get_mut(tr).expect("checked above").state {
+                    State::OnHost { phase, .. } | State::OnInstance { phase, .. } => {
+                        *phase = Phase::Ready(self.now);
+                    }
+                    _ => {}
+                }
+                self.provision_ok_on(tr, out);
+                let Some(r) = self.taskrun_ref(tr) else {
+                    return;
+                };
+                let user = r.remote_user();
+                let secret = SecretData::Remote {
+                    otp,
+                    host: format!("{user}@{}", host.address()),
+                    user_dir: format!("/home/{user}"),
+                };
+                self.write_secret(tr, secret, out);
+                out.push(Action::Observe(Observation::ProvisionSucceeded(
+                    platform.clone(),
+                )));
+                out.push(Action::Observe(Observation::Allocated {
+                    platform,
+                    took: self.now.since(since),
+                }));
+            }
+            Err(error) => {
+                out.push(Action::Observe(Observation::ProvisionFailed(platform)));
+                let name: Arc<str> = host.name().into();
+                if let Some(r) = self.taskrun_ref(tr) {
+                    out.push(Action::Notify {
+                        taskrun: Some(r),
+                        warning: true,
+                        reason: "ProvisioningFailed",
+                        message: format!("provisioning on {name} failed: {error}; trying again"),
+                    });
+                }
+                let t = self.taskruns.get_mut(tr).expect("checked above");
+                t.extra
+                    .get_or_insert_with(Box::<Extra>::default)
+                    .failed
+                    .push((name, error));
+                match t.state {
+                    State::OnHost { host: hid, .. } => {
+                        let r = self.taskrun_ref(tr).expect("live");
+                        self.deprovision(None, p, RemoteUser::Of(r), host, out);
+                        self.host_failed(hid, out);
+                        self.release_host(hid);
+                        self.enqueue(tr, true, out);
+                        self.capacity_freed(p, out);
+                    }
+                    State::OnInstance { inst, .. } => {
+                        self.provision_failed_on_instance(tr, inst, host, out);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Removes an op if it is of the expected kind (a result echoing another kind's id is bogus
+    /// and changes nothing).
+    pub(super) fn take_op(&mut self, op: OpId, kind: impl Fn(&Op) -> bool) -> Option<Op> {
+        if !self.ops.get(&op).is_some_and(kind) {
+            return None;
+        }
+        self.ops.remove(&op)
+    }
+
+    /// Asks for a user's removal; `tr` (a finished TaskRun) waits for the result.
+    pub(super) fn deprovision(
+        &mut self,
+        tr: Option<Key>,
+        platform: PlatformId,
+        user: RemoteUser,
+        host: HostRef,
+        out: &mut Vec<Action>,
+    ) {
+        let op = Op::Deprovision {
+            tr,
+            platform,
+            user,
+            host,
+            attempt: 0,
+        };
+        self.reissue(op, out);
+    }
+
+    /// Issues (or re-issues after a delay) a cleanup operation under a new id.
+    pub(super) fn reissue(&mut self, op: Op, out: &mut Vec<Action>) {
+        if let Op::Deprovision { user, host, .. } = &op {
+            let id = self.op_id();
+            out.push(Action::Deprovision {
+                op: id,
+                user: user.clone(),
+                host: host.clone(),
+            });
+            self.ops.insert(id, op);
+        }
+    }
+
+    pub(super) fn on_deprovisioned(
+        &mut self,
+        op: OpId,
+        error: Option<String>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(Op::Deprovision {
+            tr,
+            platform,
+            user,
+            host,
+            attempt,
+        }) = self.take_op(op, |o| matches!(o, Op::Deprovision { .. }))
+        else {
+            return;
+        };
+        if let Some(error) = error {
+            if attempt + 1 < self.policy.cleanup_attempts {
+                self.next_timer += 1;
+                let seq = self.next_timer;
+                let delay = backoff(self.policy.cleanup_backoff, attempt);
+                self.delayed.insert(
+                    seq,
+                    Op::Deprovision {
+                        tr,
+                        platform,
+                        user,
+                        host,
+                        attempt: attempt + 1,
+                    },
+                );
+                let at = self.now + delay;
+                self.arm(at, Timer::Delayed(seq));
+                return;
+            }
+            if platform != NO_PLATFORM {
+                out.push(Action::Observe(Observation::CleanupFailed(
+                    self.platforms[platform as usize].platform.clone(),
+                )));
+            }
+            out.push(Action::Notify {
+                taskrun: tr.and_then(|k| self.taskrun_ref(k)),
+                warning: true,
+                reason: "CleanupFailed",
+                message: messages::cleanup_failed(&user.name(), host.name(), &error),
+            });
+        }
+        if let Some(tr) = tr {
+            self.cleanup_done(tr, out);
+        }
+    }
+
+    /// One pending cleanup of a finished TaskRun completed.
+    pub(super) fn cleanup_done(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        if let State::Cleanup { pending } = &mut t.state {
+            *pending = pending.saturating_sub(1);
+            if *pending == 0 {
+                self.finalize(key, out);
+            }
+        }
+    }
+
+    /// Removes the finalizer and forgets the TaskRun.
+    pub(super) fn finalize(&mut self, key: Key, out: &mut Vec<Action>) {
+        if let Some(taskrun) = self.taskrun_ref(key) {
+            out.push(Action::RemoveFinalizer { taskrun });
+        }
+        if let Some(t) = self.taskruns.remove(key) {
+            self.by_uid.remove(&t.uid);
+            self.tombstone(t.uid);
+        }
+    }
+
+    fn tombstone(&mut self, uid: Uid) {
+        self.tombstones.insert(uid.clone(), self.now);
+        self.tombstone_order.push_back((self.now, uid));
+    }
+
+    pub(super) fn on_done(&mut self, ns: &str, name: &str, uid: &str, out: &mut Vec<Action>) {
+        let uid = Uid::new(uid);
+        let Some(&key) = self.by_uid.get(&uid) else {
+            if self.tombstones.contains_key(&uid) {
+                return;
+            }
+            // Never seen (finished before we caught up): nothing allocated, just let it go.
+            let taskrun = super::TaskRunRef {
+                namespace: ns.into(),
+                name: name.into(),
+                uid: uid.clone(),
+            };
+            out.push(Action::DeleteSecret {
+                taskrun: taskrun.clone(),
+            });
+            out.push(Action::RemoveFinalizer { taskrun });
+            self.tombstone(uid);
+            return;
+        };
+        let t = self.taskruns.get_mut(key).expect("indexed TaskRuns exist");
+        let p = t.platform;
+        let state = std::mem::replace(&mut t.state, State::Cleanup { pending: 0 });
+        let pending = match state {
+            State::Cleanup { pending } => {
+                // Duplicate: keep waiting for what is pending.
+                t.state = State::Cleanup { pending };
+                return;
+            }
+            State::Waiting { .. } => 0,
+            State::Local | State::Failed => {
+                self.delete_secret(key, out);
+                0
+            }
+            State::OnHost { host, def, phase } => {
+                self.release_host(host);
+                let pending = match phase {
+                    Phase::Ready(at) => {
+                        self.observe_ran(p, at, out);
+                        self.delete_secret(key, out);
+                        let r = self.taskrun_ref(key).expect("live");
+                        match def.or_else(|| self.hosts[host as usize].def.clone()) {
+                            Some(def) => {
+                                self.deprovision(
+                                    Some(key),
+                                    p,
+                                    RemoteUser::Of(r),
+                                    HostRef::Static(def),
+                                    out,
+                                );
+                                1
+                            }
+                            None => {
+                                // No address or credentials: the host sweep cleans up if it returns.
+                                let host = self.hosts[host as usize].name.clone();
+                                out.push(Action::Notify {
+                                    taskrun: Some(r.clone()),
+                                    warning: true,
+                                    reason: "CleanupFailed",
+                                    message: messages::cleanup_failed(
+                                        &r.remote_user(),
+                                        &host,
+                                        "the host is no longer in the host-config",
+                                    ),
+                                });
+                                0
+                            }
+                        }
+                    }
+                    Phase::Provisioning(op) => {
+                        if let Some(Op::Provision { compensate, .. }) = self.ops.get_mut(&op) {
+                            *compensate = true;
+                            1
+                        } else {
+                            0
+                        }
+                    }
+                    Phase::Reserved => 0,
+                };
+                self.capacity_freed(p, out);
+                pending
+            }
+            State::OnInstance { inst, phase } => self.leave_instance(key, inst, phase, out),
+        };
+        if let Some(t) = self.taskruns.get_mut(key)
+            && let State::Cleanup { pending: slot } = &mut t.state
+        {
+            *slot = pending;
+        }
+        if pending == 0 {
+            self.finalize(key, out);
+        }
+    }
+
+    pub(super) fn observe_ran(&self, p: PlatformId, at: super::Time, out: &mut Vec<Action>) {
+        out.push(Action::Observe(Observation::Ran {
+            platform: self.platforms[p as usize].platform.clone(),
+            took: self.now.since(at),
+        }));
+    }
+
+    /// Number of provisioning failures recorded for a TaskRun.
+    pub(super) fn failures(&self, key: Key) -> u32 {
+        self.taskruns
+            .get(key)
+            .and_then(|t| t.extra.as_ref())
+            .map_or(0, |e| e.failed.len() as u32)
+    }
+
+    /// True when `name` failed for this TaskRun.
+    pub(super) fn failed_on(&self, key: Key, name: &str) -> bool {
+        self.taskruns
+            .get(key)
+            .and_then(|t| t.extra.as_ref())
+            .is_some_and(|e| e.failed.iter().any(|(n, _)| &**n == name))
+    }
+}
+
+/// The `failed-hosts` annotation value.
+pub(super) fn failed_hosts(t: &TaskRun) -> Option<String> {
+    let e = t.extra.as_ref()?;
+    if e.failed.is_empty() {
+        return None;
+    }
+    let mut names: Vec<&str> = e.failed.iter().map(|(n, _)| &**n).collect();
+    names.dedup();
+    Some(names.join(","))
+}
+
+/// `base * 2^attempt`, at most five minutes.
+pub(super) fn backoff(base: std::time::Duration, attempt: u32) -> std::time::Duration {
+    let max = std::time::Duration::from_secs(300);
+    base.checked_mul(1u32 << attempt.min(16))
+        .unwrap_or(max)
+        .min(max)
+}

@@ -1,0 +1,497 @@
+//! The scheduler core: a pure, deterministic allocation engine for the four strategies (local,
+//! static host pool, dynamic instance per TaskRun, dynamic instance pool).
+//!
+//! Events in ([`Event`]), actions out ([`Action`]). The core never does I/O and never reads a
+//! clock: every call to [`Scheduler::handle`] passes `now`, and [`Scheduler::next_deadline`] says
+//! when the controller must send [`Event::Tick`]. Given the same events at the same times it
+//! returns the same actions (no hash-order iteration anywhere).
+//!
+//! Guarantees (design §5), whatever the order of events, duplicates, replays or restarts:
+//! - a static host never gets more new allocations than its `concurrency`, and a platform never
+//!   more launched-or-booting instances than `max-instances`;
+//! - waiters are served FIFO per platform, round-robin across namespaces, and a freed slot is
+//!   handed out in the same step ([`Handoff::Immediate`]);
+//! - every result carries the [`OpId`] of its action; results the core no longer waits for are
+//!   ignored, or compensated when they created something (a user provisioned for a TaskRun that
+//!   went away is removed; an instance launched for one is handed to a waiter or terminated);
+//! - an allocation keeps the strategy and host definition it was made with: deallocation never
+//!   consults the current config;
+//! - after a restart, [`Scheduler::recover`] rebuilds the whole ledger from a [`Snapshot`]
+//!   (TaskRun labels and annotations, listed instances) before anything is allocated.
+//!
+//! Costs: placing a waiter is O(log hosts + log namespaces) (least-loaded hosts and free pool
+//! slots live in ordered sets; waiters in per-namespace queues), lookups by UID are O(log n);
+//! no decision scans all TaskRuns. Sweeps and config changes are linear, and rare.
+
+mod action;
+mod arena;
+mod event;
+mod fleet;
+mod hosts;
+mod ids;
+mod lifecycle;
+mod messages;
+mod policy;
+mod queue;
+mod reconfig;
+mod recovery;
+mod snapshot;
+mod stats;
+mod sweep;
+mod time;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
+pub use event::{Event, ProbeResult, TaskRunSpec};
+pub use ids::{OpId, TaskRunRef, Uid};
+pub use policy::{Handoff, HostBackoff, Policy};
+pub use snapshot::{InstanceRecord, InstanceState, SecretKind, Snapshot, TaskRunRecord};
+pub use stats::{Gauges, LedgerSize, PlatformGauges};
+pub use time::Time;
+
+use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
+use crate::platform::Platform;
+use arena::{Arena, Key};
+use queue::{FairQueue, NsId};
+
+/// Index into the platform table.
+type PlatformId = u32;
+/// Index into the host table.
+type HostId = u32;
+
+/// The scheduler core. See the module docs.
+pub struct Scheduler {
+    policy: Policy,
+    config: HostConfig,
+    now: Time,
+    next_op: u64,
+    next_ticket: u32,
+    next_timer: u64,
+    taskruns: Arena<TaskRun>,
+    by_uid: BTreeMap<Uid, Key>,
+    /// UIDs of TaskRuns finished recently: late or reordered events for them are ignored.
+    tombstones: BTreeMap<Uid, Time>,
+    tombstone_order: std::collections::VecDeque<(Time, Uid)>,
+    namespaces: Vec<Arc<str>>,
+    ns_ids: BTreeMap<Arc<str>, NsId>,
+    platforms: Vec<PlatformState>,
+    platform_ids: BTreeMap<Platform, PlatformId>,
+    hosts: Vec<Host>,
+    host_ids: BTreeMap<Arc<str>, HostId>,
+    instances: Arena<Instance>,
+    instance_ids: BTreeMap<Arc<str>, Key>,
+    ops: BTreeMap<OpId, Op>,
+    timers: BTreeSet<(Time, u64, Timer)>,
+    /// Cleanup operations waiting for a retry, by timer sequence.
+    delayed: BTreeMap<u64, Op>,
+    /// [`Scheduler::recover`] ran: actions may be issued.
+    started: bool,
+}
+
+/// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
+struct TaskRun {
+    uid: Uid,
+    name: Arc<str>,
+    ns: NsId,
+    /// `NO_PLATFORM` for TaskRuns whose platform did not parse.
+    platform: PlatformId,
+    retries: u32,
+    gated: bool,
+    /// Its labels name a host or instance (a later outcome without a new placement must
+    /// clear them).
+    recorded: bool,
+    /// Start of the allocation (`allocation-start-time`).
+    since: Time,
+    /// When it last joined a queue.
+    queued: Time,
+    state: State,
+    /// Failure history; absent for the common case of none.
+    extra: Option<Box<Extra>>,
+}
+
+const NO_PLATFORM: PlatformId = PlatformId::MAX;
+
+#[derive(Default)]
+struct Extra {
+    /// Hosts or instances whose provisioning failed for this TaskRun, with the error.
+    failed: Vec<(Arc<str>, String)>,
+}
+
+enum State {
+    /// Queued: in the platform's fair queue (or its retry lane when `retry`).
+    Waiting { ticket: u32, retry: bool },
+    /// On a static host, with the definition it was allocated under (`None` when recovered
+    /// onto a host the config no longer has).
+    OnHost {
+        host: HostId,
+        def: Option<Arc<StaticHost>>,
+        phase: Phase,
+    },
+    /// On a cloud instance (dynamic or pool).
+    OnInstance { inst: Key, phase: Phase },
+    /// Local platform: `host: localhost` written.
+    Local,
+    /// Error secret written.
+    Failed,
+    /// Done; waiting for `pending` cleanup results before the finalizer goes.
+    Cleanup { pending: u32 },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for its instance to become reachable.
+    Reserved,
+    /// User being created.
+    Provisioning(OpId),
+    /// Secret written at this time.
+    Ready(Time),
+}
+
+/// How a platform is served now.
+#[derive(Clone, PartialEq)]
+enum Mode {
+    Local,
+    Static,
+    Dynamic(Arc<DynamicPlatform>),
+    Pool(Arc<DynamicPool>),
+    Disabled(Arc<str>),
+    Unknown,
+}
+
+struct PlatformState {
+    platform: Arc<Platform>,
+    label: Arc<str>,
+    mode: Mode,
+    queue: FairQueue,
+    /// Waiters that already failed somewhere (their failed set constrains placement); served
+    /// before the fair queue.
+    retry: Vec<Key>,
+    /// Static hosts configured for this platform.
+    hosts: Vec<HostId>,
+    /// Static hosts with room: (load / concurrency scaled to 840, rank by name, id).
+    avail: BTreeSet<(u32, u32, HostId)>,
+    /// Instances counted against `max-instances` (launching, booting, ready, terminating).
+    instances: u32,
+    /// All instance entries of this platform.
+    members: BTreeSet<Key>,
+    /// Pool instances with room: ready ones and booting ones, each keyed most-loaded-first,
+    /// then newest.
+    ready: BTreeSet<(u32, u64, Key)>,
+    booting: BTreeSet<(u32, u64, Key)>,
+    /// No warm launches before this (after warm launches kept failing).
+    warm_hold: Time,
+}
+
+struct Host {
+    name: Arc<str>,
+    /// Current definition; `None` once removed from the config.
+    def: Option<Arc<StaticHost>>,
+    platform: PlatformId,
+    rank: u32,
+    load: u32,
+    indexed: Option<(u32, u32, HostId)>,
+    failures: u32,
+    backoff_level: u32,
+    backoff_until: Option<Time>,
+}
+
+struct Instance {
+    platform: PlatformId,
+    template: Arc<DynamicPlatform>,
+    /// Pool parameters; `None` for a dynamic (one TaskRun) instance.
+    pool: Option<Arc<DynamicPool>>,
+    id: Option<Arc<str>>,
+    address: Option<Arc<str>>,
+    /// First launch request.
+    created: Time,
+    state: InstState,
+    launches: u32,
+    last_error: Option<String>,
+    /// Dynamic: the TaskRun it serves. Pool: unused.
+    owner: Option<Key>,
+    /// Pool: TaskRuns on it in any phase, in arrival order (the launching one first); its
+    /// load.
+    attached: Vec<Key>,
+    /// A user was provisioned on it (never handed to another dynamic TaskRun).
+    used: bool,
+    draining: bool,
+    /// The allocation deadline passed while the launch was in flight.
+    overdue: bool,
+    provision_failures: u32,
+    terminate_attempts: u32,
+    probes: u32,
+    probe_op: Option<OpId>,
+    idle_since: Option<Time>,
+    /// A finished TaskRun whose finalizer waits for this instance's termination.
+    cleanup_for: Option<Key>,
+    indexed: Option<(bool, (u32, u64, Key))>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum InstState {
+    /// Waiting to (re)try a launch.
+    LaunchWait,
+    Launching(OpId),
+    Booting,
+    Ready,
+    Terminating(OpId),
+    /// Waiting to retry a failed termination.
+    TerminateWait,
+}
+
+/// An action in flight, by its [`OpId`].
+enum Op {
+    Provision {
+        tr: Key,
+        host: HostRef,
+        /// The TaskRun went away meanwhile: remove whatever the provisioning created.
+        compensate: bool,
+    },
+    Deprovision {
+        /// The finished TaskRun waiting for it, if any.
+        tr: Option<Key>,
+        platform: PlatformId,
+        user: RemoteUser,
+        host: HostRef,
+        attempt: u32,
+    },
+    Launch {
+        inst: Key,
+    },
+    Probe {
+        inst: Key,
+    },
+    Terminate {
+        inst: Key,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Timer {
+    Probe(Key, u32),
+    Deadline(Key),
+    LaunchRetry(Key, u32),
+    TerminateRetry(Key, u32),
+    MaxAge(Key),
+    Idle(Key, Time),
+    HostBack(HostId, u32),
+    Requeue(Key, u32),
+    Delayed(u64),
+    Warm(PlatformId),
+    Orphan(Key),
+}
+
+/// How long late events for a finished TaskRun are recognised.
+const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl Scheduler {
+    /// A scheduler with no TaskRuns. Call [`Scheduler::recover`] before feeding events (with an
+    /// empty snapshot on a fresh cluster): it also starts warm pool instances.
+    pub fn new(config: HostConfig, policy: Policy) -> Self {
+        let mut s = Scheduler {
+            policy,
+            config: HostConfig::default(),
+            now: Time::ZERO,
+            next_op: 1,
+            next_ticket: 0,
+            next_timer: 0,
+            taskruns: Arena::default(),
+            by_uid: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
+            tombstone_order: std::collections::VecDeque::new(),
+            namespaces: Vec::new(),
+            ns_ids: BTreeMap::new(),
+            platforms: Vec::new(),
+            platform_ids: BTreeMap::new(),
+            hosts: Vec::new(),
+            host_ids: BTreeMap::new(),
+            instances: Arena::default(),
+            instance_ids: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            delayed: BTreeMap::new(),
+            started: false,
+        };
+        let mut ignored = Vec::new();
+        s.apply_config(config, &mut ignored);
+        s
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// The latest time seen.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// When the next timer is due; send [`Event::Tick`] then (or earlier, harmlessly).
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.timers.first().map(|t| t.0)
+    }
+
+    /// Handles one event at `now` (time never goes backwards: an earlier `now` counts as the
+    /// latest seen), appending the resulting actions to `out`. Due timers fire first.
+    pub fn handle(&mut self, now: Time, event: Event, out: &mut Vec<Action>) {
+        self.advance(now, out);
+        match event {
+            Event::TaskRun(spec) => self.on_taskrun(spec, out),
+            Event::TaskRunDone {
+                namespace,
+                name,
+                uid,
+            } => self.on_done(&namespace, &name, &uid, out),
+            Event::Provisioned { op, otp } => self.on_provisioned(op, Ok(otp), out),
+            Event::ProvisionFailed { op, error } => self.on_provisioned(op, Err(error), out),
+            Event::Deprovisioned { op, error } => self.on_deprovisioned(op, error, out),
+            Event::Launched { op, instance_id } => self.on_launched(op, Ok(instance_id), out),
+            Event::LaunchFailed {
+                op,
+                error,
+                retryable,
+            } => self.on_launched(op, Err((error, retryable)), out),
+            Event::Probed { op, result } => self.on_probed(op, result, out),
+            Event::Terminated { op, error } => self.on_terminated(op, error, out),
+            Event::InstanceGone { instance_id } => self.on_instance_gone(&instance_id, out),
+            Event::InstancesListed {
+                platform,
+                instances,
+            } => self.on_instances_listed(&platform, &instances, out),
+            Event::HostUsersListed { host, users } => self.on_host_users(&host, &users, out),
+            Event::ConfigReplaced(config) => self.apply_config(config, out),
+            Event::Tick => {}
+        }
+    }
+
+    /// [`Scheduler::handle`] returning a fresh vector.
+    pub fn step(&mut self, now: Time, event: Event) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.handle(now, event, &mut out);
+        out
+    }
+
+    /// Moves the clock and fires every due timer.
+    fn advance(&mut self, now: Time, out: &mut Vec<Action>) {
+        if now > self.now {
+            self.now = now;
+        }
+        while let Some(&(at, seq, timer)) = self.timers.first() {
+            if at > self.now {
+                break;
+            }
+            self.timers.remove(&(at, seq, timer));
+            self.fire(timer, out);
+        }
+        while let Some(&(at, _)) = self.tombstone_order.front() {
+            if at + TOMBSTONE_TTL > self.now {
+                break;
+            }
+            if let Some((at, uid)) = self.tombstone_order.pop_front()
+                && self.tombstones.get(&uid) == Some(&at)
+            {
+                self.tombstones.remove(&uid);
+            }
+        }
+    }
+
+    fn fire(&mut self, timer: Timer, out: &mut Vec<Action>) {
+        match timer {
+            Timer::Probe(inst, n) => self.probe_due(inst, n, out),
+            Timer::Deadline(inst) => self.deadline_due(inst, out),
+            Timer::LaunchRetry(inst, n) => self.launch_retry_due(inst, n, out),
+            Timer::TerminateRetry(inst, n) => self.terminate_retry_due(inst, n, out),
+            Timer::MaxAge(inst) => self.max_age_due(inst, out),
+            Timer::Idle(inst, since) => self.idle_due(inst, since, out),
+            Timer::HostBack(host, level) => self.host_back_due(host, level, out),
+            Timer::Requeue(tr, ticket) => self.requeue_due(tr, ticket, out),
+            Timer::Delayed(seq) => {
+                if let Some(op) = self.delayed.remove(&seq) {
+                    self.reissue(op, out);
+                }
+            }
+            Timer::Warm(p) => self.ensure_warm(p, out),
+            Timer::Orphan(inst) => self.orphan_due(inst, out),
+        }
+    }
+
+    fn arm(&mut self, at: Time, timer: Timer) {
+        self.next_timer += 1;
+        self.timers.insert((at, self.next_timer, timer));
+    }
+
+    fn op_id(&mut self) -> OpId {
+        let id = OpId(self.next_op);
+        self.next_op += 1;
+        id
+    }
+
+    fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {
+        let t = self.taskruns.get(key)?;
+        Some(TaskRunRef {
+            namespace: self.namespaces[t.ns as usize].clone(),
+            name: t.name.clone(),
+            uid: t.uid.clone(),
+        })
+    }
+
+    fn intern_ns(&mut self, ns: &str) -> NsId {
+        if let Some(&id) = self.ns_ids.get(ns) {
+            return id;
+        }
+        let id = self.namespaces.len() as NsId;
+        let name: Arc<str> = ns.into();
+        self.namespaces.push(name.clone());
+        self.ns_ids.insert(name, id);
+        id
+    }
+
+    /// The platform's id, creating its entry (resolved against the current config) if new.
+    fn platform_id(&mut self, platform: &Platform) -> PlatformId {
+        if let Some(&id) = self.platform_ids.get(platform) {
+            return id;
+        }
+        let id = self.platforms.len() as PlatformId;
+        let mode = mode_of(&self.config, platform);
+        self.platforms.push(PlatformState {
+            platform: Arc::new(platform.clone()),
+            label: platform.label_value().into(),
+            mode,
+            queue: FairQueue::default(),
+            retry: Vec::new(),
+            hosts: Vec::new(),
+            avail: BTreeSet::new(),
+            instances: 0,
+            members: BTreeSet::new(),
+            ready: BTreeSet::new(),
+            booting: BTreeSet::new(),
+            warm_hold: Time::ZERO,
+        });
+        self.platform_ids.insert(platform.clone(), id);
+        id
+    }
+}
+
+/// How the config serves a platform, as owned data.
+fn mode_of(config: &HostConfig, platform: &Platform) -> Mode {
+    use crate::config::Strategy;
+    match config.resolve(platform) {
+        Strategy::Local => Mode::Local,
+        Strategy::Dynamic(d) => Mode::Dynamic(Arc::new(d.clone())),
+        Strategy::DynamicPool(p) => Mode::Pool(Arc::new(p.clone())),
+        Strategy::Static(_) => Mode::Static,
+        Strategy::Disabled(reason) => Mode::Disabled(reason.into()),
+        Strategy::Unknown => Mode::Unknown,
+    }
+}

@@ -1,0 +1,145 @@
+//! Config replacement: applies to new work. Running allocations keep the host definition or
+//! instance template they were made with; waiters are served by the new config.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::{
+    Action, Host, HostConfig, HostId, InstState, Mode, NO_PLATFORM, PlatformId, Scheduler, State,
+    mode_of,
+};
+
+impl Scheduler {
+    pub(super) fn apply_config(&mut self, config: HostConfig, out: &mut Vec<Action>) {
+        self.config = config;
+        for platform in self
+            .config
+            .platforms()
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            self.platform_id(&platform);
+        }
+        self.apply_hosts();
+        for p in 0..self.platforms.len() as PlatformId {
+            let new = mode_of(&self.config, &self.platforms[p as usize].platform);
+            if new != self.platforms[p as usize].mode {
+                self.change_mode(p, new, out);
+            }
+        }
+        for p in 0..self.platforms.len() as PlatformId {
+            self.pump(p, out);
+            self.ensure_warm(p, out);
+        }
+    }
+
+    /// Upserts static hosts and rebuilds every platform's index of hosts with room.
+    fn apply_hosts(&mut self) {
+        let mut seen = BTreeSet::new();
+        let defs: Vec<_> = self
+            .config
+            .static_pools
+            .values()
+            .flat_map(|pool| pool.hosts.iter().cloned())
+            .collect();
+        for def in defs {
+            let platform = self.platform_id(&def.platform);
+            let name: Arc<str> = def.name.as_str().into();
+            let hid = match self.host_ids.get(&name) {
+                Some(&h) => h,
+                None => {
+                    let h = self.hosts.len() as HostId;
+                    self.hosts.push(Host {
+                        name: name.clone(),
+                        def: None,
+                        platform: NO_PLATFORM,
+                        rank: 0,
+                        load: 0,
+                        indexed: None,
+                        failures: 0,
+                        backoff_level: 0,
+                        backoff_until: None,
+                    });
+                    self.host_ids.insert(name.clone(), h);
+                    h
+                }
+            };
+            let h = &mut self.hosts[hid as usize];
+            if h.def.as_deref() != Some(&def) {
+                h.def = Some(Arc::new(def));
+            }
+            h.platform = platform;
+            seen.insert(hid);
+        }
+        for (hid, h) in self.hosts.iter_mut().enumerate() {
+            if !seen.contains(&(hid as HostId)) {
+                h.def = None;
+                h.platform = NO_PLATFORM;
+            }
+        }
+        for ps in &mut self.platforms {
+            ps.avail.clear();
+            ps.hosts.clear();
+        }
+        // host_ids iterates in name order: that is the tie-break rank.
+        let order: Vec<HostId> = self.host_ids.values().copied().collect();
+        for (rank, hid) in order.into_iter().enumerate() {
+            let h = &mut self.hosts[hid as usize];
+            h.rank = rank as u32;
+            h.indexed = None;
+            if h.def.is_some() && h.platform != NO_PLATFORM {
+                self.platforms[h.platform as usize].hosts.push(hid);
+            }
+            self.reindex_host(hid);
+        }
+    }
+
+    fn change_mode(&mut self, p: PlatformId, new: Mode, out: &mut Vec<Action>) {
+        let members: Vec<_> = self.platforms[p as usize].members.iter().copied().collect();
+        for inst in members {
+            let Some(i) = self.instances.get_mut(inst) else {
+                continue;
+            };
+            if i.pool.is_none() {
+                continue;
+            }
+            match &new {
+                Mode::Pool(pool) if pool.instance == *i.template => {
+                    // Same machines: new concurrency, max-age and min-instances apply.
+                    i.pool = Some(pool.clone());
+                    let at = i.created + pool.max_age;
+                    let live = !matches!(
+                        i.state,
+                        InstState::Terminating(_) | InstState::TerminateWait
+                    );
+                    self.reindex_instance(inst);
+                    if live && self.policy.pool_idle_timeout.is_some() {
+                        self.arm(at, super::Timer::MaxAge(inst));
+                    }
+                }
+                _ => {
+                    // Different machines (or no pool any more): drain the old ones.
+                    i.draining = true;
+                    self.reindex_instance(inst);
+                    self.settle(inst, out);
+                }
+            }
+        }
+        let routes_waiters = matches!(new, Mode::Local | Mode::Disabled(_) | Mode::Unknown);
+        self.platforms[p as usize].mode = new;
+        if routes_waiters {
+            let ps = &mut self.platforms[p as usize];
+            let mut waiters: Vec<_> = std::mem::take(&mut ps.retry);
+            waiters.extend(ps.queue.drain_all().into_iter().map(|e| e.taskrun));
+            for key in waiters {
+                if matches!(
+                    self.taskruns.get(key).map(|t| (&t.state, t.platform)),
+                    Some((State::Waiting { .. }, tp)) if tp == p
+                ) {
+                    self.admit(key, false, out);
+                }
+            }
+        }
+    }
+}

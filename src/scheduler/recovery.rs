@@ -1,0 +1,499 @@
+//! Rebuilding the ledger from a [`Snapshot`] after a restart or leader change.
+//!
+//! Allocations are recognised by their evidence on the cluster, not by the current config:
+//! `cloud-instance-id` means a dynamic instance, an `assigned-host` that is a listed pool
+//! instance means a pool slot, one that names a configured host means a static slot. A
+//! TaskRun whose secret exists is running; one assigned without a secret is provisioned again
+//! (a fresh key: the old token was never handed out). Waiters are queued in their original
+//! order. Instances with our tag that nothing owns are terminated once older than the grace
+//! period.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::arena::Key;
+use super::snapshot::{InstanceRecord, InstanceState, SecretKind, Snapshot, TaskRunRecord};
+use super::{
+    Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
+    State, TaskRun, Time, Timer, Uid,
+};
+use crate::config::{DynamicPlatform, DynamicPool};
+use crate::platform::Platform;
+
+impl Scheduler {
+    /// Loads a snapshot (call once, before any other event) and returns what must happen now:
+    /// missing secrets, re-provisioning, cleanup of finished TaskRuns, orphan termination, warm
+    /// pool launches, and placement of waiters.
+    pub fn recover(&mut self, now: Time, snapshot: Snapshot, out: &mut Vec<Action>) {
+        self.advance(now, out);
+        self.started = true;
+        let mut listed: BTreeMap<&str, &InstanceRecord> = BTreeMap::new();
+        for rec in &snapshot.instances {
+            listed.entry(rec.id.as_str()).or_insert(rec);
+        }
+        let mut claimed: BTreeSet<String> = BTreeSet::new();
+        let pool_members = self.recover_pool_instances(&snapshot.instances, &mut claimed);
+
+        let mut records: Vec<&TaskRunRecord> = snapshot.taskruns.iter().collect();
+        records.sort_by(|a, b| {
+            (a.since, &a.namespace, &a.name).cmp(&(b.since, &b.namespace, &b.name))
+        });
+        // Claim instances by annotation first, so tag-based adoption cannot take one that a
+        // TaskRun names.
+        // An error or localhost secret settles a TaskRun whatever its labels say: its instance,
+        // if any is still up, is an orphan.
+        let settled = |r: &TaskRunRecord| {
+            !r.finished && matches!(r.secret, Some(SecretKind::Error | SecretKind::Localhost))
+        };
+        for rec in &records {
+            if let Some(id) = &rec.instance_id
+                && !settled(rec)
+            {
+                claimed.insert(id.clone());
+            }
+        }
+        let mut waiters = Vec::new();
+        for rec in records {
+            let uid = Uid::new(&rec.uid);
+            if self.by_uid.contains_key(&uid) {
+                continue;
+            }
+            let parsed = Platform::parse(&rec.platform);
+            let p = match &parsed {
+                Ok(pl) => self.platform_id(pl),
+                Err(_) => NO_PLATFORM,
+            };
+            let ns = self.intern_ns(&rec.namespace);
+            let extra = (!rec.failed_hosts.is_empty()).then(|| {
+                Box::new(Extra {
+                    failed: rec
+                        .failed_hosts
+                        .iter()
+                        .map(|h| (Arc::from(h.as_str()), "failed before a restart".to_owned()))
+                        .collect(),
+                })
+            });
+            let key = self.taskruns.insert(TaskRun {
+                uid: uid.clone(),
+                name: rec.name.as_str().into(),
+                ns,
+                platform: p,
+                retries: rec.retries,
+                gated: rec.gated,
+                recorded: rec.assigned_host.is_some() || rec.instance_id.is_some(),
+                since: rec.since,
+                queued: rec.since,
+                state: State::Failed,
+                extra,
+            });
+            self.by_uid.insert(uid, key);
+            if rec.finished {
+                self.recover_finished(key, rec, &listed, &pool_members, out);
+                continue;
+            }
+            if let Err(e) = parsed {
+                match rec.secret {
+                    Some(_) => {}
+                    None => {
+                        let msg = super::messages::bad_platform(&rec.platform, &e.to_string());
+                        self.fail(key, msg, out);
+                    }
+                }
+                continue;
+            }
+            if !settled(rec)
+                && self.recover_allocation(key, p, rec, &listed, &pool_members, &mut claimed, out)
+            {
+                continue;
+            }
+            match rec.secret {
+                Some(SecretKind::Error) => {}
+                Some(SecretKind::Localhost) => {
+                    if let Some(t) = self.taskruns.get_mut(key) {
+                        t.state = State::Local;
+                    }
+                }
+                // Not allocated (a remote secret without an allocation is stale: replaced).
+                _ => {
+                    // Starting over: the old allocation labels no longer hold.
+                    self.clear_placement(key, out);
+                    waiters.push(key)
+                }
+            }
+        }
+        self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
+        for key in waiters {
+            let retry = self.failures(key) > 0;
+            self.admit(key, retry, out);
+        }
+        for p in 0..self.platforms.len() as PlatformId {
+            self.pump(p, out);
+            self.ensure_warm(p, out);
+        }
+    }
+
+    /// Creates pool instance entries for listed instances carrying a pool's tag.
+    fn recover_pool_instances(
+        &mut self,
+        listed: &[InstanceRecord],
+        claimed: &mut BTreeSet<String>,
+    ) -> BTreeMap<String, Key> {
+        let mut members = BTreeMap::new();
+        for rec in listed {
+            if rec.state != InstanceState::Running && rec.state != InstanceState::Pending
+                || members.contains_key(&rec.id)
+            {
+                continue;
+            }
+            let p = self.platform_id(&rec.platform);
+            let Mode::Pool(pool) = self.platforms[p as usize].mode.clone() else {
+                continue;
+            };
+            if pool.instance.instance_tag != rec.instance_tag {
+                continue;
+            }
+            let inst = self.adopt_listed(p, rec, Arc::new(pool.instance.clone()), Some(pool));
+            claimed.insert(rec.id.clone());
+            members.insert(rec.id.clone(), inst);
+        }
+        members
+    }
+
+    /// An entry for a listed running or pending instance, probed at once.
+    fn adopt_listed(
+        &mut self,
+        p: PlatformId,
+        rec: &InstanceRecord,
+        template: Arc<DynamicPlatform>,
+        pool: Option<Arc<DynamicPool>>,
+    ) -> Key {
+        let inst = self.new_instance(p, template, pool.clone());
+        let id: Arc<str> = rec.id.as_str().into();
+        let i = self.instances.get_mut(inst).expect("just created");
+        i.id = Some(id.clone());
+        i.address = rec.address.as_deref().map(Arc::from);
+        i.created = rec.launched_at;
+        i.launches = 1;
+        i.state = InstState::Booting;
+        // Recovered instances may have served builds: never hand them to a dynamic TaskRun.
+        i.used = true;
+        if let Some(pool) = &pool
+            && self.policy.pool_idle_timeout.is_some()
+        {
+            let at = rec.launched_at + pool.max_age;
+            self.arm(at, Timer::MaxAge(inst));
+        }
+        self.instance_ids.insert(id, inst);
+        self.reindex_instance(inst);
+        let now = self.now;
+        self.arm(now, Timer::Probe(inst, 0));
+        inst
+    }
+
+    /// Rebuilds a live TaskRun's allocation from its evidence; false when it has none.
+    #[allow(clippy::too_many_arguments)]
+    fn recover_allocation(
+        &mut self,
+        key: Key,
+        p: PlatformId,
+        rec: &TaskRunRecord,
+        listed: &BTreeMap<&str, &InstanceRecord>,
+        pool_members: &BTreeMap<String, Key>,
+        claimed: &mut BTreeSet<String>,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let ready = rec.secret == Some(SecretKind::Remote);
+        let phase = if ready {
+            Phase::Ready(self.now)
+        } else {
+            Phase::Reserved
+        };
+        // Dynamic instance, by annotation or (crash between launch and annotation) by tag.
+        let tagged = || {
+            let id = crate::contract::taskrun_id(&rec.namespace, &rec.name);
+            listed
+                .values()
+                .find(|l| {
+                    l.taskrun_id.as_deref() == Some(id.as_str())
+                        && !l.state.is_gone()
+                        && !claimed.contains(&l.id)
+                        && l.platform.as_str() == rec.platform
+                })
+                .map(|l| l.id.clone())
+        };
+        // The annotated instance unless the listing says it is gone and another one carries
+        // this TaskRun's tag (relaunched just before the crash).
+        let annotated_alive = rec
+            .instance_id
+            .as_deref()
+            .is_some_and(|id| listed.get(id).is_some_and(|l| !l.state.is_gone()));
+        let by_tag = || {
+            matches!(self.platforms[p as usize].mode, Mode::Dynamic(_))
+                .then(tagged)
+                .flatten()
+        };
+        let instance_id = if annotated_alive {
+            rec.instance_id.clone()
+        } else {
+            by_tag().or_else(|| rec.instance_id.clone())
+        };
+        if let Some(id) = instance_id {
+            claimed.insert(id.clone());
+            let template = listed
+                .get(id.as_str())
+                .and_then(|l| self.dynamic_template(&l.platform))
+                .or_else(|| match &self.platforms[p as usize].mode {
+                    Mode::Dynamic(t) => Some(t.clone()),
+                    _ => None,
+                });
+            let Some(template) = template else {
+                // No credentials to manage it with: the TaskRun keeps its secret, if any.
+                return ready;
+            };
+            let rec_i = listed.get(id.as_str()).copied();
+            let inst = self.new_instance(p, template.clone(), None);
+            let i = self.instances.get_mut(inst).expect("just created");
+            let id: Arc<str> = id.as_str().into();
+            i.id = Some(id.clone());
+            i.address = rec
+                .instance_address
+                .as_deref()
+                .or(rec_i.and_then(|l| l.address.as_deref()))
+                .map(Arc::from);
+            i.created = rec_i.map_or(rec.since, |l| l.launched_at);
+            i.launches = 1;
+            i.owner = Some(key);
+            i.used = ready;
+            i.state = if ready {
+                InstState::Ready
+            } else {
+                InstState::Booting
+            };
+            self.instance_ids.insert(id, inst);
+            if let Some(t) = self.taskruns.get_mut(key) {
+                t.state = State::OnInstance { inst, phase };
+            }
+            if !ready {
+                let now = self.now;
+                self.arm(now, Timer::Probe(inst, 0));
+                let at = self.now + template.allocation_timeout;
+                self.arm(at, Timer::Deadline(inst));
+                if rec.instance_id.as_deref() != Some(&*id_of(self, inst)) {
+                    self.record_instance(key, inst, out);
+                }
+            }
+            return true;
+        }
+        let Some(host) = rec.assigned_host.as_deref() else {
+            return false;
+        };
+        if let Some(&inst) = pool_members.get(host) {
+            if let Some(i) = self.instances.get_mut(inst) {
+                i.attached.push(key);
+                i.used = true;
+            }
+            if let Some(t) = self.taskruns.get_mut(key) {
+                t.state = State::OnInstance { inst, phase };
+            }
+            self.reindex_instance(inst);
+            // Not ready: provisioned once the probe finds the instance reachable.
+            return true;
+        }
+        if host == crate::contract::LOCALHOST {
+            return false;
+        }
+        let known = self.host_ids.get(host).copied();
+        let def = known.and_then(|h| self.hosts[h as usize].def.clone());
+        if def.is_none() && !ready {
+            // Assigned to a host we cannot reach and never served: start over.
+            return false;
+        }
+        // A running build on a host the config dropped is still counted against it.
+        let hid = known.unwrap_or_else(|| self.retired_host(host));
+        self.hosts[hid as usize].load += 1;
+        self.reindex_host(hid);
+        match def {
+            Some(def) if !ready => {
+                let op = self.op_id();
+                if let Some(t) = self.taskruns.get_mut(key) {
+                    t.state = State::OnHost {
+                        host: hid,
+                        def: Some(def.clone()),
+                        phase: Phase::Provisioning(op),
+                    };
+                }
+                self.emit_provision(key, op, HostRef::Static(def), None, out);
+            }
+            def => {
+                if let Some(t) = self.taskruns.get_mut(key) {
+                    t.state = State::OnHost {
+                        host: hid,
+                        def,
+                        phase,
+                    };
+                }
+            }
+        }
+        true
+    }
+
+    fn dynamic_template(&mut self, platform: &Platform) -> Option<Arc<DynamicPlatform>> {
+        let p = self.platform_id(platform);
+        match &self.platforms[p as usize].mode {
+            Mode::Dynamic(t) => Some(t.clone()),
+            Mode::Pool(pool) => Some(Arc::new(pool.instance.clone())),
+            _ => None,
+        }
+    }
+
+    /// Cleanup for a TaskRun that finished while we were away.
+    fn recover_finished(
+        &mut self,
+        key: Key,
+        rec: &TaskRunRecord,
+        listed: &BTreeMap<&str, &InstanceRecord>,
+        pool_members: &BTreeMap<String, Key>,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.state = State::Cleanup { pending: 0 };
+        }
+        if rec.secret.is_some() {
+            self.delete_secret(key, out);
+        }
+        let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
+        let mut pending = 0;
+        if let Some(id) = &rec.instance_id {
+            let l = listed.get(id.as_str()).copied();
+            let template = match l {
+                Some(l) => self.dynamic_template(&l.platform),
+                None if p != NO_PLATFORM => match &self.platforms[p as usize].mode {
+                    Mode::Dynamic(t) => Some(t.clone()),
+                    _ => None,
+                },
+                None => None,
+            };
+            if let (Some(template), false) = (template, l.is_some_and(|l| l.state.is_gone())) {
+                let ip = if p == NO_PLATFORM {
+                    self.platform_id(&l.expect("template came from the listing").platform)
+                } else {
+                    p
+                };
+                let inst = self.new_instance(ip, template, None);
+                let i = self.instances.get_mut(inst).expect("just created");
+                let id: Arc<str> = id.as_str().into();
+                i.id = Some(id.clone());
+                i.state = InstState::Ready;
+                i.used = true;
+                i.cleanup_for = Some(key);
+                self.instance_ids.insert(id, inst);
+                self.terminate(inst, "its TaskRun finished", out);
+                pending += 1;
+            }
+        } else if let Some(host) = rec.assigned_host.as_deref() {
+            let target = if let Some(&inst) = pool_members.get(host) {
+                self.instances.get(inst).and_then(|i| {
+                    Some(HostRef::Instance {
+                        id: i.id.clone()?,
+                        address: i.address.clone()?,
+                        template: i.template.clone(),
+                    })
+                })
+            } else {
+                self.host_ids
+                    .get(host)
+                    .and_then(|&h| self.hosts[h as usize].def.clone())
+                    .map(HostRef::Static)
+            };
+            if let (Some(target), Some(r)) = (target, self.taskrun_ref(key)) {
+                self.deprovision(Some(key), p, RemoteUser::Of(r), target, out);
+                pending += 1;
+            }
+        }
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.state = State::Cleanup { pending };
+        }
+        if pending == 0 {
+            self.finalize(key, out);
+        }
+    }
+
+    /// Listed dynamic instances nothing claims: counted, and terminated after the grace period
+    /// unless a TaskRun turns out to own them.
+    fn recover_orphans(
+        &mut self,
+        listed: &[InstanceRecord],
+        claimed: &BTreeSet<String>,
+        pool_members: &BTreeMap<String, Key>,
+        out: &mut Vec<Action>,
+    ) {
+        for rec in listed {
+            if rec.state.is_gone()
+                || claimed.contains(&rec.id)
+                || pool_members.contains_key(&rec.id)
+                || self.instance_ids.contains_key(rec.id.as_str())
+            {
+                continue;
+            }
+            let Some(template) = self.dynamic_template(&rec.platform) else {
+                continue;
+            };
+            if template.instance_tag != rec.instance_tag {
+                continue;
+            }
+            let p = self.platform_id(&rec.platform);
+            self.orphan(p, rec, template, out);
+        }
+    }
+
+    /// Tracks an unowned instance with our tag; terminated once past the grace period.
+    pub(super) fn orphan(
+        &mut self,
+        p: PlatformId,
+        rec: &InstanceRecord,
+        template: Arc<DynamicPlatform>,
+        out: &mut Vec<Action>,
+    ) {
+        let inst = self.new_instance(p, template, None);
+        let i = self.instances.get_mut(inst).expect("just created");
+        let id: Arc<str> = rec.id.as_str().into();
+        i.id = Some(id.clone());
+        i.created = rec.launched_at;
+        i.launches = 1;
+        i.state = InstState::Ready;
+        i.used = true;
+        self.instance_ids.insert(id, inst);
+        let at = rec.launched_at + self.policy.orphan_grace;
+        if at <= self.now {
+            self.orphan_due(inst, out);
+        } else {
+            self.arm(at, Timer::Orphan(inst));
+        }
+    }
+
+    pub(super) fn orphan_due(&mut self, inst: Key, out: &mut Vec<Action>) {
+        let Some(i) = self.instances.get(inst) else {
+            return;
+        };
+        if i.owner.is_some() || i.pool.is_some() || i.state != InstState::Ready {
+            return;
+        }
+        let id = i.id.clone().unwrap_or_else(|| "?".into());
+        out.push(Action::Notify {
+            taskrun: None,
+            warning: true,
+            reason: "OrphanInstance",
+            message: format!(
+                "instance {id} carries our tags but no TaskRun owns it; terminating it"
+            ),
+        });
+        self.terminate(inst, "orphan: no TaskRun owns it", out);
+    }
+}
+
+fn id_of(s: &Scheduler, inst: Key) -> Arc<str> {
+    s.instances
+        .get(inst)
+        .and_then(|i| i.id.clone())
+        .unwrap_or_else(|| "".into())
+}

@@ -1,0 +1,117 @@
+//! Gauges for the metrics (recomputed from scratch on each call: the `running_tasks` and
+//! `waiting_tasks` gauges are reset each pass) and the ledger's memory accounting.
+
+use std::collections::BTreeMap;
+
+use super::{InstState, Scheduler, State};
+
+/// Per-platform gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlatformGauges {
+    /// Queued TaskRuns.
+    pub waiting: u32,
+    /// TaskRuns holding a host or instance (any phase).
+    pub running: u32,
+    /// Instances counted against `max-instances`.
+    pub instances: u32,
+    /// Instances launching or booting.
+    pub booting: u32,
+    /// Instances being terminated.
+    pub terminating: u32,
+    /// Concurrent TaskRuns the platform can serve (`platform_pool_size`).
+    pub capacity: Option<u32>,
+}
+
+/// All gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// By platform (as written).
+    pub platforms: BTreeMap<String, PlatformGauges>,
+    /// `(platform, namespace)` → (waiting, running).
+    pub by_namespace: BTreeMap<(String, String), (u32, u32)>,
+}
+
+/// Bytes the ledger holds, by part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerSize {
+    /// Tracked TaskRuns.
+    pub taskruns: usize,
+    /// TaskRun slots (including free ones) × slot size.
+    pub taskrun_slots: usize,
+    /// UID index entries × entry size (B-tree node overhead not included).
+    pub uid_index: usize,
+    /// Queue buffers.
+    pub queues: usize,
+}
+
+impl Scheduler {
+    /// Current gauges. Linear in tracked TaskRuns; call once per metrics pass.
+    pub fn gauges(&self) -> Gauges {
+        let mut g = Gauges::default();
+        for ps in &self.platforms {
+            let mut pg = PlatformGauges {
+                instances: ps.instances,
+                capacity: self.config.capacity(&ps.platform),
+                ..Default::default()
+            };
+            for i in ps.members.iter().filter_map(|k| self.instances.get(*k)) {
+                match i.state {
+                    InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => {
+                        pg.booting += 1
+                    }
+                    InstState::Terminating(_) | InstState::TerminateWait => pg.terminating += 1,
+                    InstState::Ready => {}
+                }
+            }
+            g.platforms.insert(ps.platform.as_str().to_owned(), pg);
+        }
+        for (_, t) in self.taskruns.iter() {
+            if t.platform == super::NO_PLATFORM {
+                continue;
+            }
+            let (w, r) = match t.state {
+                State::Waiting { .. } => (1, 0),
+                State::OnHost { .. } | State::OnInstance { .. } => (0, 1),
+                _ => continue,
+            };
+            let ps = &self.platforms[t.platform as usize];
+            let e = g
+                .platforms
+                .entry(ps.platform.as_str().to_owned())
+                .or_default();
+            e.waiting += w;
+            e.running += r;
+            let n = g
+                .by_namespace
+                .entry((
+                    ps.platform.as_str().to_owned(),
+                    self.namespaces[t.ns as usize].to_string(),
+                ))
+                .or_default();
+            n.0 += w;
+            n.1 += r;
+        }
+        g
+    }
+
+    /// Number of tracked TaskRuns.
+    pub fn tracked(&self) -> usize {
+        self.taskruns.len()
+    }
+
+    /// Directly held buffer sizes of the per-TaskRun structures (heap strings excluded; measure
+    /// those with an allocator, as the memory benchmark does).
+    pub fn ledger_size(&self) -> LedgerSize {
+        LedgerSize {
+            taskruns: self.taskruns.len(),
+            taskrun_slots: self.taskruns.capacity_bytes(),
+            uid_index: self.by_uid.len()
+                * (std::mem::size_of::<super::Uid>() + std::mem::size_of::<super::Key>()),
+            queues: self
+                .platforms
+                .iter()
+                .map(|p| p.queue.capacity_bytes() + p.retry.capacity() * 8)
+                .sum(),
+        }
+    }
+}

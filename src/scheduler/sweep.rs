@@ -1,0 +1,98 @@
+//! Periodic sweeps fed by the controller: instances the cloud lists and users found on static
+//! hosts. They catch what crashes and lost results leave behind. Linear in what is listed (and,
+//! for users, in tracked TaskRuns); they run every few minutes, not per decision.
+
+use std::collections::BTreeSet;
+
+use super::snapshot::{InstanceRecord, InstanceState};
+use super::{Action, HostRef, InstState, Mode, Op, RemoteUser, Scheduler, State};
+use crate::platform::Platform;
+
+impl Scheduler {
+    pub(super) fn on_instances_listed(
+        &mut self,
+        platform: &Platform,
+        listed: &[InstanceRecord],
+        out: &mut Vec<Action>,
+    ) {
+        let p = self.platform_id(platform);
+        let template = match &self.platforms[p as usize].mode {
+            Mode::Dynamic(t) => t.clone(),
+            Mode::Pool(pool) => std::sync::Arc::new(pool.instance.clone()),
+            // No credentials to act with.
+            _ => return,
+        };
+        for rec in listed {
+            if let Some(&inst) = self.instance_ids.get(rec.id.as_str()) {
+                let Some(i) = self.instances.get(inst) else {
+                    continue;
+                };
+                let ours_terminating = matches!(
+                    i.state,
+                    InstState::Terminating(_) | InstState::TerminateWait
+                );
+                match rec.state {
+                    InstanceState::Terminated => self.on_instance_gone(&rec.id, out),
+                    InstanceState::Stopped if !ours_terminating => {
+                        self.on_instance_gone(&rec.id, out);
+                        // It still exists: terminate it rather than leave a stopped machine.
+                        if rec.launched_at + self.policy.orphan_grace <= self.now {
+                            self.orphan(p, rec, template.clone(), out);
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            if rec.state.is_gone() || rec.instance_tag != template.instance_tag {
+                continue;
+            }
+            // A launch result may still be on its way for a young one.
+            if rec.launched_at + self.policy.orphan_grace <= self.now {
+                self.orphan(p, rec, template.clone(), out);
+            }
+        }
+    }
+
+    pub(super) fn on_host_users(&mut self, host: &str, users: &[String], out: &mut Vec<Action>) {
+        let Some(&hid) = self.host_ids.get(host) else {
+            return;
+        };
+        let Some(def) = self.hosts[hid as usize].def.clone() else {
+            return;
+        };
+        let mut keep = BTreeSet::new();
+        for (key, t) in self.taskruns.iter() {
+            let here = matches!(&t.state, State::OnHost { host: h, .. } if *h == hid)
+                || matches!(t.state, State::Cleanup { .. });
+            if here && let Some(r) = self.taskrun_ref(key) {
+                keep.insert(r.remote_user());
+            }
+        }
+        for op in self.ops.values().chain(self.delayed.values()) {
+            match op {
+                Op::Deprovision { user, .. } => {
+                    keep.insert(user.name());
+                }
+                Op::Provision { tr, .. } => {
+                    if let Some(r) = self.taskrun_ref(*tr) {
+                        keep.insert(r.remote_user());
+                    }
+                }
+                _ => {}
+            }
+        }
+        let p = self.hosts[hid as usize].platform;
+        for user in users {
+            if user.starts_with("u-") && !keep.contains(user) {
+                self.deprovision(
+                    None,
+                    p,
+                    RemoteUser::Named(user.clone()),
+                    HostRef::Static(def.clone()),
+                    out,
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Strategy-independent behaviour: local and unknown platforms, gating, errors.
+
+use super::*;
+
+fn mixed() -> Vec<(String, String)> {
+    let mut v = static_pairs(&[("h1", 1)]);
+    v.push(kv("local-platforms", "linux/x86_64,local"));
+    v
+}
+
+#[test]
+fn local_platform_gets_localhost_and_nothing_else() {
+    let mut h = H::new(&mixed());
+    let a = h.submit("ns", "a", "linux/x86_64");
+    assert_eq!(secret(&a, "a"), Some(&SecretData::Localhost));
+    assert!(provisions(&a).is_empty() && records(&a, "a").is_empty());
+    let a = h.done("ns", "a");
+    assert!(a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })));
+    assert_eq!(finalized(&a), vec!["a"]);
+}
+
+#[test]
+fn unknown_platform_gets_an_error_naming_the_configured_ones() {
+    let mut h = H::new(&mixed());
+    let mut spec = H::spec("ns", "a", "linux/riscv64");
+    spec.gated = true;
+    let a = h.send(Event::TaskRun(spec));
+    let msg = error_of(&a, "a");
+    assert!(msg.contains("linux/riscv64 is not configured"), "{msg}");
+    assert!(msg.contains("linux/s390x"), "{msg}");
+    assert!(
+        a.iter().any(|x| matches!(x, Action::Ungate { .. })),
+        "gated TaskRuns run to show the error"
+    );
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::Observe(_))),
+        "no metric label for unconfigured platforms"
+    );
+}
+
+#[test]
+fn malformed_platform_gets_a_specific_error() {
+    let mut h = H::new(&mixed());
+    let a = h.submit("ns", "a", "Linux/ARM64");
+    let msg = error_of(&a, "a");
+    assert!(
+        msg.contains("\"Linux/ARM64\"") && msg.contains("linux/arm64"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn disabled_platform_says_why() {
+    let mut pairs = static_pairs(&[("h1", 1)]);
+    pairs.push(kv("dynamic-platforms", "linux/arm64"));
+    pairs.push(kv("dynamic.linux-arm64.type", "aws"));
+    let data: crate::config::ConfigData = pairs.into_iter().collect();
+    let cfg = crate::config::parse(&data).config;
+    let mut s = Scheduler::new(cfg, Policy::mpc());
+    let now = Time::from_secs(START);
+    let mut out = Vec::new();
+    s.recover(now, Snapshot::default(), &mut out);
+    let a = s.step(now, Event::TaskRun(H::spec("ns", "a", "linux/arm64")));
+    let msg = error_of(&a, "a");
+    assert!(msg.contains("invalid") && msg.contains("region"), "{msg}");
+}
+
+#[test]
+fn failed_taskrun_retry_gets_a_new_chance() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let op = provision_op(&h.submit("ns", "a", "linux/s390x"), "a");
+    let a = h.send(Event::ProvisionFailed {
+        op,
+        error: "down".into(),
+    });
+    error_of(&a, "a");
+    let mut spec = H::spec("ns", "a", "linux/s390x");
+    spec.retries = 1;
+    let a = h.send(Event::TaskRun(spec));
+    assert!(
+        matches!(a[0], Action::DeleteSecret { .. }),
+        "old error removed first"
+    );
+    assert_eq!(provisions(&a)[0].2, "h1");
+}
+
+#[test]
+fn platform_removed_from_config_fails_its_waiters_with_a_reason() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    h.submit("ns", "a", "linux/s390x");
+    let a = h.submit("ns", "b", "linux/s390x");
+    assert!(provisions(&a).is_empty());
+    let mut pairs = static_pairs(&[]);
+    pairs.push(kv("local-platforms", "linux/x86_64"));
+    let a = h.send(Event::ConfigReplaced(config(&pairs)));
+    assert!(error_of(&a, "b").contains("not configured"));
+    assert!(
+        secret(&a, "a").is_none(),
+        "the running allocation is untouched"
+    );
+}
+
+#[test]
+fn platform_becoming_local_serves_its_waiters_in_pods() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    h.submit("ns", "a", "linux/s390x");
+    h.submit("ns", "b", "linux/s390x");
+    let mut pairs = static_pairs(&[("h1", 1)]);
+    pairs.push(kv("local-platforms", "linux/s390x"));
+    let a = h.send(Event::ConfigReplaced(config(&pairs)));
+    assert_eq!(secret(&a, "b"), Some(&SecretData::Localhost));
+}
+
+#[test]
+fn next_deadline_tracks_timers() {
+    let mut h = H::new(&dynamic_pairs(1, None));
+    assert_eq!(h.s.next_deadline(), None);
+    let l = launches(&h.submit("ns", "a", "linux/arm64"))[0].0;
+    // Allocation deadline.
+    assert_eq!(
+        h.s.next_deadline(),
+        Some(h.now + std::time::Duration::from_secs(600))
+    );
+    h.send(Event::Launched {
+        op: l,
+        instance_id: "i-1".into(),
+    });
+    assert_eq!(
+        h.s.next_deadline(),
+        Some(h.now + std::time::Duration::from_secs(20))
+    );
+}

@@ -1,0 +1,185 @@
+//! Restart from a snapshot.
+
+use super::*;
+
+fn rec(name: &str, platform: &str) -> TaskRunRecord {
+    TaskRunRecord {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-ns-{name}"),
+        platform: platform.into(),
+        since: Time::from_secs(START - 100),
+        ..Default::default()
+    }
+}
+
+fn start(pairs: &[(String, String)], snap: Snapshot) -> (H, Vec<Action>) {
+    let mut s = Scheduler::new(config(pairs), Policy::mpc());
+    let now = Time::from_secs(START);
+    let mut out = Vec::new();
+    s.recover(now, snap, &mut out);
+    (H { s, now }, out)
+}
+
+fn instance(id: &str, owner: Option<&str>, launched: u64) -> InstanceRecord {
+    InstanceRecord {
+        id: id.into(),
+        platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+        instance_tag: "test".into(),
+        taskrun_id: owner.map(str::to_owned),
+        launched_at: Time::from_secs(launched),
+        state: InstanceState::Running,
+        address: Some("192.0.2.9".into()),
+    }
+}
+
+#[test]
+fn static_allocations_are_counted_and_missing_secrets_reprovisioned() {
+    let mut running = rec("a", "linux/s390x");
+    running.assigned_host = Some("h1".into());
+    running.secret = Some(SecretKind::Remote);
+    let mut half = rec("b", "linux/s390x");
+    half.assigned_host = Some("h2".into());
+    let waiting = rec("c", "linux/s390x");
+    let (mut h, out) = start(
+        &static_pairs(&[("h1", 1), ("h2", 1)]),
+        Snapshot {
+            taskruns: vec![running, half, waiting],
+            instances: vec![],
+        },
+    );
+    // b was assigned but never got its secret: provisioned again on the same host.
+    let p = provisions(&out);
+    assert_eq!(p.len(), 1, "{out:#?}");
+    assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("b", "h2"));
+    // c waits: both hosts are full.
+    assert_eq!(
+        records(&out, "c")[0].waiting_for_platform.as_deref(),
+        Some("linux-s390x")
+    );
+    // a finishing frees h1 for c; a's user is removed from h1.
+    let a = h.done("ns", "a");
+    assert_eq!(deprovisions(&a)[0].2, "h1");
+    assert_eq!(provisions(&a)[0].1, "c");
+}
+
+#[test]
+fn dynamic_instance_is_probed_and_an_unannotated_launch_is_adopted_by_tag() {
+    let mut booting = rec("a", "linux/arm64");
+    booting.instance_id = Some("i-a".into());
+    // Crashed between launch and annotation: found by its taskRunID tag.
+    let lost = rec("b", "linux/arm64");
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![booting, lost],
+            instances: vec![
+                instance("i-a", Some("ns:a"), START - 60),
+                instance("i-b", Some("ns:b"), START - 50),
+            ],
+        },
+    );
+    assert!(
+        launches(&out).is_empty(),
+        "max-instances already used by the two: {out:#?}"
+    );
+    assert_eq!(records(&out, "b")[0].instance_id.as_deref(), Some("i-b"));
+    let p = probes(&h.wait(0));
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert_eq!(h.s.gauges().platforms["linux/arm64"].instances, 2);
+}
+
+#[test]
+fn orphans_are_terminated_after_the_grace_period() {
+    let (mut h, out) = start(
+        &dynamic_pairs(3, None),
+        Snapshot {
+            taskruns: vec![],
+            instances: vec![
+                instance("i-old", Some("ns:gone"), START - 3600),
+                instance("i-young", Some("ns:gone2"), START - 60),
+                InstanceRecord {
+                    instance_tag: "someone-else".into(),
+                    ..instance("i-foreign", None, START - 3600)
+                },
+            ],
+        },
+    );
+    let t = terminates(&out);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].1, "i-old");
+    assert_eq!(terminates(&h.wait(9 * 60 + 1))[0].1, "i-young");
+    // The sweep finds one launched later that nothing owns.
+    let a = h.send(Event::InstancesListed {
+        platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+        instances: vec![instance("i-new", None, START - 3000)],
+    });
+    assert_eq!(terminates(&a)[0].1, "i-new");
+}
+
+#[test]
+fn finished_taskruns_are_cleaned_up_then_released() {
+    let mut d = rec("a", "linux/arm64");
+    d.finished = true;
+    d.instance_id = Some("i-a".into());
+    d.secret = Some(SecretKind::Remote);
+    let mut s = rec("b", "linux/s390x");
+    s.finished = true;
+    s.assigned_host = Some("h1".into());
+    let mut w = rec("c", "linux/s390x");
+    w.finished = true;
+    let mut pairs = dynamic_pairs(2, None);
+    pairs.extend(static_pairs(&[("h1", 1)]));
+    let (mut h, out) = start(
+        &pairs,
+        Snapshot {
+            taskruns: vec![d, s, w],
+            instances: vec![instance("i-a", Some("ns:a"), START - 600)],
+        },
+    );
+    assert_eq!(finalized(&out), vec!["c"]);
+    let t = terminates(&out);
+    assert_eq!(t[0].1, "i-a");
+    let dp = deprovisions(&out);
+    assert_eq!(dp[0].2, "h1");
+    assert_eq!(
+        finalized(&h.send(Event::Terminated {
+            op: t[0].0,
+            error: None
+        })),
+        vec!["a"]
+    );
+    assert_eq!(
+        finalized(&h.send(Event::Deprovisioned {
+            op: dp[0].0,
+            error: None
+        })),
+        vec!["b"]
+    );
+}
+
+#[test]
+fn pool_instances_and_their_taskruns_are_rebuilt() {
+    let mut a = rec("a", "linux/arm64");
+    a.assigned_host = Some("i-p".into());
+    a.secret = Some(SecretKind::Remote);
+    let (mut h, out) = start(
+        &dynamic_pairs(1, Some((2, 600))),
+        Snapshot {
+            taskruns: vec![a],
+            instances: vec![instance("i-p", Some("ns:a"), START - 60)],
+        },
+    );
+    assert!(launches(&out).is_empty());
+    let p = probes(&h.wait(0))[0].0;
+    h.send(Event::Probed {
+        op: p,
+        result: ProbeResult::Reachable {
+            address: "192.0.2.9".into(),
+        },
+    });
+    // One slot left on i-p: b gets it; c waits (max-instances 1).
+    assert_eq!(provisions(&h.submit("ns", "b", "linux/arm64"))[0].2, "i-p");
+    let c = h.submit("ns", "c", "linux/arm64");
+    assert!(provisions(&c).is_empty() && launches(&c).is_empty());
+}

@@ -1,0 +1,427 @@
+//! Static host pools: the Go controller's scenarios plus health, fairness and cancellation.
+
+use super::*;
+
+const P: &str = "linux/s390x";
+
+#[test]
+fn allocates_provisions_and_hands_out_a_one_time_key() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let mut spec = H::spec("ns", "a", P);
+    spec.gated = true;
+    let a = h.send(Event::TaskRun(spec));
+    let rec = records(&a, "a");
+    assert_eq!(rec.len(), 1);
+    assert_eq!(rec[0].assigned_host.as_deref(), Some("h1"));
+    assert_eq!(rec[0].waiting_for_platform, None);
+    let op = provision_op(&a, "a");
+    assert!(secret(&a, "a").is_none(), "no secret before provisioning");
+    let a = h.send(Event::Provisioned {
+        op,
+        otp: "tok".into(),
+    });
+    let user = crate::contract::remote_user_name("a", "ns");
+    assert_eq!(
+        secret(&a, "a"),
+        Some(&SecretData::Remote {
+            otp: "tok".into(),
+            host: format!("{user}@10.0.0.1"),
+            user_dir: format!("/home/{user}"),
+        })
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Ungate { taskrun } if &*taskrun.name == "a"))
+    );
+    // Done: secret deleted, user removed, finalizer last.
+    let a = h.done("ns", "a");
+    assert!(a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })));
+    let d = deprovisions(&a);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].1.as_str(), d[0].2.as_str()), (user.as_str(), "h1"));
+    assert!(
+        finalized(&a).is_empty(),
+        "finalizer held until cleanup is durable"
+    );
+    let a = h.send(Event::Deprovisioned {
+        op: d[0].0,
+        error: None,
+    });
+    assert_eq!(finalized(&a), vec!["a"]);
+    assert_eq!(h.s.tracked(), 0);
+}
+
+#[test]
+fn waits_for_concurrency_and_gets_the_freed_slot_in_the_same_step() {
+    let mut h = H::new(&static_pairs(&[("h1", 1), ("h2", 1)]));
+    h.submit("ns", "a", P);
+    h.submit("ns", "b", P);
+    let a = h.submit("ns", "c", P);
+    assert!(provisions(&a).is_empty());
+    let rec = records(&a, "c");
+    assert_eq!(rec[0].waiting_for_platform.as_deref(), Some("linux-s390x"));
+    assert!(a.iter().any(|x| matches!(
+        x,
+        Action::Notify {
+            reason: "WaitingForHost",
+            ..
+        }
+    )));
+    let g = h.s.gauges();
+    assert_eq!(g.platforms[P].waiting, 1);
+    assert_eq!(g.platforms[P].running, 2);
+    // b finishes (still provisioning): c gets b's host at once.
+    let a = h.done("ns", "b");
+    let p = provisions(&a);
+    assert_eq!(p.len(), 1);
+    assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("c", "h2"));
+}
+
+#[test]
+fn least_loaded_host_first_ties_by_name() {
+    let mut h = H::new(&static_pairs(&[("h-b", 2), ("h-a", 2), ("h-c", 4)]));
+    let mut hosts = Vec::new();
+    for i in 0..8 {
+        let a = h.submit("ns", &format!("t{i}"), P);
+        hosts.push(provisions(&a)[0].2.clone());
+    }
+    // Ratio order: all empty → by name; then h-c (1/4) beats h-a (1/2)...
+    assert_eq!(
+        hosts,
+        vec!["h-a", "h-b", "h-c", "h-c", "h-a", "h-b", "h-c", "h-c"]
+    );
+    let a = h.submit("ns", "t8", P);
+    assert!(provisions(&a).is_empty(), "all 8 slots taken");
+}
+
+#[test]
+fn failed_host_is_skipped_and_recorded_then_all_failed_gives_an_error_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 2), ("h2", 2)]));
+    let a = h.submit("ns", "a", P);
+    let op = provision_op(&a, "a");
+    assert_eq!(provisions(&a)[0].2, "h1");
+    let a = h.send(Event::ProvisionFailed {
+        op,
+        error: "connection refused".into(),
+    });
+    // Partial user removed on h1; re-allocated on h2 with the failure recorded.
+    assert_eq!(deprovisions(&a)[0].2, "h1");
+    let p = provisions(&a);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].2, "h2");
+    let rec = records(&a, "a");
+    assert_eq!(rec.last().unwrap().failed_hosts.as_deref(), Some("h1"));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Observe(Observation::ProvisionFailed(_))))
+    );
+    let a = h.send(Event::ProvisionFailed {
+        op: p[0].0,
+        error: "disk full".into(),
+    });
+    let msg = error_of(&a, "a");
+    assert!(msg.contains("h1: connection refused"), "{msg}");
+    assert!(msg.contains("h2: disk full"), "{msg}");
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Observe(Observation::AllocationFailed(_))))
+    );
+    // Both slots are free again.
+    assert_eq!(h.s.gauges().platforms[P].running, 0);
+}
+
+#[test]
+fn failed_host_slot_goes_to_the_next_waiter_while_the_failed_taskrun_waits_elsewhere() {
+    let mut h = H::new(&static_pairs(&[("h1", 1), ("h2", 1)]));
+    let op_a = provision_op(&h.submit("ns", "a", P), "a");
+    let _b = h.submit("ns", "b", P);
+    let a = h.submit("ns", "c", P);
+    assert!(provisions(&a).is_empty());
+    // a fails on h1: a may not use h1 again, h2 is busy; c (next in line) gets h1.
+    let a = h.send(Event::ProvisionFailed {
+        op: op_a,
+        error: "boom".into(),
+    });
+    let p = provisions(&a);
+    assert_eq!(p.len(), 1, "{a:#?}");
+    assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("c", "h1"));
+    // When b frees h2, a (retry lane, served first) gets it.
+    let a = h.done("ns", "b");
+    let p = provisions(&a);
+    assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("a", "h2"));
+}
+
+#[test]
+fn host_backs_off_after_repeated_failures_and_returns() {
+    let mut h = H::new(&static_pairs(&[("h1", 4), ("h2", 1)]));
+    let mut ops = Vec::new();
+    let a = h.submit("ns", "x", P);
+    assert_eq!(provisions(&a)[0].2, "h1");
+    ops.push(provision_op(&a, "x"));
+    // "busy" takes h2 (empty beats 1/4 loaded) and keeps it.
+    assert_eq!(provisions(&h.submit("ns", "busy", P))[0].2, "h2");
+    for name in ["f0", "f1"] {
+        let a = h.submit("ns", name, P);
+        assert_eq!(provisions(&a)[0].2, "h1");
+        ops.push(provision_op(&a, name));
+    }
+    let mut notes = Vec::new();
+    for op in ops {
+        let a = h.send(Event::ProvisionFailed {
+            op,
+            error: "refused".into(),
+        });
+        notes.push(a.iter().any(|x| {
+            matches!(
+                x,
+                Action::Notify {
+                    reason: "HostBackedOff",
+                    ..
+                }
+            )
+        }));
+    }
+    assert_eq!(
+        notes,
+        vec![false, false, true],
+        "trips on the third failure in a row"
+    );
+    // New work does not go to h1 while it backs off (h2 is full): it waits.
+    let a = h.submit("ns", "n1", P);
+    assert!(provisions(&a).is_empty(), "{a:#?}");
+    assert!(h.wait(59).is_empty());
+    // After the back-off (60 s) h1 takes work again; the TaskRuns that failed there do not.
+    let a = h.wait(2);
+    let p = provisions(&a);
+    assert_eq!(p.len(), 1, "{a:#?}");
+    assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("n1", "h1"));
+}
+
+#[test]
+fn cancel_while_provisioning_removes_the_user_when_the_result_arrives() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let op = provision_op(&h.submit("ns", "a", P), "a");
+    let a = h.submit("ns", "b", P);
+    assert!(provisions(&a).is_empty());
+    let a = h.done("ns", "a");
+    // Slot handed to b at once; a waits for its provisioning result before the finalizer goes.
+    assert_eq!(provisions(&a)[0].1, "b");
+    assert!(finalized(&a).is_empty());
+    let a = h.send(Event::Provisioned {
+        op,
+        otp: "late".into(),
+    });
+    assert!(
+        secret(&a, "a").is_none(),
+        "no secret for a finished TaskRun"
+    );
+    let d = deprovisions(&a);
+    assert_eq!(d.len(), 1);
+    let a = h.send(Event::Deprovisioned {
+        op: d[0].0,
+        error: None,
+    });
+    assert_eq!(finalized(&a), vec!["a"]);
+}
+
+#[test]
+fn duplicate_and_bogus_events_change_nothing() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let a = h.submit("ns", "a", P);
+    let op = provision_op(&a, "a");
+    assert!(h.submit("ns", "a", P).is_empty(), "duplicate TaskRun event");
+    let a = h.send(Event::Provisioned {
+        op,
+        otp: "t1".into(),
+    });
+    assert!(secret(&a, "a").is_some());
+    for e in [
+        Event::Provisioned {
+            op,
+            otp: "t2".into(),
+        },
+        Event::ProvisionFailed {
+            op,
+            error: "x".into(),
+        },
+        Event::Launched {
+            op,
+            instance_id: "i-1".into(),
+        },
+        Event::Terminated {
+            op: OpId(9999),
+            error: None,
+        },
+    ] {
+        assert!(h.send(e).is_empty());
+    }
+    let a = h.done("ns", "a");
+    let d = deprovisions(&a)[0].0;
+    assert!(h.done("ns", "a").is_empty(), "duplicate done");
+    assert_eq!(
+        finalized(&h.send(Event::Deprovisioned { op: d, error: None })),
+        vec!["a"]
+    );
+    assert!(h.done("ns", "a").is_empty(), "done after cleanup");
+    assert!(
+        h.submit("ns", "a", P).is_empty(),
+        "late create event after done"
+    );
+}
+
+#[test]
+fn recreated_taskrun_with_the_same_name_is_a_new_allocation() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let op1 = provision_op(&h.submit("ns", "a", P), "a");
+    h.send(Event::Provisioned {
+        op: op1,
+        otp: "t".into(),
+    });
+    let a = h.done("ns", "a");
+    let d = deprovisions(&a)[0].0;
+    let mut spec = H::spec("ns", "a", P);
+    spec.uid = "uid-second".into();
+    let a = h.send(Event::TaskRun(spec));
+    let op2 = provision_op(&a, "a");
+    assert_ne!(op1, op2);
+    // The old one's cleanup completes independently and names the old UID.
+    let a = h.send(Event::Deprovisioned { op: d, error: None });
+    match &a[..] {
+        [Action::RemoveFinalizer { taskrun }] => assert_eq!(taskrun.uid, Uid::new("uid-ns-a")),
+        other => panic!("{other:#?}"),
+    }
+    assert_eq!(h.s.gauges().platforms[P].running, 1);
+}
+
+#[test]
+fn retry_attempt_gets_a_fresh_key_and_a_replaced_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let op = provision_op(&h.submit("ns", "a", P), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "first".into(),
+    });
+    let mut spec = H::spec("ns", "a", P);
+    spec.retries = 1;
+    let a = h.send(Event::TaskRun(spec.clone()));
+    assert!(matches!(a[0], Action::DeleteSecret { .. }), "{a:#?}");
+    let op2 = provision_op(&a, "a");
+    assert_eq!(provisions(&a)[0].2, "h1", "same host");
+    let a = h.send(Event::Provisioned {
+        op: op2,
+        otp: "second".into(),
+    });
+    assert!(matches!(secret(&a, "a"), Some(SecretData::Remote { otp, .. }) if otp == "second"));
+    // The same attempt seen again does nothing.
+    assert!(h.send(Event::TaskRun(spec)).is_empty());
+    assert_eq!(h.s.gauges().platforms[P].running, 1, "still one slot");
+}
+
+#[test]
+fn deprovision_failures_are_retried_then_reported_and_the_finalizer_released() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let op = provision_op(&h.submit("ns", "a", P), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "t".into(),
+    });
+    let mut d = deprovisions(&h.done("ns", "a"))[0].0;
+    let mut attempts = 1;
+    loop {
+        let a = h.send(Event::Deprovisioned {
+            op: d,
+            error: Some("host unreachable".into()),
+        });
+        if !finalized(&a).is_empty() {
+            assert!(
+                a.iter()
+                    .any(|x| matches!(x, Action::Observe(Observation::CleanupFailed(_))))
+            );
+            break;
+        }
+        assert!(
+            deprovisions(&a).is_empty(),
+            "retried after a delay, not at once"
+        );
+        let a = h.wait(400);
+        d = deprovisions(&a)[0].0;
+        attempts += 1;
+    }
+    assert_eq!(attempts, Policy::mpc().cleanup_attempts);
+}
+
+#[test]
+fn config_change_mid_flight_keeps_the_allocation_definition() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let op = provision_op(&h.submit("ns", "a", P), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "t".into(),
+    });
+    // h1 moves to another address and its concurrency drops to 1; a new host h2 appears.
+    let mut pairs = static_pairs(&[("h1", 1), ("h2", 1)]);
+    for (k, v) in &mut pairs {
+        if k == "host.h1.address" {
+            *v = "10.9.9.9".into();
+        }
+    }
+    h.send(Event::ConfigReplaced(config(&pairs)));
+    // h1 is full (1 of 1) under the new config, so new work goes to h2.
+    let a = h.submit("ns", "b", P);
+    assert_eq!(provisions(&a)[0].2, "h2");
+    // a's cleanup goes to the address it was provisioned on.
+    let a = h.done("ns", "a");
+    let host = a.iter().find_map(|x| match x {
+        Action::Deprovision { host, .. } => Some(host.address().to_owned()),
+        _ => None,
+    });
+    assert_eq!(host.as_deref(), Some("10.0.0.1"));
+    // The host is removed from the config entirely: waiters go elsewhere, nothing breaks.
+    h.send(Event::ConfigReplaced(config(&static_pairs(&[("h2", 2)]))));
+    let a = h.submit("ns", "c", P);
+    assert_eq!(provisions(&a)[0].2, "h2");
+}
+
+#[test]
+fn namespaces_are_served_round_robin_fifo_within() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let first = provision_op(&h.submit("busy", "x", P), "x");
+    for i in 0..3 {
+        h.submit("burst", &format!("b{i}"), P);
+    }
+    h.submit("quiet", "q0", P);
+    let _ = first;
+    let mut order = Vec::new();
+    let mut current = ("busy".to_owned(), "x".to_owned());
+    for _ in 0..4 {
+        let a = h.done(&current.0, &current.1);
+        let p = provisions(&a);
+        let name = p[0].1.clone();
+        let ns = if name.starts_with('q') {
+            "quiet"
+        } else {
+            "burst"
+        };
+        order.push(name.clone());
+        current = (ns.to_owned(), name);
+    }
+    assert_eq!(order, vec!["b0", "q0", "b1", "b2"]);
+}
+
+#[test]
+fn host_sweep_removes_only_unowned_users() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let op = provision_op(&h.submit("ns", "a", P), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "t".into(),
+    });
+    let owned = crate::contract::remote_user_name("a", "ns");
+    let a = h.send(Event::HostUsersListed {
+        host: "h1".into(),
+        users: vec![owned.clone(), "u-stale0123".into(), "root".into()],
+    });
+    let d = deprovisions(&a);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].1, "u-stale0123");
+}

@@ -1,0 +1,613 @@
+//! The discrete-event simulation: the real [`Scheduler`] driven by a virtual clock, with a
+//! simulated cluster and cloud answering its actions after seeded-random latencies. Pure: no
+//! I/O, no wall clock; the same inputs give the same outcome.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::latency::{Latencies, lognormal};
+use super::workload::Workload;
+use crate::config::{HostConfig, Strategy};
+use crate::platform::Platform;
+use crate::scheduler::{
+    Action, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot, TaskRunSpec, Time,
+};
+
+/// Settings of one run.
+#[derive(Debug, Clone)]
+pub struct SimSettings {
+    /// Scheduler policy.
+    pub policy: Policy,
+    /// Seed of the latency model.
+    pub seed: u64,
+    /// Latency model.
+    pub latencies: Latencies,
+    /// Chart sampling period.
+    pub sample_every: Duration,
+}
+
+impl SimSettings {
+    /// Defaults for a policy.
+    pub fn new(policy: Policy, seed: u64) -> Self {
+        SimSettings {
+            policy,
+            seed,
+            latencies: Latencies::default(),
+            sample_every: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How a platform is served, for the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// Pods on cluster nodes.
+    Local,
+    /// Static hosts.
+    Static,
+    /// One instance per TaskRun.
+    Dynamic,
+    /// Shared instances.
+    Pool,
+    /// Disabled or unknown.
+    Unserved,
+}
+
+impl Kind {
+    /// Short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Local => "local",
+            Kind::Static => "static",
+            Kind::Dynamic => "dynamic",
+            Kind::Pool => "pool",
+            Kind::Unserved => "none",
+        }
+    }
+}
+
+/// Results for one platform.
+#[derive(Debug, Clone)]
+pub struct PlatformStats {
+    /// How it is served.
+    pub kind: Kind,
+    /// TaskRuns that arrived.
+    pub taskruns: u64,
+    /// Arrival → secret, seconds, one per TaskRun that got a secret.
+    pub waits: Vec<f64>,
+    /// Error secrets.
+    pub errors: u64,
+    /// Seconds of builds run.
+    pub build_secs: f64,
+    /// Instance-seconds (launch to termination or end of run).
+    pub instance_secs: f64,
+    /// Most instances alive at once.
+    pub peak_instances: u32,
+    /// Static slots, or per-instance concurrency of a pool.
+    pub slots: u32,
+}
+
+/// One chart sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Seconds from the start.
+    pub t: f64,
+    /// TaskRuns that arrived and have no secret yet.
+    pub waiting: u32,
+    /// Cloud instances alive.
+    pub instances: u32,
+}
+
+/// Results of one run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Policy name.
+    pub policy: &'static str,
+    /// By platform.
+    pub platforms: BTreeMap<String, PlatformStats>,
+    /// Chart series.
+    pub samples: Vec<Sample>,
+    /// Simulated seconds.
+    pub end: f64,
+    /// Scheduler events processed.
+    pub events: u64,
+}
+
+enum SimEvent {
+    Arrive(u32),
+    Deliver(Event),
+    BuildDone(u32),
+    Tick,
+    Sample,
+}
+
+struct Item {
+    at: u64,
+    seq: u64,
+    ev: SimEvent,
+}
+
+impl PartialEq for Item {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Item {}
+impl PartialOrd for Item {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Item {
+    // Reversed: BinaryHeap is a max-heap, we want the earliest first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct JobState {
+    secret: bool,
+    running: bool,
+}
+
+struct CloudInstance {
+    platform: String,
+    launched: f64,
+    address_at: f64,
+    ready_at: f64,
+    alive: bool,
+}
+
+struct Sim<'a> {
+    sched: Scheduler,
+    workload: &'a Workload,
+    settings: &'a SimSettings,
+    rng: StdRng,
+    heap: BinaryHeap<Item>,
+    seq: u64,
+    now_ms: u64,
+    next_tick: u64,
+    jobs: Vec<JobState>,
+    cloud: BTreeMap<String, CloudInstance>,
+    live: BTreeMap<String, u32>,
+    live_total: u32,
+    launched: u64,
+    stats: BTreeMap<String, PlatformStats>,
+    waiting: u32,
+    done: usize,
+    samples: Vec<Sample>,
+    events: u64,
+    out: Vec<Action>,
+}
+
+fn ms(secs: f64) -> u64 {
+    (secs * 1000.0).round().max(0.0) as u64
+}
+
+/// Runs the workload through the scheduler core.
+pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings) -> Outcome {
+    let mut stats = BTreeMap::new();
+    for j in &workload.jobs {
+        stats.entry(j.platform.clone()).or_insert_with(|| {
+            let (kind, slots) = match Platform::parse(&j.platform) {
+                Ok(p) => match config.resolve(&p) {
+                    Strategy::Local => (Kind::Local, 0),
+                    Strategy::Static(s) => (Kind::Static, s.capacity()),
+                    Strategy::Dynamic(_) => (Kind::Dynamic, 1),
+                    Strategy::DynamicPool(p) => (Kind::Pool, p.concurrency),
+                    Strategy::Disabled(_) | Strategy::Unknown => (Kind::Unserved, 0),
+                },
+                Err(_) => (Kind::Unserved, 0),
+            };
+            PlatformStats {
+                kind,
+                taskruns: 0,
+                waits: Vec::new(),
+                errors: 0,
+                build_secs: 0.0,
+                instance_secs: 0.0,
+                peak_instances: 0,
+                slots,
+            }
+        });
+    }
+    let mut sim = Sim {
+        sched: Scheduler::new(config.clone(), settings.policy.clone()),
+        workload,
+        settings,
+        rng: StdRng::seed_from_u64(settings.seed),
+        heap: BinaryHeap::new(),
+        seq: 0,
+        now_ms: 0,
+        next_tick: u64::MAX,
+        jobs: workload
+            .jobs
+            .iter()
+            .map(|_| JobState {
+                secret: false,
+                running: false,
+            })
+            .collect(),
+        cloud: BTreeMap::new(),
+        live: BTreeMap::new(),
+        live_total: 0,
+        launched: 0,
+        stats,
+        waiting: 0,
+        done: 0,
+        samples: Vec::new(),
+        events: 0,
+        out: Vec::new(),
+    };
+    let mut out = Vec::new();
+    sim.sched.recover(Time::ZERO, Snapshot::default(), &mut out);
+    sim.run_actions(out);
+    sim.schedule_tick();
+    for (i, j) in workload.jobs.iter().enumerate() {
+        sim.push(ms(j.at), SimEvent::Arrive(i as u32));
+    }
+    sim.push(0, SimEvent::Sample);
+    sim.run();
+    sim.finish()
+}
+
+impl Sim<'_> {
+    fn push(&mut self, at: u64, ev: SimEvent) {
+        self.seq += 1;
+        self.heap.push(Item {
+            at,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn after(&mut self, secs: f64, ev: SimEvent) {
+        let at = self.now_ms + ms(secs).max(1);
+        self.push(at, ev);
+    }
+
+    fn now(&self) -> f64 {
+        self.now_ms as f64 / 1000.0
+    }
+
+    fn run(&mut self) {
+        let span = ms(self.workload.span());
+        let limit = span + ms(48.0 * 3600.0);
+        while let Some(item) = self.heap.pop() {
+            if item.at > limit {
+                break;
+            }
+            self.now_ms = self.now_ms.max(item.at);
+            match item.ev {
+                SimEvent::Arrive(i) => {
+                    let j = &self.workload.jobs[i as usize];
+                    self.waiting += 1;
+                    if let Some(s) = self.stats.get_mut(&j.platform) {
+                        s.taskruns += 1;
+                    }
+                    let spec = TaskRunSpec {
+                        namespace: j.namespace.clone(),
+                        name: format!("b{i}"),
+                        uid: format!("00000000-0000-4000-8000-{i:012x}"),
+                        platform: j.platform.clone(),
+                        since: Time::from_millis(self.now_ms),
+                        retries: 0,
+                        gated: false,
+                    };
+                    self.deliver(Event::TaskRun(spec));
+                }
+                SimEvent::Deliver(e) => self.deliver(e),
+                SimEvent::BuildDone(i) => {
+                    self.done += 1;
+                    let j = &self.workload.jobs[i as usize];
+                    let e = Event::TaskRunDone {
+                        namespace: j.namespace.clone(),
+                        name: format!("b{i}"),
+                        uid: format!("00000000-0000-4000-8000-{i:012x}"),
+                    };
+                    self.deliver(e);
+                }
+                SimEvent::Tick => {
+                    if item.at >= self.next_tick {
+                        self.next_tick = u64::MAX;
+                    }
+                    self.deliver(Event::Tick);
+                }
+                SimEvent::Sample => {
+                    self.samples.push(Sample {
+                        t: self.now(),
+                        waiting: self.waiting,
+                        instances: self.live_total,
+                    });
+                    let finished = self.done == self.workload.jobs.len();
+                    if !(finished && self.now_ms >= span) {
+                        let every = self.settings.sample_every.as_secs_f64();
+                        self.after(every, SimEvent::Sample);
+                    }
+                }
+            }
+            if self.done == self.workload.jobs.len() && self.now_ms >= span {
+                break;
+            }
+        }
+    }
+
+    fn deliver(&mut self, e: Event) {
+        self.events += 1;
+        let mut out = std::mem::take(&mut self.out);
+        self.sched
+            .handle(Time::from_millis(self.now_ms), e, &mut out);
+        let actions = std::mem::take(&mut out);
+        self.out = out;
+        self.run_actions(actions);
+        self.schedule_tick();
+    }
+
+    fn schedule_tick(&mut self) {
+        if let Some(d) = self.sched.next_deadline() {
+            let at = d.as_millis().max(self.now_ms);
+            if at < self.next_tick {
+                self.next_tick = at;
+                self.push(at, SimEvent::Tick);
+            }
+        }
+    }
+
+    fn job_of(name: &str) -> Option<usize> {
+        name.strip_prefix('b')?.parse().ok()
+    }
+
+    fn run_actions(&mut self, mut actions: Vec<Action>) {
+        let lat = self.settings.latencies.clone();
+        for a in actions.drain(..) {
+            match a {
+                Action::Provision { op, host, .. } => {
+                    let median = match host {
+                        HostRef::Static(_) => lat.provision_static,
+                        HostRef::Instance { .. } => lat.provision_instance,
+                    };
+                    let d = lognormal(&mut self.rng, median, 0.3);
+                    let ev = if self.rng.r#gen::<f64>() < lat.provision_failure_rate {
+                        Event::ProvisionFailed {
+                            op,
+                            error: "simulated provisioning failure".into(),
+                        }
+                    } else {
+                        Event::Provisioned {
+                            op,
+                            otp: String::new(),
+                        }
+                    };
+                    self.after(d, SimEvent::Deliver(ev));
+                }
+                Action::WriteSecret { taskrun, secret } => {
+                    let Some(i) = Self::job_of(&taskrun.name) else {
+                        continue;
+                    };
+                    let now = self.now();
+                    let job = &self.workload.jobs[i];
+                    let st = &mut self.jobs[i];
+                    let stats = self.stats.get_mut(&job.platform);
+                    if !st.secret {
+                        st.secret = true;
+                        self.waiting -= 1;
+                        if let Some(s) = stats {
+                            s.waits.push(now - job.at);
+                            if matches!(secret, SecretData::Error(_)) {
+                                s.errors += 1;
+                            } else {
+                                s.build_secs += job.duration;
+                            }
+                        }
+                    }
+                    if !st.running {
+                        st.running = true;
+                        // A failed allocation fails the build at once.
+                        let d = match secret {
+                            SecretData::Error(_) => 1.0,
+                            _ => job.duration,
+                        };
+                        self.after(d, SimEvent::BuildDone(i as u32));
+                    }
+                }
+                Action::Launch { op, platform, .. } => {
+                    let api = lognormal(&mut self.rng, lat.launch_api, 0.3);
+                    if self.rng.r#gen::<f64>() < lat.launch_failure_rate {
+                        let ev = Event::LaunchFailed {
+                            op,
+                            error: "InsufficientInstanceCapacity (simulated)".into(),
+                            retryable: true,
+                        };
+                        self.after(api, SimEvent::Deliver(ev));
+                        continue;
+                    }
+                    self.launched += 1;
+                    let id = format!("i-{:017x}", self.launched);
+                    let boot = lognormal(&mut self.rng, lat.boot, 0.25);
+                    let start = self.now() + api;
+                    let p = platform.as_str().to_owned();
+                    self.cloud.insert(
+                        id.clone(),
+                        CloudInstance {
+                            platform: p.clone(),
+                            launched: start,
+                            address_at: start + boot * 0.4,
+                            ready_at: start + boot,
+                            alive: true,
+                        },
+                    );
+                    let live = self.live.entry(p.clone()).or_default();
+                    *live += 1;
+                    let live = *live;
+                    self.live_total += 1;
+                    if let Some(s) = self.stats.get_mut(&p) {
+                        s.peak_instances = s.peak_instances.max(live);
+                    }
+                    self.after(
+                        api,
+                        SimEvent::Deliver(Event::Launched {
+                            op,
+                            instance_id: id,
+                        }),
+                    );
+                }
+                Action::Probe {
+                    op, instance_id, ..
+                } => {
+                    let t = self.now() + 0.3;
+                    let result = match self.cloud.get(&*instance_id) {
+                        Some(i) if !i.alive => ProbeResult::Failed {
+                            reason: "terminated".into(),
+                        },
+                        Some(i) if t >= i.ready_at => ProbeResult::Reachable {
+                            address: "192.0.2.1".into(),
+                        },
+                        Some(i) if t >= i.address_at => ProbeResult::Booting {
+                            address: "192.0.2.1".into(),
+                        },
+                        Some(_) => ProbeResult::Pending,
+                        None => ProbeResult::Failed {
+                            reason: "unknown instance".into(),
+                        },
+                    };
+                    self.after(0.3, SimEvent::Deliver(Event::Probed { op, result }));
+                }
+                Action::Terminate {
+                    op, instance_id, ..
+                } => {
+                    let now = self.now();
+                    if let Some(i) = self.cloud.get_mut(&*instance_id)
+                        && i.alive
+                    {
+                        i.alive = false;
+                        let secs = now - i.launched;
+                        let p = i.platform.clone();
+                        if let Some(s) = self.stats.get_mut(&p) {
+                            s.instance_secs += secs.max(0.0);
+                        }
+                        if let Some(l) = self.live.get_mut(&p) {
+                            *l -= 1;
+                        }
+                        self.live_total -= 1;
+                    }
+                    self.after(
+                        1.0,
+                        SimEvent::Deliver(Event::Terminated { op, error: None }),
+                    );
+                }
+                Action::Deprovision { op, .. } => {
+                    self.after(
+                        1.5,
+                        SimEvent::Deliver(Event::Deprovisioned { op, error: None }),
+                    );
+                }
+                Action::Record { .. }
+                | Action::DeleteSecret { .. }
+                | Action::Ungate { .. }
+                | Action::RemoveFinalizer { .. }
+                | Action::Retag { .. }
+                | Action::Notify { .. }
+                | Action::Observe(_) => {}
+            }
+        }
+        self.out = actions;
+    }
+
+    fn finish(mut self) -> Outcome {
+        let end = self.now();
+        for i in self.cloud.values().filter(|i| i.alive) {
+            if let Some(s) = self.stats.get_mut(&i.platform) {
+                s.instance_secs += (end - i.launched).max(0.0);
+            }
+        }
+        Outcome {
+            policy: self.settings.policy.name,
+            platforms: self.stats,
+            samples: self.samples,
+            end,
+            events: self.events,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::workload::Job;
+
+    fn cfg() -> HostConfig {
+        let text = include_str!("example-host-config.yaml");
+        let (data, _) = crate::config::read_configmap_yaml(text).unwrap();
+        let parsed = crate::config::parse(&data);
+        assert!(!parsed.has_errors(), "{:?}", parsed.diagnostics);
+        parsed.config
+    }
+
+    fn burst(platform: &str, n: usize, duration: f64) -> Workload {
+        Workload {
+            jobs: (0..n)
+                .map(|i| Job {
+                    at: i as f64 * 0.1,
+                    namespace: format!("t{}", i % 3),
+                    platform: platform.into(),
+                    duration,
+                })
+                .collect(),
+            description: String::new(),
+        }
+    }
+
+    #[test]
+    fn static_burst_queues_behind_capacity_and_every_taskrun_finishes() {
+        // 24 s390x slots, 48 builds of 10 minutes: the second half waits about one build.
+        let w = burst("linux/s390x", 48, 600.0);
+        let o = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc(), 1));
+        let s = &o.platforms["linux/s390x"];
+        assert_eq!(s.kind, Kind::Static);
+        assert_eq!(s.taskruns, 48);
+        assert_eq!(s.waits.len(), 48);
+        let mut waits = s.waits.clone();
+        waits.sort_by(f64::total_cmp);
+        assert!(waits[0] < 10.0, "first ones start at once: {}", waits[0]);
+        assert!(
+            (600.0..700.0).contains(&waits[47]),
+            "last waits ~one build: {}",
+            waits[47]
+        );
+        assert!(o.end >= 1200.0);
+    }
+
+    #[test]
+    fn go_policy_waits_longer_on_the_same_trace() {
+        let w = burst("linux/amd64", 120, 300.0);
+        let mpc = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc(), 3));
+        let go = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc_go(), 3));
+        let mean = |o: &Outcome| {
+            let v = &o.platforms["linux/amd64"].waits;
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        assert_eq!(mpc.platforms["linux/amd64"].waits.len(), 120);
+        assert_eq!(go.platforms["linux/amd64"].waits.len(), 120);
+        assert!(
+            mean(&go) > mean(&mpc) + 30.0,
+            "{} vs {}",
+            mean(&go),
+            mean(&mpc)
+        );
+        assert!(mpc.platforms["linux/amd64"].peak_instances <= 60);
+        assert!(go.platforms["linux/amd64"].peak_instances <= 60);
+    }
+
+    #[test]
+    fn deterministic_for_a_seed() {
+        let w = super::super::workload::bursty_day(800, 5);
+        let a = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc(), 9));
+        let b = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc(), 9));
+        assert_eq!(a.samples, b.samples);
+        assert_eq!(a.events, b.events);
+    }
+}
