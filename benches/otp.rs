@@ -88,7 +88,11 @@ fn main() {
     let certs = mpc::certs::generate("otp", &["127.0.0.1".into()], 1).expect("certs");
     mpc::certs::write_bundle(&certs, &dir.path().join("tls")).expect("write certs");
     std::fs::write(dir.path().join("token"), "bench-store-token").expect("token");
-    std::fs::write(dir.path().join("seal"), "bench-sealing-secret-0123456789abcdef").expect("seal");
+    std::fs::write(
+        dir.path().join("seal"),
+        "bench-sealing-secret-0123456789abcdef",
+    )
+    .expect("seal");
     let port = free_port();
     let mut server = Command::new(env!("CARGO_BIN_EXE_mpc"))
         .arg("otp-server")

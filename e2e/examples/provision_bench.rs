@@ -38,7 +38,10 @@ async fn main() -> anyhow::Result<()> {
     let certs = mpc::certs::generate("otp", &["127.0.0.1".into()], 1)?;
     mpc::certs::write_bundle(&certs, &work.path().join("tls"))?;
     std::fs::write(work.path().join("token"), "bench-token")?;
-    std::fs::write(work.path().join("seal"), "bench-sealing-secret-0123456789abcdef")?;
+    std::fs::write(
+        work.path().join("seal"),
+        "bench-sealing-secret-0123456789abcdef",
+    )?;
     let otp = RunningServer::start(&OtpServerArgs::with_paths(
         work.path().join("tls"),
         work.path().join("otp.redb"),

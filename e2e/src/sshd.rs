@@ -172,9 +172,7 @@ impl SshdHost {
             port,
             dir,
             child: None,
-            admin_private: Arc::new(Zeroizing::new(
-                admin.private_openssh.as_bytes().to_vec(),
-            )),
+            admin_private: Arc::new(Zeroizing::new(admin.private_openssh.as_bytes().to_vec())),
             host_public: String::new(),
             users: Mutex::new(Vec::new()),
         };
@@ -226,7 +224,11 @@ impl SshdHost {
             addr = self.address,
             port = self.port,
         );
-        write_mode(&self.dir.path().join("sshd_config"), config.as_bytes(), 0o644)
+        write_mode(
+            &self.dir.path().join("sshd_config"),
+            config.as_bytes(),
+            0o644,
+        )
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
@@ -249,7 +251,11 @@ impl SshdHost {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
                 return Ok(());
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
                 bail!("sshd exited with {status} on start:\n{}", self.log());
             }
@@ -330,8 +336,20 @@ impl SshdHost {
             0o644,
         )?;
         let out = Command::new("ssh")
-            .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes"])
-            .args(["-o", "StrictHostKeyChecking=yes", "-o", "GlobalKnownHostsFile=/dev/null"])
+            .args([
+                "-F",
+                "/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "IdentitiesOnly=yes",
+            ])
+            .args([
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "GlobalKnownHostsFile=/dev/null",
+            ])
             .arg("-o")
             .arg(format!("UserKnownHostsFile={}", known.display()))
             .arg("-i")

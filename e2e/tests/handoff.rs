@@ -15,8 +15,13 @@ use mpc::provision::{ProvisionRequest, Provisioner, SshOptions, Zeroizing};
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/consume-secret.sh");
 
 fn consume(secret: &Path, home: &Path, host: &SshdHost, sync: Option<&Path>, cmd: &str) -> Output {
-    let known = write_file(home, "known_hosts", &format!("{}\n", host.known_hosts_line()), 0o644)
-        .unwrap();
+    let known = write_file(
+        home,
+        "known_hosts",
+        &format!("{}\n", host.known_hosts_line()),
+        0o644,
+    )
+    .unwrap();
     let mut c = Command::new("bash");
     c.arg(SCRIPT)
         .arg(cmd)
@@ -41,7 +46,11 @@ async fn provisioned_key_reaches_the_build_step_through_the_otp_server_once() {
     mpc::certs::write_bundle(&certs, &work.path().join("tls")).unwrap();
     let bearer = "store-token-for-handoff-test";
     std::fs::write(work.path().join("store-token"), bearer).unwrap();
-    std::fs::write(work.path().join("seal"), "0123456789abcdef0123456789abcdef!").unwrap();
+    std::fs::write(
+        work.path().join("seal"),
+        "0123456789abcdef0123456789abcdef!",
+    )
+    .unwrap();
     let mut args = OtpServerArgs::with_paths(
         work.path().join("tls"),
         work.path().join("otp.redb"),
@@ -109,7 +118,14 @@ async fn provisioned_key_reaches_the_build_step_through_the_otp_server_once() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines, [user.as_str(), provisioned.home.as_str(), "sources from the pod"]);
+    assert_eq!(
+        lines,
+        [
+            user.as_str(),
+            provisioned.home.as_str(),
+            "sources from the pod"
+        ]
+    );
 
     // A second attempt (a retried step) cannot get the key again.
     let again_home = tempfile::tempdir().unwrap();
@@ -121,7 +137,11 @@ async fn provisioned_key_reaches_the_build_step_through_the_otp_server_once() {
     // An error secret stops the step with its message.
     let failed = work.path().join("failed");
     std::fs::create_dir(&failed).unwrap();
-    std::fs::write(failed.join(secret_keys::ERROR), "no host available for linux/arm64").unwrap();
+    std::fs::write(
+        failed.join(secret_keys::ERROR),
+        "no host available for linux/arm64",
+    )
+    .unwrap();
     let out = consume(&failed, pod_home.path(), &host, None, "true");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no host available for linux/arm64"));

@@ -52,7 +52,11 @@ async fn provision_login_then_deprovision_leaves_nothing() {
             "id -un; pwd; stat -c '%a %U' ~/.ssh ~/.ssh/authorized_keys ~/build; wc -l < ~/.ssh/authorized_keys",
         )
         .unwrap();
-    assert!(out.status.success(), "login failed: {out:?}\n{}", host.log());
+    assert!(
+        out.status.success(),
+        "login failed: {out:?}\n{}",
+        host.log()
+    );
     let lines: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
     assert_eq!(lines[0], user);
     assert_eq!(lines[1], got.home);
@@ -61,7 +65,10 @@ async fn provision_login_then_deprovision_leaves_nothing() {
     assert!(lines[4].ends_with(&user), "{}", lines[4]);
     assert_eq!(lines[5], "1");
     let limits = std::fs::read_to_string(format!("/etc/security/limits.d/{user}.conf")).unwrap();
-    assert!(limits.contains(&format!("{user} - nproc 16384")), "{limits}");
+    assert!(
+        limits.contains(&format!("{user} - nproc 16384")),
+        "{limits}"
+    );
     assert!(!std::path::Path::new(&format!("/etc/sudoers.d/{user}")).exists());
 
     // A process left running by the build must not keep the user alive.
@@ -172,10 +179,7 @@ async fn a_host_killed_mid_provision_gives_a_typed_error_and_recovers_after_rest
         .provision(&target, &request(&name, &[]))
         .await
         .unwrap_err();
-    assert!(
-        matches!(err, ProvisionError::Unreachable { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, ProvisionError::Unreachable { .. }), "{err:?}");
 
     // Back with the same key: the manager reconnects by itself.
     host.restart(false).unwrap();
@@ -214,7 +218,9 @@ async fn a_changed_host_key_is_refused() {
     host.restart(true).unwrap();
     let err = p.list_build_users(&target).await.unwrap_err();
     match &err {
-        ProvisionError::HostKeyMismatch { host: h, expected, .. } => {
+        ProvisionError::HostKeyMismatch {
+            host: h, expected, ..
+        } => {
             assert_eq!(h, "rekeyed");
             assert_eq!(*expected, "recorded");
         }
@@ -236,11 +242,21 @@ async fn a_changed_host_key_is_refused() {
     );
     let err = p.list_build_users(&wrong).await.unwrap_err();
     assert!(
-        matches!(err, ProvisionError::HostKeyMismatch { expected: "pinned", .. }),
+        matches!(
+            err,
+            ProvisionError::HostKeyMismatch {
+                expected: "pinned",
+                ..
+            }
+        ),
         "{err:?}"
     );
     // The right pinned key works; so does the TOFU id once the terminated host is forgotten.
-    assert!(p.list_build_users(&host.pinned_target("pinned")).await.is_ok());
+    assert!(
+        p.list_build_users(&host.pinned_target("pinned"))
+            .await
+            .is_ok()
+    );
     p.forget_host("rekeyed").await;
     assert!(p.list_build_users(&target).await.is_ok());
 }
@@ -279,9 +295,8 @@ async fn sudo_commands_allow_exactly_the_listed_commands() {
     let sudo = vec!["/usr/bin/id".to_owned(), "/usr/bin/true".to_owned()];
     let got = p.provision(&target, &request(&name, &sudo)).await.unwrap();
     let file = format!("/etc/sudoers.d/{user}");
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&file).unwrap().permissions(),
-    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o440);
     let ok = host
         .ssh_as(&user, &got.private_key, "sudo -n /usr/bin/id -u")

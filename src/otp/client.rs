@@ -89,7 +89,8 @@ impl OtpClient {
         if !ok || format!("{base}/otp").parse::<http::Uri>().is_err() {
             return Err(OtpClientError::InvalidUrl(base_url.to_owned()));
         }
-        let tls = crate::tls::client_config_trusting(ca_pem, &[b"http/1.1"])?;
+        // hyper-rustls sets ALPN itself from the enabled HTTP versions.
+        let tls = crate::tls::client_config_trusting(ca_pem, &[])?;
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only()
@@ -229,8 +230,14 @@ mod tests {
             ok("https://otp.ns.svc:8443/").unwrap().otp_url(),
             "https://otp.ns.svc:8443/otp"
         );
-        assert!(matches!(ok("http://otp"), Err(OtpClientError::InvalidUrl(_))));
+        assert!(matches!(
+            ok("http://otp"),
+            Err(OtpClientError::InvalidUrl(_))
+        ));
         assert!(matches!(ok("https://"), Err(OtpClientError::InvalidUrl(_))));
-        assert!(matches!(ok("https://a b"), Err(OtpClientError::InvalidUrl(_))));
+        assert!(matches!(
+            ok("https://a b"),
+            Err(OtpClientError::InvalidUrl(_))
+        ));
     }
 }

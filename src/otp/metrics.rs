@@ -1,7 +1,9 @@
 //! OTP server metrics (`multi_platform_controller_otp_*`), in the server's own registry. Label sets
 //! are closed: `reason` takes only [`REASONS`], `endpoint` only `store` and `redeem`.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 use crate::metrics::name;
 
@@ -50,7 +52,9 @@ impl OtpMetrics {
         let registry = Registry::new();
         let counter = |n: &str, help: &str| {
             let c = IntCounter::with_opts(Opts::new(name(n), help)).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
         let stored = counter("otp_stored", "Private keys stored for one-time redemption.");
@@ -58,14 +62,22 @@ impl OtpMetrics {
             "otp_store_replayed",
             "Retried store requests answered with the token already issued.",
         );
-        let redeemed = counter("otp_redeemed", "Private keys handed out (each exactly once).");
-        let expired = counter("otp_expired", "Stored keys that expired without being redeemed.");
+        let redeemed = counter(
+            "otp_redeemed",
+            "Private keys handed out (each exactly once).",
+        );
+        let expired = counter(
+            "otp_expired",
+            "Stored keys that expired without being redeemed.",
+        );
         let rejected = IntCounterVec::new(
             Opts::new(name("otp_rejected"), "Refused OTP requests by reason."),
             &["reason"],
         )
         .expect("valid metric");
-        registry.register(Box::new(rejected.clone())).expect("unique metric");
+        registry
+            .register(Box::new(rejected.clone()))
+            .expect("unique metric");
         for r in REASONS {
             rejected.with_label_values(&[r]);
         }
@@ -74,17 +86,23 @@ impl OtpMetrics {
             "Stored keys waiting to be redeemed.",
         ))
         .expect("valid metric");
-        registry.register(Box::new(pending.clone())).expect("unique metric");
+        registry
+            .register(Box::new(pending.clone()))
+            .expect("unique metric");
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 name("otp_request_duration_seconds"),
                 "OTP request latency by endpoint.",
             )
-            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ]),
             &["endpoint"],
         )
         .expect("valid metric");
-        registry.register(Box::new(duration.clone())).expect("unique metric");
+        registry
+            .register(Box::new(duration.clone()))
+            .expect("unique metric");
         for e in ["store", "redeem"] {
             duration.with_label_values(&[e]);
         }

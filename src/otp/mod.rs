@@ -89,7 +89,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "" | "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
         "h" => Duration::from_secs(n.saturating_mul(3600)),
-        other => return Err(format!("unknown duration unit {other:?} (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} (use ms, s, m or h)"
+            ));
+        }
     };
     if d.is_zero() {
         return Err("duration must be positive".into());
@@ -115,11 +119,19 @@ pub struct OtpServerArgs {
     pub db: PathBuf,
     /// File holding the secret that seals stored keys (at least 32 random bytes). Repeat to
     /// rotate: the first seals new entries, every one opens existing entries.
-    #[arg(long = "seal-key-file", env = "MPC_OTP_SEAL_KEY_FILE", value_delimiter = ',',
-          default_value = "/etc/mpc/otp-seal/key")]
+    #[arg(
+        long = "seal-key-file",
+        env = "MPC_OTP_SEAL_KEY_FILE",
+        value_delimiter = ',',
+        default_value = "/etc/mpc/otp-seal/key"
+    )]
     pub seal_key_files: Vec<PathBuf>,
     /// File holding the bearer token `/store-key` requires (re-read on change).
-    #[arg(long, env = "MPC_OTP_STORE_TOKEN_FILE", default_value = "/etc/mpc/otp-store-token/token")]
+    #[arg(
+        long,
+        env = "MPC_OTP_STORE_TOKEN_FILE",
+        default_value = "/etc/mpc/otp-store-token/token"
+    )]
     pub store_token_file: PathBuf,
     /// How long a stored key stays redeemable.
     #[arg(long, env = "MPC_OTP_TTL", default_value = "1h", value_parser = parse_duration)]
@@ -207,15 +219,16 @@ impl RunningServer {
             })?;
             secrets.push(zeroize::Zeroizing::new(bytes));
         }
-        let sealer = Arc::new(seal::Sealer::new(&secrets).map_err(|source| OtpError::Seal {
-            path: args.seal_key_files.first().cloned().unwrap_or_default(),
-            source,
-        })?);
+        let sealer = Arc::new(
+            seal::Sealer::new(&secrets).map_err(|source| OtpError::Seal {
+                path: args.seal_key_files.first().cloned().unwrap_or_default(),
+                source,
+            })?,
+        );
         drop(secrets);
         if let Some(parent) = args.db.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                OtpError::Config(format!("creating {}: {e}", parent.display()))
-            })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| OtpError::Config(format!("creating {}: {e}", parent.display())))?;
         }
         let (store, writer) = store::Store::open(&args.db, Arc::clone(&sealer), clock)?;
         let metrics = metrics::OtpMetrics::new();
@@ -312,7 +325,10 @@ impl RunningServer {
             // The writer ends once the last handle is gone; a connection dropped after the drain
             // deadline may still hold one, so do not wait forever (every commit is durable anyway).
             let join = tokio::task::spawn_blocking(move || w.join());
-            if tokio::time::timeout(Duration::from_secs(5), join).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), join)
+                .await
+                .is_err()
+            {
                 tracing::warn!("OTP store writer still busy at shutdown");
             }
         }

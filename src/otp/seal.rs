@@ -17,7 +17,9 @@ const KEY_ID_LEN: usize = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {
     /// The configured secret is too short to be a key.
-    #[error("the sealing secret has {0} bytes; at least {MIN_SECRET_LEN} random bytes are required")]
+    #[error(
+        "the sealing secret has {0} bytes; at least {MIN_SECRET_LEN} random bytes are required"
+    )]
     WeakSecret(usize),
     /// No sealing secret was configured.
     #[error("no sealing secret configured")]
@@ -69,7 +71,8 @@ impl Sealer {
             let id_digest = digest::digest(&digest::SHA256, &derive(s, b"mpc otp key id v1"));
             let mut id = [0u8; KEY_ID_LEN];
             id.copy_from_slice(&id_digest.as_ref()[..KEY_ID_LEN]);
-            let aead = RandomizedNonceKey::new(&AES_256_GCM, &key).map_err(|_| SealError::Corrupt)?;
+            let aead =
+                RandomizedNonceKey::new(&AES_256_GCM, &key).map_err(|_| SealError::Corrupt)?;
             keys.push(SealKey { id, aead });
         }
         let token_key = hmac::Key::new(
@@ -142,10 +145,16 @@ mod tests {
         let sealed = s.seal(b"slot-1", b"secret key");
         assert!(!sealed.windows(10).any(|w| w == b"secret key"));
         assert_eq!(&*s.open(b"slot-1", &sealed).unwrap(), b"secret key");
-        assert!(matches!(s.open(b"slot-2", &sealed), Err(SealError::Corrupt)));
+        assert!(matches!(
+            s.open(b"slot-2", &sealed),
+            Err(SealError::Corrupt)
+        ));
         let mut flipped = sealed.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert!(matches!(s.open(b"slot-1", &flipped), Err(SealError::Corrupt)));
+        assert!(matches!(
+            s.open(b"slot-1", &flipped),
+            Err(SealError::Corrupt)
+        ));
         assert_ne!(s.seal(b"slot-1", b"x"), s.seal(b"slot-1", b"x"));
     }
 
@@ -156,13 +165,22 @@ mod tests {
         let rotated = Sealer::new(&[B, A]).unwrap();
         assert_eq!(&*rotated.open(b"h", &sealed).unwrap(), b"k");
         let only_new = Sealer::new(&[B]).unwrap();
-        assert!(matches!(only_new.open(b"h", &sealed), Err(SealError::UnknownKey)));
+        assert!(matches!(
+            only_new.open(b"h", &sealed),
+            Err(SealError::UnknownKey)
+        ));
     }
 
     #[test]
     fn weak_or_missing_secrets_are_refused() {
-        assert!(matches!(Sealer::new(&[b"short"]), Err(SealError::WeakSecret(5))));
-        assert!(matches!(Sealer::new::<&[u8]>(&[]), Err(SealError::NoSecret)));
+        assert!(matches!(
+            Sealer::new(&[b"short"]),
+            Err(SealError::WeakSecret(5))
+        ));
+        assert!(matches!(
+            Sealer::new::<&[u8]>(&[]),
+            Err(SealError::NoSecret)
+        ));
         // Trailing newline from `kubectl create secret --from-file` does not count.
         let mut with_nl = A.to_vec();
         with_nl.push(b'\n');
@@ -176,6 +194,9 @@ mod tests {
         let a = Sealer::new(&[A]).unwrap();
         assert_eq!(a.token_for(b"req-1"), a.token_for(b"req-1"));
         assert_ne!(a.token_for(b"req-1"), a.token_for(b"req-2"));
-        assert_ne!(a.token_for(b"req-1"), Sealer::new(&[B]).unwrap().token_for(b"req-1"));
+        assert_ne!(
+            a.token_for(b"req-1"),
+            Sealer::new(&[B]).unwrap().token_for(b"req-1")
+        );
     }
 }

@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 
 use zeroize::Zeroizing;
 
+/// When the file was last read, and what it held.
+type Cached = Option<(Instant, Option<Zeroizing<Vec<u8>>>)>;
+
 /// The current content of a secret file (surrounding whitespace trimmed).
 pub struct SecretFile {
     path: PathBuf,
     max_age: Duration,
-    cached: Mutex<Option<(Instant, Option<Zeroizing<Vec<u8>>>)>>,
+    cached: Mutex<Cached>,
 }
 
 impl std::fmt::Debug for SecretFile {
@@ -42,10 +45,10 @@ impl SecretFile {
     /// everything, never allow it).
     pub fn current(&self) -> Option<Zeroizing<Vec<u8>>> {
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, value)) = cached.as_ref() {
-            if at.elapsed() < self.max_age {
-                return value.clone();
-            }
+        if let Some((at, value)) = cached.as_ref()
+            && at.elapsed() < self.max_age
+        {
+            return value.clone();
         }
         let value = match std::fs::read(&self.path) {
             Ok(bytes) => {

@@ -88,7 +88,12 @@ fn text(status: StatusCode, body: impl Into<Body>) -> Response {
     r
 }
 
-fn refuse(state: &AppState, reason: &'static str, status: StatusCode, msg: &'static str) -> Response {
+fn refuse(
+    state: &AppState,
+    reason: &'static str,
+    status: StatusCode,
+    msg: &'static str,
+) -> Response {
     state.metrics.reject(reason);
     tracing::info!(reason, status = status.as_u16(), "OTP request refused");
     text(status, format!("{msg}\n"))
@@ -137,17 +142,34 @@ async fn store_key(State(state): State<Arc<AppState>>, headers: HeaderMap, body:
 }
 
 async fn store_key_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Response {
+    // The (bounded) body is read before answering even a refusal: HTTP/2 clients such as curl
+    // report an unread request body as a stream error instead of showing the status.
+    let body = read_body(body, state.max_key_bytes).await;
     if !authorized(state, headers) {
-        let mut r = refuse(state, "unauthorized", StatusCode::UNAUTHORIZED, "unauthorized");
+        let mut r = refuse(
+            state,
+            "unauthorized",
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        );
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return r;
     }
+    let Some(key) = body else {
+        return refuse(
+            state,
+            "too_large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "key too large",
+        );
+    };
     let idempotency = match headers.get(IDEMPOTENCY_KEY) {
         None => None,
         Some(v) => {
             let b = v.as_bytes();
-            if b.is_empty() || b.len() > MAX_IDEMPOTENCY_KEY || !b.iter().all(u8::is_ascii_graphic) {
+            if b.is_empty() || b.len() > MAX_IDEMPOTENCY_KEY || !b.iter().all(u8::is_ascii_graphic)
+            {
                 return refuse(
                     state,
                     "malformed",
@@ -157,14 +179,6 @@ async fn store_key_inner(state: &AppState, headers: &HeaderMap, body: Body) -> R
             }
             Some(b.to_vec())
         }
-    };
-    let Some(key) = read_body(body, state.max_key_bytes).await else {
-        return refuse(
-            state,
-            "too_large",
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "key too large",
-        );
     };
     if key.trim_ascii().is_empty() {
         return refuse(state, "malformed", StatusCode::BAD_REQUEST, "empty key");
@@ -219,10 +233,20 @@ async fn redeem(State(state): State<Arc<AppState>>, body: Body) -> Response {
 
 async fn redeem_inner(state: &AppState, body: Body) -> Response {
     let Some(body) = read_body(body, MAX_TOKEN_BODY).await else {
-        return refuse(state, "too_large", StatusCode::PAYLOAD_TOO_LARGE, "body too large");
+        return refuse(
+            state,
+            "too_large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body too large",
+        );
     };
     let Ok(token) = Token::parse(&body) else {
-        return refuse(state, "malformed", StatusCode::BAD_REQUEST, "malformed token");
+        return refuse(
+            state,
+            "malformed",
+            StatusCode::BAD_REQUEST,
+            "malformed token",
+        );
     };
     let hash = token.hash();
     match state.store.redeem(hash).await {

@@ -235,9 +235,9 @@ impl Store {
     ) -> Result<(Self, StoreThread), StoreError> {
         let mut builder = Database::builder();
         builder.set_cache_size(32 << 20);
-        let db = builder.create(path).map_err(|e| {
-            StoreError::Db(format!("opening {}: {e}", path.display()))
-        })?;
+        let db = builder
+            .create(path)
+            .map_err(|e| StoreError::Db(format!("opening {}: {e}", path.display())))?;
         // Create the table so reads before the first write work.
         let txn = db.begin_write().map_err(db_err)?;
         txn.open_table(ENTRIES).map_err(db_err)?;
@@ -250,7 +250,11 @@ impl Store {
         Ok((Self { tx }, StoreThread(Some(handle))))
     }
 
-    async fn call<T>(&self, op: Op, rx: oneshot::Receiver<Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn call<T>(
+        &self,
+        op: Op,
+        rx: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         self.tx.send(op).await.map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
@@ -297,8 +301,14 @@ enum Reply {
         oneshot::Sender<Result<Result<Stored, StoreConflict>, StoreError>>,
         Result<Result<Stored, StoreConflict>, StoreError>,
     ),
-    Redeem(oneshot::Sender<Result<Redeemed, StoreError>>, Result<Redeemed, StoreError>),
-    Purge(oneshot::Sender<Result<Purged, StoreError>>, Result<Purged, StoreError>),
+    Redeem(
+        oneshot::Sender<Result<Redeemed, StoreError>>,
+        Result<Redeemed, StoreError>,
+    ),
+    Purge(
+        oneshot::Sender<Result<Purged, StoreError>>,
+        Result<Purged, StoreError>,
+    ),
 }
 
 impl Reply {
@@ -583,9 +593,15 @@ mod tests {
         let t = super::super::token::Token::random();
         let h = t.hash();
         let (s, p) = sealed(&sealer, &h, b"KEY");
-        assert_eq!(store.store(h, s, p, ttl).await.unwrap(), Ok(Stored::Created));
+        assert_eq!(
+            store.store(h, s, p, ttl).await.unwrap(),
+            Ok(Stored::Created)
+        );
         let (s, p) = sealed(&sealer, &h, b"KEY");
-        assert_eq!(store.store(h, s, p, ttl).await.unwrap(), Ok(Stored::Replayed));
+        assert_eq!(
+            store.store(h, s, p, ttl).await.unwrap(),
+            Ok(Stored::Replayed)
+        );
         let (s, p) = sealed(&sealer, &h, b"OTHER");
         assert_eq!(
             store.store(h, s, p, ttl).await.unwrap(),
@@ -595,7 +611,10 @@ mod tests {
             Redeemed::Key(k) => assert_eq!(k.as_slice(), b"KEY"),
             Redeemed::Refused(r) => panic!("{r:?}"),
         }
-        assert!(matches!(store.redeem(h).await.unwrap(), Redeemed::Refused(Refusal::Used)));
+        assert!(matches!(
+            store.redeem(h).await.unwrap(),
+            Redeemed::Refused(Refusal::Used)
+        ));
         let (s, p) = sealed(&sealer, &h, b"KEY");
         assert_eq!(
             store.store(h, s, p, ttl).await.unwrap(),
@@ -606,7 +625,10 @@ mod tests {
         let (s, p) = sealed(&sealer, &t2, b"K2");
         store.store(t2, s, p, ttl).await.unwrap().unwrap();
         clock.0.store(1_000 + 10_000, Ordering::SeqCst);
-        assert!(matches!(store.redeem(t2).await.unwrap(), Redeemed::Refused(Refusal::Expired)));
+        assert!(matches!(
+            store.redeem(t2).await.unwrap(),
+            Redeemed::Refused(Refusal::Expired)
+        ));
         let purged = store.purge().await.unwrap();
         assert_eq!(
             purged,
@@ -616,7 +638,10 @@ mod tests {
                 pending: 0
             }
         );
-        assert!(matches!(store.redeem(h).await.unwrap(), Redeemed::Refused(Refusal::Unknown)));
+        assert!(matches!(
+            store.redeem(h).await.unwrap(),
+            Redeemed::Refused(Refusal::Unknown)
+        ));
         drop(store);
         thread.join();
     }
@@ -625,12 +650,20 @@ mod tests {
     async fn concurrent_redeems_of_one_token_yield_one_key() {
         let dir = tempfile::tempdir().unwrap();
         let sealer = Arc::new(Sealer::new(&[SECRET]).unwrap());
-        let (store, _thread) =
-            Store::open(&dir.path().join("db"), Arc::clone(&sealer), Arc::new(SystemClock)).unwrap();
+        let (store, _thread) = Store::open(
+            &dir.path().join("db"),
+            Arc::clone(&sealer),
+            Arc::new(SystemClock),
+        )
+        .unwrap();
         for _ in 0..20 {
             let h = super::super::token::Token::random().hash();
             let (s, p) = sealed(&sealer, &h, b"KEY");
-            store.store(h, s, p, Duration::from_secs(60)).await.unwrap().unwrap();
+            store
+                .store(h, s, p, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .unwrap();
             let tasks: Vec<_> = (0..16)
                 .map(|_| {
                     let store = store.clone();

@@ -114,7 +114,10 @@ mod tests {
         assert_eq!(Token::parse(a.as_str().as_bytes()).unwrap(), a);
         let with_newline = format!("{}\n", a.as_str());
         assert_eq!(Token::parse(with_newline.as_bytes()).unwrap(), a);
-        assert_eq!(Token::parse(a.as_str().as_bytes()).unwrap().hash(), a.hash());
+        assert_eq!(
+            Token::parse(a.as_str().as_bytes()).unwrap().hash(),
+            a.hash()
+        );
         assert_ne!(a.hash(), b.hash());
         assert!(!format!("{a:?}").contains(a.as_str()));
     }

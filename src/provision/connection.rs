@@ -423,10 +423,11 @@ impl Connections {
             .map(|(_, s)| s)
             .collect();
         for slot in slots {
-            if let Some(l) = slot.live.lock().await.take() {
-                if let Ok(session) = Arc::try_unwrap(l.session) {
-                    let _ = session.close().await;
-                }
+            let live = slot.live.lock().await.take();
+            if let Some(l) = live
+                && let Ok(session) = Arc::try_unwrap(l.session)
+            {
+                let _ = session.close().await;
             }
         }
     }
@@ -435,7 +436,11 @@ impl Connections {
 /// Identity of everything that shapes a connection; a change means reconnect.
 fn fingerprint(t: &Target) -> Vec<u8> {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-    for part in [t.address.as_bytes(), t.user.as_bytes(), &t.port.to_be_bytes()] {
+    for part in [
+        t.address.as_bytes(),
+        t.user.as_bytes(),
+        &t.port.to_be_bytes(),
+    ] {
         ctx.update(&(part.len() as u64).to_be_bytes());
         ctx.update(part);
     }
@@ -527,6 +532,50 @@ mod tests {
         let mut d = a.clone();
         d.port = 2222;
         assert_ne!(fingerprint(&a), fingerprint(&d));
+    }
+
+    #[test]
+    fn ssh_messages_map_to_typed_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = Connections::new(SshOptions::new(tmp.path().join("s"))).unwrap();
+        let t = Target::dynamic(
+            "i-1",
+            "10.0.0.1",
+            "root",
+            Arc::new(Zeroizing::new(b"k".to_vec())),
+        );
+        let connect = |msg: &str| {
+            c.classify(
+                &t,
+                openssh::Error::Connect(std::io::Error::other(msg.to_owned())),
+            )
+        };
+        assert!(matches!(
+            connect(
+                "@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\nHost key verification failed."
+            ),
+            ProvisionError::HostKeyMismatch {
+                expected: "recorded",
+                ..
+            }
+        ));
+        assert!(matches!(
+            connect("root@10.0.0.1: Permission denied (publickey)."),
+            ProvisionError::AuthRefused { .. }
+        ));
+        assert!(matches!(
+            connect("connect to host 10.0.0.1 port 22: Connection refused"),
+            ProvisionError::Unreachable { .. }
+        ));
+        assert!(matches!(
+            c.classify(&t, openssh::Error::Disconnected),
+            ProvisionError::Unreachable { .. }
+        ));
+        let e = connect("Host key verification failed.");
+        assert!(
+            e.to_string()
+                .contains(&c.known_hosts_file(&t).display().to_string())
+        );
     }
 
     #[test]

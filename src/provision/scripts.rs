@@ -181,7 +181,9 @@ pub fn limits_file(user: &str, limits: &[Limit]) -> String {
     limits
         .iter()
         .map(|l| {
-            let v = l.value.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
+            let v = l
+                .value
+                .map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
             format!("{user} - {} {v}", l.item.as_str())
         })
         .collect::<Vec<_>>()
@@ -224,7 +226,9 @@ pub fn deprovision_command(prefix: &[&str], users: &[&str]) -> Result<String, Nu
 /// Is `name` one of our per-TaskRun users (`u-` + 28 lowercase hex digits)?
 pub fn is_build_user(name: &str) -> bool {
     name.strip_prefix("u-").is_some_and(|h| {
-        h.len() == 28 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == 28
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 

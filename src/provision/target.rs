@@ -155,7 +155,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn target(address: &str) -> Target {
-        Target::dynamic("i-0abc", address, "root", Arc::new(Zeroizing::new(b"k".to_vec())))
+        Target::dynamic(
+            "i-0abc",
+            address,
+            "root",
+            Arc::new(Zeroizing::new(b"k".to_vec())),
+        )
     }
 
     #[test]
