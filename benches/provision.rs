@@ -12,9 +12,9 @@ mod sshd;
 
 use std::time::{Duration, Instant};
 
-use sshd::{SshdHost, unique_name};
 use mpc::otp::{OtpClient, OtpServerArgs, RunningServer};
 use mpc::provision::{ProvisionRequest, Provisioner, SshOptions, Zeroizing};
+use sshd::{SshdHost, unique_name};
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;

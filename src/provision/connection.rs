@@ -358,9 +358,16 @@ impl Connections {
     fn classify(&self, target: &Target, e: openssh::Error) -> ProvisionError {
         let host = target.id.clone();
         let detail = match &e {
-            openssh::Error::Connect(io) | openssh::Error::Master(io) => io.to_string(),
-            openssh::Error::Ssh(io) => {
+            // ssh's own failures arrive with its log text; NotFound means it never ran (no `ssh`
+            // binary, or it died before opening its log).
+            openssh::Error::Connect(io) if io.kind() != std::io::ErrorKind::NotFound => {
+                io.to_string()
+            }
+            openssh::Error::Connect(io) | openssh::Error::Ssh(io) => {
                 return ProvisionError::Local(format!("cannot run the ssh client: {io}"));
+            }
+            openssh::Error::Master(io) => {
+                return ProvisionError::Local(format!("creating the SSH control directory: {io}"));
             }
             openssh::Error::InvalidCommand => {
                 return ProvisionError::InvalidRequest("command contains a NUL byte".into());
@@ -570,6 +577,11 @@ mod tests {
         assert!(matches!(
             c.classify(&t, openssh::Error::Disconnected),
             ProvisionError::Unreachable { .. }
+        ));
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(matches!(
+            c.classify(&t, openssh::Error::Connect(missing)),
+            ProvisionError::Local(_)
         ));
         let e = connect("Host key verification failed.");
         assert!(

@@ -48,6 +48,9 @@ if ! id -u "$user" >/dev/null 2>&1; then
       *) fail 75 "useradd exited with $rc: $out" ;;
     esac
   done
+else
+  # Accounts made by other tools may be locked ('!'), which sshd refuses without PAM.
+  usermod -p '*' "$user" >/dev/null 2>&1 || true
 fi
 gid=$(id -g "$user") || fail 75 "user $user vanished while being provisioned"
 [ -d "$home" ] || install -d -m 0755 -o "$user" -g "$gid" "$home" || fail 75 "cannot create $home"
