@@ -573,3 +573,37 @@ async fn the_konflux_curl_line_redeems_the_key_once_and_logs_stay_clean() {
     assert!(!log.contains(&f.bearer), "bearer token in logs");
     assert!(!log.contains(&f.seal), "sealing secret in logs");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfiguration_stops_the_server_with_a_clear_message() {
+    let f = Fixture::new();
+    let first = RunningServer::start(&f.args()).await.unwrap();
+    // One writer per database file: a second server on the same volume refuses to start.
+    let second = RunningServer::start(&f.args()).await.unwrap_err();
+    assert!(
+        second.to_string().contains("otp.redb"),
+        "unhelpful error: {second}"
+    );
+    first.shutdown().await;
+
+    std::fs::write(f.path("weak-seal"), "short").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mpc"))
+        .arg("otp-server")
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--tls-dir")
+        .arg(f.path("tls"))
+        .arg("--db")
+        .arg(f.path("weak/otp.redb"))
+        .arg("--seal-key-file")
+        .arg(f.path("weak-seal"))
+        .arg("--store-token-file")
+        .arg(f.path("store-token"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("weak-seal") && err.contains("at least 32"),
+        "unhelpful error: {err}"
+    );
+}
