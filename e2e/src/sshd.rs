@@ -1,1 +1,476 @@
-//! Placeholder: filled in by its issue.
+//! Real OpenSSH servers on loopback for provisioning tests.
+//!
+//! Each [`SshdHost`] runs `/usr/sbin/sshd -D -e -f <own config>` on its own 127.0.0.x address and
+//! port with its own host key. The admin is root, authorised through a test key kept in the
+//! host's directory (`AuthorizedKeysFile .ssh/authorized_keys <dir>/admin_keys/%u`), so the
+//! machine's own `/root/.ssh` is never touched; build users use their real
+//! `~/.ssh/authorized_keys` with `StrictModes yes`, which checks the permissions provisioning set.
+//!
+//! Users are machine-wide, so several "hosts" share one passwd file: tests use unique TaskRun
+//! names ([`unique_name`]) and register the users they create ([`SshdHost::track_user`]) so that
+//! dropping the host kills their processes and deletes them. Dropping also kills sshd with all its
+//! session processes and removes the host's directory.
+//!
+//! Needs root (sshd, useradd). Override the binary with `MPC_E2E_SSHD`; directories live under
+//! `$MPC_E2E_HOME/sshd` (default `~/.cache/mpc-e2e/sshd`), whose parents must not be group- or
+//! world-writable (sshd's `StrictModes` checks the admin key's path).
+
+use std::collections::HashMap;
+use std::fs;
+use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use mpc::provision::{HostKeyTrust, Target, Zeroizing, keys};
+
+/// A random number from the process's hash seed (no extra dependency needed for test names).
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// A name unique to this test run, e.g. for TaskRuns: `<prefix>-<16 hex>`.
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", random_u64())
+}
+
+/// Base directory of the e2e tools (`MPC_E2E_HOME`, default `~/.cache/mpc-e2e`).
+pub fn e2e_home() -> PathBuf {
+    std::env::var_os("MPC_E2E_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/mpc-e2e")
+        })
+}
+
+/// Does `user` exist on this machine?
+pub fn user_exists(user: &str) -> bool {
+    Command::new("getent")
+        .args(["passwd", user])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Kills `user`'s processes and deletes it with everything provisioning creates; ignores a user
+/// that does not exist.
+pub fn remove_user(user: &str) {
+    if user_exists(user) {
+        for _ in 0..50 {
+            let found = Command::new("pkill")
+                .args(["-KILL", "-u", user])
+                .status()
+                .is_ok_and(|s| s.success());
+            if !found {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("userdel")
+            .args(["-r", user])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = fs::remove_dir_all(format!("/home/{user}"));
+    for f in [
+        format!("/etc/sudoers.d/{user}"),
+        format!("/etc/sudoers.d/.{user}.tmp"),
+        format!("/etc/security/limits.d/{user}.conf"),
+        format!("/etc/security/limits.d/.{user}.tmp"),
+    ] {
+        let _ = fs::remove_file(f);
+    }
+}
+
+/// A running sshd on loopback, stopped and cleaned up on drop.
+pub struct SshdHost {
+    address: Ipv4Addr,
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    admin_private: Arc<Zeroizing<Vec<u8>>>,
+    host_public: String,
+    users: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for SshdHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshdHost")
+            .field("address", &self.address)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+fn sshd_binary() -> PathBuf {
+    std::env::var_os("MPC_E2E_SSHD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/sshd"))
+}
+
+fn write_mode(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {}", path.display()))
+}
+
+/// A free TCP port on `addr` (the listener is closed again; sshd binds with SO_REUSEADDR).
+fn free_port(addr: Ipv4Addr) -> anyhow::Result<u16> {
+    let l = TcpListener::bind((addr, 0)).with_context(|| format!("binding {addr}:0"))?;
+    Ok(l.local_addr()?.port())
+}
+
+impl SshdHost {
+    /// Starts sshd on a random 127.0.0.x address and free port with a fresh host key.
+    pub fn start() -> anyhow::Result<Self> {
+        if !sshd_binary().exists() {
+            bail!(
+                "{} not found: run e2e/setup.sh (installs openssh-server)",
+                sshd_binary().display()
+            );
+        }
+        // sshd refuses to start without its privilege-separation directory.
+        let _ = fs::create_dir_all("/run/sshd");
+        let base = e2e_home().join("sshd");
+        fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755))?;
+        let dir = tempfile::Builder::new()
+            .prefix("host-")
+            .tempdir_in(&base)
+            .context("creating the sshd directory")?;
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))?;
+        fs::create_dir(dir.path().join("admin_keys"))?;
+        fs::set_permissions(
+            dir.path().join("admin_keys"),
+            fs::Permissions::from_mode(0o755),
+        )?;
+
+        let admin = keys::generate("e2e-admin").context("generating the admin key")?;
+        write_mode(
+            &dir.path().join("admin_keys/root"),
+            format!("{}\n", admin.public_openssh).as_bytes(),
+            0o600,
+        )?;
+        let address = Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
+        let port = free_port(address)?;
+        let mut host = Self {
+            address,
+            port,
+            dir,
+            child: None,
+            admin_private: Arc::new(Zeroizing::new(admin.private_openssh.as_bytes().to_vec())),
+            host_public: String::new(),
+            users: Mutex::new(Vec::new()),
+        };
+        host.new_host_key()?;
+        host.write_config()?;
+        host.spawn()?;
+        Ok(host)
+    }
+
+    fn new_host_key(&mut self) -> anyhow::Result<()> {
+        let key = self.dir.path().join("host_ed25519");
+        let _ = fs::remove_file(&key);
+        let _ = fs::remove_file(key.with_extension("pub"));
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "", "-f"])
+            .arg(&key)
+            .output()
+            .context("running ssh-keygen")?;
+        if !out.status.success() {
+            bail!("ssh-keygen: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let public = fs::read_to_string(key.with_extension("pub"))?;
+        let mut parts = public.split_whitespace();
+        self.host_public = format!(
+            "{} {}",
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default()
+        );
+        Ok(())
+    }
+
+    fn write_config(&self) -> anyhow::Result<()> {
+        let d = self.dir.path().display();
+        let config = format!(
+            "ListenAddress {addr}:{port}\n\
+             HostKey {d}/host_ed25519\n\
+             PidFile none\n\
+             AuthorizedKeysFile .ssh/authorized_keys {d}/admin_keys/%u\n\
+             UsePAM no\n\
+             PermitRootLogin prohibit-password\n\
+             PasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\n\
+             StrictModes yes\n\
+             MaxStartups 200\n\
+             MaxSessions 64\n\
+             LoginGraceTime 30\n\
+             PrintMotd no\n\
+             LogLevel VERBOSE\n",
+            addr = self.address,
+            port = self.port,
+        );
+        write_mode(
+            &self.dir.path().join("sshd_config"),
+            config.as_bytes(),
+            0o644,
+        )
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("sshd.log"))?;
+        let child = Command::new(sshd_binary())
+            .args(["-D", "-e", "-f"])
+            .arg(self.dir.path().join("sshd_config"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting sshd")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let addr = SocketAddr::from((self.address, self.port));
+        loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                bail!("sshd exited with {status} on start:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                bail!("sshd did not listen on {addr} within 10s:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The loopback address sshd listens on.
+    pub fn address(&self) -> String {
+        self.address.to_string()
+    }
+
+    /// The port sshd listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The host's public key, `ssh-ed25519 <base64>` (for pinning).
+    pub fn host_key(&self) -> &str {
+        &self.host_public
+    }
+
+    /// The admin (root) private key.
+    pub fn admin_key(&self) -> Arc<Zeroizing<Vec<u8>>> {
+        Arc::clone(&self.admin_private)
+    }
+
+    /// A provisioning target for this host, trusted on first use under `id`.
+    pub fn target(&self, id: &str) -> Target {
+        Target {
+            id: id.to_owned(),
+            address: self.address(),
+            port: self.port,
+            user: "root".to_owned(),
+            admin_key: self.admin_key(),
+            host_key: HostKeyTrust::TrustOnFirstUse,
+        }
+    }
+
+    /// A provisioning target for this host with its current key pinned.
+    pub fn pinned_target(&self, id: &str) -> Target {
+        Target {
+            host_key: HostKeyTrust::Pinned(self.host_public.clone()),
+            ..self.target(id)
+        }
+    }
+
+    /// A known_hosts line for ssh clients connecting to `address` on this port.
+    pub fn known_hosts_line(&self) -> String {
+        format!("[{}]:{} {}", self.address, self.port, self.host_public)
+    }
+
+    /// sshd's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+
+    /// Deletes `user` (and its processes and files) when this host is dropped.
+    pub fn track_user(&self, user: &str) {
+        self.users
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(user.to_owned());
+    }
+
+    /// Runs `command` over a real `ssh` client as `user` authenticating with `private_key`, checking
+    /// the host key strictly.
+    pub fn ssh_as(&self, user: &str, private_key: &str, command: &str) -> anyhow::Result<Output> {
+        let key = self.dir.path().join(format!("client-{:x}", random_u64()));
+        write_mode(&key, private_key.as_bytes(), 0o600)?;
+        let known = self.dir.path().join("client_known_hosts");
+        write_mode(
+            &known,
+            format!("{}\n", self.known_hosts_line()).as_bytes(),
+            0o644,
+        )?;
+        let out = Command::new("ssh")
+            .args([
+                "-F",
+                "/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "IdentitiesOnly=yes",
+            ])
+            .args([
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "GlobalKnownHostsFile=/dev/null",
+            ])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", known.display()))
+            .arg("-i")
+            .arg(&key)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg(format!("{user}@{}", self.address))
+            .arg(command)
+            .stdin(Stdio::null())
+            .output()
+            .context("running ssh");
+        let _ = fs::remove_file(&key);
+        out
+    }
+
+    /// Kills sshd and every session process it spawned (as if the machine died).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_tree(child.id());
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops (SIGSTOP) sshd and its sessions: the host hangs, connections stay open.
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            signal("-STOP", &descendants(child.id()));
+        }
+    }
+
+    /// Resumes a frozen host.
+    pub fn thaw(&self) {
+        if let Some(child) = &self.child {
+            signal("-CONT", &descendants(child.id()));
+        }
+    }
+
+    /// Starts sshd again on the same address and port, with a new host key if `new_host_key`.
+    pub fn restart(&mut self, new_host_key: bool) -> anyhow::Result<()> {
+        self.kill();
+        if new_host_key {
+            self.new_host_key()?;
+        }
+        self.spawn()
+    }
+}
+
+impl Drop for SshdHost {
+    fn drop(&mut self) {
+        self.kill();
+        let users = std::mem::take(&mut *self.users.lock().unwrap_or_else(|e| e.into_inner()));
+        for user in users {
+            remove_user(&user);
+        }
+    }
+}
+
+/// Parent pid of every process, from `/proc`.
+fn parents() -> HashMap<u32, u32> {
+    let mut map = HashMap::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return map;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // The command name is parenthesised and may contain spaces: parse after the last ')'.
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            map.insert(pid, ppid);
+        }
+    }
+    map
+}
+
+fn descendants(root: u32) -> Vec<u32> {
+    let parents = parents();
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parents.iter().filter(|&(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
+fn signal(sig: &str, pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .arg(sig)
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Stops the whole tree first (so nothing forks away), then kills it.
+fn kill_tree(root: u32) {
+    let first = descendants(root);
+    signal("-STOP", &first);
+    let mut all = descendants(root);
+    all.extend(first);
+    all.sort_unstable();
+    all.dedup();
+    signal("-KILL", &all);
+}
+
+/// Writes `text` to a new file in `dir` with `mode` and returns its path.
+pub fn write_file(dir: &Path, name: &str, text: &str, mode: u32) -> anyhow::Result<PathBuf> {
+    let path = dir.join(name);
+    let mut f = fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+    Ok(path)
+}

@@ -1,0 +1,414 @@
+//! `mpc otp-server`: hands each build its SSH private key exactly once (design §7).
+//!
+//! The controller stores a key (`POST /store-key`, bearer token from a mounted Secret) and puts the
+//! returned one-time token into the TaskRun's secret; the build step redeems it
+//! (`POST /otp` with the token as body, as Konflux's `curl --cacert /ssh/otp-ca -XPOST -d @/ssh/otp
+//! "$(cat /ssh/otp-server)"` does) and gets the key; any later attempt gets a 4xx.
+//!
+//! - Storage: [`store`] (redb on a volume, group-committed; a restart loses nothing and the redeem
+//!   is one atomic transaction). Only the SHA-256 of a token is stored and every key is sealed with
+//!   AES-256-GCM ([`seal`]) under a key from a mounted Secret, so the database file alone yields
+//!   nothing.
+//! - Entries expire after a TTL (default 1 h); a background task purges them.
+//! - Ports: HTTPS (`/store-key`, `/otp`, `/healthz`) with the certificate re-read when the mounted
+//!   files change; plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`) kept off the port that
+//!   build pods reach.
+//! - Logs never contain tokens or keys; entries appear as a short hash-of-hash id.
+//! - [`client`] is the controller's side, with retries that cannot create duplicates.
+
+pub mod client;
+pub mod metrics;
+pub mod seal;
+pub mod secret_file;
+pub mod server;
+pub mod store;
+pub mod token;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::serve::{ServeOptions, serve_plain, serve_tls};
+use crate::tls::{CertPaths, ReloadingCert, TlsError};
+
+pub use client::{OtpClient, OtpClientError};
+pub use store::{Clock, SystemClock};
+
+/// Errors that stop the OTP server.
+#[derive(Debug, thiserror::Error)]
+pub enum OtpError {
+    /// The serving certificate could not be loaded.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
+    /// A sealing secret is unusable.
+    #[error("sealing secret {path}: {source}")]
+    Seal {
+        /// The secret file.
+        path: PathBuf,
+        /// Why.
+        source: seal::SealError,
+    },
+    /// A secret file could not be read.
+    #[error("reading {path}: {source}")]
+    ReadSecret {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The database could not be opened.
+    #[error("OTP database: {0}")]
+    Store(#[from] store::StoreError),
+    /// A listener could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// An argument is invalid.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Parses `500ms`, `30s`, `15m`, `1h` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 30s, 15m, 1h)"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    if d.is_zero() {
+        return Err("duration must be positive".into());
+    }
+    Ok(d)
+}
+
+/// `mpc otp-server` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OtpServerArgs {
+    /// HTTPS address for `/store-key`, `/otp` and `/healthz`.
+    #[arg(long, env = "MPC_OTP_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP admin address for `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long, env = "MPC_OTP_ADMIN_LISTEN", default_value = "0.0.0.0:8081")]
+    pub admin_listen: SocketAddr,
+    /// Directory with `tls.crt` and `tls.key` (a mounted `kubernetes.io/tls` Secret); re-read on
+    /// change.
+    #[arg(long, env = "MPC_OTP_TLS_DIR", default_value = "/etc/mpc/otp-tls")]
+    pub tls_dir: PathBuf,
+    /// The database file (on a persistent volume).
+    #[arg(long, env = "MPC_OTP_DB", default_value = "/var/lib/mpc-otp/otp.redb")]
+    pub db: PathBuf,
+    /// File holding the secret that seals stored keys (at least 32 random bytes). Repeat to
+    /// rotate: the first seals new entries, every one opens existing entries.
+    #[arg(
+        long = "seal-key-file",
+        env = "MPC_OTP_SEAL_KEY_FILE",
+        value_delimiter = ',',
+        default_value = "/etc/mpc/otp-seal/key"
+    )]
+    pub seal_key_files: Vec<PathBuf>,
+    /// File holding the bearer token `/store-key` requires (re-read on change).
+    #[arg(
+        long,
+        env = "MPC_OTP_STORE_TOKEN_FILE",
+        default_value = "/etc/mpc/otp-store-token/token"
+    )]
+    pub store_token_file: PathBuf,
+    /// How long a stored key stays redeemable.
+    #[arg(long, env = "MPC_OTP_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// How often expired entries are purged.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub purge_interval: Duration,
+    /// Largest private key accepted, in bytes.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub max_key_bytes: usize,
+    /// Longest time a request may take.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub cert_reload_interval: Duration,
+}
+
+impl OtpServerArgs {
+    /// Arguments with every default, for the given files (used by tests and embedding).
+    pub fn with_paths(
+        tls_dir: PathBuf,
+        db: PathBuf,
+        seal_key_file: PathBuf,
+        store_token_file: PathBuf,
+    ) -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls_dir,
+            db,
+            seal_key_files: vec![seal_key_file],
+            store_token_file,
+            ttl: Duration::from_secs(3600),
+            purge_interval: Duration::from_secs(60),
+            max_key_bytes: 64 * 1024,
+            request_timeout: Duration::from_secs(10),
+            cert_reload_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A started OTP server.
+pub struct RunningServer {
+    /// The HTTPS address actually bound.
+    pub addr: SocketAddr,
+    /// The admin address actually bound.
+    pub admin_addr: SocketAddr,
+    /// The metrics (also served on the admin port).
+    pub metrics: metrics::OtpMetrics,
+    cancel: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    state: Option<Arc<server::AppState>>,
+    writer: Option<store::StoreThread>,
+}
+
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("addr", &self.addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningServer {
+    /// Starts the server with the system clock.
+    pub async fn start(args: &OtpServerArgs) -> Result<Self, OtpError> {
+        Self::start_with_clock(args, Arc::new(SystemClock)).await
+    }
+
+    /// Starts the server with `clock` deciding expiry.
+    pub async fn start_with_clock(
+        args: &OtpServerArgs,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, OtpError> {
+        if args.max_key_bytes == 0 {
+            return Err(OtpError::Config("--max-key-bytes must be positive".into()));
+        }
+        let mut secrets = Vec::new();
+        for path in &args.seal_key_files {
+            let bytes = std::fs::read(path).map_err(|source| OtpError::ReadSecret {
+                path: path.clone(),
+                source,
+            })?;
+            secrets.push(zeroize::Zeroizing::new(bytes));
+        }
+        let sealer = Arc::new(
+            seal::Sealer::new(&secrets).map_err(|source| OtpError::Seal {
+                path: args.seal_key_files.first().cloned().unwrap_or_default(),
+                source,
+            })?,
+        );
+        drop(secrets);
+        if let Some(parent) = args.db.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| OtpError::Config(format!("creating {}: {e}", parent.display())))?;
+        }
+        let (store, writer) = store::Store::open(&args.db, Arc::clone(&sealer), clock)?;
+        let metrics = metrics::OtpMetrics::new();
+        // Purging first also sets the pending gauge from what survived a restart.
+        let purged = store.purge().await?;
+        metrics.expired.inc_by(purged.expired);
+        metrics.pending.set(purged.pending as i64);
+
+        let cert = ReloadingCert::load(CertPaths::in_dir(&args.tls_dir))?;
+        let tls = cert.server_config(&[b"h2", b"http/1.1"]);
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| OtpError::Bind {
+                addr: args.listen,
+                source,
+            })?;
+        let admin = tokio::net::TcpListener::bind(args.admin_listen)
+            .await
+            .map_err(|source| OtpError::Bind {
+                addr: args.admin_listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| OtpError::Bind {
+            addr: args.listen,
+            source,
+        })?;
+        let admin_addr = admin.local_addr().map_err(|source| OtpError::Bind {
+            addr: args.admin_listen,
+            source,
+        })?;
+
+        let state = Arc::new(server::AppState {
+            store: store.clone(),
+            sealer,
+            store_token: secret_file::SecretFile::new(
+                args.store_token_file.clone(),
+                Duration::from_secs(1),
+            ),
+            ttl: args.ttl,
+            max_key_bytes: args.max_key_bytes,
+            metrics: metrics.clone(),
+        });
+        let cancel = CancellationToken::new();
+        let opts = ServeOptions::default();
+        let mut tasks = vec![
+            cert.spawn_reloader(args.cert_reload_interval, cancel.clone()),
+            tokio::spawn(serve_tls(
+                listener,
+                tls,
+                server::router(Arc::clone(&state), args.request_timeout),
+                cancel.clone(),
+                opts,
+            )),
+            tokio::spawn(serve_plain(
+                admin,
+                server::admin_router(metrics.clone()),
+                cancel.clone(),
+                opts,
+            )),
+        ];
+        tasks.push(tokio::spawn(purge_loop(
+            store,
+            metrics.clone(),
+            args.purge_interval,
+            cancel.clone(),
+        )));
+        tracing::info!(
+            %addr,
+            %admin_addr,
+            db = %args.db.display(),
+            ttl_s = args.ttl.as_secs_f64(),
+            pending = purged.pending,
+            "OTP server listening"
+        );
+        Ok(Self {
+            addr,
+            admin_addr,
+            metrics,
+            cancel,
+            tasks,
+            state: Some(state),
+            writer: Some(writer),
+        })
+    }
+
+    /// Stops accepting, drains in-flight requests, and waits for the store to finish.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        self.state.take();
+        if let Some(w) = self.writer.take() {
+            // The writer ends once the last handle is gone; a connection dropped after the drain
+            // deadline may still hold one, so do not wait forever (every commit is durable anyway).
+            let join = tokio::task::spawn_blocking(move || w.join());
+            if tokio::time::timeout(Duration::from_secs(5), join)
+                .await
+                .is_err()
+            {
+                tracing::warn!("OTP store writer still busy at shutdown");
+            }
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn purge_loop(
+    store: store::Store,
+    metrics: metrics::OtpMetrics,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match store.purge().await {
+            Ok(p) => {
+                metrics.expired.inc_by(p.expired);
+                metrics.pending.set(p.pending as i64);
+                if p.expired > 0 || p.tombstones > 0 {
+                    tracing::info!(
+                        expired = p.expired,
+                        tombstones = p.tombstones,
+                        pending = p.pending,
+                        "purged OTP entries"
+                    );
+                }
+            }
+            Err(error) => tracing::warn!(%error, "purging OTP entries failed"),
+        }
+    }
+}
+
+/// Runs `mpc otp-server` until SIGTERM or Ctrl-C.
+pub async fn run_server(args: OtpServerArgs) -> Result<(), OtpError> {
+    let server = RunningServer::start(&args).await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+}

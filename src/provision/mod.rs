@@ -1,0 +1,212 @@
+//! SSH provisioning of per-TaskRun build users on remote hosts, and their cleanup (design §6).
+//!
+//! The controller connects as the host's admin over a multiplexed `openssh` master per host
+//! ([`Connections`]), generates an ed25519 key pair in-process ([`keys`]), and sends one constant
+//! script per operation with every value passed as a quoted positional parameter ([`quote`],
+//! [`scripts`]). The private key never reaches the host: the caller hands it to the OTP server.
+//!
+//! This module takes the admin key as bytes and knows nothing about Kubernetes; the caller reads
+//! Secrets and config.
+
+mod connection;
+mod error;
+pub mod keys;
+pub mod quote;
+pub mod scripts;
+mod target;
+
+pub use zeroize::Zeroizing;
+
+pub use connection::{Connections, SshOptions};
+pub use error::{Blame, ProvisionError};
+pub use scripts::{Limit, LimitItem};
+pub use target::{HostKeyTrust, Target};
+
+/// What to provision: one TaskRun's build user.
+#[derive(Debug, Clone, Copy)]
+pub struct ProvisionRequest<'a> {
+    /// TaskRun name.
+    pub taskrun_name: &'a str,
+    /// TaskRun namespace.
+    pub namespace: &'a str,
+    /// Commands the user may run with `sudo` (from `dynamic.<p>.sudo-commands`); empty for none.
+    pub sudo_commands: &'a [String],
+}
+
+/// A provisioned build user, with the private key the build step will fetch through the OTP server.
+pub struct Provisioned {
+    /// The user (`u-<28 hex>`).
+    pub user: String,
+    /// `/home/<user>` (the secret's `user-dir`).
+    pub home: String,
+    /// `<user>@<address>` (the secret's `host`).
+    pub login: String,
+    /// The OpenSSH private key; only this process and the OTP server ever hold it.
+    pub private_key: Zeroizing<String>,
+    /// The `authorized_keys` line installed on the host.
+    pub public_key: String,
+}
+
+impl std::fmt::Debug for Provisioned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provisioned")
+            .field("user", &self.user)
+            .field("login", &self.login)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Provisions and removes build users over SSH.
+#[derive(Debug)]
+pub struct Provisioner {
+    connections: Connections,
+    limits: Vec<Limit>,
+}
+
+impl Provisioner {
+    /// A provisioner using `opts` (connections are opened on first use).
+    pub fn new(opts: SshOptions) -> Result<Self, ProvisionError> {
+        Ok(Self {
+            connections: Connections::new(opts)?,
+            limits: scripts::default_limits(),
+        })
+    }
+
+    /// Replaces the resource limits written for each user (empty: no limits file).
+    pub fn with_limits(mut self, limits: Vec<Limit>) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The connection manager.
+    pub fn connections(&self) -> &Connections {
+        &self.connections
+    }
+
+    /// Creates (or refreshes) the TaskRun's user on `target` with a new key. Idempotent: running it
+    /// again leaves one user whose only authorized key is the new one.
+    pub async fn provision(
+        &self,
+        target: &Target,
+        req: &ProvisionRequest<'_>,
+    ) -> Result<Provisioned, ProvisionError> {
+        let user = crate::contract::remote_user_name(req.taskrun_name, req.namespace);
+        let sudo_commands = if req.sudo_commands.is_empty() {
+            Vec::new()
+        } else {
+            // Same rules as the config parser; commands cannot contain ',' so joining round-trips.
+            crate::config::values::sudo_commands(&req.sudo_commands.join(","))
+                .map_err(|e| ProvisionError::InvalidRequest(format!("sudo-commands: {e}")))?
+        };
+        let pair = keys::generate(&format!("mpc:{user}"))
+            .map_err(|e| ProvisionError::Local(e.to_string()))?;
+        let sudoers = scripts::sudoers_file(&user, &sudo_commands);
+        let limits = scripts::limits_file(&user, &self.limits);
+        let started = std::time::Instant::now();
+        self.connections
+            .run(target, "provision", |prefix| {
+                scripts::provision_command(prefix, &user, &pair.public_openssh, &sudoers, &limits)
+            })
+            .await?;
+        tracing::info!(
+            host = %target.id,
+            %user,
+            taskrun = req.taskrun_name,
+            namespace = req.namespace,
+            sudo = !sudo_commands.is_empty(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "build user provisioned"
+        );
+        Ok(Provisioned {
+            home: format!("/home/{user}"),
+            login: target.login_for(&user),
+            user,
+            private_key: pair.private_openssh,
+            public_key: pair.public_openssh,
+        })
+    }
+
+    /// Removes `user` from `target`: kills its processes, deletes the account, its home, and the
+    /// sudoers and limits files. Succeeds when the user is already gone.
+    pub async fn deprovision(&self, target: &Target, user: &str) -> Result<(), ProvisionError> {
+        self.remove_users(target, &[user]).await
+    }
+
+    /// Removes the TaskRun's user (see [`Self::deprovision`]).
+    pub async fn deprovision_taskrun(
+        &self,
+        target: &Target,
+        taskrun_name: &str,
+        namespace: &str,
+    ) -> Result<(), ProvisionError> {
+        let user = crate::contract::remote_user_name(taskrun_name, namespace);
+        self.deprovision(target, &user).await
+    }
+
+    async fn remove_users(&self, target: &Target, users: &[&str]) -> Result<(), ProvisionError> {
+        if let Some(bad) = users.iter().find(|u| !scripts::is_build_user(u)) {
+            return Err(ProvisionError::InvalidRequest(format!(
+                "{bad:?} is not a build user (u- followed by 28 hex digits); refusing to delete it"
+            )));
+        }
+        if users.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        self.connections
+            .run(target, "deprovision", |prefix| {
+                scripts::deprovision_command(prefix, users)
+            })
+            .await?;
+        tracing::info!(
+            host = %target.id,
+            users = ?users,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "build users removed"
+        );
+        Ok(())
+    }
+
+    /// The build users (`u-<28 hex>`) present on `target`.
+    pub async fn list_build_users(&self, target: &Target) -> Result<Vec<String>, ProvisionError> {
+        let out = self
+            .connections
+            .run(target, "list users", |_| Ok("getent passwd".to_owned()))
+            .await?;
+        Ok(scripts::build_users_in_passwd(&String::from_utf8_lossy(
+            &out.stdout,
+        )))
+    }
+
+    /// Removes every build user on `target` for which `is_live` is false (users of allocations the
+    /// caller no longer owns); returns the users removed. For a set: `|u| live.contains(u)`.
+    pub async fn sweep(
+        &self,
+        target: &Target,
+        is_live: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, ProvisionError> {
+        let stale: Vec<String> = self
+            .list_build_users(target)
+            .await?
+            .into_iter()
+            .filter(|u| !is_live(u))
+            .collect();
+        let refs: Vec<&str> = stale.iter().map(String::as_str).collect();
+        self.remove_users(target, &refs).await?;
+        if !stale.is_empty() {
+            tracing::info!(host = %target.id, removed = stale.len(), "swept stale build users");
+        }
+        Ok(stale)
+    }
+
+    /// Drops the connection to `id` and its trust-on-first-use record (call when an instance is
+    /// terminated, so its id never matches a different machine's key).
+    pub async fn forget_host(&self, id: &str) {
+        self.connections.forget(id).await;
+    }
+
+    /// Closes every connection (graceful shutdown).
+    pub async fn close(&self) {
+        self.connections.close_all().await;
+    }
+}

@@ -1,0 +1,609 @@
+//! The OTP server end to end: in-process for protocol details, and the real `mpc otp-server`
+//! binary for crashes, TTLs, logs, and the curl line Konflux build steps run.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mpc::otp::{OtpClient, OtpClientError, OtpServerArgs, RunningServer};
+use mpc::provision::Zeroizing;
+
+/// Certificates, secrets and a database path in a temp dir.
+struct Fixture {
+    dir: tempfile::TempDir,
+    ca_pem: String,
+    bearer: String,
+    seal: String,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        mpc::tls::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let bundle =
+            mpc::certs::generate("otp", &["localhost".into(), "127.0.0.1".into()], 2).unwrap();
+        std::fs::create_dir(dir.path().join("tls")).unwrap();
+        mpc::certs::write_bundle(&bundle, &dir.path().join("tls")).unwrap();
+        let bearer = format!("bearer-{}", mpc::otp::token::Token::random().as_str());
+        let seal = format!("seal-{}", mpc::otp::token::Token::random().as_str());
+        std::fs::write(dir.path().join("store-token"), format!("{bearer}\n")).unwrap();
+        std::fs::write(dir.path().join("seal-key"), &seal).unwrap();
+        Self {
+            ca_pem: bundle.ca_pem,
+            dir,
+            bearer,
+            seal,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn args(&self) -> OtpServerArgs {
+        OtpServerArgs::with_paths(
+            self.path("tls"),
+            self.path("data/otp.redb"),
+            self.path("seal-key"),
+            self.path("store-token"),
+        )
+    }
+
+    fn client(&self, addr: SocketAddr) -> OtpClient {
+        let mut c = OtpClient::new(
+            &format!("https://127.0.0.1:{}", addr.port()),
+            self.ca_pem.as_bytes(),
+            Zeroizing::new(self.bearer.clone()),
+        )
+        .unwrap();
+        c.backoff = Duration::from_millis(20);
+        c
+    }
+
+    /// Runs `curl` against the server with our CA; returns (HTTP status, body).
+    fn curl(&self, args: &[&str]) -> (u16, String) {
+        let out = Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(self.path("tls/ca.crt"))
+            .args(["-o", "-", "-w", "\n%{http_code}"])
+            .args(args)
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        let code = code.trim().parse().unwrap_or(0);
+        assert_ne!(
+            code,
+            0,
+            "curl failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (code, body.to_owned())
+    }
+}
+
+fn private_key(n: usize) -> String {
+    mpc::provision::keys::generate(&format!("test-{n}"))
+        .unwrap()
+        .private_openssh
+        .to_string()
+}
+
+fn rejected_status(e: &OtpClientError) -> u16 {
+    match e {
+        OtpClientError::Rejected { status, .. } => status.as_u16(),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_then_redeem_exactly_once() {
+    let f = Fixture::new();
+    let server = RunningServer::start(&f.args()).await.unwrap();
+    let client = f.client(server.addr);
+    let key = private_key(1);
+    let token = client.store_key(key.as_bytes()).await.unwrap();
+    assert_eq!(token.as_str().len(), 43);
+    let got = client.redeem(token.as_str()).await.unwrap();
+    assert_eq!(got.as_slice(), key.as_bytes());
+    let again = client.redeem(token.as_str()).await.unwrap_err();
+    assert_eq!(rejected_status(&again), 410);
+    assert!(again.to_string().contains("already used"), "{again}");
+    let unknown = client
+        .redeem(mpc::otp::token::Token::random().as_str())
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&unknown), 404);
+    let malformed = client.redeem("not-a-token").await.unwrap_err();
+    assert_eq!(rejected_status(&malformed), 400);
+    let m = &server.metrics;
+    assert_eq!(m.stored.get(), 1);
+    assert_eq!(m.redeemed.get(), 1);
+    assert_eq!(m.rejected.with_label_values(&["used"]).get(), 1);
+    assert_eq!(m.rejected.with_label_values(&["unknown"]).get(), 1);
+    assert_eq!(m.rejected.with_label_values(&["malformed"]).get(), 1);
+    assert_eq!(m.pending.get(), 0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_redeems_of_one_token_yield_exactly_one_key() {
+    let f = Fixture::new();
+    let server = RunningServer::start(&f.args()).await.unwrap();
+    // Separate clients: separate connection pools, so requests really race.
+    let clients: Vec<OtpClient> = (0..8).map(|_| f.client(server.addr)).collect();
+    let key = private_key(2);
+    for round in 0..40 {
+        let token = clients[0].store_key(key.as_bytes()).await.unwrap();
+        let racers = clients.iter().flat_map(|c| {
+            let t = token.as_str().to_owned();
+            (0..2).map(move |_| {
+                let (c, t) = (c.clone(), t.clone());
+                tokio::spawn(async move { c.redeem(&t).await })
+            })
+        });
+        let results = futures::future::join_all(racers).await;
+        let mut wins = 0;
+        for r in results {
+            match r.unwrap() {
+                Ok(k) => {
+                    assert_eq!(k.as_slice(), key.as_bytes());
+                    wins += 1;
+                }
+                Err(e) => assert_eq!(rejected_status(&e), 410, "round {round}: {e}"),
+            }
+        }
+        assert_eq!(wins, 1, "round {round}");
+    }
+    assert_eq!(server.metrics.redeemed.get(), 40);
+    assert_eq!(
+        server.metrics.rejected.with_label_values(&["used"]).get(),
+        40 * 15
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_requires_the_current_bearer_token() {
+    let f = Fixture::new();
+    let server = RunningServer::start(&f.args()).await.unwrap();
+    let url = format!("https://127.0.0.1:{}/store-key", server.addr.port());
+    let (code, _) = f.curl(&["-XPOST", "--data-binary", "KEY", &url]);
+    assert_eq!(code, 401);
+    let (code, _) = f.curl(&[
+        "-XPOST",
+        "-H",
+        "Authorization: Bearer wrong",
+        "-d",
+        "KEY",
+        &url,
+    ]);
+    assert_eq!(code, 401);
+    let auth = format!("Authorization: Bearer {}", f.bearer);
+    let (code, token) = f.curl(&["-XPOST", "-H", &auth, "-d", "KEY", &url]);
+    assert_eq!(code, 201, "{token}");
+
+    // The token file is a mounted Secret: after rotation only the new token works.
+    std::fs::write(f.path("store-token"), "rotated-token").unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (code, _) = f.curl(&["-XPOST", "-H", &auth, "-d", "KEY", &url]);
+    assert_eq!(code, 401);
+    let (code, _) = f.curl(&[
+        "-XPOST",
+        "-H",
+        "Authorization: Bearer rotated-token",
+        "-d",
+        "KEY",
+        &url,
+    ]);
+    assert_eq!(code, 201);
+    // No token file at all refuses everything.
+    std::fs::remove_file(f.path("store-token")).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (code, _) = f.curl(&[
+        "-XPOST",
+        "-H",
+        "Authorization: Bearer rotated-token",
+        "-d",
+        "KEY",
+        &url,
+    ]);
+    assert_eq!(code, 401);
+    assert_eq!(
+        server
+            .metrics
+            .rejected
+            .with_label_values(&["unauthorized"])
+            .get(),
+        4
+    );
+    let err = f.client(server.addr).store_key(b"KEY").await.unwrap_err();
+    assert!(matches!(err, OtpClientError::Unauthorized), "{err:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_stores_get_the_same_token_and_limits_hold() {
+    let f = Fixture::new();
+    let mut args = f.args();
+    args.max_key_bytes = 4096;
+    let server = RunningServer::start(&args).await.unwrap();
+    let url = format!("https://127.0.0.1:{}/store-key", server.addr.port());
+    let auth = format!("Authorization: Bearer {}", f.bearer);
+    let store = |body: &str, idem: &str| {
+        f.curl(&[
+            "-XPOST",
+            "-H",
+            &auth,
+            "-H",
+            &format!("Idempotency-Key: {idem}"),
+            "--data-binary",
+            body,
+            &url,
+        ])
+    };
+    let (c1, t1) = store("KEY-A", "req-1");
+    let (c2, t2) = store("KEY-A", "req-1");
+    assert_eq!((c1, c2), (201, 200));
+    assert_eq!(t1, t2);
+    let (c3, _) = store("KEY-B", "req-1");
+    assert_eq!(c3, 409);
+    let (c4, t4) = store("KEY-A", "req-2");
+    assert_eq!(c4, 201);
+    assert_ne!(t1, t4);
+    // Once redeemed, a late retry cannot put the key back.
+    let client = f.client(server.addr);
+    assert_eq!(client.redeem(&t1).await.unwrap().as_slice(), b"KEY-A");
+    assert_eq!(store("KEY-A", "req-1").0, 409);
+    assert_eq!(server.metrics.stored.get(), 2);
+    assert_eq!(server.metrics.store_replayed.get(), 1);
+
+    let big = "x".repeat(5000);
+    let (code, _) = f.curl(&["-XPOST", "-H", &auth, "--data-binary", &big, &url]);
+    assert_eq!(code, 413);
+    let otp_url = format!("https://127.0.0.1:{}/otp", server.addr.port());
+    let (code, _) = f.curl(&["-XPOST", "--data-binary", &big, &otp_url]);
+    assert_eq!(code, 413);
+    assert_eq!(
+        server
+            .metrics
+            .rejected
+            .with_label_values(&["too_large"])
+            .get(),
+        2
+    );
+    let (code, _) = f.curl(&["-XPOST", "-H", &auth, "--data-binary", "", &url]);
+    assert_eq!(code, 400);
+    let (code, body) = f.curl(&[&format!("https://127.0.0.1:{}/healthz", server.addr.port())]);
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_on_the_admin_port_and_lint_clean() {
+    let f = Fixture::new();
+    let server = RunningServer::start(&f.args()).await.unwrap();
+    let client = f.client(server.addr);
+    let t = client.store_key(b"KEY").await.unwrap();
+    client.redeem(t.as_str()).await.unwrap();
+    let _ = client.redeem(t.as_str()).await;
+    let out = Command::new("curl")
+        .args(["-sSf", &format!("http://{}/metrics", server.admin_addr)])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("multi_platform_controller_otp_stored 1"),
+        "{text}"
+    );
+    assert!(text.contains("multi_platform_controller_otp_redeemed 1"));
+    assert!(text.contains("multi_platform_controller_otp_rejected{reason=\"used\"} 1"));
+    assert!(text.contains("multi_platform_controller_otp_rejected{reason=\"expired\"} 0"));
+    // The build-facing port does not expose metrics.
+    let (code, _) = f.curl(&[&format!("https://127.0.0.1:{}/metrics", server.addr.port())]);
+    assert_eq!(code, 404);
+    if let Ok(mut lint) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        use std::io::Write;
+        lint.stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = lint.wait_with_output().unwrap();
+        // The project names counters without `_total` (as the Go controller's dashboards expect);
+        // that lint is the only complaint allowed.
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let problems: Vec<&str> = report
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.contains("should have \"_total\" suffix"))
+            .collect();
+        assert!(problems.is_empty(), "promtool: {report}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_certificate_is_served_without_restart() {
+    let f = Fixture::new();
+    let mut args = f.args();
+    args.cert_reload_interval = Duration::from_millis(100);
+    let server = RunningServer::start(&args).await.unwrap();
+    let url = format!("https://127.0.0.1:{}/healthz", server.addr.port());
+    assert_eq!(f.curl(&[&url]).0, 200);
+    let fresh = mpc::certs::generate("otp", &["127.0.0.1".into()], 2).unwrap();
+    let next = f.path("next");
+    mpc::certs::write_bundle(&fresh, &next).unwrap();
+    std::fs::copy(next.join("tls.key"), f.path("tls/tls.key")).unwrap();
+    std::fs::copy(next.join("tls.crt"), f.path("tls/tls.crt")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = Command::new("curl")
+            .args(["-sSf", "--cacert"])
+            .arg(next.join("ca.crt"))
+            .arg(&url)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "new certificate never served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let old = Command::new("curl")
+        .args(["-sSf", "--cacert"])
+        .arg(f.path("tls/ca.crt"))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(!old.status.success(), "the old CA is still accepted");
+    server.shutdown().await;
+}
+
+/// The real binary, with stderr captured to a file.
+struct ServerProcess {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl ServerProcess {
+    fn start(f: &Fixture, extra: &[&str], log_name: &str) -> Self {
+        let port = free_port();
+        let admin = free_port();
+        let log = f.path(log_name);
+        let child = Command::new(env!("CARGO_BIN_EXE_mpc"))
+            .arg("otp-server")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .arg("--tls-dir")
+            .arg(f.path("tls"))
+            .arg("--db")
+            .arg(f.path("data/otp.redb"))
+            .arg("--seal-key-file")
+            .arg(f.path("seal-key"))
+            .arg("--store-token-file")
+            .arg(f.path("store-token"))
+            .args(extra)
+            .env("MPC_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting mpc otp-server");
+        let mut p = Self { child, port, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                panic!("otp-server exited with {status}: {}", p.log_text());
+            }
+            assert!(Instant::now() < deadline, "otp-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        p
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_between_store_and_redeem_loses_nothing() {
+    let f = Fixture::new();
+    let mut server = ServerProcess::start(&f, &[], "first.log");
+    let client = f.client(server.addr());
+    let mut stored = Vec::new();
+    for i in 0..12 {
+        let key = format!("key-{i}");
+        stored.push((client.store_key(key.as_bytes()).await.unwrap(), key));
+    }
+    for (t, key) in &stored[..4] {
+        assert_eq!(
+            client.redeem(t.as_str()).await.unwrap().as_slice(),
+            key.as_bytes()
+        );
+    }
+    server.kill9();
+    let server = ServerProcess::start(&f, &[], "second.log");
+    let client = f.client(server.addr());
+    for (t, key) in &stored[4..] {
+        assert_eq!(
+            client.redeem(t.as_str()).await.unwrap().as_slice(),
+            key.as_bytes()
+        );
+    }
+    for (t, _) in &stored {
+        let e = client.redeem(t.as_str()).await.unwrap_err();
+        assert_eq!(rejected_status(&e), 410);
+    }
+    let out = Command::new("curl")
+        .args(["-sSf", "--cacert"])
+        .arg(f.path("tls/ca.crt"))
+        .arg(format!("https://127.0.0.1:{}/healthz", server.port))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // The database alone holds neither the keys nor the tokens.
+    let db = std::fs::read(f.path("data/otp.redb")).unwrap();
+    for (t, key) in &stored {
+        assert!(!contains(&db, t.as_str().as_bytes()));
+        assert!(!contains(&db, key.as_bytes()));
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_expire_after_the_ttl() {
+    let f = Fixture::new();
+    let server = ServerProcess::start(
+        &f,
+        &["--ttl", "400ms", "--purge-interval", "100ms"],
+        "ttl.log",
+    );
+    let client = f.client(server.addr());
+    let fresh = client.store_key(b"redeemed in time").await.unwrap();
+    let stale = client.store_key(b"left too long").await.unwrap();
+    assert_eq!(
+        client.redeem(fresh.as_str()).await.unwrap().as_slice(),
+        b"redeemed in time"
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let e = client.redeem(stale.as_str()).await.unwrap_err();
+    // Expired, and purged by now: either way it is refused with a 4xx.
+    let code = rejected_status(&e);
+    assert!(code == 410 || code == 404, "{e}");
+    let log = server.log_text();
+    assert!(log.contains("purged OTP entries"), "purge never ran: {log}");
+}
+
+/// A `/ssh` directory as the TaskRun's secret mounts it (design §3), with a consumer step's
+/// key fetch exactly as Konflux runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_konflux_curl_line_redeems_the_key_once_and_logs_stay_clean() {
+    let f = Fixture::new();
+    let server = ServerProcess::start(&f, &[], "konflux.log");
+    let client = f.client(server.addr());
+    let key = private_key(3);
+    let token = client.store_key(key.as_bytes()).await.unwrap();
+    let ssh = f.path("ssh");
+    std::fs::create_dir(&ssh).unwrap();
+    // Secret values as the controller writes them; the token file ends with a newline here to
+    // show curl's stripping is not needed.
+    std::fs::write(ssh.join("otp"), format!("{}\n", token.as_str())).unwrap();
+    std::fs::write(
+        ssh.join("otp-server"),
+        format!("https://127.0.0.1:{}/otp", server.port),
+    )
+    .unwrap();
+    std::fs::write(ssh.join("otp-ca"), &f.ca_pem).unwrap();
+    let konflux = |dir: &Path| -> Output {
+        Command::new("bash")
+            .arg("-c")
+            .arg(
+                "curl --fail --cacert /ssh/otp-ca -XPOST -d @/ssh/otp $(cat /ssh/otp-server)"
+                    .replace("/ssh", &dir.display().to_string()),
+            )
+            .output()
+            .unwrap()
+    };
+    let first = konflux(&ssh);
+    assert!(first.status.success(), "{first:?}");
+    assert_eq!(String::from_utf8_lossy(&first.stdout), key);
+    let second = konflux(&ssh);
+    assert!(!second.status.success());
+    assert!(second.stdout.is_empty());
+
+    // Failures of every kind, then check the captured logs.
+    let _ = client.redeem("garbage").await;
+    let _ = client
+        .redeem(mpc::otp::token::Token::random().as_str())
+        .await;
+    let log = server.log_text();
+    assert!(
+        log.contains("key stored") && log.contains("key redeemed"),
+        "{log}"
+    );
+    assert!(!log.contains(token.as_str()), "token in logs");
+    for line in key.lines().filter(|l| l.len() > 20) {
+        assert!(!log.contains(line), "key material in logs");
+    }
+    assert!(!log.contains(&f.bearer), "bearer token in logs");
+    assert!(!log.contains(&f.seal), "sealing secret in logs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfiguration_stops_the_server_with_a_clear_message() {
+    let f = Fixture::new();
+    let first = RunningServer::start(&f.args()).await.unwrap();
+    // One writer per database file: a second server on the same volume refuses to start.
+    let second = RunningServer::start(&f.args()).await.unwrap_err();
+    assert!(
+        second.to_string().contains("otp.redb"),
+        "unhelpful error: {second}"
+    );
+    first.shutdown().await;
+
+    std::fs::write(f.path("weak-seal"), "short").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mpc"))
+        .arg("otp-server")
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--tls-dir")
+        .arg(f.path("tls"))
+        .arg("--db")
+        .arg(f.path("weak/otp.redb"))
+        .arg("--seal-key-file")
+        .arg(f.path("weak-seal"))
+        .arg("--store-token-file")
+        .arg(f.path("store-token"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("weak-seal") && err.contains("at least 32"),
+        "unhelpful error: {err}"
+    );
+}
