@@ -15,7 +15,10 @@ fn mpc(args: &[&str]) -> (bool, String, String) {
 }
 
 fn fixture(name: &str) -> String {
-    format!("{}/tests/fixtures/workloads/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!(
+        "{}/tests/fixtures/workloads/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
 
 /// The row of `platform` for `policy` (the platform name is only on the first policy's row).
@@ -48,7 +51,12 @@ fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
         chart.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    for p in ["linux/amd64", "linux/s390x", "linux-m2xlarge/arm64", "linux/x86_64"] {
+    for p in [
+        "linux/amd64",
+        "linux/s390x",
+        "linux-m2xlarge/arm64",
+        "linux/x86_64",
+    ] {
         let mpc = row(&out, p, "mpc");
         let go = row(&out, p, "mpc-go");
         assert_eq!(mpc[1], go[1], "same trace, same TaskRun count for {p}");
@@ -58,7 +66,12 @@ fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
     // Deterministic for a seed.
     let (_, again, _) = mpc(&["simulate", "--taskruns", "600", "--seed", "3"]);
-    let table = |s: &str| s.lines().take_while(|l| !l.starts_with("WAIT =")).collect::<Vec<_>>().join("\n");
+    let table = |s: &str| {
+        s.lines()
+            .take_while(|l| !l.starts_with("WAIT ="))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     assert_eq!(table(&out), table(&again));
 }
 
@@ -91,7 +104,11 @@ fn yaml_trace_and_bad_inputs() {
     assert_eq!(row(&out, "linux-m2xlarge/arm64", "mpc")[1], "1");
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.csv");
-    std::fs::write(&bad, "at,namespace,platform,duration\n0,a,linux/arm64,soon\n").unwrap();
+    std::fs::write(
+        &bad,
+        "at,namespace,platform,duration\n0,a,linux/arm64,soon\n",
+    )
+    .unwrap();
     let (ok, _, err) = mpc(&["simulate", "--workload", bad.to_str().unwrap()]);
     assert!(!ok);
     assert!(
@@ -100,5 +117,8 @@ fn yaml_trace_and_bad_inputs() {
     );
     let (ok, _, err) = mpc(&["simulate", "--config", "/nonexistent/host-config.yaml"]);
     assert!(!ok);
-    assert!(err.contains("/nonexistent/host-config.yaml: No such file"), "{err}");
+    assert!(
+        err.contains("/nonexistent/host-config.yaml: No such file"),
+        "{err}"
+    );
 }

@@ -179,7 +179,8 @@ time / capacity paid for (static: slots x run time; dynamic and pool: instance t
 PEAK = most cloud instances alive at once; INST-H = instance-hours until the end of the run.";
 
 /// Printed when the Go controller's policy ran.
-pub const GO_LEGEND: &str = "mpc-go models the Go controller's timing: 1-minute requeues with one wake-up per completion,
+pub const GO_LEGEND: &str =
+    "mpc-go models the Go controller's timing: 1-minute requeues with one wake-up per completion,
 first address check 2 minutes after launch then every check-interval, no idle reaping.";
 
 #[cfg(test)]
