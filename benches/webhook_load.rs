@@ -3,7 +3,7 @@
 //! `mpc::certs` and the fixture host-config, waits for `/readyz`, drives it for a fixed time, and
 //! prints throughput, latency percentiles, CPU time of server and client, and the load average.
 //!
-//! CARGO_TARGET_DIR=/work/targets/release cargo bench --bench webhook_load
+//! cargo bench --bench webhook_load
 //!
 //! Knobs (environment): MPC_LOAD_SECONDS (10), MPC_LOAD_WARMUP_SECONDS (2), MPC_LOAD_CONNECTIONS
 //! (32), MPC_LOAD_PROTOCOL (`http1` or `h2`), MPC_LOAD_STREAMS (concurrent streams per h2

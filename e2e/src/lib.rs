@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod ec2_proxy;
+pub mod kubectl;
 pub mod moto;
 pub mod sshd;
 pub mod tekton;

@@ -4,10 +4,9 @@
 //! `kubectl` come back mutated, or untouched where the manifest's selectors say so.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
-use std::time::Duration;
 
 use e2e::apiserver::{ApiServer, Options, TEKTON_CRDS};
+use e2e::kubectl::{Kubectl, Out};
 use mpc::certs::CertsArgs;
 use mpc::contract::{FINALIZER, TARGET_PLATFORM_LABEL};
 use mpc::server::{Controller, ControllerArgs};
@@ -23,7 +22,7 @@ fn repo_file(rel: &str) -> PathBuf {
 struct Cluster {
     server: ApiServer,
     controller: Controller,
-    cache: tempfile::TempDir,
+    cli: Kubectl,
     _dir: tempfile::TempDir,
 }
 
@@ -61,10 +60,11 @@ impl Cluster {
         let file = dir.path().join("webhook.yaml");
         std::fs::write(&file, manifest).unwrap();
 
+        let server_kubeconfig = server.kubeconfig_path();
         let c = Cluster {
             server,
             controller,
-            cache: tempfile::tempdir().unwrap(),
+            cli: Kubectl::new(&server_kubeconfig),
             _dir: dir,
         };
         c.kubectl_ok(&["apply", "--validate=false", "-f", file.to_str().unwrap()])
@@ -75,46 +75,17 @@ impl Cluster {
             let o = c
                 .kubectl(&["create", "--validate=false", "-f", "-"], Some(&yaml))
                 .await;
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(o.ok, "{}", o.stderr);
         }
         c
     }
 
-    async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        use tokio::io::AsyncWriteExt;
-        let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-        let mut child = tokio::process::Command::new(bin)
-            .arg("--kubeconfig")
-            .arg(self.server.kubeconfig_path())
-            .arg("--cache-dir")
-            .arg(self.cache.path())
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("kubectl runs (install it with e2e/setup.sh)");
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            pipe.write_all(s.as_bytes()).await.unwrap();
-        }
-        drop(pipe);
-        tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-            .await
-            .expect("kubectl finished")
-            .unwrap()
+    async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        self.cli.run(args, stdin).await
     }
 
     async fn kubectl_ok(&self, args: &[&str]) -> String {
-        let o = self.kubectl(args, None).await;
-        assert!(
-            o.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        self.cli.ok(args).await
     }
 
     /// `kubectl create -f -` of a TaskRun, then the stored object.
@@ -134,12 +105,8 @@ impl Cluster {
                 Some(yaml),
             )
             .await;
-        assert!(
-            o.status.success(),
-            "create: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let created: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(o.ok, "create: {}", o.stderr);
+        let created: Value = serde_json::from_str(&o.stdout).unwrap();
         let name = created["metadata"]["name"].as_str().unwrap();
         let stored = self
             .kubectl_ok(&["get", "-n", ns, "taskrun.tekton.dev", name, "-o", "json"])
@@ -282,7 +249,7 @@ async fn manifests_route_taskruns_to_the_real_controller_over_tls() {
             None,
         )
         .await;
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.ok, "{}", o.stderr);
     let held: Value = serde_json::from_str(
         &c.kubectl_ok(&[
             "get",

@@ -8,86 +8,44 @@ use std::time::Duration;
 
 use e2e::apiserver::testing::eventually;
 use e2e::apiserver::{ApiServer, Options};
+use e2e::kubectl::Out;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 const T: Duration = Duration::from_secs(20);
 
 struct Kubectl {
     server: ApiServer,
-    // Discovery cache per test: ports are reused across tests, a shared cache would lie.
-    cache: tempfile::TempDir,
-}
-
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
+    cli: e2e::kubectl::Kubectl,
 }
 
 impl Kubectl {
     async fn start() -> Self {
-        Self {
-            server: ApiServer::start(Options::default()).await.unwrap(),
-            cache: tempfile::tempdir().unwrap(),
-        }
+        let server = ApiServer::start(Options::default()).await.unwrap();
+        let cli = e2e::kubectl::Kubectl::new(&server.kubeconfig_path());
+        Self { server, cli }
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let bin = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
-        let mut c = tokio::process::Command::new(bin);
-        c.arg("--kubeconfig")
-            .arg(self.server.kubeconfig_path())
-            .arg("--cache-dir")
-            .arg(self.cache.path())
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true);
-        c
+        self.cli.command(args)
     }
 
     async fn run_with(&self, args: &[&str], stdin: Option<&str>) -> Out {
-        let mut c = self.command(args);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c
-            .spawn()
-            .expect("kubectl runs (install it with e2e/setup.sh)");
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            pipe.write_all(s.as_bytes()).await.unwrap();
-        }
-        drop(pipe);
-        let o = tokio::time::timeout(T, child.wait_with_output())
-            .await
-            .expect("kubectl finished")
-            .unwrap();
-        Out {
-            ok: o.status.success(),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        }
+        self.cli.run(args, stdin).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {
-        let o = self.run_with(args, None).await;
-        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
-        o.stdout
+        self.cli.ok(args).await
     }
 
     async fn ok_stdin(&self, args: &[&str], input: &str) -> String {
-        let o = self.run_with(args, Some(input)).await;
-        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
-        o.stdout
+        self.cli.ok_stdin(args, input).await
     }
 
     async fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&a).await).unwrap()
+        self.cli.json(args).await
     }
 
     async fn cms(&self) -> Api<ConfigMap> {

@@ -102,13 +102,10 @@ impl Scheduler {
 
     /// Error secret after too many instances failed for this TaskRun.
     pub(super) fn fail_instances(&mut self, key: Key, p: PlatformId, out: &mut Vec<Action>) {
-        let failed = self
-            .taskruns
-            .get(key)
-            .and_then(|t| t.extra.as_ref())
-            .map(|e| e.failed.clone())
-            .unwrap_or_default();
-        let msg = messages::instances_failed(&self.platforms[p as usize].platform, &failed);
+        let msg = messages::instances_failed(
+            &self.platforms[p as usize].platform,
+            &self.failed_list(key),
+        );
         self.fail(key, msg, out);
     }
 

@@ -3,11 +3,14 @@
 //! Hosts with room sit in an ordered set keyed by (load / concurrency, rank by name), so the
 //! least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
 
+use std::sync::Arc;
+
 use super::arena::Key;
 use super::lifecycle::Placed;
 use super::{
     Action, HostId, HostRef, NO_PLATFORM, Phase, PlatformId, Scheduler, State, Timer, messages,
 };
+use crate::config::StaticHost;
 
 /// Least common multiple of 1..=8 (the concurrency range): load / concurrency scaled by it is
 /// an exact integer, so hosts of different sizes compare by true load ratio.
@@ -28,20 +31,7 @@ impl Scheduler {
             }
         }
         let Some(hid) = chosen else {
-            let hosts = &self.platforms[p as usize].hosts;
-            let all_failed = !hosts.is_empty()
-                && hosts
-                    .iter()
-                    .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
-            if all_failed {
-                let failed = self
-                    .taskruns
-                    .get(key)
-                    .and_then(|t| t.extra.as_ref())
-                    .map(|e| e.failed.clone())
-                    .unwrap_or_default();
-                let msg = messages::all_hosts_failed(&self.platforms[p as usize].platform, &failed);
-                self.fail(key, msg, out);
+            if self.fail_if_all_hosts_failed(p, key, out) {
                 return Placed::Done;
             }
             return Placed::NoRoom;
@@ -53,6 +43,18 @@ impl Scheduler {
         self.hosts[hid as usize].load += 1;
         self.reindex_host(hid);
         self.observe_wait(key, out);
+        self.start_static_provisioning(key, hid, def, out);
+        Placed::Done
+    }
+
+    /// Moves `key` onto static host `hid` (load already counted) and asks for provisioning.
+    pub(super) fn start_static_provisioning(
+        &mut self,
+        key: Key,
+        hid: HostId,
+        def: Arc<StaticHost>,
+        out: &mut Vec<Action>,
+    ) {
         let op = self.op_id();
         if let Some(t) = self.taskruns.get_mut(key) {
             t.state = State::OnHost {
@@ -62,7 +64,28 @@ impl Scheduler {
             };
         }
         self.emit_provision(key, op, HostRef::Static(def), None, out);
-        Placed::Done
+    }
+
+    /// Gives `key` its error secret when every host of static platform `p` failed for it.
+    pub(super) fn fail_if_all_hosts_failed(
+        &mut self,
+        p: PlatformId,
+        key: Key,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let hosts = &self.platforms[p as usize].hosts;
+        let all_failed = !hosts.is_empty()
+            && hosts
+                .iter()
+                .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
+        if all_failed {
+            let msg = messages::all_hosts_failed(
+                &self.platforms[p as usize].platform,
+                &self.failed_list(key),
+            );
+            self.fail(key, msg, out);
+        }
+        all_failed
     }
 
     /// Puts the host in (or takes it out of) its platform's set of hosts with room.

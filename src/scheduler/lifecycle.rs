@@ -158,25 +158,7 @@ impl Scheduler {
     /// when room appears.
     fn hopeless(&mut self, p: PlatformId, key: Key, out: &mut Vec<Action>) -> bool {
         match self.platforms[p as usize].mode {
-            Mode::Static => {
-                let hosts = &self.platforms[p as usize].hosts;
-                let all_failed = !hosts.is_empty()
-                    && hosts
-                        .iter()
-                        .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
-                if all_failed {
-                    let failed = self
-                        .taskruns
-                        .get(key)
-                        .and_then(|t| t.extra.as_ref())
-                        .map(|e| e.failed.clone())
-                        .unwrap_or_default();
-                    let msg =
-                        messages::all_hosts_failed(&self.platforms[p as usize].platform, &failed);
-                    self.fail(key, msg, out);
-                }
-                all_failed
-            }
+            Mode::Static => self.fail_if_all_hosts_failed(p, key, out),
             Mode::Dynamic(_) | Mode::Pool(_) => {
                 let exhausted = self.failures(key) >= self.policy.instance_attempts;
                 if exhausted {
@@ -851,6 +833,15 @@ impl Scheduler {
             .get(key)
             .and_then(|t| t.extra.as_ref())
             .is_some_and(|e| e.failed.iter().any(|(n, _)| &**n == name))
+    }
+
+    /// Hosts or instances that failed for this TaskRun, for its error message.
+    pub(super) fn failed_list(&self, key: Key) -> Vec<(Arc<str>, String)> {
+        self.taskruns
+            .get(key)
+            .and_then(|t| t.extra.as_ref())
+            .map(|e| e.failed.clone())
+            .unwrap_or_default()
     }
 }
 

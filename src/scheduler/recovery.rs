@@ -313,17 +313,7 @@ impl Scheduler {
         self.hosts[hid as usize].load += 1;
         self.reindex_host(hid);
         match def {
-            Some(def) if !ready => {
-                let op = self.op_id();
-                if let Some(t) = self.taskruns.get_mut(key) {
-                    t.state = State::OnHost {
-                        host: hid,
-                        def: Some(def.clone()),
-                        phase: Phase::Provisioning(op),
-                    };
-                }
-                self.emit_provision(key, op, HostRef::Static(def), None, out);
-            }
+            Some(def) if !ready => self.start_static_provisioning(key, hid, def, out),
             def => {
                 if let Some(t) = self.taskruns.get_mut(key) {
                     t.state = State::OnHost {
