@@ -59,12 +59,9 @@ pub struct Diagnostic {
     pub message: String,
 }
 
-impl fmt::Display for Diagnostic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sev = match self.severity {
-            Severity::Warning => "warning",
-            Severity::Error => "error",
-        };
+impl Diagnostic {
+    /// The problem without its severity: `key = "value": message`.
+    pub fn detail(&self) -> String {
         match &self.value {
             Some(v) => {
                 let shown: String = if v.chars().count() > 80 {
@@ -72,10 +69,20 @@ impl fmt::Display for Diagnostic {
                 } else {
                     v.clone()
                 };
-                write!(f, "{sev}: {} = {shown:?}: {}", self.key, self.message)
+                format!("{} = {shown:?}: {}", self.key, self.message)
             }
-            None => write!(f, "{sev}: {}: {}", self.key, self.message),
+            None => format!("{}: {}", self.key, self.message),
         }
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sev = match self.severity {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        };
+        write!(f, "{sev}: {}", self.detail())
     }
 }
 
@@ -582,7 +589,12 @@ pub fn parse(data: &ConfigData) -> Parsed {
             },
             None => {
                 let reason = first_error_since(&sink, before)
-                    .map(|d| format!("{platform} is disabled by a configuration error: {d}"))
+                    .map(|d| {
+                        format!(
+                            "{platform} is disabled by a configuration error: {}",
+                            d.detail()
+                        )
+                    })
                     .unwrap_or_else(|| format!("{platform} is disabled by a configuration error"));
                 cfg.disabled.insert(platform, reason);
             }
