@@ -538,3 +538,28 @@ fn report_lists_strategies_and_capacity() {
     assert!(out.contains("kubernetes.io/arch=amd64"), "{out}");
     assert!(out.contains("errors: 0"), "{out}");
 }
+
+#[test]
+fn check_interval_default_and_range() {
+    let arm = |extra: &[(&str, &str)]| {
+        let mut pairs = vec![("dynamic-platforms", "linux/arm64")];
+        pairs.extend_from_slice(extra);
+        parse(&with(dynamic_keys("linux-arm64"), &pairs))
+    };
+    let parsed = arm(&[]);
+    assert_eq!(
+        parsed.config.dynamic[&p("linux/arm64")].check_interval,
+        DEFAULT_CHECK_INTERVAL
+    );
+    let parsed = arm(&[("dynamic.linux-arm64.check-interval", "15")]);
+    assert_eq!(
+        parsed.config.dynamic[&p("linux/arm64")].check_interval,
+        Duration::from_secs(15)
+    );
+    for bad in ["0", "3601", "soon"] {
+        let parsed = arm(&[("dynamic.linux-arm64.check-interval", bad)]);
+        let e = errors_for(&parsed, "dynamic.linux-arm64.check-interval");
+        assert_eq!(e.len(), 1, "{bad}: {:#?}", parsed.diagnostics);
+        assert_eq!(e[0].value.as_deref(), Some(bad));
+    }
+}
