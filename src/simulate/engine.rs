@@ -119,7 +119,8 @@ pub struct Outcome {
 
 enum SimEvent {
     Arrive(u32),
-    Deliver(Event),
+    // Boxed: events can be large (a whole config), and heap items are moved on every sift.
+    Deliver(Box<Event>),
     BuildDone(u32),
     Tick,
     Sample,
@@ -300,7 +301,7 @@ impl Sim<'_> {
                     };
                     self.deliver(Event::TaskRun(spec));
                 }
-                SimEvent::Deliver(e) => self.deliver(e),
+                SimEvent::Deliver(e) => self.deliver(*e),
                 SimEvent::BuildDone(i) => {
                     self.done += 1;
                     let j = &self.workload.jobs[i as usize];
@@ -382,7 +383,7 @@ impl Sim<'_> {
                             otp: String::new(),
                         }
                     };
-                    self.after(d, SimEvent::Deliver(ev));
+                    self.after(d, SimEvent::Deliver(Box::new(ev)));
                 }
                 Action::WriteSecret { taskrun, secret } => {
                     let Some(i) = Self::job_of(&taskrun.name) else {
@@ -422,7 +423,7 @@ impl Sim<'_> {
                             error: "InsufficientInstanceCapacity (simulated)".into(),
                             retryable: true,
                         };
-                        self.after(api, SimEvent::Deliver(ev));
+                        self.after(api, SimEvent::Deliver(Box::new(ev)));
                         continue;
                     }
                     self.launched += 1;
@@ -449,10 +450,10 @@ impl Sim<'_> {
                     }
                     self.after(
                         api,
-                        SimEvent::Deliver(Event::Launched {
+                        SimEvent::Deliver(Box::new(Event::Launched {
                             op,
                             instance_id: id,
-                        }),
+                        })),
                     );
                 }
                 Action::Probe {
@@ -474,7 +475,10 @@ impl Sim<'_> {
                             reason: "unknown instance".into(),
                         },
                     };
-                    self.after(0.3, SimEvent::Deliver(Event::Probed { op, result }));
+                    self.after(
+                        0.3,
+                        SimEvent::Deliver(Box::new(Event::Probed { op, result })),
+                    );
                 }
                 Action::Terminate {
                     op, instance_id, ..
@@ -496,13 +500,13 @@ impl Sim<'_> {
                     }
                     self.after(
                         1.0,
-                        SimEvent::Deliver(Event::Terminated { op, error: None }),
+                        SimEvent::Deliver(Box::new(Event::Terminated { op, error: None })),
                     );
                 }
                 Action::Deprovision { op, .. } => {
                     self.after(
                         1.5,
-                        SimEvent::Deliver(Event::Deprovisioned { op, error: None }),
+                        SimEvent::Deliver(Box::new(Event::Deprovisioned { op, error: None })),
                     );
                 }
                 Action::Record { .. }
