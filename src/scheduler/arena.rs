@@ -60,7 +60,7 @@ impl<T> Arena<T> {
             };
         }
         let index = u32::try_from(self.slots).expect("fewer than 2^32 entries");
-        if self.slots % CHUNK == 0 {
+        if self.slots.is_multiple_of(CHUNK) {
             self.chunks.push(Vec::with_capacity(CHUNK));
         }
         let chunk = self.chunks.last_mut().expect("a chunk with room");
