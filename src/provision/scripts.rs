@@ -99,14 +99,16 @@ fail() { code=$1; shift; printf 'mpc-deprovision: %s\n' "$*" >&2; exit "$code"; 
 for user in "$@"; do
   tries=0
   while id -u "$user" >/dev/null 2>&1; do
-    # Freeze first so nothing can fork while the rest is being killed.
-    pkill -STOP -u "$user" 2>/dev/null
-    kills=0
-    while pkill -KILL -u "$user" 2>/dev/null; do
-      kills=$((kills + 1))
-      [ "$kills" -lt 250 ] || fail 75 "processes of $user survive SIGKILL"
-      sleep 0.02
-    done
+    # Freeze first so nothing can fork while the rest is being killed. No process found: no
+    # kill round (each scans /proc); one started after this makes userdel fail and come back here.
+    if pkill -STOP -u "$user" 2>/dev/null; then
+      kills=0
+      while pkill -KILL -u "$user" 2>/dev/null; do
+        kills=$((kills + 1))
+        [ "$kills" -lt 250 ] || fail 75 "processes of $user survive SIGKILL"
+        sleep 0.02
+      done
+    fi
     for d in /tmp /var/tmp /dev/shm; do
       [ -d "$d" ] && find "$d" -xdev -mindepth 1 -maxdepth 1 -user "$user" -exec rm -rf -- {} + 2>/dev/null
     done
