@@ -38,6 +38,22 @@ impl Fixture {
         }
     }
 
+    /// `mpc otp-server` on these files; `db` and `seal` are names inside the fixture.
+    fn otp_server_command(&self, listen: &str, admin: &str, db: &str, seal: &str) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_mpc"));
+        c.arg("otp-server")
+            .args(["--listen", listen, "--admin-listen", admin])
+            .arg("--tls-dir")
+            .arg(self.path("tls"))
+            .arg("--db")
+            .arg(self.path(db))
+            .arg("--seal-key-file")
+            .arg(self.path(seal))
+            .arg("--store-token-file")
+            .arg(self.path("store-token"));
+        c
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -392,18 +408,13 @@ impl ServerProcess {
         let port = free_port();
         let admin = free_port();
         let log = f.path(log_name);
-        let child = Command::new(env!("CARGO_BIN_EXE_mpc"))
-            .arg("otp-server")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .arg("--tls-dir")
-            .arg(f.path("tls"))
-            .arg("--db")
-            .arg(f.path("data/otp.redb"))
-            .arg("--seal-key-file")
-            .arg(f.path("seal-key"))
-            .arg("--store-token-file")
-            .arg(f.path("store-token"))
+        let child = f
+            .otp_server_command(
+                &format!("127.0.0.1:{port}"),
+                &format!("127.0.0.1:{admin}"),
+                "data/otp.redb",
+                "seal-key",
+            )
             .args(extra)
             .env("MPC_LOG", "debug")
             .stdin(Stdio::null())
@@ -587,17 +598,8 @@ async fn misconfiguration_stops_the_server_with_a_clear_message() {
     first.shutdown().await;
 
     std::fs::write(f.path("weak-seal"), "short").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_mpc"))
-        .arg("otp-server")
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .arg("--tls-dir")
-        .arg(f.path("tls"))
-        .arg("--db")
-        .arg(f.path("weak/otp.redb"))
-        .arg("--seal-key-file")
-        .arg(f.path("weak-seal"))
-        .arg("--store-token-file")
-        .arg(f.path("store-token"))
+    let out = f
+        .otp_server_command("127.0.0.1:0", "127.0.0.1:0", "weak/otp.redb", "weak-seal")
         .output()
         .unwrap();
     assert!(!out.status.success());
