@@ -347,13 +347,13 @@ impl AwsCloud {
         Ok(all)
     }
 
-    async fn describe_impl(
+    /// DescribeInstances of one id: the instance, or `None` when the cloud does not know it.
+    async fn lookup(
         &self,
-        scope: Scope<'_>,
+        p: &DynamicPlatform,
+        client: &Client,
         id: &str,
     ) -> Result<Option<Instance>, CloudError> {
-        let p = scope.platform;
-        let client = self.client(scope);
         let req = client.describe_instances().instance_ids(id);
         let out = match self
             .call(
@@ -368,13 +368,22 @@ impl AwsCloud {
             Err(f) if f.class == ErrorClass::NotFound => return Ok(None),
             Err(f) => return Err(f.into_error(p, Operation::DescribeInstances)),
         };
-        let found = out
+        Ok(out
             .reservations()
             .iter()
             .flat_map(|r| r.instances())
             .filter_map(to_instance)
-            .find(|i| i.id == id);
-        match found {
+            .find(|i| i.id == id))
+    }
+
+    async fn describe_impl(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+    ) -> Result<Option<Instance>, CloudError> {
+        let p = scope.platform;
+        let client = self.client(scope);
+        match self.lookup(p, &client, id).await? {
             Some(i) if is_ours(&i, p) => Ok(Some(i)),
             Some(i) => {
                 tracing::warn!(platform = %p.platform, instance = %i.id, "instance lacks our tags; ignoring it");
@@ -389,27 +398,7 @@ impl AwsCloud {
         let client = self.client(scope);
         // Look first: never terminate an instance that is not ours (ids come from TaskRun
         // annotations, which users can edit), and skip the call when it is already gone.
-        let req = client.describe_instances().instance_ids(id);
-        let out = match self
-            .call(
-                p,
-                Operation::DescribeInstances,
-                |_| false,
-                || req.clone().send(),
-            )
-            .await
-        {
-            Ok(out) => out,
-            Err(f) if f.class == ErrorClass::NotFound => return Ok(Terminated::AlreadyGone),
-            Err(f) => return Err(f.into_error(p, Operation::DescribeInstances)),
-        };
-        let Some(inst) = out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .filter_map(to_instance)
-            .find(|i| i.id == id)
-        else {
+        let Some(inst) = self.lookup(p, &client, id).await? else {
             return Ok(Terminated::AlreadyGone);
         };
         if !is_ours(&inst, p) {

@@ -192,44 +192,36 @@ impl ResourceDef {
     }
 }
 
+/// Field renames between core `v1` Events and `events.k8s.io/v1` Events (core name first).
+const EVENT_FIELDS: [(&str, &str); 7] = [
+    ("involvedObject", "regarding"),
+    ("message", "note"),
+    ("reportingComponent", "reportingController"),
+    ("source", "deprecatedSource"),
+    ("firstTimestamp", "deprecatedFirstTimestamp"),
+    ("lastTimestamp", "deprecatedLastTimestamp"),
+    ("count", "deprecatedCount"),
+];
+
 /// core `v1` Event → `events.k8s.io/v1` Event.
-fn event_core_to_v1(mut o: Value) -> Value {
-    let Some(m) = o.as_object_mut() else { return o };
-    for (from, to) in [
-        ("involvedObject", "regarding"),
-        ("message", "note"),
-        ("reportingComponent", "reportingController"),
-        ("source", "deprecatedSource"),
-        ("firstTimestamp", "deprecatedFirstTimestamp"),
-        ("lastTimestamp", "deprecatedLastTimestamp"),
-        ("count", "deprecatedCount"),
-    ] {
-        if let Some(v) = m.remove(from) {
-            m.insert(to.to_owned(), v);
-        }
-    }
-    m.insert("apiVersion".into(), json!("events.k8s.io/v1"));
-    m.insert("kind".into(), json!("Event"));
-    o
+fn event_core_to_v1(o: Value) -> Value {
+    rename_event(o, false, "events.k8s.io/v1")
 }
 
 /// `events.k8s.io/v1` Event → core `v1` Event.
-fn event_v1_to_core(mut o: Value) -> Value {
+fn event_v1_to_core(o: Value) -> Value {
+    rename_event(o, true, "v1")
+}
+
+fn rename_event(mut o: Value, to_core: bool, api_version: &str) -> Value {
     let Some(m) = o.as_object_mut() else { return o };
-    for (to, from) in [
-        ("involvedObject", "regarding"),
-        ("message", "note"),
-        ("reportingComponent", "reportingController"),
-        ("source", "deprecatedSource"),
-        ("firstTimestamp", "deprecatedFirstTimestamp"),
-        ("lastTimestamp", "deprecatedLastTimestamp"),
-        ("count", "deprecatedCount"),
-    ] {
+    for (core, v1) in EVENT_FIELDS {
+        let (from, to) = if to_core { (v1, core) } else { (core, v1) };
         if let Some(v) = m.remove(from) {
             m.insert(to.to_owned(), v);
         }
     }
-    m.insert("apiVersion".into(), json!("v1"));
+    m.insert("apiVersion".into(), json!(api_version));
     m.insert("kind".into(), json!("Event"));
     o
 }
