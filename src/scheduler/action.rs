@@ -201,22 +201,41 @@ impl RemoteUser {
 }
 
 /// Content of the TaskRun's secret (design §3).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SecretData {
-    /// A remote user: `otp`, `host` (`user@address`), `user-dir`; the controller adds `otp-server`
-    /// and `otp-ca`.
+    /// A remote user: keys `otp`, `host` ([`SecretData::login`]) and `user-dir`
+    /// ([`SecretData::user_dir`]); the controller adds `otp-server` and `otp-ca`. The host is
+    /// kept as a reference: the controller formats the strings when it writes the secret.
     Remote {
         /// One-time token.
         otp: String,
-        /// `user@address`.
-        host: String,
-        /// `/home/<user>`.
-        user_dir: String,
+        /// The user name.
+        user: String,
+        /// Where the user lives.
+        host: HostRef,
     },
     /// `host: localhost`.
     Localhost,
     /// `error`: what failed and what to do.
     Error(String),
+}
+
+impl SecretData {
+    /// `user@address` (the `host` key) of a remote secret.
+    pub fn login(&self) -> Option<String> {
+        match self {
+            SecretData::Remote { user, host, .. } => Some(format!("{user}@{}", host.address())),
+            _ => None,
+        }
+    }
+
+    /// `/home/<user>` (the `user-dir` key) of a remote secret.
+    pub fn user_dir(&self) -> Option<String> {
+        match self {
+            SecretData::Remote { user, .. } => Some(format!("/home/{user}")),
+            _ => None,
+        }
+    }
 }
 
 /// A measurement (design §8 metric names in the variant docs).

@@ -23,10 +23,10 @@ pub(super) enum Placed {
 impl Scheduler {
     pub(super) fn on_taskrun(&mut self, spec: TaskRunSpec, out: &mut Vec<Action>) {
         let uid = spec.uid();
-        if self.tombstones.contains_key(&uid) {
+        if self.is_tombstoned(&uid) {
             return;
         }
-        if let Some(&key) = self.by_uid.get(&uid) {
+        if let Some(key) = self.by_uid.get(&uid, &self.taskruns) {
             let Some(t) = self.taskruns.get_mut(key) else {
                 return;
             };
@@ -46,7 +46,7 @@ impl Scheduler {
             Err(_) => NO_PLATFORM,
         };
         let key = self.taskruns.insert(TaskRun {
-            uid: uid.clone(),
+            uid,
             name: spec.name.as_str().into(),
             ns,
             platform,
@@ -58,7 +58,7 @@ impl Scheduler {
             state: State::Failed,
             extra: None,
         });
-        self.by_uid.insert(uid, key);
+        self.by_uid.insert(key, &self.taskruns);
         match parsed {
             Err(e) => {
                 let msg = messages::bad_platform(&spec.platform, &e.to_string());
@@ -470,9 +470,15 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             t.recorded = true;
         }
-        let assigned: Arc<str> = match &host {
-            HostRef::Static(h) => h.name.as_str().into(),
-            HostRef::Instance { id, .. } => id.clone(),
+        let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
+            // The host table's shared name: no allocation per placement.
+            (HostRef::Static(h), Some(State::OnHost { host: hid, .. }))
+                if *self.hosts[*hid as usize].name == *h.name =>
+            {
+                self.hosts[*hid as usize].name.clone()
+            }
+            (HostRef::Static(h), _) => h.name.as_str().into(),
+            (HostRef::Instance { id, .. }, _) => id.clone(),
         };
         let (instance_id, instance_address) = match instance_annotations {
             Some((id, addr)) => (Some(id), Some(addr)),
@@ -548,11 +554,10 @@ impl Scheduler {
                 let Some(r) = self.taskrun_ref(tr) else {
                     return;
                 };
-                let user = r.remote_user();
                 let secret = SecretData::Remote {
                     otp,
-                    host: format!("{user}@{}", host.address()),
-                    user_dir: format!("/home/{user}"),
+                    user: r.remote_user(),
+                    host,
                 };
                 self.write_secret(tr, secret, out);
                 out.push(Action::Observe(Observation::ProvisionSucceeded(
@@ -603,7 +608,13 @@ impl Scheduler {
         if !self.ops.get(&op).is_some_and(kind) {
             return None;
         }
-        self.ops.remove(&op)
+        let removed = self.ops.remove(&op);
+        // Give back memory after a burst (a hash table never shrinks by itself); halving only
+        // at a quarter full keeps this amortised O(1).
+        if self.ops.capacity() > 1024 && self.ops.len() * 4 < self.ops.capacity() {
+            self.ops.shrink_to(self.ops.len() * 2);
+        }
+        removed
     }
 
     /// Asks for a user's removal; `tr` (a finished TaskRun) waits for the result.
@@ -709,20 +720,24 @@ impl Scheduler {
             out.push(Action::RemoveFinalizer { taskrun });
         }
         if let Some(t) = self.taskruns.remove(key) {
-            self.by_uid.remove(&t.uid);
+            self.by_uid.remove(&t.uid, key);
             self.tombstone(t.uid);
         }
     }
 
     fn tombstone(&mut self, uid: Uid) {
-        self.tombstones.insert(uid.clone(), self.now);
-        self.tombstone_order.push_back((self.now, uid));
+        self.tombstones[0].insert(uid);
+    }
+
+    /// The TaskRun with this UID finished recently.
+    pub(super) fn is_tombstoned(&self, uid: &Uid) -> bool {
+        self.tombstones.iter().any(|t| t.contains(uid))
     }
 
     pub(super) fn on_done(&mut self, ns: &str, name: &str, uid: &str, out: &mut Vec<Action>) {
         let uid = Uid::new(uid);
-        let Some(&key) = self.by_uid.get(&uid) else {
-            if self.tombstones.contains_key(&uid) {
+        let Some(key) = self.by_uid.get(&uid, &self.taskruns) else {
+            if self.is_tombstoned(&uid) {
                 return;
             }
             // Never seen (finished before we caught up): nothing allocated, just let it go.

@@ -39,11 +39,12 @@ mod snapshot;
 mod stats;
 mod sweep;
 mod time;
+mod uid_index;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
@@ -57,7 +58,9 @@ pub use time::Time;
 use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
 use crate::platform::Platform;
 use arena::{Arena, Key};
+use foldhash::quality::FixedState;
 use queue::{FairQueue, NsId};
+use uid_index::UidIndex;
 
 /// Index into the platform table.
 type PlatformId = u32;
@@ -73,10 +76,13 @@ pub struct Scheduler {
     next_ticket: u32,
     next_timer: u64,
     taskruns: Arena<TaskRun>,
-    by_uid: BTreeMap<Uid, Key>,
-    /// UIDs of TaskRuns finished recently: late or reordered events for them are ignored.
-    tombstones: BTreeMap<Uid, Time>,
-    tombstone_order: std::collections::VecDeque<(Time, Uid)>,
+    by_uid: UidIndex,
+    /// UIDs of TaskRuns finished recently, in two generations (current, previous) that rotate
+    /// every [`TOMBSTONE_TTL`]: late or reordered events for them are ignored for at least that
+    /// long. Rotating whole sets keeps no per-UID timestamp or expiry queue.
+    tombstones: [HashSet<Uid, FixedState>; 2],
+    /// When the current tombstone generation started.
+    tombstone_epoch: Time,
     namespaces: Vec<Arc<str>>,
     ns_ids: BTreeMap<Arc<str>, NsId>,
     platforms: Vec<PlatformState>,
@@ -85,7 +91,8 @@ pub struct Scheduler {
     host_ids: BTreeMap<Arc<str>, HostId>,
     instances: Arena<Instance>,
     instance_ids: BTreeMap<Arc<str>, Key>,
-    ops: BTreeMap<OpId, Op>,
+    /// Only looked up (the host sweep reads all of them, in no particular order).
+    ops: HashMap<OpId, Op, FixedState>,
     timers: BTreeSet<(Time, u64, Timer)>,
     /// Cleanup operations waiting for a retry, by timer sequence.
     delayed: BTreeMap<u64, Op>,
@@ -286,7 +293,7 @@ enum Timer {
     Orphan(Key),
 }
 
-/// How long late events for a finished TaskRun are recognised.
+/// How long late events for a finished TaskRun are recognised, at least (at most twice that).
 const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Scheduler {
@@ -301,9 +308,9 @@ impl Scheduler {
             next_ticket: 0,
             next_timer: 0,
             taskruns: Arena::default(),
-            by_uid: BTreeMap::new(),
-            tombstones: BTreeMap::new(),
-            tombstone_order: std::collections::VecDeque::new(),
+            by_uid: UidIndex::default(),
+            tombstones: Default::default(),
+            tombstone_epoch: Time::ZERO,
             namespaces: Vec::new(),
             ns_ids: BTreeMap::new(),
             platforms: Vec::new(),
@@ -312,7 +319,7 @@ impl Scheduler {
             host_ids: BTreeMap::new(),
             instances: Arena::default(),
             instance_ids: BTreeMap::new(),
-            ops: BTreeMap::new(),
+            ops: HashMap::default(),
             timers: BTreeSet::new(),
             delayed: BTreeMap::new(),
             started: false,
@@ -394,15 +401,14 @@ impl Scheduler {
             self.timers.remove(&(at, seq, timer));
             self.fire(timer, out);
         }
-        while let Some(&(at, _)) = self.tombstone_order.front() {
-            if at + TOMBSTONE_TTL > self.now {
-                break;
+        if self.tombstone_epoch + TOMBSTONE_TTL <= self.now {
+            let [current, previous] = &mut self.tombstones;
+            *previous = std::mem::take(current);
+            if self.tombstone_epoch + 2 * TOMBSTONE_TTL <= self.now {
+                // A long silence: the previous generation has expired too.
+                previous.clear();
             }
-            if let Some((at, uid)) = self.tombstone_order.pop_front()
-                && self.tombstones.get(&uid) == Some(&at)
-            {
-                self.tombstones.remove(&uid);
-            }
+            self.tombstone_epoch = self.now;
         }
     }
 

@@ -55,7 +55,7 @@ impl Scheduler {
         let mut waiters = Vec::new();
         for rec in records {
             let uid = Uid::new(&rec.uid);
-            if self.by_uid.contains_key(&uid) {
+            if self.by_uid.get(&uid, &self.taskruns).is_some() {
                 continue;
             }
             let parsed = Platform::parse(&rec.platform);
@@ -74,7 +74,7 @@ impl Scheduler {
                 })
             });
             let key = self.taskruns.insert(TaskRun {
-                uid: uid.clone(),
+                uid,
                 name: rec.name.as_str().into(),
                 ns,
                 platform: p,
@@ -86,7 +86,7 @@ impl Scheduler {
                 state: State::Failed,
                 extra,
             });
-            self.by_uid.insert(uid, key);
+            self.by_uid.insert(key, &self.taskruns);
             if rec.finished {
                 self.recover_finished(key, rec, &listed, &pool_members, out);
                 continue;

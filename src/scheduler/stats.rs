@@ -38,7 +38,7 @@ pub struct LedgerSize {
     pub taskruns: usize,
     /// TaskRun slots (including free ones) × slot size.
     pub taskrun_slots: usize,
-    /// UID index entries × entry size (B-tree node overhead not included).
+    /// UID index buffer.
     pub uid_index: usize,
     /// Queue buffers.
     pub queues: usize,
@@ -105,8 +105,7 @@ impl Scheduler {
         LedgerSize {
             taskruns: self.taskruns.len(),
             taskrun_slots: self.taskruns.capacity_bytes(),
-            uid_index: self.by_uid.len()
-                * (std::mem::size_of::<super::Uid>() + std::mem::size_of::<super::Key>()),
+            uid_index: self.by_uid.allocation_size(),
             queues: self
                 .platforms
                 .iter()

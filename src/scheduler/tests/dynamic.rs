@@ -56,7 +56,9 @@ fn launches_probes_provisions_and_terminates() {
         otp: "t".into(),
     });
     assert!(
-        matches!(secret(&a, "a"), Some(SecretData::Remote { host, .. }) if host.ends_with("@192.0.2.7"))
+        secret(&a, "a")
+            .and_then(SecretData::login)
+            .is_some_and(|h| h.ends_with("@192.0.2.7"))
     );
     let a = h.done("ns", "a");
     let t = terminates(&a);

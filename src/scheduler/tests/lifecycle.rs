@@ -130,3 +130,23 @@ fn next_deadline_tracks_timers() {
         Some(h.now + std::time::Duration::from_secs(20))
     );
 }
+
+#[test]
+fn late_events_for_a_finished_taskrun_are_ignored_for_at_least_an_hour() {
+    let mut h = H::new(&mixed());
+    h.submit("ns", "a", "linux/x86_64");
+    assert_eq!(finalized(&h.done("ns", "a")), vec!["a"]);
+    // A replayed watch event and a duplicate finish within the hour: nothing happens.
+    for wait in [0, 1800, 1799] {
+        h.wait(wait);
+        assert!(h.submit("ns", "a", "linux/x86_64").is_empty());
+        assert!(h.done("ns", "a").is_empty());
+    }
+    // Past the hour the tombstone has moved to the older generation: still recognised.
+    h.wait(600);
+    assert!(h.submit("ns", "a", "linux/x86_64").is_empty());
+    // Forgotten after two hours: the same UID is a TaskRun again.
+    h.wait(2 * 3600);
+    let a = h.submit("ns", "a", "linux/x86_64");
+    assert_eq!(secret(&a, "a"), Some(&SecretData::Localhost));
+}
