@@ -13,38 +13,15 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mpc::admission::{self, Decision};
 
+#[path = "support/compact_json.rs"]
+mod compact_json;
+use compact_json::compact;
+
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/admission")
         .join(format!("{name}.json"));
     compact(&std::fs::read(path).unwrap())
-}
-
-/// The JSON without whitespace between tokens, fields kept in file order (a `Value` round trip
-/// would sort them).
-fn compact(json: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(json.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for &b in json {
-        if in_string {
-            out.push(b);
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-        } else if !b.is_ascii_whitespace() {
-            in_string = b == b'"';
-            out.push(b);
-        }
-    }
-    let parsed: serde_json::Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(
-        parsed,
-        serde_json::from_slice::<serde_json::Value>(json).unwrap()
-    );
-    out
 }
 
 /// The same review with every object's keys sorted.

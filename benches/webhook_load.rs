@@ -10,6 +10,8 @@
 //! connection, 4), MPC_LOAD_CLIENT_THREADS (1), MPC_LOAD_SERVER_THREADS (server runtime worker
 //! threads, default: the binary's own choice).
 
+#[path = "support/compact_json.rs"]
+mod compact_json;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -44,8 +46,7 @@ fn free_port() -> u16 {
 fn body() -> Bytes {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/admission/taskref-bundle.json");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    Bytes::from(serde_json::to_vec(&v).unwrap())
+    Bytes::from(compact_json::compact(&std::fs::read(path).unwrap()))
 }
 
 /// CPU seconds (user + system) of a process, from /proc.
