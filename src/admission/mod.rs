@@ -31,7 +31,7 @@ use crate::contract;
 use crate::platform::{Platform, label_value};
 
 pub use patch::escape_pointer_token;
-use wire::{Obj, ObjectIn, ReviewIn, SpecIn, Str, TaskRunIn};
+use wire::{Obj, ObjectIn, RequestIn, ReviewIn, SpecIn, Str, TaskRunIn};
 
 /// `target-platform` value for a platform whose label form is not a valid label value (arrays,
 /// spaces, over 63 characters). The underscore keeps it distinct from every valid platform's label.
@@ -126,7 +126,12 @@ pub struct Reviewed {
 
 /// Reviews one AdmissionReview request. `now_unix` (seconds) stamps `allocation-start-time`.
 pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewed, AdmissionError> {
-    let review: ReviewIn<'_> = serde_json::from_slice(body)?;
+    let review = match serde_json::from_slice::<ReviewIn<'_, true>>(body) {
+        Ok(r) => r,
+        // An object read before `kind`/`operation` that is no TaskRun view (or a malformed
+        // body): parse again lazily, which also gives the error for a malformed one.
+        Err(_) => lazy(serde_json::from_slice::<ReviewIn<'_, false>>(body)?),
+    };
     let api_version = review.api_version.as_deref().unwrap_or("");
     let kind = review.kind.as_deref().unwrap_or("");
     if !api_version.starts_with("admission.k8s.io/") || kind != "AdmissionReview" {
@@ -183,6 +188,22 @@ pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewe
     out.patch_ops = response.patch_ops;
     respond(&mut out, response);
     Ok(out)
+}
+
+/// A lazily parsed review in the eager type (its object may be captured raw).
+fn lazy(r: ReviewIn<'_, false>) -> ReviewIn<'_, true> {
+    ReviewIn {
+        api_version: r.api_version,
+        kind: r.kind,
+        request: r.request.map(|q| RequestIn {
+            uid: q.uid,
+            kind: q.kind,
+            operation: q.operation,
+            namespace: q.namespace,
+            name: q.name,
+            object: q.object,
+        }),
+    }
 }
 
 /// The `PLATFORM` value: a string, or something else (array, object, number) kept as JSON text.

@@ -44,6 +44,37 @@ fn object_before_kind_and_operation_gives_the_same_answer() {
 }
 
 #[test]
+fn object_first_of_another_shape_is_still_ignored_or_rejected_as_in_api_order() {
+    let cfg = config(&[("local-platforms", "linux/amd64")]);
+    // Not a TaskRun view (`spec.params` is a string): an UPDATE or another kind is allowed as is.
+    let odd = r#"{"spec":{"params":"x"}}"#;
+    for (kind, operation) in [("TaskRun", "UPDATE"), ("PipelineRun", "CREATE")] {
+        let body = request(true, odd)
+            .replace(
+                r#""operation":"CREATE""#,
+                &format!(r#""operation":"{operation}""#),
+            )
+            .replace(r#""kind":"TaskRun""#, &format!(r#""kind":"{kind}""#));
+        let r = review(body.as_bytes(), &cfg, 7).unwrap();
+        assert!(
+            matches!(r.decision, Decision::Ignored(_)),
+            "{kind} {operation}"
+        );
+        assert!(decode_patch(&r.response).is_none());
+    }
+    // A TaskRun CREATE of that shape is rejected in both orders (positions differ: object-first
+    // errors are located within the object).
+    for object_first in [true, false] {
+        let e = review(request(object_first, odd).as_bytes(), &cfg, 7).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(r#"invalid type: string "x", expected a sequence"#),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn escaped_strings_are_read_like_plain_ones() {
     // `\/` and `\u0041` escapes force owned strings; the decision must not change.
     let obj = r#"{"metadata":{"labels":{"build.appstudio.redhat.com\/task-type":"x"}},"spec":{"params":[{"name":"PL\u0041TFORM","value":"linux\/amd64"}]}}"#;

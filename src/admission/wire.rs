@@ -4,6 +4,9 @@
 //! with `IgnoredAny`, which scans without allocating, and strings borrow from the request body
 //! unless they contain escapes. When `request.kind` and `request.operation` come before `object`
 //! (as the API server writes them), an object that will be ignored is skipped in the same pass.
+//! When `object` comes first, the eager mode (`EAGER = true`) parses it as a TaskRun view at once,
+//! still in one pass; if that fails (an object of another shape), the caller parses again in the
+//! lazy mode, which captures the object's text and parses it once `kind` and `operation` are known.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -87,15 +90,15 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
     }
 }
 
-/// Top level of an `admission.k8s.io` AdmissionReview.
+/// Top level of an `admission.k8s.io` AdmissionReview; `EAGER` as in the module docs.
 #[derive(Deserialize)]
-pub(super) struct ReviewIn<'a> {
+pub(super) struct ReviewIn<'a, const EAGER: bool> {
     #[serde(rename = "apiVersion", borrow, default)]
     pub api_version: Option<Str<'a>>,
     #[serde(borrow, default)]
     pub kind: Option<Str<'a>>,
     #[serde(borrow, default)]
-    pub request: Option<RequestIn<'a>>,
+    pub request: Option<RequestIn<'a, EAGER>>,
 }
 
 /// `request.kind`.
@@ -131,7 +134,7 @@ pub(super) enum ObjectIn<'a> {
 }
 
 /// `request`.
-pub(super) struct RequestIn<'a> {
+pub(super) struct RequestIn<'a, const EAGER: bool> {
     pub uid: Option<Str<'a>>,
     pub kind: Option<GroupVersionKind<'a>>,
     pub operation: Option<Str<'a>>,
@@ -140,7 +143,7 @@ pub(super) struct RequestIn<'a> {
     pub object: ObjectIn<'a>,
 }
 
-impl RequestIn<'_> {
+impl<const EAGER: bool> RequestIn<'_, EAGER> {
     /// True when the object matters: a TaskRun CREATE. `None` while either field is unknown.
     fn wants_object(&self) -> Option<bool> {
         match (&self.kind, &self.operation) {
@@ -150,16 +153,16 @@ impl RequestIn<'_> {
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for RequestIn<'a> {
+impl<'de: 'a, 'a, const EAGER: bool> Deserialize<'de> for RequestIn<'a, EAGER> {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_map(RequestVisitor(PhantomData))
     }
 }
 
-struct RequestVisitor<'a>(PhantomData<&'a ()>);
+struct RequestVisitor<'a, const EAGER: bool>(PhantomData<&'a ()>);
 
-impl<'de: 'a, 'a> Visitor<'de> for RequestVisitor<'a> {
-    type Value = RequestIn<'a>;
+impl<'de: 'a, 'a, const EAGER: bool> Visitor<'de> for RequestVisitor<'a, EAGER> {
+    type Value = RequestIn<'a, EAGER>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an AdmissionRequest object")
@@ -182,7 +185,11 @@ impl<'de: 'a, 'a> Visitor<'de> for RequestVisitor<'a> {
                 "namespace" => req.namespace = map.next_value()?,
                 "name" => req.name = map.next_value()?,
                 "object" => {
-                    req.object = match req.wants_object() {
+                    let wanted = match req.wants_object() {
+                        None if EAGER => Some(true),
+                        known => known,
+                    };
+                    req.object = match wanted {
                         Some(true) => match map.next_value::<Option<Obj<TaskRunIn<'a>>>>()? {
                             Some(t) => ObjectIn::TaskRun(Box::new(t)),
                             None => ObjectIn::Absent,
