@@ -20,8 +20,9 @@
 //!   (TaskRun labels and annotations, listed instances) before anything is allocated.
 //!
 //! Costs: placing a waiter is O(log hosts + log namespaces) (least-loaded hosts and free pool
-//! slots live in ordered sets; waiters in per-namespace queues), lookups by UID are O(log n);
-//! no decision scans all TaskRuns. Sweeps and config changes are linear, and rare.
+//! slots live in ordered sets; waiters in per-namespace queues); lookups by UID or operation id
+//! are hash-table lookups (expected O(1); those tables are never iterated where order could
+//! matter); no decision scans all TaskRuns. Sweeps and config changes are linear, and rare.
 
 mod action;
 mod arena;
