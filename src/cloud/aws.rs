@@ -1,8 +1,9 @@
 //! Amazon EC2 (or an EC2-compatible endpoint) through the AWS SDK. The only module that uses it.
 //!
 //! One SDK client per (region, credentials, endpoint), cached. The SDK's own retries are off:
-//! every call goes through [`AwsCloud::call`], which classifies failures ([`classify`]), retries
-//! with back-off per [`RetryPolicy`] and counts each try in [`CloudMetrics`].
+//! every call goes through one private wrapper (`AwsCloud::call`), which classifies failures
+//! ([`classify`]), retries with back-off per [`RetryPolicy`] and counts each try in
+//! [`CloudMetrics`].
 
 use std::collections::HashMap;
 use std::future::Future;
