@@ -471,10 +471,8 @@ impl Scheduler {
             t.recorded = true;
         }
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
-            // The host table's shared name: no allocation per placement.
-            (HostRef::Static(h), Some(State::OnHost { host: hid, .. }))
-                if *self.hosts[*hid as usize].name == *h.name =>
-            {
+            // The host table's shared name (the table is keyed by it): no allocation per placement.
+            (HostRef::Static(_), Some(State::OnHost { host: hid, .. })) => {
                 self.hosts[*hid as usize].name.clone()
             }
             (HostRef::Static(h), _) => h.name.as_str().into(),
