@@ -91,7 +91,7 @@ fn collect(out: &[Action], provisioning: &mut VecDeque<(OpId, usize)>, cleanups:
     for a in out {
         match a {
             Action::Provision { op, taskrun, .. } => {
-                provisioning.push_back((*op, index_of(&taskrun.name)))
+                provisioning.push_back((*op, index_of(taskrun.name())))
             }
             Action::Deprovision { op, .. } => cleanups.push(*op),
             _ => {}

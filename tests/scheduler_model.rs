@@ -273,7 +273,7 @@ impl World {
         }
         match a {
             Action::Record { taskrun, placement } => {
-                let uid = taskrun.uid.to_string();
+                let uid = taskrun.uid().to_string();
                 let Some(t) = self.taskruns.get_mut(&uid) else {
                     return;
                 };
@@ -304,7 +304,7 @@ impl World {
                 }
             }
             Action::WriteSecret { taskrun, secret } => {
-                let uid = taskrun.uid.to_string();
+                let uid = taskrun.uid().to_string();
                 let t = self
                     .taskruns
                     .get_mut(&uid)
@@ -327,12 +327,12 @@ impl World {
                 });
             }
             Action::DeleteSecret { taskrun } => {
-                if let Some(t) = self.taskruns.get_mut(&taskrun.uid.to_string()) {
+                if let Some(t) = self.taskruns.get_mut(&taskrun.uid().to_string()) {
                     t.secret = None;
                 }
             }
             Action::RemoveFinalizer { taskrun } => {
-                let uid = taskrun.uid.to_string();
+                let uid = taskrun.uid().to_string();
                 if let Some(t) = self.taskruns.get_mut(&uid) {
                     t.finalizer = false;
                     if t.done {
@@ -341,7 +341,7 @@ impl World {
                 }
             }
             Action::Provision { op, taskrun, host } => {
-                let uid = taskrun.uid.to_string();
+                let uid = taskrun.uid().to_string();
                 assert!(
                     self.taskruns.get(&uid).is_some_and(|t| !t.done),
                     "provisioning for a finished TaskRun {uid}"

@@ -204,13 +204,13 @@ impl RemoteUser {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SecretData {
     /// A remote user: keys `otp`, `host` ([`SecretData::login`]) and `user-dir`
-    /// ([`SecretData::user_dir`]); the controller adds `otp-server` and `otp-ca`. The host is
-    /// kept as a reference: the controller formats the strings when it writes the secret.
+    /// ([`SecretData::user_dir`]); the controller adds `otp-server` and `otp-ca`. The user is the
+    /// TaskRun's ([`TaskRunRef::remote_user`]) and the host is kept as a reference: the controller
+    /// formats the strings when it writes the secret (it derives the same user name for the
+    /// provisioning anyway), so deciding costs no hashing or formatting.
     Remote {
         /// One-time token.
         otp: String,
-        /// The user name.
-        user: String,
         /// Where the user lives.
         host: HostRef,
     },
@@ -221,18 +221,20 @@ pub enum SecretData {
 }
 
 impl SecretData {
-    /// `user@address` (the `host` key) of a remote secret.
-    pub fn login(&self) -> Option<String> {
+    /// `user@address` (the `host` key) of a remote secret written for `taskrun`.
+    pub fn login(&self, taskrun: &TaskRunRef) -> Option<String> {
         match self {
-            SecretData::Remote { user, host, .. } => Some(format!("{user}@{}", host.address())),
+            SecretData::Remote { host, .. } => {
+                Some(format!("{}@{}", taskrun.remote_user(), host.address()))
+            }
             _ => None,
         }
     }
 
-    /// `/home/<user>` (the `user-dir` key) of a remote secret.
-    pub fn user_dir(&self) -> Option<String> {
+    /// `/home/<user>` (the `user-dir` key) of a remote secret written for `taskrun`.
+    pub fn user_dir(&self, taskrun: &TaskRunRef) -> Option<String> {
         match self {
-            SecretData::Remote { user, .. } => Some(format!("/home/{user}")),
+            SecretData::Remote { .. } => Some(format!("/home/{}", taskrun.remote_user())),
             _ => None,
         }
     }

@@ -188,7 +188,7 @@ impl Scheduler {
                 // the instance by its taskRunID tag on recovery.
                 let token = format!(
                     "{}-{}-{}-{}-{}",
-                    r.uid,
+                    r.uid(),
                     t.retries,
                     t.extra.as_ref().map_or(0, |e| e.failed.len()),
                     launches,

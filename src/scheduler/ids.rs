@@ -94,38 +94,89 @@ impl fmt::Display for OpId {
     }
 }
 
-/// The TaskRun an action is about. Cheap to clone.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The TaskRun an action is about. Cheap to clone: one reference count (actions carry it by
+/// the million, so it is a single shared string and a UID, small enough to move without a copy
+/// loop).
+#[derive(Clone, PartialEq, Eq)]
 pub struct TaskRunRef {
-    /// Namespace.
-    pub namespace: Arc<str>,
-    /// Name.
-    pub name: Arc<str>,
-    /// UID: patches and secret deletions must be conditional on it (a TaskRun may be deleted and
-    /// recreated with the same name).
-    pub uid: Uid,
+    /// `<namespace>/<name>`: neither part can contain `/` (a DNS label and a DNS subdomain).
+    path: Arc<str>,
+    uid: Uid,
 }
 
 impl TaskRunRef {
+    /// A reference to `namespace/name` with this UID.
+    pub fn new(namespace: &str, name: &str, uid: Uid) -> Self {
+        TaskRunRef {
+            path: Self::path_of(namespace, name),
+            uid,
+        }
+    }
+
+    /// The shared `<namespace>/<name>` string a [`TaskRunRef`] is built from.
+    pub(crate) fn path_of(namespace: &str, name: &str) -> Arc<str> {
+        let mut s = String::with_capacity(namespace.len() + 1 + name.len());
+        s.push_str(namespace);
+        s.push('/');
+        s.push_str(name);
+        s.into()
+    }
+
+    /// From a string made by [`TaskRunRef::path_of`].
+    pub(crate) fn from_path(path: Arc<str>, uid: Uid) -> Self {
+        TaskRunRef { path, uid }
+    }
+
+    /// Namespace.
+    pub fn namespace(&self) -> &str {
+        split_path(&self.path).0
+    }
+
+    /// Name.
+    pub fn name(&self) -> &str {
+        split_path(&self.path).1
+    }
+
+    /// UID: patches and secret deletions must be conditional on it (a TaskRun may be deleted and
+    /// recreated with the same name).
+    pub fn uid(&self) -> &Uid {
+        &self.uid
+    }
+
     /// `multi-platform-ssh-<name>`.
     pub fn secret_name(&self) -> String {
-        crate::contract::secret_name(&self.name)
+        crate::contract::secret_name(self.name())
     }
 
     /// `<namespace>:<name>`, the `taskRunID` instance tag.
     pub fn id(&self) -> String {
-        crate::contract::taskrun_id(&self.namespace, &self.name)
+        crate::contract::taskrun_id(self.namespace(), self.name())
     }
 
     /// The remote user provisioned for this TaskRun (`u-<md5>`).
     pub fn remote_user(&self) -> String {
-        crate::contract::remote_user_name(&self.name, &self.namespace)
+        crate::contract::remote_user_name(self.name(), self.namespace())
     }
+}
+
+/// `(namespace, name)` of a `<namespace>/<name>` path.
+pub(crate) fn split_path(path: &str) -> (&str, &str) {
+    path.split_once('/').unwrap_or(("", path))
 }
 
 impl fmt::Display for TaskRunRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
+        f.write_str(&self.path)
+    }
+}
+
+impl fmt::Debug for TaskRunRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskRunRef")
+            .field("namespace", &self.namespace())
+            .field("name", &self.name())
+            .field("uid", &self.uid)
+            .finish()
     }
 }
 
@@ -140,6 +191,22 @@ mod tests {
         assert!(matches!(u.0, Repr::Uuid(_)));
         assert_eq!(u.to_string(), s);
         assert_eq!(std::mem::size_of::<Uid>(), 24);
+    }
+
+    #[test]
+    fn taskrun_ref_splits_namespace_and_name() {
+        let r = TaskRunRef::new("tenant-a", "build-1-on-push", Uid::new("u1"));
+        assert_eq!(r.namespace(), "tenant-a");
+        assert_eq!(r.name(), "build-1-on-push");
+        assert_eq!(r.to_string(), "tenant-a/build-1-on-push");
+        assert_eq!(r.id(), "tenant-a:build-1-on-push");
+        assert_eq!(r.secret_name(), "multi-platform-ssh-build-1-on-push");
+        assert_ne!(
+            r,
+            TaskRunRef::new("tenant", "a-build-1-on-push", Uid::new("u1"))
+        );
+        // Small enough that actions carrying it move without a copy loop.
+        assert!(std::mem::size_of::<TaskRunRef>() <= 40);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use super::arena::Key;
 use super::queue::Entry;
 use super::{
     Action, Extra, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement, PlatformId,
-    RemoteUser, Scheduler, SecretData, State, TaskRun, TaskRunSpec, Timer, Uid, messages,
+    RemoteUser, Scheduler, SecretData, State, TaskRun, TaskRunRef, TaskRunSpec, Timer, Uid,
+    messages,
 };
 use crate::platform::Platform;
 
@@ -47,7 +48,7 @@ impl Scheduler {
         };
         let key = self.taskruns.insert(TaskRun {
             uid,
-            name: spec.name.as_str().into(),
+            path: TaskRunRef::path_of(&spec.namespace, &spec.name),
             ns,
             platform,
             retries: spec.retries,
@@ -373,15 +374,18 @@ impl Scheduler {
         let Some(taskrun) = self.taskrun_ref(key) else {
             return;
         };
-        out.push(Action::WriteSecret {
-            taskrun: taskrun.clone(),
-            secret,
-        });
-        if let Some(t) = self.taskruns.get_mut(key)
-            && t.gated
-        {
-            t.gated = false;
+        let gated = self
+            .taskruns
+            .get_mut(key)
+            .is_some_and(|t| std::mem::take(&mut t.gated));
+        if gated {
+            out.push(Action::WriteSecret {
+                taskrun: taskrun.clone(),
+                secret,
+            });
             out.push(Action::Ungate { taskrun });
+        } else {
+            out.push(Action::WriteSecret { taskrun, secret });
         }
     }
 
@@ -549,15 +553,7 @@ impl Scheduler {
                     _ => {}
                 }
                 self.provision_ok_on(tr, out);
-                let Some(r) = self.taskrun_ref(tr) else {
-                    return;
-                };
-                let secret = SecretData::Remote {
-                    otp,
-                    user: r.remote_user(),
-                    host,
-                };
-                self.write_secret(tr, secret, out);
+                self.write_secret(tr, SecretData::Remote { otp, host }, out);
                 out.push(Action::Observe(Observation::ProvisionSucceeded(
                     platform.clone(),
                 )));
@@ -739,11 +735,7 @@ impl Scheduler {
                 return;
             }
             // Never seen (finished before we caught up): nothing allocated, just let it go.
-            let taskrun = super::TaskRunRef {
-                namespace: ns.into(),
-                name: name.into(),
-                uid: uid.clone(),
-            };
+            let taskrun = TaskRunRef::new(ns, name, uid.clone());
             out.push(Action::DeleteSecret {
                 taskrun: taskrun.clone(),
             });

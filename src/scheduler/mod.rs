@@ -104,7 +104,8 @@ pub struct Scheduler {
 /// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
 struct TaskRun {
     uid: Uid,
-    name: Arc<str>,
+    /// `<namespace>/<name>`, shared with every [`TaskRunRef`] handed out.
+    path: Arc<str>,
     ns: NsId,
     /// `NO_PLATFORM` for TaskRuns whose platform did not parse.
     platform: PlatformId,
@@ -446,11 +447,7 @@ impl Scheduler {
 
     fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {
         let t = self.taskruns.get(key)?;
-        Some(TaskRunRef {
-            namespace: self.namespaces[t.ns as usize].clone(),
-            name: t.name.clone(),
-            uid: t.uid.clone(),
-        })
+        Some(TaskRunRef::from_path(t.path.clone(), t.uid.clone()))
     }
 
     fn intern_ns(&mut self, ns: &str) -> NsId {

@@ -15,7 +15,7 @@ use super::arena::Key;
 use super::snapshot::{InstanceRecord, InstanceState, SecretKind, Snapshot, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
-    State, TaskRun, Time, Timer, Uid,
+    State, TaskRun, TaskRunRef, Time, Timer, Uid,
 };
 use crate::config::{DynamicPlatform, DynamicPool};
 use crate::platform::Platform;
@@ -75,7 +75,7 @@ impl Scheduler {
             });
             let key = self.taskruns.insert(TaskRun {
                 uid,
-                name: rec.name.as_str().into(),
+                path: TaskRunRef::path_of(&rec.namespace, &rec.name),
                 ns,
                 platform: p,
                 retries: rec.retries,

@@ -386,7 +386,7 @@ impl Sim<'_> {
                     self.after(d, SimEvent::Deliver(Box::new(ev)));
                 }
                 Action::WriteSecret { taskrun, secret } => {
-                    let Some(i) = Self::job_of(&taskrun.name) else {
+                    let Some(i) = Self::job_of(taskrun.name()) else {
                         continue;
                     };
                     let now = self.now();

@@ -137,7 +137,7 @@ pub(super) fn provisions(acts: &[Action]) -> Vec<(OpId, String, String)> {
     acts.iter()
         .filter_map(|a| match a {
             Action::Provision { op, taskrun, host } => {
-                Some((*op, taskrun.name.to_string(), host.name().to_owned()))
+                Some((*op, taskrun.name().to_string(), host.name().to_owned()))
             }
             _ => None,
         })
@@ -158,7 +158,7 @@ pub(super) fn secret<'a>(acts: &'a [Action], name: &str) -> Option<&'a SecretDat
     let v: Vec<_> = acts
         .iter()
         .filter_map(|a| match a {
-            Action::WriteSecret { taskrun, secret } if &*taskrun.name == name => Some(secret),
+            Action::WriteSecret { taskrun, secret } if taskrun.name() == name => Some(secret),
             _ => None,
         })
         .collect();
@@ -218,7 +218,7 @@ pub(super) fn deprovisions(acts: &[Action]) -> Vec<(OpId, String, String)> {
 pub(super) fn finalized(acts: &[Action]) -> Vec<String> {
     acts.iter()
         .filter_map(|a| match a {
-            Action::RemoveFinalizer { taskrun } => Some(taskrun.name.to_string()),
+            Action::RemoveFinalizer { taskrun } => Some(taskrun.name().to_string()),
             _ => None,
         })
         .collect()
@@ -227,7 +227,7 @@ pub(super) fn finalized(acts: &[Action]) -> Vec<String> {
 pub(super) fn records<'a>(acts: &'a [Action], name: &str) -> Vec<&'a Placement> {
     acts.iter()
         .filter_map(|a| match a {
-            Action::Record { taskrun, placement } if &*taskrun.name == name => Some(placement),
+            Action::Record { taskrun, placement } if taskrun.name() == name => Some(placement),
             _ => None,
         })
         .collect()

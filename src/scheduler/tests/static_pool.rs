@@ -23,13 +23,20 @@ fn allocates_provisions_and_hands_out_a_one_time_key() {
     let user = crate::contract::remote_user_name("a", "ns");
     let written = secret(&a, "a").expect("secret written");
     assert!(
-        matches!(written, SecretData::Remote { otp, user: u, host } if otp == "tok" && *u == user && host.name() == "h1")
+        matches!(written, SecretData::Remote { otp, host } if otp == "tok" && host.name() == "h1")
     );
-    assert_eq!(written.login(), Some(format!("{user}@10.0.0.1")));
-    assert_eq!(written.user_dir(), Some(format!("/home/{user}")));
+    let taskrun = a
+        .iter()
+        .find_map(|x| match x {
+            Action::WriteSecret { taskrun, .. } => Some(taskrun.clone()),
+            _ => None,
+        })
+        .expect("secret written");
+    assert_eq!(written.login(&taskrun), Some(format!("{user}@10.0.0.1")));
+    assert_eq!(written.user_dir(&taskrun), Some(format!("/home/{user}")));
     assert!(
         a.iter()
-            .any(|x| matches!(x, Action::Ungate { taskrun } if &*taskrun.name == "a"))
+            .any(|x| matches!(x, Action::Ungate { taskrun } if taskrun.name() == "a"))
     );
     // Done: secret deleted, user removed, finalizer last.
     let a = h.done("ns", "a");
@@ -285,7 +292,7 @@ fn recreated_taskrun_with_the_same_name_is_a_new_allocation() {
     // The old one's cleanup completes independently and names the old UID.
     let a = h.send(Event::Deprovisioned { op: d, error: None });
     match &a[..] {
-        [Action::RemoveFinalizer { taskrun }] => assert_eq!(taskrun.uid, Uid::new("uid-ns-a")),
+        [Action::RemoveFinalizer { taskrun }] => assert_eq!(*taskrun.uid(), Uid::new("uid-ns-a")),
         other => panic!("{other:#?}"),
     }
     assert_eq!(h.s.gauges().platforms[P].running, 1);
