@@ -721,7 +721,7 @@ impl World {
             Cmd::Config(which) => {
                 self.cfg = which as usize % 3;
                 let c = self.config().clone();
-                self.send(Event::ConfigReplaced(c));
+                self.send(Event::ConfigReplaced(Box::new(c)));
             }
             Cmd::Sweep => self.sweep(),
         }
@@ -732,7 +732,7 @@ impl World {
     fn quiesce(&mut self) {
         self.cfg = 3;
         let c = self.config().clone();
-        self.send(Event::ConfigReplaced(c));
+        self.send(Event::ConfigReplaced(Box::new(c)));
         for round in 0..400 {
             while !self.pending.is_empty() {
                 self.deliver(0, true);

@@ -99,7 +99,7 @@ pub enum Event {
         users: Vec<String>,
     },
     /// A new valid configuration replaced the old one. Applies to new work only.
-    ConfigReplaced(HostConfig),
+    ConfigReplaced(Box<HostConfig>),
     /// Time passed; fires due timers. Send it at [`Scheduler::next_deadline`](super::Scheduler::next_deadline).
     Tick,
 }

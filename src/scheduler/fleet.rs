@@ -169,10 +169,11 @@ impl Scheduler {
 
     /// Sends (or re-sends) the launch request.
     fn launch(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let op = self.op_id();
-        let Some(i) = self.instances.get_mut(inst) else {
+        if self.instances.get(inst).is_none() {
             return;
-        };
+        }
+        let op = self.ops.insert(Op::Launch { inst });
+        let i = self.instances.get_mut(inst).expect("checked above");
         i.state = InstState::Launching(op);
         i.launches += 1;
         let (launches, created, index) = (i.launches, i.created, inst.index);
@@ -207,7 +208,6 @@ impl Scheduler {
                 ),
             ),
         };
-        self.ops.insert(op, Op::Launch { inst });
         out.push(Action::Launch {
             op,
             platform: self.platforms[p as usize].platform.clone(),
@@ -280,7 +280,7 @@ impl Scheduler {
         self.detach(inst, key);
         let pending = match phase {
             Phase::Reserved => 0,
-            Phase::Provisioning(op) => match self.ops.get_mut(&op) {
+            Phase::Provisioning(op) => match self.ops.get_mut(op) {
                 Some(Op::Provision { compensate, .. }) => {
                     *compensate = true;
                     1
@@ -439,7 +439,7 @@ impl Scheduler {
         let Some(host) = self.instance_host(inst) else {
             return;
         };
-        let op = self.op_id();
+        let op = self.provision_op(key, &host);
         let i = self.instances.get_mut(inst).expect("resolved above");
         i.used = true;
         let annotations = match (&i.pool, &host) {
@@ -518,13 +518,11 @@ impl Scheduler {
         if matches!(i.state, InstState::Terminating(_)) {
             return;
         }
-        let op = OpId(self.next_op);
-        self.next_op += 1;
+        let op = self.ops.insert(Op::Terminate { inst });
         i.state = InstState::Terminating(op);
         i.probe_op = None;
         let template = i.template.clone();
         self.reindex_instance(inst);
-        self.ops.insert(op, Op::Terminate { inst });
         out.push(Action::Terminate {
             op,
             instance_id: id,
@@ -779,9 +777,8 @@ impl Scheduler {
         let (Some(id), template) = (i.id.clone(), i.template.clone()) else {
             return;
         };
-        let op = self.op_id();
+        let op = self.ops.insert(Op::Probe { inst });
         self.instances.get_mut(inst).expect("resolved").probe_op = Some(op);
-        self.ops.insert(op, Op::Probe { inst });
         out.push(Action::Probe {
             op,
             instance_id: id,

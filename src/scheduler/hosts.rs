@@ -55,15 +55,16 @@ impl Scheduler {
         def: Arc<StaticHost>,
         out: &mut Vec<Action>,
     ) {
-        let op = self.op_id();
+        let host = HostRef::Static(def.clone());
+        let op = self.provision_op(key, &host);
         if let Some(t) = self.taskruns.get_mut(key) {
             t.state = State::OnHost {
                 host: hid,
-                def: Some(def.clone()),
+                def: Some(def),
                 phase: Phase::Provisioning(op),
             };
         }
-        self.emit_provision(key, op, HostRef::Static(def), None, out);
+        self.emit_provision(key, op, host, None, out);
     }
 
     /// Gives `key` its error secret when every host of static platform `p` failed for it.

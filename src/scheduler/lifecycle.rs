@@ -428,8 +428,8 @@ impl Scheduler {
                     self.capacity_freed(p, out);
                     return;
                 };
-                let op = self.op_id();
                 let target = HostRef::Static(def.clone());
+                let op = self.provision_op(key, &target);
                 if let Some(t) = self.taskruns.get_mut(key) {
                     t.state = State::OnHost {
                         host,
@@ -458,7 +458,8 @@ impl Scheduler {
         }
     }
 
-    /// Records the placement and asks for provisioning.
+    /// Records the placement and asks for provisioning under `op` (from
+    /// [`Scheduler::provision_op`]).
     pub(super) fn emit_provision(
         &mut self,
         key: Key,
@@ -468,6 +469,7 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let Some(taskrun) = self.taskrun_ref(key) else {
+            self.ops.remove(op);
             return;
         };
         let failed = self.taskruns.get(key).and_then(failed_hosts);
@@ -496,15 +498,16 @@ impl Scheduler {
                 instance_address,
             },
         });
-        self.ops.insert(
-            op,
-            Op::Provision {
-                tr: key,
-                host: host.clone(),
-                compensate: false,
-            },
-        );
         out.push(Action::Provision { op, taskrun, host });
+    }
+
+    /// Registers a provisioning of `key` on `host`; emit it with [`Scheduler::emit_provision`].
+    pub(super) fn provision_op(&mut self, key: Key, host: &HostRef) -> OpId {
+        self.ops.insert(Op::Provision {
+            tr: key,
+            host: host.clone(),
+            compensate: false,
+        })
     }
 
     pub(super) fn on_provisioned(
@@ -599,16 +602,10 @@ impl Scheduler {
     /// Removes an op if it is of the expected kind (a result echoing another kind's id is bogus
     /// and changes nothing).
     pub(super) fn take_op(&mut self, op: OpId, kind: impl Fn(&Op) -> bool) -> Option<Op> {
-        if !self.ops.get(&op).is_some_and(kind) {
+        if !self.ops.get(op).is_some_and(kind) {
             return None;
         }
-        let removed = self.ops.remove(&op);
-        // Give back memory after a burst (a hash table never shrinks by itself); halving only
-        // at a quarter full keeps this amortised O(1).
-        if self.ops.capacity() > 1024 && self.ops.len() * 4 < self.ops.capacity() {
-            self.ops.shrink_to(self.ops.len() * 2);
-        }
-        removed
+        self.ops.remove(op)
     }
 
     /// Asks for a user's removal; `tr` (a finished TaskRun) waits for the result.
@@ -633,13 +630,9 @@ impl Scheduler {
     /// Issues (or re-issues after a delay) a cleanup operation under a new id.
     pub(super) fn reissue(&mut self, op: Op, out: &mut Vec<Action>) {
         if let Op::Deprovision { user, host, .. } = &op {
-            let id = self.op_id();
-            out.push(Action::Deprovision {
-                op: id,
-                user: user.clone(),
-                host: host.clone(),
-            });
-            self.ops.insert(id, op);
+            let (user, host) = (user.clone(), host.clone());
+            let op = self.ops.insert(op);
+            out.push(Action::Deprovision { op, user, host });
         }
     }
 
@@ -793,7 +786,7 @@ impl Scheduler {
                         }
                     }
                     Phase::Provisioning(op) => {
-                        if let Some(Op::Provision { compensate, .. }) = self.ops.get_mut(&op) {
+                        if let Some(Op::Provision { compensate, .. }) = self.ops.get_mut(op) {
                             *compensate = true;
                             1
                         } else {

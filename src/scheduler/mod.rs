@@ -32,6 +32,7 @@ mod hosts;
 mod ids;
 mod lifecycle;
 mod messages;
+mod op_table;
 mod policy;
 mod queue;
 mod reconfig;
@@ -45,7 +46,7 @@ mod uid_index;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
@@ -60,6 +61,7 @@ use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
 use crate::platform::Platform;
 use arena::{Arena, Key};
 use foldhash::quality::FixedState;
+use op_table::OpTable;
 use queue::{FairQueue, NsId};
 use uid_index::UidIndex;
 
@@ -73,7 +75,6 @@ pub struct Scheduler {
     policy: Policy,
     config: HostConfig,
     now: Time,
-    next_op: u64,
     next_ticket: u32,
     next_timer: u64,
     taskruns: Arena<TaskRun>,
@@ -92,8 +93,7 @@ pub struct Scheduler {
     host_ids: BTreeMap<Arc<str>, HostId>,
     instances: Arena<Instance>,
     instance_ids: BTreeMap<Arc<str>, Key>,
-    /// Only looked up (the host sweep reads all of them, in no particular order).
-    ops: HashMap<OpId, Op, FixedState>,
+    ops: OpTable,
     timers: BTreeSet<(Time, u64, Timer)>,
     /// Cleanup operations waiting for a retry, by timer sequence.
     delayed: BTreeMap<u64, Op>,
@@ -306,7 +306,6 @@ impl Scheduler {
             policy,
             config: HostConfig::default(),
             now: Time::ZERO,
-            next_op: 1,
             next_ticket: 0,
             next_timer: 0,
             taskruns: Arena::default(),
@@ -321,7 +320,7 @@ impl Scheduler {
             host_ids: BTreeMap::new(),
             instances: Arena::default(),
             instance_ids: BTreeMap::new(),
-            ops: HashMap::default(),
+            ops: OpTable::default(),
             timers: BTreeSet::new(),
             delayed: BTreeMap::new(),
             started: false,
@@ -379,7 +378,7 @@ impl Scheduler {
                 instances,
             } => self.on_instances_listed(&platform, &instances, out),
             Event::HostUsersListed { host, users } => self.on_host_users(&host, &users, out),
-            Event::ConfigReplaced(config) => self.apply_config(config, out),
+            Event::ConfigReplaced(config) => self.apply_config(*config, out),
             Event::Tick => {}
         }
     }
@@ -437,12 +436,6 @@ impl Scheduler {
     fn arm(&mut self, at: Time, timer: Timer) {
         self.next_timer += 1;
         self.timers.insert((at, self.next_timer, timer));
-    }
-
-    fn op_id(&mut self) -> OpId {
-        let id = OpId(self.next_op);
-        self.next_op += 1;
-        id
     }
 
     fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {

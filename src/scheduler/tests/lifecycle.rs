@@ -92,7 +92,7 @@ fn platform_removed_from_config_fails_its_waiters_with_a_reason() {
     assert!(provisions(&a).is_empty());
     let mut pairs = static_pairs(&[]);
     pairs.push(kv("local-platforms", "linux/x86_64"));
-    let a = h.send(Event::ConfigReplaced(config(&pairs)));
+    let a = h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
     assert!(error_of(&a, "b").contains("not configured"));
     assert!(
         secret(&a, "a").is_none(),
@@ -107,7 +107,7 @@ fn platform_becoming_local_serves_its_waiters_in_pods() {
     h.submit("ns", "b", "linux/s390x");
     let mut pairs = static_pairs(&[("h1", 1)]);
     pairs.push(kv("local-platforms", "linux/s390x"));
-    let a = h.send(Event::ConfigReplaced(config(&pairs)));
+    let a = h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
     assert_eq!(secret(&a, "b"), Some(&SecretData::Localhost));
 }
 
@@ -149,4 +149,20 @@ fn late_events_for_a_finished_taskrun_are_ignored_for_at_least_an_hour() {
     h.wait(2 * 3600);
     let a = h.submit("ns", "a", "linux/x86_64");
     assert_eq!(secret(&a, "a"), Some(&SecretData::Localhost));
+}
+
+#[test]
+fn actions_and_events_move_without_a_copy_loop() {
+    // Every decision pushes several actions and takes an event by value; above 128 bytes the
+    // compiler moves them with a memcpy call, which showed up in the drain benchmark.
+    assert!(
+        std::mem::size_of::<Action>() <= 128,
+        "{}",
+        std::mem::size_of::<Action>()
+    );
+    assert!(
+        std::mem::size_of::<Event>() <= 128,
+        "{}",
+        std::mem::size_of::<Event>()
+    );
 }

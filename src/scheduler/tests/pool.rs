@@ -173,7 +173,7 @@ fn config_change_drains_instances_of_the_old_template() {
             *v = "ami-0fedcba9876543210".into();
         }
     }
-    h.send(Event::ConfigReplaced(config(&pairs)));
+    h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
     let a = h.submit("ns", "b", P);
     assert_eq!(launches(&a).len(), 1, "b needs the new image");
     let a = h.done("ns", "a");

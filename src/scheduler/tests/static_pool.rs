@@ -370,7 +370,7 @@ fn config_change_mid_flight_keeps_the_allocation_definition() {
             *v = "10.9.9.9".into();
         }
     }
-    h.send(Event::ConfigReplaced(config(&pairs)));
+    h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
     // h1 is full (1 of 1) under the new config, so new work goes to h2.
     let a = h.submit("ns", "b", P);
     assert_eq!(provisions(&a)[0].2, "h2");
@@ -382,7 +382,9 @@ fn config_change_mid_flight_keeps_the_allocation_definition() {
     });
     assert_eq!(host.as_deref(), Some("10.0.0.1"));
     // The host is removed from the config entirely: waiters go elsewhere, nothing breaks.
-    h.send(Event::ConfigReplaced(config(&static_pairs(&[("h2", 2)]))));
+    h.send(Event::ConfigReplaced(Box::new(config(&static_pairs(&[(
+        "h2", 2,
+    )])))));
     let a = h.submit("ns", "c", P);
     assert_eq!(provisions(&a)[0].2, "h2");
 }
@@ -450,7 +452,7 @@ fn operation_table_gives_memory_back_after_a_burst() {
             otp: "t".into(),
         });
     }
-    assert!(h.s.ops.is_empty());
+    assert_eq!(h.s.ops.len(), 0);
     assert!(
         h.s.ops.capacity() * 8 <= peak,
         "{} of {peak}",
