@@ -26,6 +26,16 @@ impl Uid {
     }
 }
 
+impl Uid {
+    /// The 16 bytes of a canonical UUID.
+    pub(crate) fn as_uuid(&self) -> Option<[u64; 2]> {
+        match self.0 {
+            Repr::Uuid(halves) => Some(halves),
+            Repr::Text(_) => None,
+        }
+    }
+}
+
 impl From<&str> for Uid {
     fn from(s: &str) -> Self {
         Uid::new(s)

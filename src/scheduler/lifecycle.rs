@@ -708,17 +708,13 @@ impl Scheduler {
         }
         if let Some(t) = self.taskruns.remove(key) {
             self.by_uid.remove(&t.uid, key);
-            self.tombstone(t.uid);
+            self.tombstones.insert(&t.uid);
         }
-    }
-
-    fn tombstone(&mut self, uid: Uid) {
-        self.tombstones[0].insert(uid);
     }
 
     /// The TaskRun with this UID finished recently.
     pub(super) fn is_tombstoned(&self, uid: &Uid) -> bool {
-        self.tombstones.iter().any(|t| t.contains(uid))
+        self.tombstones.contains(uid)
     }
 
     pub(super) fn on_done(&mut self, ns: &str, name: &str, uid: &str, out: &mut Vec<Action>) {
@@ -733,7 +729,7 @@ impl Scheduler {
                 taskrun: taskrun.clone(),
             });
             out.push(Action::RemoveFinalizer { taskrun });
-            self.tombstone(uid);
+            self.tombstones.insert(&uid);
             return;
         };
         let t = self.taskruns.get_mut(key).expect("indexed TaskRuns exist");

@@ -19,9 +19,9 @@
 //! - after a restart, [`Scheduler::recover`] rebuilds the whole ledger from a [`Snapshot`]
 //!   (TaskRun labels and annotations, listed instances) before anything is allocated.
 //!
-//! Costs: placing a waiter is O(log hosts + log namespaces) (least-loaded hosts and free pool
-//! slots live in ordered sets; waiters in per-namespace queues); lookups by UID or operation id
-//! are hash-table lookups (expected O(1); those tables are never iterated where order could
+//! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
+//! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
+//! and an operation id an index into a slab (those tables are never iterated where order could
 //! matter); no decision scans all TaskRuns. Sweeps and config changes are linear, and rare.
 
 mod action;
@@ -41,12 +41,13 @@ mod snapshot;
 mod stats;
 mod sweep;
 mod time;
+mod tombstones;
 mod uid_index;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
@@ -60,9 +61,9 @@ pub use time::Time;
 use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
 use crate::platform::Platform;
 use arena::{Arena, Key};
-use foldhash::quality::FixedState;
 use op_table::OpTable;
 use queue::{FairQueue, NsId};
+use tombstones::Tombstones;
 use uid_index::UidIndex;
 
 /// Index into the platform table.
@@ -82,9 +83,7 @@ pub struct Scheduler {
     /// UIDs of TaskRuns finished recently, in two generations (current, previous) that rotate
     /// every [`TOMBSTONE_TTL`]: late or reordered events for them are ignored for at least that
     /// long. Rotating whole sets keeps no per-UID timestamp or expiry queue.
-    tombstones: [HashSet<Uid, FixedState>; 2],
-    /// When the current tombstone generation started.
-    tombstone_epoch: Time,
+    tombstones: Tombstones,
     namespaces: Vec<Arc<str>>,
     ns_ids: BTreeMap<Arc<str>, NsId>,
     platforms: Vec<PlatformState>,
@@ -310,8 +309,7 @@ impl Scheduler {
             next_timer: 0,
             taskruns: Arena::default(),
             by_uid: UidIndex::default(),
-            tombstones: Default::default(),
-            tombstone_epoch: Time::ZERO,
+            tombstones: Tombstones::default(),
             namespaces: Vec::new(),
             ns_ids: BTreeMap::new(),
             platforms: Vec::new(),
@@ -402,15 +400,7 @@ impl Scheduler {
             self.timers.remove(&(at, seq, timer));
             self.fire(timer, out);
         }
-        if self.tombstone_epoch + TOMBSTONE_TTL <= self.now {
-            let [current, previous] = &mut self.tombstones;
-            *previous = std::mem::take(current);
-            if self.tombstone_epoch + 2 * TOMBSTONE_TTL <= self.now {
-                // A long silence: the previous generation has expired too.
-                previous.clear();
-            }
-            self.tombstone_epoch = self.now;
-        }
+        self.tombstones.rotate(self.now, TOMBSTONE_TTL);
     }
 
     fn fire(&mut self, timer: Timer, out: &mut Vec<Action>) {

@@ -1,11 +1,14 @@
 //! Waiters of one platform: FIFO within a namespace, round-robin across namespaces, so one
-//! tenant's burst cannot starve another. O(log namespaces) per operation.
+//! tenant's burst cannot starve another. O(1) per operation (expected: lanes are found by
+//! hashing the namespace id; they are never iterated where order could matter).
 //!
 //! Entries are not removed when a waiter leaves early (placed by a poll, finished, re-routed):
 //! each carries the ticket it was queued with, and [`FairQueue::pop`] skips entries whose
 //! TaskRun no longer waits with that ticket.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+
+use foldhash::quality::FixedState;
 
 use super::arena::Key;
 
@@ -22,7 +25,7 @@ pub(crate) struct Entry {
 /// FIFO per namespace, round-robin across namespaces.
 #[derive(Default)]
 pub(crate) struct FairQueue {
-    lanes: BTreeMap<NsId, VecDeque<Entry>>,
+    lanes: HashMap<NsId, VecDeque<Entry>, FixedState>,
     /// Namespaces with entries, in turn order.
     turn: VecDeque<NsId>,
     /// Entries held, including ones that went stale.
