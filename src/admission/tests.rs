@@ -203,3 +203,38 @@ fn outcomes_cover_every_decision() {
         assert!(Decision::OUTCOMES.contains(&d.outcome()));
     }
 }
+
+#[test]
+fn hand_written_response_is_the_json_a_serialiser_would_write() {
+    let patch = br#"[{"op":"add","path":"/metadata/labels","value":{"a":"b"}}]"#.to_vec();
+    let r = Response {
+        allowed: true,
+        patch: Some(patch.clone()),
+        patch_ops: 1,
+        status: None,
+        warnings: vec!["careful \"here\"".into()],
+    };
+    let out = r.encode("admission.k8s.io/v1", "uid-\"1\"\\");
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&patch);
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {
+                "uid": "uid-\"1\"\\",
+                "allowed": true,
+                "patchType": "JSONPatch",
+                "patch": b64,
+                "warnings": ["careful \"here\""],
+            }
+        })
+    );
+    let denied = Response::deny("no such platform".into()).encode("admission.k8s.io/v1", "u");
+    let v: serde_json::Value = serde_json::from_slice(&denied).expect("valid JSON");
+    assert_eq!(v["response"]["allowed"], false);
+    assert_eq!(v["response"]["status"]["code"], 422);
+    assert_eq!(v["response"]["status"]["message"], "no such platform");
+    assert!(v["response"].get("patch").is_none() && v["response"].get("patchType").is_none());
+}
