@@ -93,8 +93,9 @@ impl fmt::Debug for Uid {
     }
 }
 
-/// Identifies one action with an outcome; the result event echoes it. Unique for the life of a
-/// [`Scheduler`](super::Scheduler); results for ids it no longer waits for are ignored.
+/// Identifies one action with an outcome; the result event echoes it. Opaque: a slot of the
+/// operation table and a serial number, so an id recurs only after 2^32 operations; results for
+/// ids the [`Scheduler`](super::Scheduler) no longer waits for are ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct OpId(pub u64);
 
