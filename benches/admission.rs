@@ -6,6 +6,10 @@
 //!
 //! cargo bench --bench admission
 
+// The `mpc` binary's allocator, so these numbers are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,6 +3,10 @@
 //!
 //! `cargo bench --bench scheduler`
 
+// The `mpc` binary's allocator, so these numbers are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::VecDeque;
 use std::hint::black_box;
 

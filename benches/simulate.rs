@@ -2,6 +2,10 @@
 //!
 //! `cargo bench --bench simulate`
 
+// The `mpc` binary's allocator, so these numbers are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

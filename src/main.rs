@@ -45,6 +45,11 @@ enum Command {
     Simulate(simulate::SimulateArgs),
 }
 
+// mimalloc: the scheduler frees many small, short-lived strings, and glibc's malloc spent ~10 % of
+// a queue drain consolidating and unlinking free chunks (BENCHMARKS.md; the webhook is unaffected).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // First thing: every TLS user in the process (kube, AWS SDK, our servers) gets aws-lc-rs.
     tls::install_crypto_provider();
