@@ -393,6 +393,9 @@ impl Scheduler {
         if now > self.now {
             self.now = now;
         }
+        // Rotate first: a TaskRun that a timer finalizes now must land in the fresh generation,
+        // not in one this rotation clears after a long silence.
+        self.tombstones.rotate(self.now, TOMBSTONE_TTL);
         while let Some(&(at, seq, timer)) = self.timers.first() {
             if at > self.now {
                 break;
@@ -400,7 +403,6 @@ impl Scheduler {
             self.timers.remove(&(at, seq, timer));
             self.fire(timer, out);
         }
-        self.tombstones.rotate(self.now, TOMBSTONE_TTL);
     }
 
     fn fire(&mut self, timer: Timer, out: &mut Vec<Action>) {
