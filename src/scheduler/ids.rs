@@ -24,14 +24,12 @@ impl Uid {
             None => Uid(Repr::Text(s.into())),
         }
     }
-}
 
-impl Uid {
-    /// The 16 bytes of a canonical UUID.
-    pub(crate) fn as_uuid(&self) -> Option<[u64; 2]> {
-        match self.0 {
-            Repr::Uuid(halves) => Some(halves),
-            Repr::Text(_) => None,
+    /// The 16 bytes of a canonical UUID, or the text of any other UID.
+    pub(crate) fn as_uuid(&self) -> Result<[u64; 2], &str> {
+        match &self.0 {
+            Repr::Uuid(halves) => Ok(*halves),
+            Repr::Text(s) => Err(s),
         }
     }
 }

@@ -50,16 +50,13 @@ impl OpTable {
         id(index, serial)
     }
 
-    fn slot(&self, op: OpId) -> Option<&Slot> {
+    /// The operation, if still in flight.
+    pub(super) fn get(&self, op: OpId) -> Option<&Op> {
         let (index, serial) = parts(op);
         self.slots
             .get(index as usize)
-            .filter(|s| s.serial == serial && s.op.is_some())
-    }
-
-    /// The operation, if still in flight.
-    pub(super) fn get(&self, op: OpId) -> Option<&Op> {
-        self.slot(op).and_then(|s| s.op.as_ref())
+            .filter(|s| s.serial == serial)
+            .and_then(|s| s.op.as_ref())
     }
 
     /// Mutable access.

@@ -21,8 +21,8 @@ struct Generation {
 impl Generation {
     fn contains(&self, uid: &Uid) -> bool {
         match uid.as_uuid() {
-            Some(u) => self.uuids.contains(&u),
-            None => self.texts.contains(&*uid.to_string()),
+            Ok(u) => self.uuids.contains(&u),
+            Err(text) => self.texts.contains(text),
         }
     }
 }
@@ -40,11 +40,11 @@ impl Tombstones {
     /// Remembers a finished TaskRun's UID.
     pub(super) fn insert(&mut self, uid: &Uid) {
         match uid.as_uuid() {
-            Some(u) => {
+            Ok(u) => {
                 self.current.uuids.insert(u);
             }
-            None => {
-                self.current.texts.insert(uid.to_string().into());
+            Err(text) => {
+                self.current.texts.insert(text.into());
             }
         }
     }

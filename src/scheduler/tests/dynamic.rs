@@ -55,16 +55,9 @@ fn launches_probes_provisions_and_terminates() {
         op,
         otp: "t".into(),
     });
-    let taskrun = a
-        .iter()
-        .find_map(|x| match x {
-            Action::WriteSecret { taskrun, .. } => Some(taskrun.clone()),
-            _ => None,
-        })
-        .expect("secret written");
     assert!(
-        secret(&a, "a")
-            .and_then(|s| s.login(&taskrun))
+        written(&a, "a")
+            .and_then(|(taskrun, s)| s.login(taskrun))
             .is_some_and(|h| h.ends_with("@192.0.2.7"))
     );
     let a = h.done("ns", "a");

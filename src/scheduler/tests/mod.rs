@@ -154,16 +154,26 @@ pub(super) fn provision_op(acts: &[Action], name: &str) -> OpId {
     v[0].0
 }
 
-pub(super) fn secret<'a>(acts: &'a [Action], name: &str) -> Option<&'a SecretData> {
+/// The secret written for `name` in this step, with the TaskRun it was written for.
+pub(super) fn written<'a>(
+    acts: &'a [Action],
+    name: &str,
+) -> Option<(&'a TaskRunRef, &'a SecretData)> {
     let v: Vec<_> = acts
         .iter()
         .filter_map(|a| match a {
-            Action::WriteSecret { taskrun, secret } if taskrun.name() == name => Some(secret),
+            Action::WriteSecret { taskrun, secret } if taskrun.name() == name => {
+                Some((taskrun, secret))
+            }
             _ => None,
         })
         .collect();
     assert!(v.len() <= 1, "at most one secret per step: {v:?}");
     v.first().copied()
+}
+
+pub(super) fn secret<'a>(acts: &'a [Action], name: &str) -> Option<&'a SecretData> {
+    written(acts, name).map(|(_, s)| s)
 }
 
 pub(super) fn error_of(acts: &[Action], name: &str) -> String {

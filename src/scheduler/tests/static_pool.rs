@@ -21,19 +21,12 @@ fn allocates_provisions_and_hands_out_a_one_time_key() {
         otp: "tok".into(),
     });
     let user = crate::contract::remote_user_name("a", "ns");
-    let written = secret(&a, "a").expect("secret written");
+    let (taskrun, written) = written(&a, "a").expect("secret written");
     assert!(
         matches!(written, SecretData::Remote { otp, host } if otp == "tok" && host.name() == "h1")
     );
-    let taskrun = a
-        .iter()
-        .find_map(|x| match x {
-            Action::WriteSecret { taskrun, .. } => Some(taskrun.clone()),
-            _ => None,
-        })
-        .expect("secret written");
-    assert_eq!(written.login(&taskrun), Some(format!("{user}@10.0.0.1")));
-    assert_eq!(written.user_dir(&taskrun), Some(format!("/home/{user}")));
+    assert_eq!(written.login(taskrun), Some(format!("{user}@10.0.0.1")));
+    assert_eq!(written.user_dir(taskrun), Some(format!("/home/{user}")));
     assert!(
         a.iter()
             .any(|x| matches!(x, Action::Ungate { taskrun } if taskrun.name() == "a"))
