@@ -10,6 +10,8 @@ pub mod cloud;
 pub mod config;
 pub mod config_source;
 pub mod contract;
+pub mod controller;
+pub mod duration;
 pub mod metrics;
 pub mod otp;
 pub mod platform;

@@ -1,5 +1,5 @@
 //! The webhook server: routers in-process (tower `oneshot`), the metrics exposition through the
-//! real `promtool`, and the real `Controller` over TLS on loopback with a client that trusts only
+//! real `promtool`, and the real `WebhookServer` over TLS on loopback with a client that trusts only
 //! the CA written by `mpc certs` (certificate hot reload, late certificate, drain on shutdown).
 
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use mpc::certs;
 use mpc::config_source::{ConfigMetrics, ConfigSource};
 use mpc::server::admin::{self, AdminState, Readiness};
 use mpc::server::webhook::{self, Limits, WebhookMetrics, WebhookState};
-use mpc::server::{Controller, ControllerArgs};
+use mpc::server::{WebhookArgs, WebhookServer};
 use prometheus::Registry;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
@@ -402,11 +402,11 @@ fn setup() -> Setup {
     }
 }
 
-async fn start(s: &Setup, tweak: impl FnOnce(&mut ControllerArgs)) -> Controller {
-    let mut args = ControllerArgs::with_config(s.config.clone(), s.cert_dir.clone());
+async fn start(s: &Setup, tweak: impl FnOnce(&mut WebhookArgs)) -> WebhookServer {
+    let mut args = WebhookArgs::with_config(s.config.clone(), s.cert_dir.clone());
     args.reload_interval = Duration::from_millis(100);
     tweak(&mut args);
-    Controller::start(&args, Registry::new()).await.unwrap()
+    WebhookServer::start(&args, Registry::new()).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use e2e::apiserver::{ApiServer, Options, TEKTON_CRDS};
 use e2e::kubectl::{Kubectl, Out};
 use mpc::certs::CertsArgs;
 use mpc::contract::{FINALIZER, TARGET_PLATFORM_LABEL};
-use mpc::server::{Controller, ControllerArgs};
+use mpc::server::{WebhookArgs, WebhookServer};
 use serde_json::Value;
 
 const NS: &str = "multi-platform-controller";
@@ -21,7 +21,7 @@ fn repo_file(rel: &str) -> PathBuf {
 
 struct Cluster {
     server: ApiServer,
-    controller: Controller,
+    controller: WebhookServer,
     cli: Kubectl,
     _dir: tempfile::TempDir,
 }
@@ -41,8 +41,8 @@ impl Cluster {
         })
         .unwrap();
         let args =
-            ControllerArgs::with_config(repo_file("manifests/host-config.yaml"), certs.clone());
-        let controller = Controller::start(&args, prometheus::Registry::new())
+            WebhookArgs::with_config(repo_file("manifests/host-config.yaml"), certs.clone());
+        let controller = WebhookServer::start(&args, prometheus::Registry::new())
             .await
             .unwrap();
         // The Service in manifests/service.yaml exposes the webhook on 443.

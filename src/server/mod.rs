@@ -1,4 +1,5 @@
-//! `mpc controller`: the TLS admission webhook and the plain-HTTP admin port.
+//! The webhook process of `mpc controller`: the TLS admission webhook and the plain-HTTP admin
+//! port. Every replica serves both; the scheduling loop (`crate::controller`) runs beside it.
 //!
 //! Startup binds both ports, loads the host-config and the serving certificate, and keeps polling
 //! both for changes. `/readyz` turns ready once both are loaded; if the certificate is not there
@@ -25,7 +26,7 @@ use crate::tls::{CertPaths, ReloadingCert};
 use admin::{AdminState, Readiness};
 use webhook::{Limits, WebhookMetrics, WebhookState};
 
-/// Errors that stop the controller.
+/// Errors that stop the webhook server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// A port could not be bound.
@@ -44,9 +45,9 @@ pub enum ServerError {
     Signals(std::io::Error),
 }
 
-/// `mpc controller` arguments.
+/// Webhook and admin-port arguments of `mpc controller`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ControllerArgs {
+pub struct WebhookArgs {
     /// host-config: a ConfigMap YAML file, or the directory the ConfigMap is mounted at (re-read on change).
     #[arg(long, env = "MPC_CONFIG")]
     pub config: PathBuf,
@@ -64,23 +65,23 @@ pub struct ControllerArgs {
     #[arg(long, env = "MPC_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
     /// How often the certificate and config files are re-read (e.g. `5s`, `500ms`).
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub reload_interval: Duration,
     /// Largest accepted webhook request body, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
     /// Longest time to receive and answer one webhook request.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     pub request_timeout: Duration,
     /// After SIGTERM, how long to keep serving while unready, so endpoints drop the pod first.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub shutdown_delay: Duration,
     /// Then, how long in-flight requests may take to finish.
-    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = crate::duration::parse)]
     pub drain_timeout: Duration,
 }
 
-impl ControllerArgs {
+impl WebhookArgs {
     /// Defaults for everything but the config path (tests and benchmarks).
     pub fn with_config(config: PathBuf, cert_dir: PathBuf) -> Self {
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -98,31 +99,9 @@ impl ControllerArgs {
     }
 }
 
-/// Parses `5s`, `500ms`, `2m` or plain seconds (`1.5`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (examples: 5s, 500ms, 2m)"))?;
-    if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
-        return Err(format!("{s:?} must be between 0 and 24h"));
-    }
-    Ok(Duration::from_secs_f64(v * scale))
-}
-
-/// A running controller (both ports), started by [`Controller::start`].
+/// A running webhook server (webhook and admin ports), started by [`WebhookServer::start`].
 #[derive(Debug)]
-pub struct Controller {
+pub struct WebhookServer {
     webhook_addr: SocketAddr,
     admin_addr: SocketAddr,
     readiness: Readiness,
@@ -132,10 +111,10 @@ pub struct Controller {
     tasks: JoinSet<()>,
 }
 
-impl Controller {
+impl WebhookServer {
     /// Binds both ports, loads config and certificate, and starts serving. Registers its metrics
     /// in `registry`, which `/metrics` renders.
-    pub async fn start(args: &ControllerArgs, registry: Registry) -> Result<Self, ServerError> {
+    pub async fn start(args: &WebhookArgs, registry: Registry) -> Result<Self, ServerError> {
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -207,7 +186,7 @@ impl Controller {
             let _ = reloader.await;
         });
 
-        tracing::info!(%webhook_addr, %admin_addr, config = %args.config.display(), "controller started");
+        tracing::info!(%webhook_addr, %admin_addr, config = %args.config.display(), "webhook server started");
         Ok(Self {
             webhook_addr,
             admin_addr,
@@ -249,7 +228,7 @@ impl Controller {
         tracing::info!("shutting down: no new connections; draining");
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
-        tracing::info!("controller stopped");
+        tracing::info!("webhook server stopped");
     }
 }
 
@@ -296,29 +275,4 @@ pub async fn shutdown_signal() -> Result<(), ServerError> {
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
     Ok(())
-}
-
-/// Runs `mpc controller` until SIGTERM or SIGINT, then shuts down gracefully.
-pub async fn run_controller(args: ControllerArgs) -> Result<(), ServerError> {
-    let controller = Controller::start(&args, prometheus::default_registry().clone()).await?;
-    let signal = shutdown_signal().await;
-    controller.shutdown().await;
-    signal
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("soon").unwrap_err().contains("soon"));
-        assert!(parse_duration("2d").is_err());
-    }
 }

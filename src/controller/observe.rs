@@ -1,0 +1,433 @@
+//! Pure: what a watched TaskRun means for the scheduler (design §1.3, §2, §10).
+//!
+//! [`observe`] turns one slim TaskRun into an [`Observed`]: a TaskRun that needs (or holds) a
+//! host, one that is done (finished, deleted, or released because its Task never mounts the
+//! secret), or one that cannot be decided yet. The secret-mount rule: only TaskRuns whose pod
+//! mounts `multi-platform-ssh-*` get a host. An inline Task answers at once; a `taskRef` answers
+//! once Tekton copied the resolved spec into `status.taskSpec`; [`MountMemo`] remembers the answer
+//! per Task identity so later TaskRuns of the same Task are decided at once. Nothing is allocated
+//! on a guess: undecided TaskRuns wait (un-gated, so Tekton resolves them).
+//!
+//! [`record`] builds the [`TaskRunRecord`] recovery rebuilds the ledger from, with the same
+//! reading of labels and annotations the scheduler's snapshot uses.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::taskrun::{TaskRun, TaskSpec};
+use crate::contract;
+use crate::scheduler::{TaskRunRecord, TaskRunSpec, Time};
+
+/// What a TaskRun needs from the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observed {
+    /// Nothing to do: not ours, or finished and already cleaned up.
+    Ignore,
+    /// Needs or holds a build host: send [`Event::TaskRun`](crate::scheduler::Event::TaskRun).
+    Active {
+        spec: TaskRunSpec,
+        /// Our finalizer is missing (a TaskRun labelled by hand or by an older webhook): add it
+        /// before anything is allocated for a remote platform.
+        needs_finalizer: bool,
+    },
+    /// Finished, deleted, or released: send
+    /// [`Event::TaskRunDone`](crate::scheduler::Event::TaskRunDone).
+    Done {
+        namespace: String,
+        name: String,
+        uid: String,
+        /// Only when the scheduler tracks it (no finalizer of ours: nothing to clean otherwise).
+        tracked_only: bool,
+        /// Still gated: clear the gate so Tekton runs (and fails or succeeds) it.
+        ungate: bool,
+    },
+    /// Its Task is not resolved yet; decided when `status.taskSpec` appears.
+    Undecided {
+        /// Gated: un-gate it so Tekton resolves the Task (its pod waits for the secret if it
+        /// mounts it).
+        ungate: bool,
+    },
+}
+
+/// Answers of the secret-mount rule per Task identity (resolver + params, bundle + name, or
+/// Task name). Bounded: cleared when full (a miss only delays a decision until Tekton resolves).
+#[derive(Debug, Default)]
+pub struct MountMemo {
+    answers: HashMap<String, bool>,
+}
+
+/// Most Task identities remembered.
+const MEMO_CAPACITY: usize = 4096;
+
+impl MountMemo {
+    /// The remembered answer for a Task identity.
+    pub fn get(&self, identity: &str) -> Option<bool> {
+        self.answers.get(identity).copied()
+    }
+
+    /// Records (or corrects) an answer.
+    pub fn record(&mut self, identity: String, mounts: bool) {
+        if self.answers.len() >= MEMO_CAPACITY && !self.answers.contains_key(&identity) {
+            self.answers.clear();
+        }
+        self.answers.insert(identity, mounts);
+    }
+
+    /// Identities remembered.
+    pub fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    /// Nothing remembered.
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+    }
+}
+
+/// Decides what a TaskRun (a watch event's object) means; records mount answers in `memo`.
+pub fn observe(tr: &TaskRun, memo: &mut MountMemo) -> Observed {
+    let Some((namespace, name, uid)) = tr.identity() else {
+        return Observed::Ignore;
+    };
+    let has_finalizer = tr.has_finalizer();
+    let done = |ungate: bool| Observed::Done {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        tracked_only: !has_finalizer,
+        ungate,
+    };
+    if tr.is_deleting() || tr.is_finished() {
+        return done(false);
+    }
+    // Internal TaskRuns are never allocated (the webhook skips them; a label added later
+    // releases whatever was allocated).
+    if tr.label(contract::TASK_TYPE_LABEL).is_some() {
+        return done(tr.is_gated());
+    }
+    let Some(platform) = platform(tr) else {
+        return done(tr.is_gated());
+    };
+    match mounts_secret(tr, memo) {
+        Some(true) => {}
+        Some(false) => return done(tr.is_gated()),
+        None => {
+            return Observed::Undecided {
+                ungate: tr.is_gated(),
+            };
+        }
+    }
+    let since = tr
+        .annotation(contract::ALLOCATION_START_TIME_ANNOTATION)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or_else(|| tr.created_unix())
+        .unwrap_or(0);
+    Observed::Active {
+        spec: TaskRunSpec {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            platform,
+            since: Time::from_secs(since),
+            retries: tr.status.retries,
+            gated: tr.is_gated(),
+        },
+        needs_finalizer: !has_finalizer,
+    }
+}
+
+/// The `PLATFORM` value: the TaskRun's param, else the Task's default (inline or resolved). A
+/// value that is not a string is passed on as its JSON text (the scheduler then writes an error
+/// secret saying it is malformed).
+pub fn platform(tr: &TaskRun) -> Option<String> {
+    let param = tr
+        .spec
+        .params
+        .iter()
+        .find(|p| p.name == contract::PLATFORM_PARAM)
+        .map(|p| &p.value);
+    let default = || {
+        [tr.spec.task_spec.as_ref(), tr.status.task_spec.as_ref()]
+            .into_iter()
+            .flatten()
+            .flat_map(|ts| ts.params.iter())
+            .find(|p| p.name == contract::PLATFORM_PARAM)
+            .and_then(|p| p.default.as_ref())
+    };
+    match param.or_else(default)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+/// Whether the TaskRun's pod mounts the secret: from the inline Task, the resolved Task (which
+/// also teaches the memo), or the memo; `None` when not known yet.
+fn mounts_secret(tr: &TaskRun, memo: &mut MountMemo) -> Option<bool> {
+    if let Some(ts) = &tr.spec.task_spec {
+        return Some(has_ssh_volume(ts));
+    }
+    let identity = task_identity(tr);
+    if let Some(ts) = &tr.status.task_spec {
+        let answer = has_ssh_volume(ts);
+        if let Some(id) = identity {
+            memo.record(id, answer);
+        }
+        return Some(answer);
+    }
+    identity.and_then(|id| memo.get(&id))
+}
+
+fn has_ssh_volume(ts: &TaskSpec) -> bool {
+    ts.volumes.iter().any(|v| {
+        v.secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref())
+            .is_some_and(|n| n.starts_with(contract::SECRET_PREFIX))
+    })
+}
+
+/// A stable name for the Task a `taskRef` points at: resolver and its params (sorted), bundle and
+/// name, or kind and name (namespaced Tasks include the namespace).
+pub fn task_identity(tr: &TaskRun) -> Option<String> {
+    let r = tr.spec.task_ref.as_ref()?;
+    if let Some(resolver) = &r.resolver {
+        let mut params: Vec<String> = r
+            .params
+            .iter()
+            .map(|p| format!("{}={}", p.name, p.value))
+            .collect();
+        params.sort();
+        return Some(format!("resolver:{resolver}:{}", params.join("&")));
+    }
+    let name = r.name.as_deref()?;
+    let kind = r.kind.as_deref().unwrap_or("Task");
+    if let Some(bundle) = &r.bundle {
+        return Some(format!("bundle:{bundle}:{kind}:{name}"));
+    }
+    match kind {
+        "Task" => Some(format!(
+            "task:{}/{name}",
+            tr.metadata.namespace.as_deref().unwrap_or("")
+        )),
+        other => Some(format!("{other}:{name}")),
+    }
+}
+
+/// The TaskRun as recovery reads it (design §1.5): allocation labels and annotations, whether it
+/// is finished. `secret` is left for the caller, which looks the Secret up only where it matters.
+pub fn record(tr: &TaskRun, spec: Option<&TaskRunSpec>) -> Option<TaskRunRecord> {
+    let (namespace, name, uid) = tr.identity()?;
+    let mut rec = TaskRunRecord {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        platform: spec
+            .map(|s| s.platform.clone())
+            .or_else(|| platform(tr))
+            .unwrap_or_default(),
+        since: spec.map_or_else(
+            || Time::from_secs(tr.created_unix().unwrap_or(0)),
+            |s| s.since,
+        ),
+        retries: tr.status.retries,
+        gated: tr.is_gated(),
+        finished: spec.is_none(),
+        ..TaskRunRecord::default()
+    };
+    let empty = Default::default();
+    rec.read_metadata(
+        tr.metadata.labels.as_ref().unwrap_or(&empty),
+        tr.metadata.annotations.as_ref().unwrap_or(&empty),
+    );
+    Some(rec)
+}
+
+/// Whether recovery must look the TaskRun's Secret up to know its state: it is live and not
+/// merely queued (a queued TaskRun has no secret; a finished one gets its secret deleted anyway).
+pub fn secret_matters(rec: &TaskRunRecord, tr: &TaskRun) -> bool {
+    !rec.finished && tr.label(contract::WAITING_FOR_PLATFORM_LABEL).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tr(v: Value) -> TaskRun {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn base() -> Value {
+        serde_json::json!({
+            "metadata": {"name": "b1", "namespace": "t1", "uid": "u1",
+                         "labels": {contract::TARGET_PLATFORM_LABEL: "linux-arm64"},
+                         "annotations": {contract::ALLOCATION_START_TIME_ANNOTATION: "1700000000"},
+                         "finalizers": [contract::FINALIZER],
+                         "creationTimestamp": "2026-01-02T03:04:05Z"},
+            "spec": {"params": [{"name": "PLATFORM", "value": "linux/arm64"}],
+                     "taskRef": {"resolver": "bundles", "params": [
+                        {"name": "bundle", "value": "quay.io/b@sha256:1"}, {"name": "name", "value": "buildah"}]}},
+            "status": {}
+        })
+    }
+
+    fn resolved(mounts: bool) -> Value {
+        let name = if mounts {
+            "multi-platform-ssh-$(context.taskRun.name)"
+        } else {
+            "other"
+        };
+        serde_json::json!({"volumes": [{"name": "ssh", "secret": {"secretName": name}}]})
+    }
+
+    #[test]
+    fn task_ref_waits_for_resolution_then_memo_decides_at_once() {
+        let mut memo = MountMemo::default();
+        let mut v = base();
+        assert_eq!(
+            observe(&tr(v.clone()), &mut memo),
+            Observed::Undecided { ungate: false }
+        );
+        v["status"]["taskSpec"] = resolved(true);
+        let Observed::Active {
+            spec,
+            needs_finalizer,
+        } = observe(&tr(v), &mut memo)
+        else {
+            panic!("resolved Task mounts the secret")
+        };
+        assert_eq!(spec.platform, "linux/arm64");
+        assert_eq!(spec.since, Time::from_secs(1_700_000_000));
+        assert!(!needs_finalizer);
+        // Same Task (params in another order), another TaskRun, not resolved yet: decided.
+        let mut w = base();
+        w["metadata"]["uid"] = "u2".into();
+        w["spec"]["taskRef"]["params"] = serde_json::json!([
+            {"name": "name", "value": "buildah"}, {"name": "bundle", "value": "quay.io/b@sha256:1"}]);
+        assert!(matches!(
+            observe(&tr(w), &mut memo),
+            Observed::Active { .. }
+        ));
+    }
+
+    #[test]
+    fn a_task_that_never_mounts_the_secret_is_released() {
+        let mut memo = MountMemo::default();
+        let mut v = base();
+        v["spec"]["status"] = "TaskRunPending".into();
+        v["status"]["taskSpec"] = resolved(false);
+        assert_eq!(
+            observe(&tr(v.clone()), &mut memo),
+            Observed::Done {
+                namespace: "t1".into(),
+                name: "b1".into(),
+                uid: "u1".into(),
+                tracked_only: false,
+                ungate: true
+            }
+        );
+        // Once the finalizer is gone, nothing more to do unless the scheduler still tracks it.
+        v["metadata"]["finalizers"] = serde_json::json!([]);
+        assert!(matches!(
+            observe(&tr(v), &mut memo),
+            Observed::Done {
+                tracked_only: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn gated_undecided_is_ungated_and_inline_tasks_decide_at_once() {
+        let mut memo = MountMemo::default();
+        let mut v = base();
+        v["spec"]["status"] = "TaskRunPending".into();
+        assert_eq!(
+            observe(&tr(v.clone()), &mut memo),
+            Observed::Undecided { ungate: true }
+        );
+        v["spec"]["taskRef"] = Value::Null;
+        v["spec"]["taskSpec"] = resolved(true);
+        assert!(matches!(
+            observe(&tr(v), &mut memo),
+            Observed::Active { spec, .. } if spec.gated
+        ));
+    }
+
+    #[test]
+    fn finished_deleted_retrying_and_internal() {
+        let mut memo = MountMemo::default();
+        let mut v = base();
+        v["status"]["taskSpec"] = resolved(true);
+        v["status"]["conditions"] =
+            serde_json::json!([{"type": "Succeeded", "status": "Unknown", "reason": "ToBeRetried"}]);
+        v["status"]["retriesStatus"] = serde_json::json!([{}]);
+        assert!(matches!(
+            observe(&tr(v.clone()), &mut memo),
+            Observed::Active { spec, .. } if spec.retries == 1
+        ));
+        v["status"]["conditions"][0]["status"] = "False".into();
+        assert!(matches!(
+            observe(&tr(v.clone()), &mut memo),
+            Observed::Done {
+                tracked_only: false,
+                ..
+            }
+        ));
+        let mut d = base();
+        d["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z".into();
+        assert!(matches!(
+            observe(&tr(d), &mut memo),
+            Observed::Done { .. }
+        ));
+        let mut i = base();
+        i["metadata"]["labels"][contract::TASK_TYPE_LABEL] = "internal".into();
+        assert!(matches!(
+            observe(&tr(i), &mut memo),
+            Observed::Done { .. }
+        ));
+    }
+
+    #[test]
+    fn platform_from_param_default_and_malformed_values() {
+        let mut v = base();
+        v["spec"]["params"] = serde_json::json!([]);
+        v["status"]["taskSpec"] = serde_json::json!({"params": [{"name": "PLATFORM", "default": "linux/s390x"}]});
+        assert_eq!(platform(&tr(v)).as_deref(), Some("linux/s390x"));
+        let mut w = base();
+        w["spec"]["params"][0]["value"] = serde_json::json!(["linux/arm64"]);
+        assert_eq!(platform(&tr(w)).as_deref(), Some(r#"["linux/arm64"]"#));
+        let mut x = base();
+        x["spec"]["params"] = serde_json::json!([]);
+        assert_eq!(platform(&tr(x)), None);
+    }
+
+    #[test]
+    fn records_read_allocation_evidence() {
+        let mut v = base();
+        v["metadata"]["labels"][contract::ASSIGNED_HOST_LABEL] = "host-1".into();
+        v["metadata"]["annotations"][contract::FAILED_HOSTS_ANNOTATION] = "a, b".into();
+        let t = tr(v);
+        let rec = record(&t, None).unwrap();
+        assert!(rec.finished);
+        assert_eq!(rec.assigned_host.as_deref(), Some("host-1"));
+        assert_eq!(rec.failed_hosts, vec!["a", "b"]);
+        assert_eq!(rec.since, Time::from_secs(1_700_000_000));
+        assert!(!secret_matters(&rec, &t));
+    }
+
+    #[test]
+    fn task_identities() {
+        let mut v = base();
+        v["spec"]["taskRef"] = serde_json::json!({"name": "buildah"});
+        assert_eq!(task_identity(&tr(v.clone())).as_deref(), Some("task:t1/buildah"));
+        v["spec"]["taskRef"] = serde_json::json!({"name": "buildah", "bundle": "q/b:1"});
+        assert_eq!(
+            task_identity(&tr(v.clone())).as_deref(),
+            Some("bundle:q/b:1:Task:buildah")
+        );
+        v["spec"]["taskRef"] = serde_json::json!({"name": "buildah", "kind": "ClusterTask"});
+        assert_eq!(task_identity(&tr(v)).as_deref(), Some("ClusterTask:buildah"));
+    }
+}

@@ -1,0 +1,362 @@
+//! Pure: the writes the controller sends about a TaskRun (design §2, §3, §10).
+//!
+//! Every TaskRun write is a JSON Patch that starts with `test /metadata/uid`, so a TaskRun deleted
+//! and recreated under the same name is never touched by a write meant for the old one (the API
+//! server answers 422; the executor then checks whether the TaskRun is gone). Label and annotation
+//! removals are written as `add ""` then `remove`, which succeeds whether or not the key exists, so
+//! no read is needed first. Secrets are whole objects owned by their TaskRun.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::{Value, json};
+
+use crate::admission::{PENDING_STATUS, escape_pointer_token};
+use crate::contract::{self, secret_keys};
+use crate::scheduler::{Placement, SecretData, TaskRunRef};
+
+/// Which metadata maps the TaskRun has (a JSON Patch `add` needs the parent to exist).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Maps {
+    pub labels: bool,
+    pub annotations: bool,
+}
+
+impl Maps {
+    /// What a TaskRun marked by the webhook has: both maps.
+    pub const MARKED: Maps = Maps {
+        labels: true,
+        annotations: true,
+    };
+}
+
+fn test_uid(uid: &str) -> Value {
+    json!({"op": "test", "path": "/metadata/uid", "value": uid})
+}
+
+fn set_entries(ops: &mut Vec<Value>, map: &str, exists: bool, entries: &[(&str, Option<&str>)]) {
+    if !exists {
+        if entries.iter().all(|(_, v)| v.is_none()) {
+            return;
+        }
+        ops.push(json!({"op": "add", "path": format!("/metadata/{map}"), "value": {}}));
+    }
+    for (key, value) in entries {
+        let path = format!("/metadata/{map}/{}", escape_pointer_token(key));
+        match value {
+            Some(v) => ops.push(json!({"op": "add", "path": path, "value": v})),
+            None if exists => {
+                ops.push(json!({"op": "add", "path": path, "value": ""}));
+                ops.push(json!({"op": "remove", "path": path}));
+            }
+            None => {}
+        }
+    }
+}
+
+/// Sets the allocation labels and annotations of a TaskRun to exactly `placement`.
+pub fn record(uid: &str, placement: &Placement, maps: Maps) -> Vec<Value> {
+    let mut ops = vec![test_uid(uid)];
+    set_entries(
+        &mut ops,
+        "labels",
+        maps.labels,
+        &[
+            (
+                contract::ASSIGNED_HOST_LABEL,
+                placement.assigned_host.as_deref(),
+            ),
+            (
+                contract::WAITING_FOR_PLATFORM_LABEL,
+                placement.waiting_for_platform.as_deref(),
+            ),
+        ],
+    );
+    set_entries(
+        &mut ops,
+        "annotations",
+        maps.annotations,
+        &[
+            (
+                contract::FAILED_HOSTS_ANNOTATION,
+                placement.failed_hosts.as_deref(),
+            ),
+            (
+                contract::CLOUD_INSTANCE_ID_ANNOTATION,
+                placement.instance_id.as_deref(),
+            ),
+            (
+                contract::CLOUD_ADDRESS_ANNOTATION,
+                placement.instance_address.as_deref(),
+            ),
+        ],
+    );
+    ops
+}
+
+/// Clears `spec.status: TaskRunPending` (fails with 422 once it is already cleared).
+pub fn ungate(uid: &str) -> Vec<Value> {
+    vec![
+        test_uid(uid),
+        json!({"op": "test", "path": "/spec/status", "value": PENDING_STATUS}),
+        json!({"op": "remove", "path": "/spec/status"}),
+    ]
+}
+
+/// Removes our finalizer from `finalizers` (the TaskRun's current list); `None` when absent.
+pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<Vec<Value>> {
+    let i = finalizers.iter().position(|f| f == contract::FINALIZER)?;
+    let path = format!("/metadata/finalizers/{i}");
+    Some(vec![
+        test_uid(uid),
+        json!({"op": "test", "path": path, "value": contract::FINALIZER}),
+        json!({"op": "remove", "path": path}),
+    ])
+}
+
+/// Adds our finalizer; `None` when present.
+pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<Vec<Value>> {
+    let op = match finalizers {
+        Some(list) if list.iter().any(|f| f == contract::FINALIZER) => return None,
+        Some(_) => json!({"op": "add", "path": "/metadata/finalizers/-", "value": contract::FINALIZER}),
+        None => json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::FINALIZER]}),
+    };
+    Some(vec![test_uid(uid), op])
+}
+
+/// Where build steps redeem keys, and the CA that verifies that server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OtpEndpoint {
+    /// URL of `/otp` (the secret's `otp-server`).
+    pub url: String,
+    /// PEM CA (the secret's `otp-ca`).
+    pub ca_pem: String,
+}
+
+/// The TaskRun's secret `multi-platform-ssh-<name>` (design §3), owned by the TaskRun.
+pub fn secret(taskrun: &TaskRunRef, data: &SecretData, otp: &OtpEndpoint) -> Secret {
+    let mut d: BTreeMap<String, ByteString> = BTreeMap::new();
+    let mut put = |k: &str, v: &str| {
+        d.insert(k.to_owned(), ByteString(v.as_bytes().to_vec()));
+    };
+    match data {
+        SecretData::Remote { otp: token, .. } => {
+            put(secret_keys::OTP, token);
+            put(secret_keys::OTP_SERVER, &otp.url);
+            put(secret_keys::OTP_CA, &otp.ca_pem);
+            if let Some(login) = data.login(taskrun) {
+                put(secret_keys::HOST, &login);
+            }
+            if let Some(dir) = data.user_dir(taskrun) {
+                put(secret_keys::USER_DIR, &dir);
+            }
+        }
+        SecretData::Localhost => put(secret_keys::HOST, contract::LOCALHOST),
+        SecretData::Error(message) => put(secret_keys::ERROR, message),
+    }
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(taskrun.secret_name()),
+            namespace: Some(taskrun.namespace().to_owned()),
+            labels: Some(BTreeMap::from([(
+                contract::MULTI_PLATFORM_SECRET_LABEL.to_owned(),
+                "true".to_owned(),
+            )])),
+            owner_references: Some(vec![owner(taskrun)]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        data: Some(d),
+        ..Secret::default()
+    }
+}
+
+/// The ownerReference to a TaskRun (no `blockOwnerDeletion`: deleting a TaskRun must not wait
+/// for its secret).
+pub fn owner(taskrun: &TaskRunRef) -> OwnerReference {
+    OwnerReference {
+        api_version: "tekton.dev/v1".to_owned(),
+        kind: "TaskRun".to_owned(),
+        name: taskrun.name().to_owned(),
+        uid: taskrun.uid().to_string(),
+        controller: None,
+        block_owner_deletion: None,
+    }
+}
+
+/// Whether a secret is owned by exactly this TaskRun (same UID).
+pub fn owned_by(secret: &Secret, taskrun: &TaskRunRef) -> bool {
+    let uid = taskrun.uid().to_string();
+    secret
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .any(|o| o.kind == "TaskRun" && o.uid == uid)
+}
+
+/// What an existing secret holds (for recovery): its kind and, for a remote one, the token.
+pub fn secret_kind(secret: &Secret) -> Option<crate::scheduler::SecretKind> {
+    use crate::scheduler::SecretKind;
+    let data = secret.data.as_ref()?;
+    if data.contains_key(secret_keys::ERROR) {
+        Some(SecretKind::Error)
+    } else if data.contains_key(secret_keys::OTP) {
+        Some(SecretKind::Remote)
+    } else if data
+        .get(secret_keys::HOST)
+        .is_some_and(|h| h.0 == contract::LOCALHOST.as_bytes())
+    {
+        Some(SecretKind::Localhost)
+    } else {
+        None
+    }
+}
+
+/// The one-time token in an existing remote secret.
+pub fn secret_token(secret: &Secret) -> Option<String> {
+    let v = secret.data.as_ref()?.get(secret_keys::OTP)?;
+    String::from_utf8(v.0.clone()).ok().filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::scheduler::Uid;
+
+    fn apply(doc: &Value, ops: &[Value]) -> Result<Value, String> {
+        let patch: json_patch::Patch =
+            serde_json::from_value(Value::Array(ops.to_vec())).map_err(|e| e.to_string())?;
+        let mut d = doc.clone();
+        json_patch::patch(&mut d, &patch).map_err(|e| e.to_string())?;
+        Ok(d)
+    }
+
+    fn taskrun() -> Value {
+        serde_json::from_str(include_str!(
+            "../../tests/fixtures/controller/taskrun-waiting.json"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn record_sets_and_clears_exactly_and_is_idempotent() {
+        let doc = taskrun();
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        let assigned = Placement {
+            assigned_host: Some(Arc::from("host-1")),
+            failed_hosts: Some("host-0".into()),
+            ..Placement::default()
+        };
+        let once = apply(&doc, &record(&uid, &assigned, Maps::MARKED)).unwrap();
+        let twice = apply(&once, &record(&uid, &assigned, Maps::MARKED)).unwrap();
+        assert_eq!(once, twice);
+        let labels = &once["metadata"]["labels"];
+        assert_eq!(labels[contract::ASSIGNED_HOST_LABEL], "host-1");
+        assert!(labels.get(contract::WAITING_FOR_PLATFORM_LABEL).is_none());
+        assert_eq!(labels[contract::TARGET_PLATFORM_LABEL], "linux-arm64");
+        let ann = &once["metadata"]["annotations"];
+        assert_eq!(ann[contract::FAILED_HOSTS_ANNOTATION], "host-0");
+        assert!(ann.get(contract::CLOUD_INSTANCE_ID_ANNOTATION).is_none());
+        assert!(ann.get(contract::ALLOCATION_START_TIME_ANNOTATION).is_some());
+    }
+
+    #[test]
+    fn writes_for_another_uid_fail() {
+        let doc = taskrun();
+        assert!(apply(&doc, &record("other-uid", &Placement::default(), Maps::MARKED)).is_err());
+        assert!(apply(&doc, &ungate("other-uid")).is_err());
+    }
+
+    #[test]
+    fn missing_maps_are_created_only_when_needed() {
+        let mut doc = taskrun();
+        doc["metadata"].as_object_mut().unwrap().remove("annotations");
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        let none = Maps {
+            labels: true,
+            annotations: false,
+        };
+        assert!(apply(&doc, &record(&uid, &Placement::default(), Maps::MARKED)).is_err());
+        let cleared = apply(&doc, &record(&uid, &Placement::default(), none)).unwrap();
+        assert!(cleared["metadata"].get("annotations").is_none());
+        let p = Placement {
+            instance_id: Some(Arc::from("i-1")),
+            ..Placement::default()
+        };
+        let set = apply(&doc, &record(&uid, &p, none)).unwrap();
+        assert_eq!(
+            set["metadata"]["annotations"][contract::CLOUD_INSTANCE_ID_ANNOTATION],
+            "i-1"
+        );
+    }
+
+    #[test]
+    fn ungate_and_finalizers() {
+        let mut doc = taskrun();
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        doc["spec"]["status"] = PENDING_STATUS.into();
+        let open = apply(&doc, &ungate(&uid)).unwrap();
+        assert!(open["spec"].get("status").is_none());
+        assert!(apply(&open, &ungate(&uid)).is_err(), "already un-gated");
+
+        doc["metadata"]["finalizers"] = json!(["x", contract::FINALIZER, "y"]);
+        let list: Vec<String> = serde_json::from_value(doc["metadata"]["finalizers"].clone()).unwrap();
+        let removed = apply(&doc, &remove_finalizer(&uid, &list).unwrap()).unwrap();
+        assert_eq!(removed["metadata"]["finalizers"], json!(["x", "y"]));
+        assert!(remove_finalizer(&uid, &["x".into()]).is_none());
+        let added = apply(&removed, &add_finalizer(&uid, Some(&["x".into(), "y".into()])).unwrap())
+            .unwrap();
+        assert_eq!(added["metadata"]["finalizers"], json!(["x", "y", contract::FINALIZER]));
+        assert!(add_finalizer(&uid, Some(&[contract::FINALIZER.into()])).is_none());
+    }
+
+    #[test]
+    fn secrets_match_the_consumer_contract() {
+        let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
+        let otp = OtpEndpoint {
+            url: "https://otp.example/otp".into(),
+            ca_pem: "PEM".into(),
+        };
+        let host = crate::scheduler::HostRef::Static(Arc::new(crate::config::StaticHost {
+            name: "h1".into(),
+            address: "10.0.0.1".into(),
+            user: "root".into(),
+            platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+            secret: "s".into(),
+            concurrency: 1,
+            host_key: None,
+        }));
+        let s = secret(
+            &r,
+            &SecretData::Remote {
+                otp: "tok".into(),
+                host,
+            },
+            &otp,
+        );
+        let data = s.data.as_ref().unwrap();
+        let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+        let user = r.remote_user();
+        assert_eq!(get("host"), format!("{user}@10.0.0.1"));
+        assert_eq!(get("user-dir"), format!("/home/{user}"));
+        assert_eq!(get("otp-server"), otp.url);
+        assert_eq!(secret_token(&s).as_deref(), Some("tok"));
+        assert_eq!(s.metadata.name.as_deref(), Some("multi-platform-ssh-build-1"));
+        assert!(owned_by(&s, &r));
+        assert!(!owned_by(&s, &TaskRunRef::new("tenant", "build-1", Uid::new("u-2"))));
+        let o = &s.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(o.block_owner_deletion, None);
+        assert_eq!(secret_kind(&s), Some(crate::scheduler::SecretKind::Remote));
+        let local = secret(&r, &SecretData::Localhost, &otp);
+        assert_eq!(secret_kind(&local), Some(crate::scheduler::SecretKind::Localhost));
+        assert_eq!(local.data.as_ref().unwrap().len(), 1);
+        let err = secret(&r, &SecretData::Error("no".into()), &otp);
+        assert_eq!(secret_kind(&err), Some(crate::scheduler::SecretKind::Error));
+    }
+}
