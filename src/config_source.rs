@@ -54,7 +54,8 @@ impl ConfigMetrics {
         for p in cfg.platforms() {
             if let Some(n) = cfg.capacity(p) {
                 self.pool_size
-                    .with_label_values(&[p.as_str()])
+                    // Go's label value: `linux-arm64`.
+                    .with_label_values(&[&p.label_value()])
                     .set(i64::from(n));
             }
         }
@@ -622,8 +623,8 @@ mod tests {
         assert_eq!(src.publish("t", base(), Vec::new()), Update::Unchanged);
         assert!(!rx.has_changed().unwrap());
         let size = |pl: &str| metrics.pool_size.with_label_values(&[pl]).get();
-        assert_eq!(size("linux/arm64"), 4);
-        assert_eq!(size("linux/ppc64le"), 5);
+        assert_eq!(size("linux-arm64"), 4);
+        assert_eq!(size("linux-ppc64le"), 5);
 
         let mut bad = base();
         bad.insert("dynamic.linux-arm64.max-instances".into(), "x".into());
@@ -637,7 +638,7 @@ mod tests {
             4
         );
         assert_eq!(
-            size("linux/arm64"),
+            size("linux-arm64"),
             4,
             "the gauge follows the served config"
         );

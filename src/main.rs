@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use mpc::{certs, config, otp, server, simulate, tls};
+use mpc::{certs, config, controller, otp, simulate, tls};
 
 #[derive(Parser)]
 #[command(
@@ -29,8 +29,9 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the admission webhook (TLS) and the admin port (/healthz, /readyz, /metrics).
-    Controller(server::ControllerArgs),
+    /// Run the controller: admission webhook (TLS), admin port (/healthz, /readyz, /metrics) and,
+    /// on the replica holding the Lease, the scheduler that allocates build hosts.
+    Controller(Box<controller::ControllerArgs>),
     /// Run the one-time-password key server.
     OtpServer(otp::OtpServerArgs),
     /// Check host-config ConfigMap files and print each platform's strategy and capacity.
@@ -85,7 +86,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Controller(args) => runtime()?.block_on(server::run_controller(args))?,
+        Command::Controller(args) => runtime()?.block_on(controller::run(*args))?,
         Command::OtpServer(args) => runtime()?.block_on(otp::run_server(args))?,
         Command::CheckConfig { files } => return check_config(&files),
         Command::Certs(args) => certs::run(&args)?,

@@ -340,7 +340,9 @@ impl World {
                     }
                 }
             }
-            Action::Provision { op, taskrun, host } => {
+            Action::Provision {
+                op, taskrun, host, ..
+            } => {
                 let uid = taskrun.uid().to_string();
                 assert!(
                     self.taskruns.get(&uid).is_some_and(|t| !t.done),

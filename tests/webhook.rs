@@ -147,11 +147,11 @@ async fn router_answers_reviews_and_rejects_bad_requests() {
         "multi_platform_controller_webhook_request_duration_seconds_count{outcome=\"remote\"} 1"
     ));
     assert!(
-        text.contains("multi_platform_controller_platform_pool_size{platform=\"linux/arm64\"} 10")
+        text.contains("multi_platform_controller_platform_pool_size{platform=\"linux-arm64\"} 10")
     );
     // The disabled fixture platform still has a series, at zero.
     assert!(
-        text.contains("multi_platform_controller_platform_pool_size{platform=\"linux/s390x\"} 0")
+        text.contains("multi_platform_controller_platform_pool_size{platform=\"linux-s390x\"} 0")
     );
     // One error in the fixture config (the disabled platform's missing ami).
     assert!(

@@ -1,5 +1,395 @@
-//! `mpc controller`: brokers build hosts in a cluster.
+//! `mpc controller`: brokers build hosts in a cluster (design §9, §10).
+//!
+//! Every replica serves the admission webhook and watches TaskRuns and the `host-config`
+//! ConfigMap; the replica holding the Lease also runs the scheduling loop ([`driver`]), which owns
+//! the pure [`Scheduler`](crate::scheduler::Scheduler) and hands its actions to the executor
+//! ([`execute`]). Pure parts: [`observe`] (TaskRun → scheduler events and recovery records),
+//! [`patch`] (the writes), [`lanes`] (per-key ordering), [`lease::decide`].
 
+pub mod driver;
+pub mod execute;
+pub mod lanes;
+pub mod lease;
+pub mod metrics;
 pub mod observe;
 pub mod patch;
 pub mod taskrun;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use prometheus::Registry;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config_source::{ConfigMetrics, ConfigSource, Update};
+use crate::otp::OtpClient;
+use crate::provision::{Provisioner, SshOptions, Zeroizing};
+use crate::scheduler::Policy;
+use crate::server::{self, WebhookArgs, WebhookServer};
+use driver::{Driver, Input};
+use execute::{Context, KeyStore, Limits};
+use metrics::ControllerMetrics;
+
+/// Errors that stop the controller before it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("Kubernetes client: {0}")]
+    Kube(String),
+    /// A file named by a flag could not be read.
+    #[error("reading {path}: {error}")]
+    File { path: PathBuf, error: std::io::Error },
+    /// The OTP client could not be built from the flags.
+    #[error("OTP server settings: {0}")]
+    Otp(String),
+    /// The cluster identity could not be determined.
+    #[error(
+        "cluster identity: {0} (set --cluster-id, or allow get on the kube-system namespace)"
+    )]
+    ClusterId(String),
+    /// The SSH state directory could not be prepared.
+    #[error("SSH: {0}")]
+    Ssh(String),
+    /// The webhook server failed to start.
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+}
+
+/// `mpc controller` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+    /// kubeconfig file; unset: `KUBECONFIG`, then the in-cluster service account.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The controller's namespace: host-config, admin-key and cloud Secrets, the Lease.
+    #[arg(long, env = "MPC_NAMESPACE", default_value = "multi-platform-controller")]
+    pub namespace: String,
+    /// Name of the host-config ConfigMap (watched unless `--config` names a file).
+    #[arg(long, env = "MPC_CONFIG_MAP", default_value = crate::contract::HOST_CONFIG_NAME)]
+    pub config_map: String,
+    /// OTP server base URL the controller stores keys at (`https://...`).
+    #[arg(long, env = "MPC_OTP_URL")]
+    pub otp_url: String,
+    /// PEM CA that verifies the OTP server (also written into each secret as `otp-ca`).
+    #[arg(long, env = "MPC_OTP_CA_FILE")]
+    pub otp_ca_file: PathBuf,
+    /// File with the bearer token `/store-key` requires.
+    #[arg(long, env = "MPC_OTP_STORE_TOKEN_FILE")]
+    pub otp_store_token_file: PathBuf,
+    /// This cluster's identity, tagged on every instance it launches; default: the UID of the
+    /// `kube-system` namespace.
+    #[arg(long, env = "MPC_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// Name of the Lease that elects the scheduling replica.
+    #[arg(long, env = "MPC_LEASE_NAME", default_value = "multi-platform-controller")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Lease duration (a holder that stops renewing loses it after this long).
+    #[arg(long, default_value = "15s", value_parser = crate::duration::parse_nonzero)]
+    pub lease_duration: Duration,
+    /// The holder stops scheduling when it could not renew for this long (< lease duration).
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
+    pub lease_renew_deadline: Duration,
+    /// How often the Lease is renewed or retried.
+    #[arg(long, default_value = "2s", value_parser = crate::duration::parse_nonzero)]
+    pub lease_retry_period: Duration,
+    /// Directory for SSH state (known hosts, control sockets).
+    #[arg(long, env = "MPC_SSH_STATE_DIR", default_value = "/var/lib/mpc/ssh")]
+    pub ssh_state_dir: PathBuf,
+    /// EC2 endpoint override (an EC2-compatible cloud).
+    #[arg(long, env = "MPC_EC2_ENDPOINT")]
+    pub ec2_endpoint: Option<String>,
+}
+
+/// The OTP server as the executor's key store.
+struct OtpKeys(OtpClient);
+
+impl KeyStore for OtpKeys {
+    fn store<'a>(
+        &'a self,
+        _owner: &'a str,
+        _request: &'a str,
+        _rearm: Option<&'a str>,
+        key: &'a [u8],
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            self.0
+                .store_key(key)
+                .await
+                .map(|t| t.as_str().to_owned())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn revoke<'a>(&'a self, _owner: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+async fn kube_client(args: &ControllerArgs) -> Result<kube::Client, ControllerError> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| ControllerError::Kube(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ControllerError::Kube(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| ControllerError::Kube(e.to_string()))
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>, ControllerError> {
+    std::fs::read(path).map_err(|error| ControllerError::File {
+        path: path.clone(),
+        error,
+    })
+}
+
+/// The default cluster identity: the `kube-system` namespace's UID (stable for the cluster's
+/// life, distinct between clusters).
+async fn cluster_id(client: &kube::Client, args: &ControllerArgs) -> Result<String, ControllerError> {
+    if let Some(id) = &args.cluster_id {
+        return Ok(id.clone());
+    }
+    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+    let ns = api
+        .get("kube-system")
+        .await
+        .map_err(|e| ControllerError::ClusterId(e.to_string()))?;
+    ns.metadata
+        .uid
+        .ok_or_else(|| ControllerError::ClusterId("kube-system has no uid".into()))
+}
+
+/// A running controller.
+pub struct Controller {
+    webhook: WebhookServer,
+    stop: CancellationToken,
+    inputs: mpsc::Sender<Input>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Controller {
+    /// Starts every part: webhook server, config watch, TaskRun watch, election, loop.
+    pub async fn start(args: &ControllerArgs, registry: Registry) -> Result<Self, ControllerError> {
+        let client = kube_client(args).await?;
+        let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
+        let metrics = ControllerMetrics::register(&registry)?;
+        let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
+
+        let ca_pem = read(&args.otp_ca_file)?;
+        let token = String::from_utf8_lossy(&read(&args.otp_store_token_file)?)
+            .trim()
+            .to_owned();
+        let otp = OtpClient::new(&args.otp_url, &ca_pem, Zeroizing::new(token))
+            .map_err(|e| ControllerError::Otp(e.to_string()))?;
+        let otp_endpoint = patch::OtpEndpoint {
+            url: otp.otp_url(),
+            ca_pem: String::from_utf8_lossy(&ca_pem).into_owned(),
+        };
+        let cluster = cluster_id(&client, args).await?;
+        let provisioner = Provisioner::new(SshOptions::new(&args.ssh_state_dir))
+            .map_err(|e| ControllerError::Ssh(e.to_string()))?;
+        let identity = args.identity.clone().unwrap_or_else(|| {
+            format!(
+                "{}-{}",
+                hostname(),
+                std::process::id()
+            )
+        });
+        let stop = CancellationToken::new();
+        let ctx = Context {
+            client: client.clone(),
+            namespace: args.namespace.clone(),
+            otp: otp_endpoint,
+            keys: Arc::new(OtpKeys(otp)),
+            provisioner: Arc::new(provisioner),
+            cloud: Arc::new(execute::cloud::CloudExec::new(
+                cluster.clone(),
+                args.ec2_endpoint.clone(),
+            )),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "multi-platform-controller".into(),
+                    instance: Some(identity.clone()),
+                },
+            ),
+            metrics: metrics.clone(),
+            limits: Arc::new(Limits::default()),
+            cancel: stop.child_token(),
+        };
+        tracing::info!(%identity, cluster = %cluster, namespace = %args.namespace, "controller starting");
+
+        let (tx, rx) = mpsc::channel(1024);
+        let mut tasks = tokio::task::JoinSet::new();
+        let driver = Driver::new(ctx.clone(), Policy::mpc(), tx.clone());
+        tasks.spawn(driver.run(rx));
+        tasks.spawn(driver::watch_taskruns(client.clone(), tx.clone(), stop.clone()));
+        if args.webhook.config.is_none() {
+            tasks.spawn(watch_config_map(
+                ctx.clone(),
+                args.config_map.clone(),
+                config.clone(),
+                stop.clone(),
+            ));
+        }
+        tasks.spawn(forward_config(config.subscribe(), tx.clone(), stop.clone()));
+
+        let (lead_tx, lead_rx) = watch::channel(false);
+        let elector = lease::Elector::new(
+            kube::Api::namespaced(client.clone(), &args.namespace),
+            args.lease_name.clone(),
+            identity,
+            lease::Timing {
+                lease_duration: args.lease_duration,
+                renew_deadline: args.lease_renew_deadline,
+                retry_period: args.lease_retry_period,
+            },
+        );
+        tasks.spawn(elector.run(lead_tx, stop.clone()));
+        tasks.spawn(forward_leadership(lead_rx, tx.clone()));
+        Ok(Controller {
+            webhook,
+            stop,
+            inputs: tx,
+            tasks,
+        })
+    }
+
+    /// The webhook server (addresses, readiness).
+    pub fn webhook(&self) -> &WebhookServer {
+        &self.webhook
+    }
+
+    /// Graceful shutdown: unready, stop scheduling (in-flight work is cancelled; the next leader
+    /// recovers it), release the Lease, drain the webhook.
+    pub async fn shutdown(mut self) {
+        let _ = self.inputs.send(Input::Shutdown).await;
+        self.stop.cancel();
+        self.webhook.shutdown().await;
+        while self.tasks.join_next().await.is_some() {}
+        tracing::info!("controller stopped");
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "mpc".into())
+}
+
+async fn forward_config(
+    mut rx: watch::Receiver<Option<Arc<crate::config::HostConfig>>>,
+    tx: mpsc::Sender<Input>,
+    stop: CancellationToken,
+) {
+    loop {
+        let current = rx.borrow_and_update().clone();
+        if let Some(cfg) = current
+            && tx.send(Input::Config(cfg)).await.is_err()
+        {
+            return;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            r = rx.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+async fn forward_leadership(mut rx: watch::Receiver<bool>, tx: mpsc::Sender<Input>) {
+    loop {
+        let l = *rx.borrow_and_update();
+        if tx.send(Input::Leading(l)).await.is_err() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            let _ = tx.send(Input::Leading(false)).await;
+            return;
+        }
+    }
+}
+
+/// Watches the host-config ConfigMap and publishes it; problems are reported as Events on it.
+async fn watch_config_map(ctx: Context, name: String, source: ConfigSource, stop: CancellationToken) {
+    use kube::runtime::WatchStreamExt;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, cfg).default_backoff().boxed();
+    let origin = format!("ConfigMap {}/{name}", ctx.namespace);
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            n = stream.next() => n,
+        };
+        let update = match next {
+            Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => {
+                let mut diagnostics = Vec::new();
+                if cm.binary_data.as_ref().is_some_and(|b| !b.is_empty()) {
+                    diagnostics.push(crate::config::Diagnostic {
+                        severity: crate::config::Severity::Error,
+                        key: "binaryData".into(),
+                        value: None,
+                        message: "binaryData is ignored: host-config keys must be in data".into(),
+                    });
+                }
+                source.publish(&origin, cm.data.unwrap_or_default(), diagnostics)
+            }
+            Some(Ok(watcher::Event::Delete(_))) => {
+                source.publish_failure(&origin, "the ConfigMap was deleted")
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(error)) => {
+                tracing::warn!(%error, "host-config watch error; retrying");
+                continue;
+            }
+            None => return,
+        };
+        let message = match update {
+            Update::Applied { errors, kept } if errors > 0 || !kept.is_empty() => format!(
+                "host-config has {errors} error(s); entries kept from the previous config: {}. Run `mpc check-config` on it for details.",
+                if kept.is_empty() { "none".to_owned() } else { kept.join("; ") }
+            ),
+            Update::Rejected(why) => format!("host-config not applied, the previous config keeps serving: {why}"),
+            _ => continue,
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some(name.clone()),
+            namespace: Some(ctx.namespace.clone()),
+            ..Default::default()
+        };
+        execute::kube::publish(&ctx, reference, true, "InvalidConfig", &message).await;
+    }
+}
+
+/// Runs `mpc controller` until SIGTERM or SIGINT, then shuts down gracefully.
+pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
+    let controller = Controller::start(&args, prometheus::default_registry().clone()).await?;
+    let signal = server::shutdown_signal().await;
+    controller.shutdown().await;
+    Ok(signal?)
+}
+
+impl From<prometheus::Error> for ControllerError {
+    fn from(e: prometheus::Error) -> Self {
+        ControllerError::Server(server::ServerError::Metrics(e))
+    }
+}

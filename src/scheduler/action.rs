@@ -38,6 +38,10 @@ pub enum Action {
         taskrun: TaskRunRef,
         /// Where.
         host: HostRef,
+        /// A retry attempt of a TaskRun whose secret already holds a (consumed) token: the retry's
+        /// pod mounted that secret as it was, so the new key must be stored under the same token
+        /// (re-armed) rather than a new one (design §1.4).
+        rearm: bool,
     },
     /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun).
     WriteSecret {

@@ -54,6 +54,7 @@ impl Scheduler {
             retries: spec.retries,
             gated: spec.gated,
             recorded: false,
+            rearm: false,
             since: spec.since,
             queued: self.now.max(spec.since),
             state: State::Failed,
@@ -409,10 +410,10 @@ impl Scheduler {
                 phase: Phase::Ready(_),
             } => {
                 let host = *host;
-                let def = def
-                    .clone()
-                    .or_else(|| self.hosts[host as usize].def.clone());
-                self.delete_secret(key, out);
+                let def = def.clone();
+                // The retry's pod already mounted the secret: keep it, re-arm its token.
+                t.rearm = true;
+                let def = def.or_else(|| self.hosts[host as usize].def.clone());
                 let Some(def) = def else {
                     // The host left the config: start over elsewhere.
                     let name = self.hosts[host as usize].name.clone();
@@ -444,7 +445,7 @@ impl Scheduler {
                 phase: Phase::Ready(_),
             } => {
                 let inst = *inst;
-                self.delete_secret(key, out);
+                t.rearm = true;
                 self.reprovision_on_instance(key, inst, out);
             }
             // Nothing handed out yet (or nothing to hand out): the next secret is fresh anyway.
@@ -473,8 +474,10 @@ impl Scheduler {
             return;
         };
         let failed = self.taskruns.get(key).and_then(failed_hosts);
+        let mut rearm = false;
         if let Some(t) = self.taskruns.get_mut(key) {
             t.recorded = true;
+            rearm = std::mem::take(&mut t.rearm);
         }
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
             // The host table's shared name (the table is keyed by it): no allocation per placement.
@@ -498,7 +501,12 @@ impl Scheduler {
                 instance_address,
             },
         });
-        out.push(Action::Provision { op, taskrun, host });
+        out.push(Action::Provision {
+            op,
+            taskrun,
+            host,
+            rearm,
+        });
     }
 
     /// Registers a provisioning of `key` on `host`; emit it with [`Scheduler::emit_provision`].

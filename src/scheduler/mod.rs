@@ -113,6 +113,8 @@ struct TaskRun {
     /// Its labels name a host or instance (a later outcome without a new placement must
     /// clear them).
     recorded: bool,
+    /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
+    rearm: bool,
     /// Start of the allocation (`allocation-start-time`).
     since: Time,
     /// When it last joined a queue.

@@ -81,6 +81,8 @@ impl Scheduler {
                 retries: rec.retries,
                 gated: rec.gated,
                 recorded: rec.assigned_host.is_some() || rec.instance_id.is_some(),
+                // A secret a pod may have mounted already: its token is re-armed, not replaced.
+                rearm: rec.secret == Some(SecretKind::Remote),
                 since: rec.since,
                 queued: rec.since,
                 state: State::Failed,

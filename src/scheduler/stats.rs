@@ -20,6 +20,8 @@ pub struct PlatformGauges {
     pub terminating: u32,
     /// Concurrent TaskRuns the platform can serve (`platform_pool_size`).
     pub capacity: Option<u32>,
+    /// When the longest-waiting queued TaskRun joined the queue.
+    pub oldest_queued: Option<super::Time>,
 }
 
 /// All gauges.
@@ -81,6 +83,9 @@ impl Scheduler {
                 .or_default();
             e.waiting += w;
             e.running += r;
+            if w == 1 {
+                e.oldest_queued = Some(e.oldest_queued.map_or(t.queued, |o| o.min(t.queued)));
+            }
             let n = g
                 .by_namespace
                 .entry((
@@ -97,6 +102,13 @@ impl Scheduler {
     /// Number of tracked TaskRuns.
     pub fn tracked(&self) -> usize {
         self.taskruns.len()
+    }
+
+    /// Whether the TaskRun with this UID is tracked (allocated, queued, or being cleaned up).
+    pub fn tracks(&self, uid: &str) -> bool {
+        self.by_uid
+            .get(&super::Uid::new(uid), &self.taskruns)
+            .is_some()
     }
 
     /// Directly held buffer sizes of the per-TaskRun structures (heap strings excluded; measure

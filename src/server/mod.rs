@@ -48,9 +48,10 @@ pub enum ServerError {
 /// Webhook and admin-port arguments of `mpc controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WebhookArgs {
-    /// host-config: a ConfigMap YAML file, or the directory the ConfigMap is mounted at (re-read on change).
+    /// host-config from a file instead of the API: a ConfigMap YAML file, or the directory the
+    /// ConfigMap is mounted at (re-read on change). Unset: the ConfigMap is watched.
     #[arg(long, env = "MPC_CONFIG")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// Directory holding the webhook serving certificate as `tls.crt` and `tls.key` (re-read on change).
     #[arg(
         long,
@@ -86,7 +87,7 @@ impl WebhookArgs {
     pub fn with_config(config: PathBuf, cert_dir: PathBuf) -> Self {
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
         Self {
-            config,
+            config: Some(config),
             cert_dir,
             webhook_addr: loopback,
             admin_addr: loopback,
@@ -112,9 +113,20 @@ pub struct WebhookServer {
 }
 
 impl WebhookServer {
-    /// Binds both ports, loads config and certificate, and starts serving. Registers its metrics
-    /// in `registry`, which `/metrics` renders.
+    /// Binds both ports, loads config (from `args.config`) and certificate, and starts serving.
+    /// Registers its metrics in `registry`, which `/metrics` renders.
     pub async fn start(args: &WebhookArgs, registry: Registry) -> Result<Self, ServerError> {
+        let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
+        Self::start_with(args, registry, config).await
+    }
+
+    /// [`WebhookServer::start`] serving `config`, which the caller feeds unless `args.config`
+    /// names a file (then it is loaded and watched here).
+    pub async fn start_with(
+        args: &WebhookArgs,
+        registry: Registry,
+        config: ConfigSource,
+    ) -> Result<Self, ServerError> {
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -125,7 +137,6 @@ impl WebhookServer {
         let webhook_addr = local_addr(&webhook_listener, args.webhook_addr)?;
         let admin_addr = local_addr(&admin_listener, args.admin_addr)?;
 
-        let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
         let webhook_metrics = WebhookMetrics::register(&registry)?;
         let readiness = Readiness::new(config.clone());
         let stop = CancellationToken::new();
@@ -135,20 +146,16 @@ impl WebhookServer {
         };
         let mut tasks = JoinSet::new();
 
-        {
-            let (source, path) = (config.clone(), args.config.clone());
-            let _ =
-                tokio::task::spawn_blocking(move || config_source::load_path(&source, &path)).await;
+        if let Some(path) = args.config.clone() {
+            let source = config.clone();
+            let p = path.clone();
+            let _ = tokio::task::spawn_blocking(move || config_source::load_path(&source, &p)).await;
+            let watcher =
+                config_source::watch_path(config.clone(), path, args.reload_interval, stop.clone());
+            tasks.spawn(async move {
+                let _ = watcher.await;
+            });
         }
-        let watcher = config_source::watch_path(
-            config.clone(),
-            args.config.clone(),
-            args.reload_interval,
-            stop.clone(),
-        );
-        tasks.spawn(async move {
-            let _ = watcher.await;
-        });
 
         let admin_app = admin::router(AdminState {
             readiness: readiness.clone(),
@@ -186,7 +193,7 @@ impl WebhookServer {
             let _ = reloader.await;
         });
 
-        tracing::info!(%webhook_addr, %admin_addr, config = %args.config.display(), "webhook server started");
+        tracing::info!(%webhook_addr, %admin_addr, config = ?args.config, "webhook server started");
         Ok(Self {
             webhook_addr,
             admin_addr,

@@ -136,7 +136,9 @@ impl H {
 pub(super) fn provisions(acts: &[Action]) -> Vec<(OpId, String, String)> {
     acts.iter()
         .filter_map(|a| match a {
-            Action::Provision { op, taskrun, host } => {
+            Action::Provision {
+                op, taskrun, host, ..
+            } => {
                 Some((*op, taskrun.name().to_string(), host.name().to_owned()))
             }
             _ => None,

@@ -292,7 +292,7 @@ fn recreated_taskrun_with_the_same_name_is_a_new_allocation() {
 }
 
 #[test]
-fn retry_attempt_gets_a_fresh_key_and_a_replaced_secret() {
+fn retry_attempt_rearms_the_token_its_pod_already_mounted() {
     let mut h = H::new(&static_pairs(&[("h1", 2)]));
     let op = provision_op(&h.submit("ns", "a", P), "a");
     h.send(Event::Provisioned {
@@ -302,7 +302,16 @@ fn retry_attempt_gets_a_fresh_key_and_a_replaced_secret() {
     let mut spec = H::spec("ns", "a", P);
     spec.retries = 1;
     let a = h.send(Event::TaskRun(spec.clone()));
-    assert!(matches!(a[0], Action::DeleteSecret { .. }), "{a:#?}");
+    // The retry's pod already mounted the secret: it is kept, and the new key re-arms its token.
+    assert!(
+        !a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })),
+        "{a:#?}"
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Provision { rearm: true, .. })),
+        "{a:#?}"
+    );
     let op2 = provision_op(&a, "a");
     assert_eq!(provisions(&a)[0].2, "h1", "same host");
     let a = h.send(Event::Provisioned {

@@ -1,0 +1,614 @@
+//! The loop: the single writer of allocation decisions (design §10).
+//!
+//! One task owns the [`Scheduler`]. Watch events, action results, leadership changes, config
+//! updates and a timer at [`Scheduler::next_deadline`] come in over channels; actions go out to
+//! the executor as spawned jobs ordered per key by [`Lanes`]. The loop never awaits I/O.
+//!
+//! Guarantees:
+//! - nothing is allocated before the ledger is rebuilt: on leadership gain the TaskRun watch
+//!   must have listed everything, then [`Scheduler::recover`] runs on a [`Snapshot`] of the
+//!   index (with each relevant TaskRun's Secret read, and cloud listings) before live events flow;
+//!   events that arrive meanwhile are buffered and replayed;
+//! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
+//!   done;
+//! - losing the Lease cancels every job of the term at once and drops the scheduler.
+//!
+//! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
+//! so replays after a buffer or a relist are safe.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::execute::{self, Context, Job};
+use super::lanes::{LaneKey, Lanes};
+use super::observe::{self, MountMemo, Observed};
+use super::patch;
+use super::taskrun::TaskRun;
+use crate::config::{HostConfig, Strategy};
+use crate::platform::Platform;
+use crate::scheduler::{
+    Action, Event, Policy, Scheduler, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid,
+};
+
+/// What the loop reacts to.
+pub enum Input {
+    /// A TaskRun watch event (boxed: a slim TaskRun is still a few hundred bytes).
+    TaskRuns(Box<watcher::Event<TaskRun>>),
+    /// The served config changed.
+    Config(Arc<HostConfig>),
+    /// Leadership changed.
+    Leading(bool),
+    /// A snapshot for the term's recovery is ready.
+    Recovered { term: u64, snapshot: Snapshot },
+    /// A periodic listing or sweep produced an event for the scheduler.
+    Sweep(Event),
+    /// Stop.
+    Shutdown,
+}
+
+/// A finished job.
+pub struct Completion {
+    term: u64,
+    lane: Option<LaneKey>,
+    events: Vec<Event>,
+}
+
+/// One entry of the index: what recovery needs of a live TaskRun.
+struct Entry {
+    record: TaskRunRecord,
+    /// Recovery must read its Secret to know its state.
+    secret_matters: bool,
+}
+
+enum Phase {
+    /// Collecting the snapshot; scheduler events are buffered.
+    Recovering(Vec<Event>),
+    Running(Box<Scheduler>),
+}
+
+/// A leadership term.
+struct Term {
+    id: u64,
+    ctx: Context,
+    phase: Phase,
+    lanes: Lanes<Job>,
+}
+
+/// Everything the loop owns.
+pub struct Driver {
+    base: Context,
+    policy: Policy,
+    index: HashMap<String, Entry>,
+    memo: MountMemo,
+    /// UIDs seen since the watch's last `Init` (a relist in progress).
+    relist: Option<HashSet<String>>,
+    synced: bool,
+    config: Option<Arc<HostConfig>>,
+    leading: bool,
+    term: Option<Term>,
+    next_term: u64,
+    /// Controller writes in flight, so repeated watch events do not repeat them.
+    finalizing: HashSet<String>,
+    ungating: HashSet<String>,
+    results_tx: mpsc::UnboundedSender<Completion>,
+    results_rx: mpsc::UnboundedReceiver<Completion>,
+    inputs_tx: mpsc::Sender<Input>,
+    actions: Vec<Action>,
+}
+
+/// Milliseconds since the epoch, the scheduler's clock.
+pub fn now() -> Time {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    Time::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+impl Driver {
+    /// A driver executing with `base` (its `cancel` is the process's; each term gets a child).
+    pub fn new(base: Context, policy: Policy, inputs_tx: mpsc::Sender<Input>) -> Self {
+        let (results_tx, results_rx) = mpsc::unbounded_channel();
+        Driver {
+            base,
+            policy,
+            index: HashMap::new(),
+            memo: MountMemo::default(),
+            relist: None,
+            synced: false,
+            config: None,
+            leading: false,
+            term: None,
+            next_term: 1,
+            finalizing: HashSet::new(),
+            ungating: HashSet::new(),
+            results_tx,
+            results_rx,
+            inputs_tx,
+            actions: Vec::new(),
+        }
+    }
+
+    /// Runs until [`Input::Shutdown`] or the input channel closes.
+    pub async fn run(mut self, mut inputs: mpsc::Receiver<Input>) {
+        let mut gauges = tokio::time::interval(Duration::from_secs(5));
+        gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let deadline = self.deadline();
+            tokio::select! {
+                biased;
+                Some(done) = self.results_rx.recv() => self.on_completion(done),
+                input = inputs.recv() => match input {
+                    None | Some(Input::Shutdown) => break,
+                    Some(input) => self.on_input(input),
+                },
+                () = sleep_until(deadline) => self.feed(Event::Tick),
+                _ = gauges.tick() => self.update_gauges(),
+            }
+        }
+        self.end_term();
+    }
+
+    fn deadline(&self) -> Option<Time> {
+        match &self.term {
+            Some(Term {
+                phase: Phase::Running(s),
+                ..
+            }) => s.next_deadline(),
+            _ => None,
+        }
+    }
+
+    fn on_input(&mut self, input: Input) {
+        match input {
+            Input::TaskRuns(ev) => self.on_watch(*ev),
+            Input::Config(cfg) => {
+                self.config = Some(cfg.clone());
+                self.feed(Event::ConfigReplaced(Box::new((*cfg).clone())));
+            }
+            Input::Leading(l) => {
+                self.leading = l;
+                self.base.metrics.set_leader(l);
+                if !l {
+                    self.end_term();
+                }
+            }
+            Input::Recovered { term, snapshot } => self.on_recovered(term, snapshot),
+            Input::Sweep(ev) => self.feed(ev),
+            Input::Shutdown => {}
+        }
+        self.maybe_start_term();
+    }
+
+    fn on_watch(&mut self, ev: watcher::Event<TaskRun>) {
+        match ev {
+            watcher::Event::Init => self.relist = Some(HashSet::new()),
+            watcher::Event::InitApply(tr) | watcher::Event::Apply(tr) => self.on_taskrun(&tr),
+            watcher::Event::Delete(tr) => {
+                if let Some((ns, name, uid)) = tr.identity() {
+                    self.index.remove(uid);
+                    self.done(ns, name, uid, true);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(seen) = self.relist.take() {
+                    let vanished: Vec<String> = self
+                        .index
+                        .keys()
+                        .filter(|uid| !seen.contains(*uid))
+                        .cloned()
+                        .collect();
+                    for uid in vanished {
+                        if let Some(e) = self.index.remove(&uid) {
+                            let r = e.record;
+                            self.done(&r.namespace, &r.name, &r.uid, true);
+                        }
+                    }
+                }
+                if !self.synced {
+                    tracing::info!(live = self.index.len(), "TaskRun watch synced");
+                }
+                self.synced = true;
+            }
+        }
+    }
+
+    fn on_taskrun(&mut self, tr: &TaskRun) {
+        let Some((ns, name, uid)) = tr.identity() else {
+            tracing::warn!(name = ?tr.metadata.name, "TaskRun without namespace, name or uid ignored");
+            return;
+        };
+        if let Some(seen) = &mut self.relist {
+            seen.insert(uid.to_owned());
+        }
+        if tr.has_finalizer() {
+            self.finalizing.remove(uid);
+        }
+        if !tr.is_gated() {
+            self.ungating.remove(uid);
+        }
+        match observe::observe(tr, &mut self.memo) {
+            Observed::Ignore => {
+                self.index.remove(uid);
+            }
+            Observed::Active {
+                spec,
+                needs_finalizer,
+            } => {
+                if let Some(record) = observe::record(tr, Some(&spec)) {
+                    let secret_matters = observe::secret_matters(&record, tr);
+                    self.index.insert(
+                        uid.to_owned(),
+                        Entry {
+                            record,
+                            secret_matters,
+                        },
+                    );
+                }
+                if needs_finalizer && self.is_remote(&spec.platform) && self.finalizing.insert(uid.to_owned()) {
+                    let r = TaskRunRef::new(ns, name, Uid::new(uid));
+                    self.controller_job(Job::AddFinalizer(r));
+                }
+                self.feed(Event::TaskRun(spec));
+            }
+            Observed::Done {
+                tracked_only,
+                ungate,
+                ..
+            } => {
+                if tracked_only {
+                    self.index.remove(uid);
+                } else if let Some(record) = observe::record(tr, None) {
+                    self.index.insert(
+                        uid.to_owned(),
+                        Entry {
+                            record,
+                            secret_matters: false,
+                        },
+                    );
+                }
+                if ungate {
+                    self.ungate(ns, name, uid);
+                }
+                self.done(ns, name, uid, tracked_only);
+            }
+            Observed::Undecided { ungate } => {
+                self.index.remove(uid);
+                if ungate {
+                    self.ungate(ns, name, uid);
+                }
+            }
+        }
+    }
+
+    /// A remote (not local) platform under the current config; unknown and malformed ones count
+    /// as remote (they get an error secret, behind the finalizer).
+    fn is_remote(&self, platform: &str) -> bool {
+        let Some(cfg) = &self.config else {
+            return true;
+        };
+        match Platform::parse(platform) {
+            Ok(p) => !matches!(cfg.resolve(&p), Strategy::Local),
+            Err(_) => true,
+        }
+    }
+
+    fn ungate(&mut self, ns: &str, name: &str, uid: &str) {
+        if self.ungating.insert(uid.to_owned()) {
+            let taskrun = TaskRunRef::new(ns, name, Uid::new(uid));
+            self.controller_job(Job::Action(Action::Ungate { taskrun }));
+        }
+    }
+
+    /// Tells the scheduler a TaskRun is done (when it may hold something).
+    fn done(&mut self, ns: &str, name: &str, uid: &str, tracked_only: bool) {
+        if tracked_only {
+            let tracked = match &self.term {
+                Some(Term {
+                    phase: Phase::Running(s),
+                    ..
+                }) => s.tracks(uid),
+                // While recovering, the snapshot decides; a buffered event is harmless.
+                Some(Term {
+                    phase: Phase::Recovering(_),
+                    ..
+                }) => true,
+                None => false,
+            };
+            if !tracked {
+                return;
+            }
+        }
+        self.feed(Event::TaskRunDone {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+        });
+    }
+
+    /// Hands an event to the scheduler (or the recovery buffer) and dispatches its actions.
+    fn feed(&mut self, event: Event) {
+        let Some(term) = &mut self.term else {
+            return;
+        };
+        match &mut term.phase {
+            Phase::Recovering(buffer) => {
+                if !matches!(event, Event::Tick) {
+                    buffer.push(event);
+                }
+            }
+            Phase::Running(s) => {
+                let mut out = std::mem::take(&mut self.actions);
+                s.handle(now(), event, &mut out);
+                self.dispatch(&mut out);
+                self.actions = out;
+            }
+        }
+    }
+
+    /// A write of the controller's own (not the scheduler's): runs in the TaskRun's lane while
+    /// leading, so it is ordered with the scheduler's writes.
+    fn controller_job(&mut self, job: Job) {
+        if self.term.is_none() {
+            return;
+        }
+        let key = match &job {
+            Job::AddFinalizer(r) => LaneKey::TaskRun(r.uid().to_string().into()),
+            Job::Action(a) => match lane_of(a) {
+                Some(k) => k,
+                None => return,
+            },
+        };
+        self.submit(Some(key), job);
+    }
+
+    fn dispatch(&mut self, actions: &mut Vec<Action>) {
+        for action in actions.drain(..) {
+            match action {
+                Action::Observe(o) => self.base.metrics.observe(&o),
+                action => {
+                    let lane = lane_of(&action);
+                    self.submit(lane, Job::Action(action));
+                }
+            }
+        }
+    }
+
+    fn submit(&mut self, lane: Option<LaneKey>, job: Job) {
+        let Some(term) = &mut self.term else {
+            return;
+        };
+        let start = match &lane {
+            Some(k) => term.lanes.submit(k.clone(), job),
+            None => Some(job),
+        };
+        if let Some(job) = start {
+            spawn_job(&term.ctx, term.id, lane, job, &self.results_tx);
+        }
+    }
+
+    fn on_completion(&mut self, done: Completion) {
+        let Some(term) = &mut self.term else {
+            return;
+        };
+        if term.id != done.term {
+            return;
+        }
+        if let Some(lane) = &done.lane
+            && let Some(next) = term.lanes.finish(lane)
+        {
+            spawn_job(&term.ctx, term.id, done.lane.clone(), next, &self.results_tx);
+        }
+        for ev in done.events {
+            self.feed(ev);
+        }
+    }
+
+    fn maybe_start_term(&mut self) {
+        if self.term.is_some() || !self.leading || !self.synced {
+            return;
+        }
+        let Some(config) = self.config.clone() else {
+            return;
+        };
+        let id = self.next_term;
+        self.next_term += 1;
+        let mut ctx = self.base.clone();
+        ctx.cancel = self.base.cancel.child_token();
+        tracing::info!(term = id, live = self.index.len(), "leading: rebuilding the ledger");
+        let records: Vec<(TaskRunRecord, bool)> = self
+            .index
+            .values()
+            .map(|e| (e.record.clone(), e.secret_matters))
+            .collect();
+        let (rctx, tx) = (ctx.clone(), self.inputs_tx.clone());
+        tokio::spawn(async move {
+            let snapshot = collect_snapshot(&rctx, records, &config).await;
+            if let Some(snapshot) = snapshot {
+                let _ = tx.send(Input::Recovered { term: id, snapshot }).await;
+            }
+        });
+        self.term = Some(Term {
+            id,
+            ctx,
+            phase: Phase::Recovering(Vec::new()),
+            lanes: Lanes::default(),
+        });
+    }
+
+    fn on_recovered(&mut self, id: u64, snapshot: Snapshot) {
+        let Some(config) = self.config.clone() else {
+            return;
+        };
+        let Some(term) = &mut self.term else {
+            return;
+        };
+        if term.id != id {
+            return;
+        }
+        let buffered = match std::mem::replace(&mut term.phase, Phase::Recovering(Vec::new())) {
+            Phase::Recovering(b) => b,
+            running => {
+                term.phase = running;
+                return;
+            }
+        };
+        let (n_taskruns, n_instances) = (snapshot.taskruns.len(), snapshot.instances.len());
+        let mut scheduler = Box::new(Scheduler::new((*config).clone(), self.policy.clone()));
+        let mut out = std::mem::take(&mut self.actions);
+        scheduler.recover(now(), snapshot, &mut out);
+        term.phase = Phase::Running(scheduler);
+        tracing::info!(
+            term = id,
+            taskruns = n_taskruns,
+            instances = n_instances,
+            actions = out.len(),
+            replayed = buffered.len(),
+            "ledger rebuilt; scheduling"
+        );
+        self.dispatch(&mut out);
+        self.actions = out;
+        for ev in buffered {
+            self.feed(ev);
+        }
+        self.update_gauges();
+    }
+
+    fn end_term(&mut self) {
+        if let Some(term) = self.term.take() {
+            term.ctx.cancel.cancel();
+            tracing::info!(term = term.id, "term ended: executor cancelled, scheduler dropped");
+        }
+        self.finalizing.clear();
+        self.ungating.clear();
+    }
+
+    fn update_gauges(&mut self) {
+        if let Some(Term {
+            phase: Phase::Running(s),
+            ..
+        }) = &self.term
+        {
+            self.base.metrics.set_gauges(&s.gauges(), now());
+        }
+    }
+}
+
+/// The lane an action runs in.
+fn lane_of(action: &Action) -> Option<LaneKey> {
+    let tr = |r: &TaskRunRef| Some(LaneKey::TaskRun(r.uid().to_string().into()));
+    match action {
+        Action::Record { taskrun, .. }
+        | Action::Provision { taskrun, .. }
+        | Action::WriteSecret { taskrun, .. }
+        | Action::DeleteSecret { taskrun }
+        | Action::Ungate { taskrun }
+        | Action::RemoveFinalizer { taskrun } => tr(taskrun),
+        Action::Deprovision { user, host, .. } => {
+            Some(LaneKey::HostUser(host.name().into(), user.name()))
+        }
+        Action::Probe { instance_id, .. }
+        | Action::Terminate { instance_id, .. }
+        | Action::Retag { instance_id, .. } => Some(LaneKey::Instance(instance_id.clone())),
+        Action::Launch { .. } | Action::Notify { .. } | Action::Observe(_) => None,
+    }
+}
+
+fn spawn_job(
+    ctx: &Context,
+    term: u64,
+    lane: Option<LaneKey>,
+    job: Job,
+    results: &mpsc::UnboundedSender<Completion>,
+) {
+    let (ctx, results) = (ctx.clone(), results.clone());
+    tokio::spawn(async move {
+        let events = execute::run(&ctx, job).await;
+        let _ = results.send(Completion {
+            term,
+            lane,
+            events,
+        });
+    });
+}
+
+async fn sleep_until(deadline: Option<Time>) {
+    match deadline {
+        Some(at) => {
+            let wait = Duration::from_millis(at.as_millis().saturating_sub(now().as_millis()));
+            tokio::time::sleep(wait).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads what the snapshot needs beyond the index: the Secret of each TaskRun whose state
+/// depends on it (a few at a time), and the cloud's instances. `None` when cancelled.
+async fn collect_snapshot(
+    ctx: &Context,
+    records: Vec<(TaskRunRecord, bool)>,
+    config: &HostConfig,
+) -> Option<Snapshot> {
+    let lookups = futures::stream::iter(records.into_iter().map(|(mut rec, matters)| async move {
+        if matters {
+            let r = TaskRunRef::new(&rec.namespace, &rec.name, Uid::new(&rec.uid));
+            loop {
+                match execute::kube::read_secret(ctx, &r).await {
+                    Ok(s) => {
+                        rec.secret = s.as_ref().and_then(patch::secret_kind);
+                        break;
+                    }
+                    Err(execute::kube::WriteError::Cancelled) => return None,
+                    Err(error) => {
+                        tracing::warn!(taskrun = %r, %error, "reading the TaskRun's secret for recovery; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        }
+        Some(rec)
+    }))
+    .buffer_unordered(16)
+    .collect::<Vec<_>>()
+    .await;
+    let taskruns: Option<Vec<TaskRunRecord>> = lookups.into_iter().collect();
+    let instances = execute::cloud::list_all(ctx, config).await?;
+    Some(Snapshot {
+        taskruns: taskruns?,
+        instances,
+    })
+}
+
+/// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
+/// follows a 410 or a broken watch). Runs until `stop`.
+pub async fn watch_taskruns(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    stop: CancellationToken,
+) {
+    use kube::runtime::WatchStreamExt;
+    let api: kube::Api<TaskRun> = kube::Api::all(client);
+    let config = watcher::Config::default().labels(crate::contract::TARGET_PLATFORM_LABEL);
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            n = stream.next() => n,
+        };
+        match next {
+            Some(Ok(ev)) => {
+                if tx.send(Input::TaskRuns(Box::new(ev))).await.is_err() {
+                    return;
+                }
+            }
+            Some(Err(error)) => tracing::warn!(%error, "TaskRun watch error; retrying"),
+            None => return,
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Leader election on a `coordination.k8s.io` Lease (design §9, §10).
+//!
+//! Every replica serves the webhook; only the Lease holder schedules. [`decide`] is the pure rule
+//! (take a free or expired Lease, renew our own, otherwise follow); [`Elector`] is the shell: it
+//! reads and writes the Lease with optimistic concurrency (a write that loses a race is a 409 and
+//! changes nothing) and publishes leadership on a watch channel.
+//!
+//! Guarantees: a replica reports leadership only while its last successful renewal is younger
+//! than `renew_deadline`, which is shorter than the Lease duration, so the old holder has stopped
+//! (reported `false`) before any other replica can take an expired Lease. Graceful shutdown
+//! releases the Lease so a successor takes over at once.
+//! Assumptions: clocks of the replicas agree to well within `lease_duration - renew_deadline`.
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The Lease as [`decide`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holder {
+    pub identity: Option<String>,
+    /// Last renewal.
+    pub renewed: Option<SystemTime>,
+    pub duration: Duration,
+}
+
+/// What to do with the Lease now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// It is ours: renew it.
+    Renew,
+    /// Free or expired: take it.
+    Acquire,
+    /// Someone else holds it.
+    Follow,
+}
+
+/// The election rule.
+pub fn decide(holder: &Holder, me: &str, now: SystemTime) -> Decision {
+    match holder.identity.as_deref() {
+        Some(id) if id == me => Decision::Renew,
+        None | Some("") => Decision::Acquire,
+        Some(_) => {
+            let expired = holder
+                .renewed
+                .is_none_or(|t| t + holder.duration <= now);
+            if expired {
+                Decision::Acquire
+            } else {
+                Decision::Follow
+            }
+        }
+    }
+}
+
+/// Lease timing.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long a holder's claim lasts without renewal.
+    pub lease_duration: Duration,
+    /// A holder that could not renew for this long stops leading (shorter than the duration).
+    pub renew_deadline: Duration,
+    /// How often to renew or retry.
+    pub retry_period: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        // client-go's leader-election defaults.
+        Timing {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Runs the election for `identity` on Lease `name` until `stop`; leadership is published on
+/// the returned channel. Releases the Lease on stop when holding it.
+pub struct Elector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timing: Timing,
+}
+
+impl Elector {
+    /// An elector for the Lease `name` in `api`'s namespace.
+    pub fn new(api: Api<Lease>, name: String, identity: String, timing: Timing) -> Self {
+        Self {
+            api,
+            name,
+            identity,
+            timing,
+        }
+    }
+
+    /// Runs until `stop` is cancelled; `leading` follows leadership.
+    pub async fn run(self, leading: watch::Sender<bool>, stop: CancellationToken) {
+        let mut last_renewed: Option<tokio::time::Instant> = None;
+        loop {
+            let outcome = self.try_once().await;
+            let now = tokio::time::Instant::now();
+            match outcome {
+                Ok(true) => last_renewed = Some(now),
+                Ok(false) => last_renewed = None,
+                Err(error) => {
+                    tracing::warn!(%error, lease = %self.name, "lease renewal failed");
+                }
+            }
+            let lead = last_renewed.is_some_and(|t| now.duration_since(t) < self.timing.renew_deadline);
+            leading.send_if_modified(|l| {
+                if *l != lead {
+                    tracing::info!(leading = lead, identity = %self.identity, lease = %self.name, "leadership changed");
+                    *l = lead;
+                    true
+                } else {
+                    false
+                }
+            });
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(self.timing.retry_period) => {}
+            }
+        }
+        if *leading.borrow() {
+            leading.send_replace(false);
+            if let Err(error) = self.release().await {
+                tracing::warn!(%error, "could not release the lease");
+            } else {
+                tracing::info!(lease = %self.name, "lease released");
+            }
+        }
+    }
+
+    /// One round: true when we hold the Lease afterwards.
+    async fn try_once(&self) -> Result<bool, kube::Error> {
+        let current = match self.api.get_opt(&self.name).await? {
+            Some(l) => l,
+            None => {
+                let lease = self.claim(None, 0);
+                return match self.api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                    Err(e) => Err(e),
+                };
+            }
+        };
+        let spec = current.spec.clone().unwrap_or_default();
+        let holder = Holder {
+            identity: spec.holder_identity.clone(),
+            renewed: spec.renew_time.as_ref().map(|t| SystemTime::from(t.0)),
+            duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64),
+        };
+        let transitions = spec.lease_transitions.unwrap_or(0);
+        let mut next = match decide(&holder, &self.identity, SystemTime::now()) {
+            Decision::Follow => return Ok(false),
+            Decision::Renew => {
+                let mut l = self.claim(spec.acquire_time.clone(), transitions);
+                l.spec.as_mut().expect("set").acquire_time = spec.acquire_time;
+                l
+            }
+            Decision::Acquire => self.claim(None, transitions + 1),
+        };
+        next.metadata.resource_version = current.metadata.resource_version.clone();
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn claim(&self, acquired: Option<MicroTime>, transitions: i32) -> Lease {
+        let now = MicroTime(jiff_now());
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.identity.clone()),
+                lease_duration_seconds: Some(self.timing.lease_duration.as_secs().max(1) as i32),
+                acquire_time: Some(acquired.unwrap_or_else(|| now.clone())),
+                renew_time: Some(now),
+                lease_transitions: Some(transitions),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// Gives the Lease up (holder cleared, as client-go's `ReleaseOnCancel`).
+    async fn release(&self) -> Result<(), kube::Error> {
+        let Some(current) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let mut spec = current.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(&self.identity) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(jiff_now()));
+        let next = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                resource_version: current.metadata.resource_version.clone(),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        self.api
+            .replace(&self.name, &PostParams::default(), &next)
+            .await
+            .map(|_| ())
+    }
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_free_or_expired_renew_own_follow_live() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let held = |id: &str, ago: u64| Holder {
+            identity: Some(id.into()),
+            renewed: Some(now - Duration::from_secs(ago)),
+            duration: Duration::from_secs(15),
+        };
+        assert_eq!(decide(&Holder::default(), "a", now), Decision::Acquire);
+        assert_eq!(decide(&held("", 0), "a", now), Decision::Acquire);
+        assert_eq!(decide(&held("a", 100), "a", now), Decision::Renew);
+        assert_eq!(decide(&held("b", 5), "a", now), Decision::Follow);
+        assert_eq!(decide(&held("b", 15), "a", now), Decision::Acquire);
+        let never = Holder {
+            identity: Some("b".into()),
+            renewed: None,
+            duration: Duration::from_secs(15),
+        };
+        assert_eq!(decide(&never, "a", now), Decision::Acquire);
+    }
+}

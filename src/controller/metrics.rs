@@ -1,0 +1,266 @@
+//! The scheduler's metric families (design §8; `platform_pool_size` and `config_errors` belong to
+//! the config source), under the Go controller's names, labels, buckets
+//! and meaning, plus ours: queue length and age, actions in flight and failed, leadership.
+//!
+//! Go registers one unlabelled histogram per platform with a constant `platform` label; the
+//! exposition is the same as a vector labelled `platform`, which is what this is. Counters carry
+//! no `_total`. Gauges of the ledger are set from [`Gauges`] on every pass, so a platform or
+//! namespace that emptied reads zero rather than its last value.
+
+use prometheus::{
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use crate::metrics::name;
+use crate::scheduler::{Gauges, Observation, Time};
+
+/// Go's buckets for allocation and wait times.
+const SMALL_BUCKETS: &[f64] = &[
+    1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+];
+/// Go's buckets for task run times.
+const BIG_BUCKETS: &[f64] = &[
+    20.0, 40.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1200.0, 2400.0, 4800.0, 6000.0, 7200.0, 8400.0,
+    9600.0,
+];
+
+/// The controller's families.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    allocation_time: HistogramVec,
+    wait_time: HistogramVec,
+    task_run_time: HistogramVec,
+    provisioning_failures: IntCounterVec,
+    provisioning_successes: IntCounterVec,
+    cleanup_failures: IntCounterVec,
+    host_allocation_failures: IntCounterVec,
+    available: IntGaugeVec,
+    running_tasks: IntGaugeVec,
+    waiting_tasks: IntGaugeVec,
+    queue_length: IntGaugeVec,
+    queue_oldest: GaugeVec,
+    instances: IntGaugeVec,
+    actions_in_flight: IntGaugeVec,
+    action_failures: IntCounterVec,
+    leader: Gauge,
+}
+
+impl ControllerMetrics {
+    /// Creates and registers every family.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let histogram = |n: &str, help: &str, buckets: &[f64]| {
+            HistogramVec::new(
+                HistogramOpts::new(name(n), help).buckets(buckets.to_vec()),
+                &["platform"],
+            )
+        };
+        let counter = |n: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name(n), help), labels)
+        };
+        let gauge =
+            |n: &str, help: &str, labels: &[&str]| IntGaugeVec::new(Opts::new(name(n), help), labels);
+        let m = ControllerMetrics {
+            allocation_time: histogram(
+                "host_allocation_time",
+                "The time in seconds it takes to allocate a host, excluding wait time. In practice this is the amount of time it takes a cloud provider to start an instance",
+                SMALL_BUCKETS,
+            )?,
+            wait_time: histogram(
+                "wait_time",
+                "The time in seconds a task has spent waiting for a host to become available, excluding the host allocation time",
+                SMALL_BUCKETS,
+            )?,
+            task_run_time: histogram(
+                "task_run_time",
+                "The total time taken by a task, including wait and allocation time",
+                BIG_BUCKETS,
+            )?,
+            provisioning_failures: counter(
+                "provisioning_failures",
+                "The number of times a provisioning task has failed",
+                &["platform"],
+            )?,
+            provisioning_successes: counter(
+                "provisioning_successes",
+                "The number of times a provisioning task has succeeded",
+                &["platform"],
+            )?,
+            cleanup_failures: counter(
+                "cleanup_failures",
+                "The number of times a cleanup task has failed",
+                &["platform"],
+            )?,
+            host_allocation_failures: counter(
+                "host_allocation_failures",
+                "The number of times host allocation has failed",
+                &["platform"],
+            )?,
+            available: gauge(
+                "available",
+                "The availability of the multi platform controller",
+                &["platform"],
+            )?,
+            running_tasks: gauge(
+                "running_tasks",
+                "The number of currently running tasks on this platform",
+                &["platform", "taskrun_namespace"],
+            )?,
+            waiting_tasks: gauge(
+                "waiting_tasks",
+                "The number of tasks waiting for an executor to be available to run",
+                &["platform", "taskrun_namespace"],
+            )?,
+            queue_length: gauge(
+                "queue_length",
+                "TaskRuns queued for capacity on the platform",
+                &["platform"],
+            )?,
+            queue_oldest: GaugeVec::new(
+                Opts::new(
+                    name("queue_oldest_seconds"),
+                    "Age in seconds of the longest-waiting queued TaskRun of the platform (0 when none waits)",
+                ),
+                &["platform"],
+            )?,
+            instances: gauge(
+                "scheduler_instances",
+                "Cloud instances in the scheduler's ledger by state (booting, ready, terminating)",
+                &["platform", "state"],
+            )?,
+            actions_in_flight: gauge(
+                "actions_in_flight",
+                "Scheduler actions being executed, by kind",
+                &["kind"],
+            )?,
+            action_failures: counter(
+                "action_failures",
+                "Scheduler actions that failed, by kind (provisioning, cloud and API errors)",
+                &["kind"],
+            )?,
+            leader: Gauge::with_opts(Opts::new(
+                name("leader"),
+                "1 while this replica holds the Lease and schedules, else 0",
+            ))?,
+        };
+        for c in m.collectors() {
+            registry.register(c)?;
+        }
+        Ok(m)
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.allocation_time.clone()),
+            Box::new(self.wait_time.clone()),
+            Box::new(self.task_run_time.clone()),
+            Box::new(self.provisioning_failures.clone()),
+            Box::new(self.provisioning_successes.clone()),
+            Box::new(self.cleanup_failures.clone()),
+            Box::new(self.host_allocation_failures.clone()),
+            Box::new(self.available.clone()),
+            Box::new(self.running_tasks.clone()),
+            Box::new(self.waiting_tasks.clone()),
+            Box::new(self.queue_length.clone()),
+            Box::new(self.queue_oldest.clone()),
+            Box::new(self.instances.clone()),
+            Box::new(self.actions_in_flight.clone()),
+            Box::new(self.action_failures.clone()),
+            Box::new(self.leader.clone()),
+        ]
+    }
+
+    /// Records one scheduler measurement.
+    pub fn observe(&self, o: &Observation) {
+        match o {
+            Observation::Waited { platform, wait } => self
+                .wait_time
+                .with_label_values(&[&platform.label_value()])
+                .observe(wait.as_secs_f64()),
+            Observation::Allocated { platform, took } => self
+                .allocation_time
+                .with_label_values(&[&platform.label_value()])
+                .observe(took.as_secs_f64()),
+            Observation::Ran { platform, took } => self
+                .task_run_time
+                .with_label_values(&[&platform.label_value()])
+                .observe(took.as_secs_f64()),
+            Observation::ProvisionSucceeded(p) => self
+                .provisioning_successes
+                .with_label_values(&[&p.label_value()])
+                .inc(),
+            Observation::ProvisionFailed(p) => self
+                .provisioning_failures
+                .with_label_values(&[&p.label_value()])
+                .inc(),
+            Observation::AllocationFailed(p) => self
+                .host_allocation_failures
+                .with_label_values(&[&p.label_value()])
+                .inc(),
+            Observation::CleanupFailed(p) => self
+                .cleanup_failures
+                .with_label_values(&[&p.label_value()])
+                .inc(),
+        }
+    }
+
+    /// Sets the ledger gauges from a pass over the scheduler; series of platforms or namespaces
+    /// that emptied are reset to zero.
+    pub fn set_gauges(&self, g: &Gauges, now: Time) {
+        self.running_tasks.reset();
+        self.waiting_tasks.reset();
+        for ((platform, ns), (waiting, running)) in &g.by_namespace {
+            let label = crate::platform::label_value(platform);
+            self.waiting_tasks
+                .with_label_values(&[&label, ns])
+                .set(i64::from(*waiting));
+            self.running_tasks
+                .with_label_values(&[&label, ns])
+                .set(i64::from(*running));
+        }
+        self.queue_length.reset();
+        self.queue_oldest.reset();
+        self.available.reset();
+        self.instances.reset();
+        for (platform, p) in &g.platforms {
+            let label = crate::platform::label_value(platform);
+            self.queue_length
+                .with_label_values(&[&label])
+                .set(i64::from(p.waiting));
+            self.queue_oldest
+                .with_label_values(&[&label])
+                .set(p.oldest_queued.map_or(0.0, |t| now.since(t).as_secs_f64()));
+            if let Some(capacity) = p.capacity {
+                self.available
+                    .with_label_values(&[&label])
+                    .set(i64::from(capacity > 0));
+            }
+            if p.instances > 0 {
+                let ready = p.instances.saturating_sub(p.booting + p.terminating);
+                for (state, n) in [
+                    ("booting", p.booting),
+                    ("ready", ready),
+                    ("terminating", p.terminating),
+                ] {
+                    self.instances
+                        .with_label_values(&[&label, state])
+                        .set(i64::from(n));
+                }
+            }
+        }
+    }
+
+    /// Leadership.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(if leading { 1.0 } else { 0.0 });
+    }
+
+    /// An action of `kind` started (`+1`) or ended (`-1`).
+    pub fn in_flight(&self, kind: &str, delta: i64) {
+        self.actions_in_flight.with_label_values(&[kind]).add(delta);
+    }
+
+    /// An action of `kind` failed.
+    pub fn failed(&self, kind: &str) {
+        self.action_failures.with_label_values(&[kind]).inc();
+    }
+}
