@@ -657,8 +657,8 @@ mod tests {
         smaller.insert("dynamic-platforms".into(), "".into());
         src.publish("t", smaller, Vec::new());
         let text = metrics::encode(&registry);
-        assert!(!text.contains("platform=\"linux/arm64\""), "{text}");
-        assert!(text.contains("platform=\"linux/ppc64le\"} 5"), "{text}");
+        assert!(!text.contains("platform=\"linux-arm64\""), "{text}");
+        assert!(text.contains("platform=\"linux-ppc64le\"} 5"), "{text}");
     }
 
     #[test]
