@@ -8,7 +8,7 @@ use base64::Engine as _;
 use mpc::admission::{self, Decision, IgnoreReason, Reviewed};
 use mpc::config::HostConfig;
 use mpc::contract::{
-    ALLOCATION_START_TIME_ANNOTATION, ASSIGNED_HOST_LABEL, FINALIZER, TARGET_PLATFORM_LABEL,
+    ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL,
 };
 use serde_json::{Value, json};
 
@@ -186,7 +186,7 @@ fn local_platform_without_pod_template_gets_one_with_node_affinity() {
     let case = run("local-no-podtemplate", &config());
     assert_eq!(case.reviewed.decision, Decision::Local);
     let mut expected = case.object();
-    expected["metadata"]["labels"][ASSIGNED_HOST_LABEL] = json!("localhost");
+    expected["metadata"]["labels"][TARGET_PLATFORM_LABEL] = json!(local_label(&case));
     // linux/x86_64 is scheduled on nodes labelled amd64.
     expected["spec"]["podTemplate"] = json!({"affinity": {"nodeAffinity": {
     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -200,7 +200,7 @@ fn local_platform_keeps_tolerations_and_node_selector() {
     let case = run("local-podtemplate-tolerations", &config());
     assert_eq!(case.reviewed.decision, Decision::Local);
     let mut expected = case.object();
-    expected["metadata"]["labels"][ASSIGNED_HOST_LABEL] = json!("localhost");
+    expected["metadata"]["labels"][TARGET_PLATFORM_LABEL] = json!(local_label(&case));
     expected["spec"]["podTemplate"]["affinity"] = json!({"nodeAffinity": {
     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": os_arch_requirements("linux", "amd64")}
@@ -216,7 +216,7 @@ fn local_platform_keeps_tolerations_and_node_selector() {
 fn local_platform_adds_node_affinity_next_to_pod_anti_affinity() {
     let case = run("local-affinity-without-node-affinity", &config());
     let mut expected = case.object();
-    expected["metadata"]["labels"][ASSIGNED_HOST_LABEL] = json!("localhost");
+    expected["metadata"]["labels"][TARGET_PLATFORM_LABEL] = json!(local_label(&case));
     expected["spec"]["podTemplate"]["affinity"]["nodeAffinity"] = json!({
     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": os_arch_requirements("linux", "amd64")}
@@ -230,7 +230,7 @@ fn local_platform_merges_into_every_non_empty_node_selector_term() {
     let case = run("local-node-selector-terms", &config());
     assert_eq!(case.reviewed.decision, Decision::Local);
     let mut expected = case.object();
-    expected["metadata"]["labels"][ASSIGNED_HOST_LABEL] = json!("localhost");
+    expected["metadata"]["labels"][TARGET_PLATFORM_LABEL] = json!(local_label(&case));
     let terms = &mut expected["spec"]["podTemplate"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         ["nodeSelectorTerms"];
     let req = os_arch_requirements("linux", "amd64");
@@ -260,7 +260,7 @@ fn local_bare_name_gets_only_the_label() {
     let case = run("local-bare-name", &config());
     assert_eq!(case.reviewed.decision, Decision::Local);
     let mut expected = case.object();
-    expected["metadata"]["labels"][ASSIGNED_HOST_LABEL] = json!("localhost");
+    expected["metadata"]["labels"][TARGET_PLATFORM_LABEL] = json!(local_label(&case));
     assert_eq!(case.patched, expected);
     assert!(case.patched["spec"].get("podTemplate").is_none());
 }
@@ -437,4 +437,19 @@ fn every_prefix_of_a_request_is_an_error_or_a_decision_never_a_panic() {
         let _ = admission::review(&body[..end], &cfg, NOW);
     }
     assert!(admission::review(&body, &cfg, NOW).is_ok());
+}
+
+/// A local TaskRun's `target-platform` label: its platform with `/` → `-` (the controller then
+/// writes `host: localhost` and labels `assigned-host`).
+fn local_label(case: &Case) -> String {
+    let platform = case.object()["spec"]["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "PLATFORM")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap()
+        .replace('/', "-");
+    platform
 }

@@ -2,7 +2,7 @@
 //! live [`HostConfig`] and the current time in, AdmissionReview response bytes out (design §1 step 2
 //! and §2).
 //!
-//! - local platform: label `assigned-host=localhost` and, for `os/arch` platforms, a required node
+//! - local platform: label `target-platform` and, for `os/arch` platforms, a required node
 //!   affinity on `kubernetes.io/os` and `kubernetes.io/arch` merged into every node selector term;
 //! - remote platform (dynamic, dynamic pool, static, or configured but disabled by a config error):
 //!   label `target-platform`, the finalizer, annotation `allocation-start-time`, and
@@ -308,7 +308,13 @@ fn decide(
     };
     let decision = match resolved {
         Resolved::Local(p) => {
-            patch::local(&mut ops, meta, spec, p.node_os_arch());
+            patch::local(
+                &mut ops,
+                meta,
+                spec,
+                p.node_os_arch(),
+                &target_label_value(p.as_str()),
+            );
             Decision::Local
         }
         Resolved::Remote(p, strategy) => {

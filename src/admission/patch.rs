@@ -149,24 +149,27 @@ pub(super) fn remote(
     }
 }
 
-/// `assigned-host=localhost` and, unless `os_arch` is `None` (bare names), a required node
+/// `target-platform=<label>` and, unless `os_arch` is `None` (bare names), a required node
 /// affinity for `kubernetes.io/os` and `kubernetes.io/arch`.
 pub(super) fn local(
     patch: &mut Patch,
     meta: Option<&MetadataIn<'_>>,
     spec: &SpecIn<'_>,
     os_arch: Option<(&str, &str)>,
+    label: &str,
 ) {
     let empty = MetadataIn::default();
     let meta = metadata(patch, meta, &empty);
     let labels = meta.labels.as_ref();
-    if labels.and_then(|l| l.get(contract::ASSIGNED_HOST_LABEL)) != Some(contract::LOCALHOST) {
+    // The controller watches this label; it writes the `host: localhost` secret and labels
+    // `assigned-host=localhost` (design §1.2).
+    if labels.and_then(|l| l.get(contract::TARGET_PLATFORM_LABEL)) != Some(label) {
         set_map_entry(
             patch,
             "/metadata/labels",
             labels.is_some(),
-            contract::ASSIGNED_HOST_LABEL,
-            contract::LOCALHOST,
+            contract::TARGET_PLATFORM_LABEL,
+            label,
         );
     }
     if let Some((os, arch)) = os_arch {

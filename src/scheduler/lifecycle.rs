@@ -81,11 +81,21 @@ impl Scheduler {
         }
         match self.platforms[p as usize].mode.clone() {
             Mode::Local => {
-                self.clear_placement(key, out);
                 if let Some(t) = self.taskruns.get_mut(key) {
                     t.state = State::Local;
+                    t.recorded = true;
                 }
                 self.write_secret(key, SecretData::Localhost, out);
+                // As the Go controller does: `assigned-host=localhost` once the secret exists.
+                if let Some(taskrun) = self.taskrun_ref(key) {
+                    out.push(Action::Record {
+                        taskrun,
+                        placement: Placement {
+                            assigned_host: Some(crate::contract::LOCALHOST.into()),
+                            ..Placement::default()
+                        },
+                    });
+                }
             }
             Mode::Disabled(reason) => {
                 let msg = messages::disabled(&self.platforms[p as usize].platform, &reason);

@@ -13,7 +13,11 @@ fn local_platform_gets_localhost_and_nothing_else() {
     let mut h = H::new(&mixed());
     let a = h.submit("ns", "a", "linux/x86_64");
     assert_eq!(secret(&a, "a"), Some(&SecretData::Localhost));
-    assert!(provisions(&a).is_empty() && records(&a, "a").is_empty());
+    assert!(provisions(&a).is_empty());
+    let r = records(&a, "a");
+    assert_eq!(r.len(), 1, "{a:#?}");
+    assert_eq!(r[0].assigned_host.as_deref(), Some("localhost"));
+    assert_eq!(r[0].waiting_for_platform, None);
     let a = h.done("ns", "a");
     assert!(a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })));
     assert_eq!(finalized(&a), vec!["a"]);
