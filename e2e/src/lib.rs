@@ -7,5 +7,6 @@ pub mod apiserver;
 pub mod ec2_proxy;
 pub mod kubectl;
 pub mod moto;
+pub mod product;
 pub mod sshd;
 pub mod tekton;

@@ -137,6 +137,16 @@ fn free_port(addr: Ipv4Addr) -> anyhow::Result<u16> {
 impl SshdHost {
     /// Starts sshd on a random 127.0.0.x address and free port with a fresh host key.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_on(None)
+    }
+
+    /// Starts sshd on port 22 of a free random 127.0.0.x address: what a controller reaches with
+    /// nothing but the configured address, as in production.
+    pub fn start_on_port_22() -> anyhow::Result<Self> {
+        Self::start_on(Some(22))
+    }
+
+    fn start_on(fixed_port: Option<u16>) -> anyhow::Result<Self> {
         if !sshd_binary().exists() {
             bail!(
                 "{} not found: run e2e/setup.sh (installs openssh-server)",
@@ -165,8 +175,17 @@ impl SshdHost {
             format!("{}\n", admin.public_openssh).as_bytes(),
             0o600,
         )?;
-        let address = Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
-        let port = free_port(address)?;
+        let (address, port) = match fixed_port {
+            None => {
+                let address = Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
+                (address, free_port(address)?)
+            }
+            Some(port) => (0..64)
+                .map(|_| Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8))
+                .find(|a| TcpListener::bind((*a, port)).is_ok())
+                .map(|a| (a, port))
+                .with_context(|| format!("no free 127.0.0.x address with port {port} free"))?,
+        };
         let mut host = Self {
             address,
             port,

@@ -1,0 +1,523 @@
+//! The whole product on this machine: the test API server with the Tekton stand-in, the real
+//! `mpc otp-server` and `mpc controller` processes (the `mpc-e2e` binary is the product's own
+//! `main.rs`, see [`mpc_binary!`](crate::mpc_binary)), the webhook registered from the shipped manifest, and loopback sshd build hosts.
+//!
+//! Processes log to files in the product's directory; a test that fails prints them
+//! ([`Product::logs`]). Everything stops on drop.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::apiserver::{ApiServer, Options, TEKTON_CRDS};
+use crate::sshd::SshdHost;
+use crate::tekton::{self, Tekton};
+
+/// The controller's namespace in tests (as in the manifests).
+pub const NS: &str = "multi-platform-controller";
+const WEBHOOK_SERVICE: &str = "mpc-webhook";
+
+/// The `mpc` binary under test: tests pass `env!("CARGO_BIN_EXE_mpc-e2e")` (only integration
+/// tests see that variable).
+#[macro_export]
+macro_rules! mpc_binary {
+    () => {
+        std::path::Path::new(env!("CARGO_BIN_EXE_mpc-e2e"))
+    };
+}
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A child process, killed on drop.
+pub struct Proc {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub admin: SocketAddr,
+    pub name: String,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, log: PathBuf, admin: SocketAddr, name: &str) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        cmd.stdout(Stdio::null())
+            .stderr(file)
+            .env("MPC_LOG", "info,mpc=debug,kube=warn");
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Proc {
+            child: Some(child),
+            log,
+            admin,
+            name: name.to_owned(),
+        })
+    }
+
+    /// SIGKILL: no shutdown, no Lease release.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait up to `limit` for a graceful exit.
+    pub fn terminate(&mut self, limit: Duration) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        false
+    }
+
+    /// Still running.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The process's `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.admin);
+        let out = tokio::process::Command::new("curl")
+            .args(["-s", "--max-time", "5", &url])
+            .output()
+            .await;
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A static build host served by a loopback sshd on port 22.
+pub struct BuildHost {
+    pub name: String,
+    pub sshd: SshdHost,
+}
+
+/// The running product.
+pub struct Product {
+    pub api: ApiServer,
+    pub client: kube::Client,
+    pub tekton: Tekton,
+    pub dir: tempfile::TempDir,
+    pub otp: Proc,
+    pub otp_port: u16,
+    pub controllers: Vec<Proc>,
+    pub hosts: Vec<BuildHost>,
+    mpc: PathBuf,
+    webhook_certs: PathBuf,
+    webhook_port: u16,
+}
+
+/// A value from a ConfigMap-style `key: value` list.
+pub type ConfigPairs = Vec<(String, String)>;
+
+impl Product {
+    /// Starts the API server, Tekton stand-in, OTP server and the webhook registration, with
+    /// `hosts` static build hosts; no controller yet ([`Product::start_controller`]).
+    pub async fn start(mpc: &Path, hosts: &[(&str, u32)]) -> anyhow::Result<Self> {
+        mpc::tls::install_crypto_provider();
+        let api = ApiServer::start(Options::default()).await?;
+        api.create_yaml(TEKTON_CRDS).await?;
+        let client = api.client().await?;
+        let dir = tempfile::Builder::new().prefix("mpc-product-").tempdir()?;
+        for ns in [NS, "tenant-a", "tenant-b"] {
+            create_namespace(&client, ns).await?;
+        }
+
+        // OTP server with its own CA, reachable at https://127.0.0.1:<port>.
+        let otp_dir = dir.path().join("otp");
+        std::fs::create_dir_all(otp_dir.join("tls"))?;
+        let bundle = mpc::certs::generate("otp", &["127.0.0.1".into(), "localhost".into()], 2)?;
+        mpc::certs::write_bundle(&bundle, &otp_dir.join("tls"))?;
+        std::fs::write(otp_dir.join("ca.pem"), &bundle.ca_pem)?;
+        let bearer = format!("bearer-{}", mpc::otp::token::Token::random().as_str());
+        std::fs::write(otp_dir.join("store-token"), format!("{bearer}\n"))?;
+        std::fs::write(
+            otp_dir.join("seal-key"),
+            format!("seal-{}", mpc::otp::token::Token::random().as_str()),
+        )?;
+        let otp_port = free_port();
+        let otp_admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let otp = start_otp(mpc, &otp_dir, otp_port, otp_admin, &dir.path().join("otp.log"))?;
+
+        // Webhook certificates for the Service the manifest names.
+        let webhook_certs = dir.path().join("webhook-certs");
+        mpc::certs::run(&mpc::certs::CertsArgs {
+            service: WEBHOOK_SERVICE.into(),
+            namespace: NS.into(),
+            out: webhook_certs.clone(),
+            days: 1,
+            extra_sans: vec![],
+        })?;
+        let webhook_port = free_port();
+        api.map_service(
+            NS,
+            WEBHOOK_SERVICE,
+            443,
+            SocketAddr::from(([127, 0, 0, 1], webhook_port)),
+        );
+        let ca_bundle = std::fs::read_to_string(webhook_certs.join("ca-bundle"))?;
+        let manifest =
+            std::fs::read_to_string(repo_file("manifests/mutatingwebhookconfiguration.yaml"))?;
+        let manifest = manifest.replace(
+            "    clientConfig:\n",
+            &format!("    clientConfig:\n      caBundle: {}\n", ca_bundle.trim()),
+        );
+        api.create_yaml(&manifest).await?;
+
+        let tekton = Tekton::start(client.clone());
+        let mut product = Product {
+            api,
+            client,
+            tekton,
+            dir,
+            otp,
+            otp_port,
+            controllers: Vec::new(),
+            hosts: Vec::new(),
+            mpc: mpc.to_owned(),
+            webhook_certs,
+            webhook_port,
+        };
+        for (name, _) in hosts {
+            let sshd = SshdHost::start_on_port_22()?;
+            product.put_secret(
+                NS,
+                &format!("{name}-admin"),
+                &[("id_rsa", sshd.admin_key().as_slice())],
+            )
+            .await?;
+            product.hosts.push(BuildHost {
+                name: (*name).to_owned(),
+                sshd,
+            });
+        }
+        let mut cfg = ConfigPairs::new();
+        for ((name, concurrency), h) in hosts.iter().zip(&product.hosts) {
+            cfg.extend(static_host(name, &h.sshd.address(), *concurrency, "linux/arm64"));
+        }
+        cfg.push(("local-platforms".into(), "linux/amd64,local".into()));
+        product.set_config(&cfg).await?;
+        Ok(product)
+    }
+
+    /// Replaces the host-config ConfigMap's data.
+    pub async fn set_config(&self, pairs: &ConfigPairs) -> anyhow::Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), NS);
+        let data: BTreeMap<String, String> = pairs.iter().cloned().collect();
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(mpc::contract::HOST_CONFIG_NAME.into()),
+                labels: Some(BTreeMap::from([(
+                    mpc::contract::MULTI_PLATFORM_CONFIG_LABEL.into(),
+                    "hosts".into(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        match api.get_opt(mpc::contract::HOST_CONFIG_NAME).await? {
+            None => {
+                api.create(&PostParams::default(), &cm).await?;
+            }
+            Some(_) => {
+                api.patch(
+                    mpc::contract::HOST_CONFIG_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"data": null})),
+                )
+                .await?;
+                api.patch(
+                    mpc::contract::HOST_CONFIG_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"data": cm.data})),
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates or replaces an Opaque Secret.
+    pub async fn put_secret(&self, ns: &str, name: &str, data: &[(&str, &[u8])]) -> anyhow::Result<()> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let s = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+                    .collect(),
+            ),
+            ..Secret::default()
+        };
+        let _ = api.delete(name, &Default::default()).await;
+        api.create(&PostParams::default(), &s).await?;
+        Ok(())
+    }
+
+    /// Starts an `mpc controller` replica named `identity`; returns its index.
+    pub fn start_controller(&mut self, identity: &str) -> anyhow::Result<usize> {
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        // Every replica serves the webhook; tests route the Service to the first one's port.
+        let webhook_port = if self
+            .controllers
+            .iter()
+            .any(|c| c.name == "webhook" && c.child.is_some())
+        {
+            free_port()
+        } else {
+            self.webhook_port
+        };
+        let otp_dir = self.dir.path().join("otp");
+        let ssh_dir = self.dir.path().join(format!("ssh-{identity}"));
+        let mut cmd = Command::new(&self.mpc);
+        cmd.arg("controller")
+            .arg("--kubeconfig")
+            .arg(self.api.kubeconfig_path())
+            .args(["--namespace", NS])
+            .args(["--otp-url", &format!("https://127.0.0.1:{}", self.otp_port)])
+            .arg("--otp-ca-file")
+            .arg(otp_dir.join("ca.pem"))
+            .arg("--otp-store-token-file")
+            .arg(otp_dir.join("store-token"))
+            .args(["--cluster-id", "e2e-cluster"])
+            .args(["--identity", identity])
+            .args(["--lease-duration", "3s", "--lease-renew-deadline", "2s"])
+            .args(["--lease-retry-period", "300ms"])
+            .arg("--ssh-state-dir")
+            .arg(&ssh_dir)
+            .arg("--cert-dir")
+            .arg(&self.webhook_certs)
+            .args(["--webhook-addr", &format!("127.0.0.1:{webhook_port}")])
+            .args(["--admin-addr", &admin.to_string()])
+            .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"]);
+        let log = self.dir.path().join(format!("controller-{identity}.log"));
+        let mut p = Proc::spawn(cmd, log, admin, identity)?;
+        if webhook_port == self.webhook_port {
+            // Serves the webhook Service; the identity stays in the log file name.
+            p.name = "webhook".into();
+        }
+        self.controllers.push(p);
+        Ok(self.controllers.len() - 1)
+    }
+
+    /// Creates a TaskRun of `platform` whose inline Task mounts the secret and runs the
+    /// consumer script of design §3 (or `script`).
+    pub async fn create_taskrun(
+        &self,
+        ns: &str,
+        name: &str,
+        platform: &str,
+        extra: Value,
+    ) -> anyhow::Result<Value> {
+        let mut tr = json!({
+            "apiVersion": "tekton.dev/v1", "kind": "TaskRun",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "params": [{"name": "PLATFORM", "value": platform}],
+                "taskSpec": {
+                    "params": [{"name": "PLATFORM", "type": "string"}],
+                    "volumes": [{"name": "ssh", "secret": {"secretName": "multi-platform-ssh-$(context.taskRun.name)", "optional": false}}],
+                    "steps": [{"name": "build", "image": "quay.io/konflux-ci/buildah-task:latest",
+                               "script": CONSUMER_SCRIPT,
+                               "volumeMounts": [{"name": "ssh", "mountPath": "/ssh", "readOnly": true}]}]
+                }
+            }
+        });
+        json_patch::merge(&mut tr, &extra);
+        let o: DynamicObject = serde_json::from_value(tr)?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &tekton::taskrun_resource());
+        let created = api.create(&PostParams::default(), &o).await?;
+        Ok(serde_json::to_value(created)?)
+    }
+
+    /// A TaskRun as stored, `None` once deleted.
+    pub async fn taskrun(&self, ns: &str, name: &str) -> Option<Value> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &tekton::taskrun_resource());
+        api.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .map(|o| serde_json::to_value(o).expect("serialisable"))
+    }
+
+    /// The TaskRun's secret data as text, `None` while it does not exist.
+    pub async fn secret(&self, ns: &str, taskrun: &str) -> Option<BTreeMap<String, String>> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let s = api
+            .get_opt(&mpc::contract::secret_name(taskrun))
+            .await
+            .ok()
+            .flatten()?;
+        Some(
+            s.data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect(),
+        )
+    }
+
+    /// Redeems a token the way build steps do (`curl --fail`, form body); the key, or curl's error.
+    pub async fn otp_redeem(&self, token: &str) -> Result<String, String> {
+        let ca = self.dir.path().join("otp/ca.pem");
+        let out = tokio::process::Command::new("curl")
+            .args(["--fail", "--silent", "--show-error", "--max-time", "120"])
+            .arg("--cacert")
+            .arg(&ca)
+            .args(["-XPOST", "-d", token])
+            .arg(format!("https://127.0.0.1:{}/otp", self.otp_port))
+            .output()
+            .await
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Every process log, for a failing test's message.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for p in self.controllers.iter().chain(std::iter::once(&self.otp)) {
+            let text = p.log_text();
+            let tail: Vec<&str> = text.lines().rev().take(80).collect();
+            out.push_str(&format!("==== {} ({})\n", p.name, p.log.display()));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// The consumer script Konflux build steps use (design §3): error, localhost, or redeem the key
+/// from the OTP server and run a command on the host as the build user, with rsync into its
+/// directory.
+pub const CONSUMER_SCRIPT: &str = r#"#!/bin/bash
+set -eu
+if [ -e /ssh/error ]; then
+  cat /ssh/error
+  exit 1
+fi
+if [ "$(cat /ssh/host)" = localhost ]; then
+  echo "built-in-pod"
+  exit 0
+fi
+mkdir -p ~/.ssh
+curl --fail --silent --show-error --cacert /ssh/otp-ca -XPOST -d @/ssh/otp "$(cat /ssh/otp-server)" > ~/.ssh/id_rsa
+echo "" >> ~/.ssh/id_rsa
+chmod 0400 ~/.ssh/id_rsa
+SSH="ssh -i $HOME/.ssh/id_rsa -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes"
+echo "source of $(context.taskRun.name)" > "$HOME/source.txt"
+rsync -e "$SSH" "$HOME/source.txt" "$(cat /ssh/host):$(cat /ssh/user-dir)/"
+$SSH "$(cat /ssh/host)" 'echo "built-by=$(whoami) in=$(pwd) source=$(cat source.txt)"'
+"#;
+
+fn static_host(name: &str, address: &str, concurrency: u32, platform: &str) -> ConfigPairs {
+    [
+        ("address", address.to_owned()),
+        ("user", "root".to_owned()),
+        ("platform", platform.to_owned()),
+        ("secret", format!("{name}-admin")),
+        ("concurrency", concurrency.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("host.{name}.{k}"), v))
+    .collect()
+}
+
+async fn create_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    api.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
+fn start_otp(
+    mpc: &Path,
+    dir: &Path,
+    port: u16,
+    admin: SocketAddr,
+    log: &Path,
+) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(mpc);
+    cmd.arg("otp-server")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &admin.to_string()])
+        .arg("--tls-dir")
+        .arg(dir.join("tls"))
+        .arg("--db")
+        .arg(dir.join("otp.redb"))
+        .arg("--seal-key-file")
+        .arg(dir.join("seal-key"))
+        .arg("--store-token-file")
+        .arg(dir.join("store-token"));
+    let p = Proc::spawn(cmd, log.to_owned(), admin, "otp-server")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "otp-server did not listen: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(p)
+}
