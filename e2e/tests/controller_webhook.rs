@@ -41,7 +41,7 @@ impl Cluster {
         })
         .unwrap();
         let args =
-            ControllerArgs::with_config(repo_file("manifests/host-config.yaml"), certs.clone());
+            ControllerArgs::with_config(repo_file("examples/host-config.yaml"), certs.clone());
         let controller = Controller::start(&args, prometheus::Registry::new())
             .await
             .unwrap();
