@@ -1,5 +1,6 @@
 //! Load generator against the real `mpc otp-server` binary: stores keys, then redeems them all with
-//! many concurrent HTTPS keep-alive connections, and prints throughput and latency percentiles.
+//! many concurrent HTTPS keep-alive connections, and prints throughput and latency percentiles, the
+//! database size with every key pending, and the server's CPU time and peak RSS.
 //!
 //! `cargo bench --bench otp` (env: OTP_BENCH_KEYS, default 20000; OTP_BENCH_CONCURRENCY, default 64).
 
@@ -7,6 +8,9 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "support/proc.rs"]
+mod proc_stats;
 
 use mpc::otp::OtpClient;
 use mpc::provision::Zeroizing;
@@ -142,6 +146,12 @@ fn main() {
         })
         .await;
         report("store-key", keys, elapsed, &lat);
+        let db = std::fs::metadata(dir.path().join("otp.redb")).map_or(0, |m| m.len());
+        println!(
+            "database with {keys} keys pending: {:.1} MiB ({} B per key)",
+            db as f64 / (1 << 20) as f64,
+            db / keys.max(1) as u64
+        );
 
         let tokens = Arc::new(std::mem::take(&mut *tokens.lock().expect("lock")));
         let (c, k, t) = (client.clone(), key.clone(), Arc::clone(&tokens));
@@ -155,6 +165,12 @@ fn main() {
         .await;
         report("otp redeem", keys, elapsed, &lat);
     });
+    let pid = server.id();
+    println!(
+        "server: {:.1} us CPU per request, peak RSS {:.1} MiB",
+        proc_stats::cpu_seconds(pid) / (2 * keys).max(1) as f64 * 1e6,
+        proc_stats::peak_rss_mib(pid)
+    );
     let _ = server.kill();
     let _ = server.wait();
 }

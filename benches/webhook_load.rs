@@ -1,7 +1,8 @@
 //! Load generator for the real `mpc controller` binary: TLS on loopback, keep-alive connections,
 //! small (~3.5 KB taskRef) AdmissionReviews. Starts the binary with certificates from
 //! `mpc::certs` and the fixture host-config, waits for `/readyz`, drives it for a fixed time, and
-//! prints throughput, latency percentiles, CPU time of server and client, and the load average.
+//! prints throughput, latency percentiles, CPU time of server and client, the server's peak RSS
+//! and the load average.
 //!
 //! cargo bench --bench webhook_load
 //!
@@ -12,6 +13,8 @@
 
 #[path = "support/compact_json.rs"]
 mod compact_json;
+#[path = "support/proc.rs"]
+mod proc_stats;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,6 +26,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use proc_stats::{cpu_seconds, peak_rss_mib};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
@@ -47,17 +51,6 @@ fn body() -> Bytes {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/admission/taskref-bundle.json");
     Bytes::from(compact_json::compact(&std::fs::read(path).unwrap()))
-}
-
-/// CPU seconds (user + system) of a process, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Clock ticks are 100 Hz on Linux.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn loadavg() -> String {
@@ -228,8 +221,9 @@ fn main() {
         .build()
         .unwrap();
     let load_before = loadavg();
-    let (tally, measured, server_cpu, client_cpu) = rt.block_on(async {
+    let (tally, measured, server_cpu, client_cpu, server_rss) = rt.block_on(async {
         wait_ready(server.admin).await;
+        let ready_rss = peak_rss_mib(server.child.id());
         let stop = Arc::new(AtomicBool::new(false));
         let measuring = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
@@ -296,6 +290,7 @@ fn main() {
         measuring.store(false, Ordering::Relaxed);
         let measured = started.elapsed();
         let (s1, c1) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
+        let rss = peak_rss_mib(pid);
         stop.store(true, Ordering::Relaxed);
         let mut all = Tally::default();
         for t in tasks {
@@ -303,7 +298,7 @@ fn main() {
             all.latencies_us.extend(t.latencies_us);
             all.errors += t.errors;
         }
-        (all, measured, s1 - s0, c1 - c0)
+        (all, measured, s1 - s0, c1 - c0, (ready_rss, rss))
     });
     let load_after = loadavg();
     drop(server);
@@ -339,6 +334,10 @@ fn main() {
         server_cpu / secs,
         client_cpu / secs,
         server_cpu / n.max(1) as f64 * 1e6
+    );
+    println!(
+        "  server peak RSS: {:.1} MiB when ready, {:.1} MiB after the run",
+        server_rss.0, server_rss.1
     );
     println!("  load average before: {load_before}; after: {load_after}");
 }

@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs, idempotently; a no-op in a second when everything is present.
-#   - openssh-server (sshd for provisioning tests), openssh-client, curl, rsync
-#   - prometheus (for promtool, which lints our /metrics exposition)
-#   - kubectl (from Debian's kubernetes-client if the machine has none)
+# Debian or Ubuntu (apt-get), as root or with sudo:
+#   - openssh-server (sshd for provisioning tests), openssh-client, curl, rsync, sudo
+#   - prometheus (for promtool: lints our /metrics exposition, unit-tests the alerts)
+#   - kubectl >= 1.27 (renders the kustomizations, drives the test API server); installed from the
+#     distribution if it has none, which must then be recent enough
 #   - a Python venv with moto[server] (the EC2 emulator)
+# Fails, naming what is missing, when a tool is still missing or too old afterwards.
 # Prints the moto venv path at the end. Honours MPC_E2E_HOME (default ~/.cache/mpc-e2e).
 set -euo pipefail
 
 home="${MPC_E2E_HOME:-$HOME/.cache/mpc-e2e}"
 moto_version="${MOTO_VERSION:-5.1.*}"
+# The kustomizations are tested with kustomize v5 (kubectl embeds it from 1.27; v5 changed how
+# replacements treat missing targets), and tests may read Events with `kubectl events` (1.26).
+kubectl_min_minor=27
 mkdir -p "$home"
 
 sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+has_sshd() { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; }
 
 missing=()
-command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+has_sshd || missing+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
-command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 command -v visudo >/dev/null 2>&1 || missing+=(sudo)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if ! command -v kubectl >/dev/null 2>&1; then
+  # `kubectl` where the Kubernetes apt repository is configured, else the distribution's package.
+  if apt-cache show kubectl >/dev/null 2>&1; then missing+=(kubectl); else missing+=(kubernetes-client); fi
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -42,5 +54,23 @@ if ! "$venv/bin/python" -c 'import moto, flask' >/dev/null 2>&1; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
 fi
-command -v kubectl >/dev/null && command -v promtool >/dev/null && [ -x "$venv/bin/moto_server" ]
+
+# Everything must be there now; say exactly what is not.
+problems=()
+has_sshd || problems+=("sshd (package openssh-server)")
+for tool in ssh curl rsync promtool visudo kubectl; do
+  command -v "$tool" >/dev/null 2>&1 || problems+=("$tool")
+done
+[ -x "$venv/bin/moto_server" ] || problems+=("moto_server in $venv")
+if command -v kubectl >/dev/null 2>&1; then
+  minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
+  if [ -z "$minor" ] || [ "$minor" -lt "$kubectl_min_minor" ]; then
+    problems+=("kubectl >= 1.$kubectl_min_minor (found: $(kubectl version --client 2>&1 | head -n 1)); install a current release, e.g. from the Kubernetes apt repository at pkgs.k8s.io")
+  fi
+fi
+if [ "${#problems[@]}" -gt 0 ]; then
+  echo "setup: FAILED, still missing or unusable:" >&2
+  printf '  - %s\n' "${problems[@]}" >&2
+  exit 1
+fi
 echo "setup: ok (moto venv: $venv)"

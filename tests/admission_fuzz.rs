@@ -36,7 +36,7 @@ fn admission_body_holds_on_every_fixture() {
 #[test]
 fn config_body_holds_on_every_config_fixture() {
     let mut files = vec![
-        repo().join("manifests/host-config.yaml"),
+        repo().join("examples/host-config.yaml"),
         repo().join("tests/fixtures/admission/host-config.yaml"),
     ];
     for e in std::fs::read_dir(repo().join("tests/fixtures/configmaps")).unwrap() {

@@ -1,27 +1,92 @@
-//! The kustomize base and the three certificate overlays render with the real `kubectl kustomize`,
-//! and the rendered objects hang together (names, ports, namespaces, webhook settings, config).
+//! The deployment renders with the real `kubectl kustomize` (base, the three certificate routes,
+//! the example installation, monitoring), and the rendered objects hang together: names, ports,
+//! mounted paths, RBAC, NetworkPolicies, certificates. The alerts pass their `promtool test rules`
+//! cases and name only metric families the components export (or the controller is to export).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use base64::Engine as _;
 use serde::Deserialize;
-use serde_norway::Value;
+use serde_norway::{Mapping, Value};
+
+mod support;
+use support::{kubectl, promtool};
 
 const NAMESPACE: &str = "multi-platform-controller";
+const CONTROLLER: &str = "Deployment/multi-platform-controller";
+const OTP: &str = "Deployment/mpc-otp-server";
+
+/// Every kustomization in the repository, relative to its root.
+const KUSTOMIZATIONS: [&str; 6] = [
+    "manifests",
+    "manifests/monitoring",
+    "webhook-certs/mpc-certs",
+    "webhook-certs/cert-manager",
+    "webhook-certs/openshift",
+    "examples",
+];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn kubectl() -> PathBuf {
-    std::env::var_os("MPC_KUBECTL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
 }
 
-/// Renders a kustomization and returns its objects keyed by `Kind/name`.
-fn render(dir: &Path) -> BTreeMap<String, Value> {
+/// A copy of the deployment trees with the files an operator creates before applying: `mpc certs`
+/// output for both services and the OTP server's secrets. Generated keys never land in the
+/// checkout.
+struct Staged {
+    dir: tempfile::TempDir,
+}
+
+impl Staged {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for t in ["manifests", "webhook-certs", "examples"] {
+            copy_tree(&repo().join(t), &dir.path().join(t));
+        }
+        for service in ["webhook", "otp"] {
+            mpc::certs::run(&mpc::certs::CertsArgs {
+                service: format!("mpc-{service}"),
+                namespace: NAMESPACE.into(),
+                out: dir.path().join("webhook-certs/mpc-certs/out").join(service),
+                days: 30,
+                extra_sans: Vec::new(),
+            })
+            .unwrap();
+        }
+        let secrets = dir.path().join("examples/secrets");
+        std::fs::write(secrets.join("otp-seal-key"), "a".repeat(64)).unwrap();
+        std::fs::write(secrets.join("otp-store-token"), "store-token").unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn render(&self, rel: &str) -> Objects {
+        render(&self.path(rel))
+    }
+}
+
+/// Rendered objects keyed by `Kind/name`.
+type Objects = BTreeMap<String, Value>;
+
+fn render(dir: &Path) -> Objects {
     let out = Command::new(kubectl())
         .arg("kustomize")
         .arg(dir)
@@ -47,99 +112,245 @@ fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
 }
 
-fn kinds(objects: &BTreeMap<String, Value>) -> Vec<&str> {
+fn seq(v: &Value) -> &[Value] {
+    v.as_sequence().map_or(&[], |q| q.as_slice())
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    seq(v).iter().map(s).collect()
+}
+
+fn kinds(objects: &Objects) -> Vec<&str> {
     let mut k: Vec<&str> = objects.values().map(|o| s(&o["kind"])).collect();
     k.sort_unstable();
     k
 }
 
+fn pod_spec(o: &Objects, deployment: &str) -> Value {
+    o[deployment]["spec"]["template"]["spec"].clone()
+}
+
+/// A pod's first container's `--flag=value` arguments.
+fn flags(pod: &Value) -> BTreeMap<String, String> {
+    strings(&pod["containers"][0]["args"])
+        .iter()
+        .filter_map(|a| a.strip_prefix("--")?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Mount path → volume of a pod's first container.
+fn mounts(pod: &Value) -> BTreeMap<String, Value> {
+    seq(&pod["containers"][0]["volumeMounts"])
+        .iter()
+        .map(|m| {
+            let volume = seq(&pod["volumes"])
+                .iter()
+                .find(|v| v["name"] == m["name"])
+                .unwrap_or_else(|| panic!("no volume for {m:?}"));
+            (s(&m["mountPath"]).to_owned(), volume.clone())
+        })
+        .collect()
+}
+
+/// The volume mounted at the directory holding `file`.
+fn volume_of(pod: &Value, file: &str) -> Value {
+    let dir = Path::new(file).parent().unwrap().to_str().unwrap();
+    mounts(pod)
+        .remove(dir)
+        .unwrap_or_else(|| panic!("{file} is not in a mounted directory"))
+}
+
+fn container_ports(pod: &Value) -> BTreeMap<String, u64> {
+    seq(&pod["containers"][0]["ports"])
+        .iter()
+        .map(|p| {
+            (
+                s(&p["name"]).to_owned(),
+                p["containerPort"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Bytes of a Kubernetes quantity (`64Mi`) or millicores of a CPU quantity (`100m`, `1`).
+fn quantity(q: &str) -> u64 {
+    let (n, scale) = [("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10), ("m", 1)]
+        .iter()
+        .find_map(|(suffix, scale)| Some((q.strip_suffix(suffix)?, *scale)))
+        .unwrap_or((q, 1000));
+    n.parse::<u64>().unwrap() * scale
+}
+
+fn assert_hardened(pod: &Value, what: &str) {
+    assert_eq!(
+        pod["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true),
+        "{what}"
+    );
+    assert_eq!(
+        s(&pod["securityContext"]["seccompProfile"]["type"]),
+        "RuntimeDefault"
+    );
+    let c = &pod["containers"][0];
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{what}");
+    assert_eq!(
+        sc["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{what}"
+    );
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{what}");
+    assert!(
+        s(&c["image"]).starts_with("quay.io/"),
+        "{what}: kustomize image mapping applied"
+    );
+    for r in ["cpu", "memory"] {
+        let req = quantity(s(&c["resources"]["requests"][r]));
+        let lim = quantity(s(&c["resources"]["limits"][r]));
+        assert!(
+            0 < req && req <= lim,
+            "{what}: {r} request {req} > limit {lim}"
+        );
+    }
+    // Probes hit the plain-HTTP admin port.
+    assert_eq!(
+        s(&c["readinessProbe"]["httpGet"]["port"]),
+        "admin",
+        "{what}"
+    );
+    assert_eq!(s(&c["readinessProbe"]["httpGet"]["path"]), "/readyz");
+    assert_eq!(s(&c["livenessProbe"]["httpGet"]["port"]), "admin", "{what}");
+    assert_eq!(s(&c["livenessProbe"]["httpGet"]["path"]), "/healthz");
+    assert!(container_ports(pod).contains_key("admin"), "{what}");
+}
+
 #[test]
-fn base_renders_the_expected_objects_consistently() {
-    let o = render(&repo().join("manifests"));
+fn base_renders_the_controller_and_otp_server_consistently() {
+    let o = Staged::new().render("manifests");
     assert_eq!(
         kinds(&o),
         [
-            "ConfigMap",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
             "Deployment",
             "MutatingWebhookConfiguration",
             "Namespace",
+            "NetworkPolicy",
+            "NetworkPolicy",
+            "PersistentVolumeClaim",
             "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
             "Service",
             "ServiceAccount",
-        ]
+            "ServiceAccount",
+        ],
+        "the base carries no host-config (it would overwrite a real one) and no secrets"
     );
     for (key, obj) in &o {
-        if !key.starts_with("Namespace/") && !key.starts_with("MutatingWebhookConfiguration/") {
+        let kind = s(&obj["kind"]);
+        if !["Namespace", "MutatingWebhookConfiguration"].contains(&kind)
+            && !kind.starts_with("Cluster")
+        {
             assert_eq!(s(&obj["metadata"]["namespace"]), NAMESPACE, "{key}");
         }
     }
 
-    let dep = &o["Deployment/multi-platform-controller"];
+    let dep = &o[CONTROLLER];
     assert_eq!(dep["spec"]["replicas"].as_u64(), Some(2));
-    let pod = &dep["spec"]["template"]["spec"];
-    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    let pod = pod_spec(&o, CONTROLLER);
+    assert_hardened(&pod, "controller");
+    assert_eq!(s(&pod["serviceAccountName"]), "multi-platform-controller");
+    assert_eq!(strings(&pod["containers"][0]["args"])[0], "controller");
     assert_eq!(
-        s(&pod["serviceAccountName"]),
-        s(&o["ServiceAccount/multi-platform-controller"]["metadata"]["name"])
+        container_ports(&pod).keys().collect::<Vec<_>>(),
+        ["admin", "webhook"]
     );
-    let c = &pod["containers"][0];
+    let f = flags(&pod);
+    assert_eq!(f["config-map"], mpc::contract::HOST_CONFIG_NAME);
+    let lease_names: Vec<String> = rules(&o["Role/multi-platform-controller"])
+        .into_iter()
+        .filter(|(_, res, names, _)| res == "leases" && !names.is_empty())
+        .map(|(_, _, names, _)| names)
+        .collect();
+    assert_eq!(
+        lease_names,
+        [f["lease-name"].clone()],
+        "RBAC names the Lease"
+    );
     assert!(
-        s(&c["image"]).starts_with("quay.io/"),
-        "kustomize image mapping applied"
+        !f.contains_key("config"),
+        "host-config is watched through the API, not mounted"
     );
-    let sc = &c["securityContext"];
-    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
-    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
-    for r in ["requests", "limits"] {
-        assert!(c["resources"][r]["memory"].is_string(), "{r}");
-        assert!(c["resources"][r]["cpu"].is_string(), "{r}");
-    }
-    // Probes hit the admin port.
-    let ports: Vec<&str> = c["ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|p| s(&p["name"]))
-        .collect();
-    assert_eq!(ports, ["webhook", "admin"]);
-    assert_eq!(s(&c["readinessProbe"]["httpGet"]["port"]), "admin");
-    assert_eq!(s(&c["readinessProbe"]["httpGet"]["path"]), "/readyz");
-    assert_eq!(s(&c["livenessProbe"]["httpGet"]["path"]), "/healthz");
-    // Every writable path is a mounted volume; the args name the mounted paths.
-    let args: Vec<&str> = c["args"].as_sequence().unwrap().iter().map(s).collect();
-    let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|m| (s(&m["mountPath"]), s(&m["name"])))
-        .collect();
-    assert_eq!(args[0], "controller");
-    for a in &args[1..] {
-        if let Some(path) = a
-            .strip_prefix("--config=")
-            .or(a.strip_prefix("--cert-dir="))
-        {
-            assert!(mounts.contains_key(path), "{a} is not a mounted path");
-        }
-    }
-    assert!(mounts.contains_key("/tmp") && mounts.contains_key("/home/mpc"));
-    let volumes = pod["volumes"].as_sequence().unwrap();
-    let secret_of = |name: &str| {
-        volumes
-            .iter()
-            .find(|v| s(&v["name"]) == name)
-            .map(|v| v["secret"]["secretName"].clone())
-    };
     assert_eq!(
-        secret_of("webhook-certs").as_ref().map(s),
-        Some("mpc-webhook-certs")
+        s(&volume_of(&pod, &format!("{}/tls.crt", f["cert-dir"]))["secret"]["secretName"]),
+        "mpc-webhook-certs"
+    );
+    // The OTP CA and store token are mounted where the flags point.
+    let ca = volume_of(&pod, &f["otp-ca-file"]);
+    assert_eq!(s(&ca["secret"]["secretName"]), "mpc-otp-tls");
+    let ca_item = &ca["secret"]["items"][0];
+    assert_eq!(
+        (s(&ca_item["key"]), s(&ca_item["path"])),
+        ("ca.crt", file_name(&f["otp-ca-file"]))
+    );
+    assert_eq!(
+        s(&volume_of(&pod, &f["otp-store-token-file"])["secret"]["secretName"]),
+        "mpc-otp-store-token"
+    );
+    // Namespace and identity from the downward API.
+    let env: BTreeMap<&str, &str> = seq(&pod["containers"][0]["env"])
+        .iter()
+        .filter_map(|e| {
+            Some((
+                s(&e["name"]),
+                e["valueFrom"]["fieldRef"]["fieldPath"].as_str()?,
+            ))
+        })
+        .collect();
+    assert_eq!(env["MPC_NAMESPACE"], "metadata.namespace");
+    assert_eq!(env["POD_NAME"], "metadata.name");
+    // Every writable path is a volume.
+    let m = mounts(&pod);
+    assert!(m.contains_key("/tmp") && m.contains_key("/home/mpc"));
+
+    // The OTP URL names the OTP Service, whose 443 reaches the server's HTTPS port.
+    let otp_svc = &o["Service/mpc-otp"];
+    assert_eq!(
+        f["otp-url"],
+        format!(
+            "https://{}.{NAMESPACE}.svc",
+            s(&otp_svc["metadata"]["name"])
+        )
+    );
+    let otp_pod = pod_spec(&o, OTP);
+    let https = &seq(&otp_svc["spec"]["ports"])[0];
+    assert_eq!(https["port"].as_u64(), Some(443));
+    assert_eq!(
+        container_ports(&otp_pod)[s(&https["targetPort"])],
+        8443,
+        "443 → 8443"
     );
 
-    // Service → named container ports; the webhook points at the Service.
-    let svc = &o["Service/mpc-webhook"];
-    for p in svc["spec"]["ports"].as_sequence().unwrap() {
-        assert!(ports.contains(&s(&p["targetPort"])), "{p:?}");
+    // Services reach named container ports of the pods they select.
+    for (svc, dep) in [
+        ("Service/mpc-webhook", CONTROLLER),
+        ("Service/mpc-otp", OTP),
+    ] {
+        let p = pod_spec(&o, dep);
+        let labels = &o[dep]["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in o[svc]["spec"]["selector"].as_mapping().unwrap() {
+            assert_eq!(&labels[s(k)], v, "{svc} selects {dep}");
+        }
+        let ports = container_ports(&p);
+        for sp in seq(&o[svc]["spec"]["ports"]) {
+            assert!(ports.contains_key(s(&sp["targetPort"])), "{svc}: {sp:?}");
+        }
     }
+
     let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
     let wh = &mwc["webhooks"][0];
     assert_eq!(s(&wh["clientConfig"]["service"]["name"]), "mpc-webhook");
@@ -150,40 +361,411 @@ fn base_renders_the_expected_objects_consistently() {
     assert_eq!(wh["timeoutSeconds"].as_u64(), Some(5));
     assert_eq!(s(&wh["reinvocationPolicy"]), "IfNeeded");
     assert!(["Fail", "Ignore"].contains(&s(&wh["failurePolicy"])));
-    let v1: Vec<&str> = wh["admissionReviewVersions"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(s)
-        .collect();
-    assert_eq!(v1, ["v1"]);
+    assert_eq!(strings(&wh["admissionReviewVersions"]), ["v1"]);
     let rule = &wh["rules"][0];
-    let list = |v: &Value| -> Vec<String> {
-        v.as_sequence()
-            .unwrap()
-            .iter()
-            .map(|x| s(x).to_owned())
-            .collect()
-    };
-    assert_eq!(list(&rule["operations"]), ["CREATE"]);
-    assert_eq!(list(&rule["apiGroups"]), ["tekton.dev"]);
-    assert_eq!(list(&rule["apiVersions"]), ["v1", "v1beta1"]);
-    assert_eq!(list(&rule["resources"]), ["taskruns"]);
-    let excluded = list(&wh["namespaceSelector"]["matchExpressions"][0]["values"]);
+    assert_eq!(strings(&rule["operations"]), ["CREATE"]);
+    assert_eq!(strings(&rule["apiGroups"]), ["tekton.dev"]);
+    assert_eq!(strings(&rule["apiVersions"]), ["v1", "v1beta1"]);
+    assert_eq!(strings(&rule["resources"]), ["taskruns"]);
+    let excluded = strings(&wh["namespaceSelector"]["matchExpressions"][0]["values"]);
     for ns in ["kube-system", NAMESPACE] {
-        assert!(excluded.iter().any(|e| e == ns), "{ns} not excluded");
+        assert!(excluded.contains(&ns), "{ns} not excluded");
     }
-    let conditions: String = wh["matchConditions"]
-        .as_sequence()
-        .unwrap()
+    let conditions: String = seq(&wh["matchConditions"])
         .iter()
         .map(|c| s(&c["expression"]).to_owned())
         .collect();
     assert!(conditions.contains("'PLATFORM'"));
     assert!(conditions.contains(mpc::contract::TASK_TYPE_LABEL));
+}
 
-    // The example host-config is valid as shipped.
+fn file_name(path: &str) -> &str {
+    Path::new(path).file_name().unwrap().to_str().unwrap()
+}
+
+#[test]
+fn otp_server_is_one_writer_on_its_own_volume_without_an_api_token() {
+    let o = Staged::new().render("manifests");
+    let dep = &o[OTP];
+    assert_eq!(dep["spec"]["replicas"].as_u64(), Some(1));
+    assert_eq!(s(&dep["spec"]["strategy"]["type"]), "Recreate");
+    let pod = pod_spec(&o, OTP);
+    assert_hardened(&pod, "otp-server");
+    assert_eq!(strings(&pod["containers"][0]["args"])[0], "otp-server");
+
+    let sa = s(&pod["serviceAccountName"]);
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    assert_eq!(
+        o[&format!("ServiceAccount/{sa}")]["automountServiceAccountToken"].as_bool(),
+        Some(false)
+    );
+    for (key, obj) in &o {
+        if key.contains("Binding/") {
+            for subject in seq(&obj["subjects"]) {
+                assert_ne!(
+                    s(&subject["name"]),
+                    sa,
+                    "{key} grants the OTP server rights"
+                );
+            }
+        }
+    }
+
+    let f = flags(&pod);
+    let ports = container_ports(&pod);
+    for (flag, port) in [("listen", "https"), ("admin-listen", "admin")] {
+        let addr: std::net::SocketAddr = f[flag].parse().unwrap();
+        assert_eq!(u64::from(addr.port()), ports[port], "--{flag}");
+    }
+    let claim = volume_of(&pod, &f["db"]);
+    let claim = s(&claim["persistentVolumeClaim"]["claimName"]);
+    let pvc = &o[&format!("PersistentVolumeClaim/{claim}")];
+    assert_eq!(strings(&pvc["spec"]["accessModes"]), ["ReadWriteOnce"]);
+    assert_eq!(
+        s(&volume_of(&pod, &format!("{}/tls.crt", f["tls-dir"]))["secret"]["secretName"]),
+        "mpc-otp-tls"
+    );
+    assert_eq!(
+        s(&volume_of(&pod, &f["seal-key-file"])["secret"]["secretName"]),
+        "mpc-otp-seal"
+    );
+    // The same store token as the controller's.
+    let controller = pod_spec(&o, CONTROLLER);
+    assert_eq!(
+        volume_of(&pod, &f["store-token-file"])["secret"],
+        volume_of(&controller, &flags(&controller)["otp-store-token-file"])["secret"]
+    );
+    assert_eq!(
+        file_name(&f["store-token-file"]),
+        file_name(&flags(&controller)["otp-store-token-file"])
+    );
+    // Design: the TTL is a safety net that outlasts any pod start (24 h).
+    assert_eq!(
+        mpc::otp::parse_duration(&f["ttl"]).unwrap().as_secs(),
+        24 * 3600
+    );
+}
+
+/// `(apiGroup, resource, resourceNames, verbs)` of every rule of a Role or ClusterRole.
+fn rules(role: &Value) -> BTreeSet<(String, String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in seq(&role["rules"]) {
+        for g in strings(&r["apiGroups"]) {
+            for res in strings(&r["resources"]) {
+                out.insert((
+                    g.to_owned(),
+                    res.to_owned(),
+                    strings(&r["resourceNames"]).join(","),
+                    strings(&r["verbs"]).join(","),
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn rule(g: &str, res: &str, names: &str, verbs: &str) -> (String, String, String, String) {
+    (g.into(), res.into(), names.into(), verbs.into())
+}
+
+#[test]
+fn rbac_grants_the_controller_exactly_its_verbs() {
+    let o = Staged::new().render("manifests");
+    assert_eq!(
+        rules(&o["ClusterRole/multi-platform-controller"]),
+        BTreeSet::from([
+            rule("tekton.dev", "taskruns", "", "get,list,watch,patch"),
+            rule("", "secrets", "", "get,create,update,delete"),
+            rule("", "events", "", "create,patch"),
+            rule("events.k8s.io", "events", "", "create,patch"),
+            rule("", "namespaces", "kube-system", "get"),
+        ])
+    );
+    assert_eq!(
+        rules(&o["Role/multi-platform-controller"]),
+        BTreeSet::from([
+            rule("", "configmaps", "", "get,list,watch"),
+            rule("", "configmaps", "", "create"),
+            rule("", "configmaps", "mpc-known-hosts", "update"),
+            rule("coordination.k8s.io", "leases", "", "create"),
+            rule(
+                "coordination.k8s.io",
+                "leases",
+                "multi-platform-controller",
+                "get,update"
+            ),
+        ])
+    );
+    for (binding, role) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        let b = &o[&format!("{binding}/multi-platform-controller")];
+        assert_eq!(s(&b["roleRef"]["kind"]), role);
+        assert_eq!(s(&b["roleRef"]["name"]), "multi-platform-controller");
+        let subject = &seq(&b["subjects"])[0];
+        assert_eq!(
+            (
+                s(&subject["kind"]),
+                s(&subject["name"]),
+                s(&subject["namespace"])
+            ),
+            ("ServiceAccount", "multi-platform-controller", NAMESPACE)
+        );
+    }
+}
+
+#[test]
+fn no_kustomization_lets_anyone_list_or_watch_secrets_cluster_wide() {
+    let staged = Staged::new();
+    let mut cluster_roles = 0;
+    for k in KUSTOMIZATIONS {
+        for (key, obj) in staged.render(k) {
+            if s(&obj["kind"]) != "ClusterRole" {
+                continue;
+            }
+            cluster_roles += 1;
+            for r in seq(&obj["rules"]) {
+                let groups = strings(&r["apiGroups"]);
+                let resources = strings(&r["resources"]);
+                let verbs = strings(&r["verbs"]);
+                let core = groups.iter().any(|g| g.is_empty() || *g == "*");
+                let secrets = resources.iter().any(|x| *x == "secrets" || *x == "*");
+                let reads_all = verbs.iter().any(|v| ["list", "watch", "*"].contains(v));
+                assert!(
+                    !(core && secrets && reads_all),
+                    "{k}: {key} lists or watches Secrets cluster-wide: {r:?}"
+                );
+            }
+        }
+    }
+    assert!(
+        cluster_roles >= 5,
+        "every overlay but monitoring has the ClusterRole"
+    );
+}
+
+#[test]
+fn network_policies_admit_builds_to_the_otp_port_and_metrics_only_from_monitoring() {
+    let staged = Staged::new();
+    for (k, monitoring) in [
+        ("manifests", ("kubernetes.io/metadata.name", "monitoring")),
+        (
+            "webhook-certs/openshift",
+            ("network.openshift.io/policy-group", "monitoring"),
+        ),
+    ] {
+        let o = staged.render(k);
+        for (policy, dep, open_port) in [
+            ("NetworkPolicy/mpc-otp-server", OTP, "https"),
+            (
+                "NetworkPolicy/multi-platform-controller",
+                CONTROLLER,
+                "webhook",
+            ),
+        ] {
+            let np = &o[policy]["spec"];
+            let labels = &o[dep]["spec"]["template"]["metadata"]["labels"];
+            for (key, v) in np["podSelector"]["matchLabels"].as_mapping().unwrap() {
+                assert_eq!(&labels[s(key)], v, "{k}: {policy} selects {dep}");
+            }
+            assert_eq!(strings(&np["policyTypes"]), ["Ingress"]);
+            let ingress = seq(&np["ingress"]);
+            assert_eq!(ingress.len(), 2, "{k}: {policy}");
+            let ports = container_ports(&pod_spec(&o, dep));
+            let port_of = |r: &Value| s(&r["ports"][0]["port"]).to_owned();
+            // Rule 0: the serving port, from any namespace (OTP: build pods and the
+            // controller) or from anywhere (webhook: the API server is not a pod).
+            assert_eq!(port_of(&ingress[0]), open_port);
+            assert!(ports.contains_key(open_port));
+            match seq(&ingress[0]["from"]) {
+                [] => assert_eq!(open_port, "webhook", "only the webhook is open to all"),
+                [peer] => {
+                    assert_eq!(peer["namespaceSelector"], Value::Mapping(Mapping::new()));
+                    assert!(peer.get("podSelector").is_none(), "every pod may connect");
+                }
+                other => panic!("{policy}: {other:?}"),
+            }
+            // Rule 1: the admin (metrics) port, only from the monitoring namespace.
+            assert_eq!(port_of(&ingress[1]), "admin");
+            let selector = &seq(&ingress[1]["from"])[0]["namespaceSelector"]["matchLabels"];
+            let pairs: Vec<(&str, &str)> = selector
+                .as_mapping()
+                .unwrap()
+                .iter()
+                .map(|(a, b)| (s(a), s(b)))
+                .collect();
+            assert_eq!(pairs, [monitoring], "{k}: {policy}");
+        }
+    }
+}
+
+#[test]
+fn cert_manager_route_issues_both_mounted_secrets_and_injects_the_webhook_ca() {
+    let o = Staged::new().render("webhook-certs/cert-manager");
+    for (cert, service, secret) in [
+        ("mpc-webhook", "mpc-webhook", "mpc-webhook-certs"),
+        ("mpc-otp", "mpc-otp", "mpc-otp-tls"),
+    ] {
+        let c = &o[&format!("Certificate/{cert}")];
+        assert_eq!(s(&c["spec"]["secretName"]), secret);
+        assert_eq!(
+            strings(&c["spec"]["dnsNames"]),
+            mpc::certs::service_sans(service, NAMESPACE)
+        );
+        assert!(o.contains_key(&format!("Service/{service}")));
+        let issuer = s(&c["spec"]["issuerRef"]["name"]);
+        let issuer = &o[&format!("Issuer/{issuer}")];
+        let ca = &o[&format!("Certificate/{}", s(&issuer["spec"]["ca"]["secretName"]))];
+        assert_eq!(ca["spec"]["isCA"].as_bool(), Some(true));
+    }
+    // cert-manager puts the issuing CA into each Secret as ca.crt, which the base mounts.
+    let controller = pod_spec(&o, CONTROLLER);
+    let ca = volume_of(&controller, &flags(&controller)["otp-ca-file"]);
+    assert_eq!(s(&ca["secret"]["secretName"]), "mpc-otp-tls");
+    let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
+    assert_eq!(
+        s(&mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]),
+        format!("{NAMESPACE}/mpc-webhook")
+    );
+}
+
+#[test]
+fn openshift_route_uses_the_service_ca_and_gets_the_pods_admitted() {
+    let o = Staged::new().render("webhook-certs/openshift");
+    for (svc, secret) in [
+        ("mpc-webhook", "mpc-webhook-certs"),
+        ("mpc-otp", "mpc-otp-tls"),
+    ] {
+        assert_eq!(
+            s(
+                &o[&format!("Service/{svc}")]["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"]
+            ),
+            secret
+        );
+    }
+    let inject = "service.beta.openshift.io/inject-cabundle";
+    let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
+    assert_eq!(s(&mwc["metadata"]["annotations"][inject]), "true");
+    // The controller reads the injected service CA as its OTP CA.
+    let controller = pod_spec(&o, CONTROLLER);
+    let f = flags(&controller);
+    let ca = volume_of(&controller, &f["otp-ca-file"]);
+    assert!(ca.get("secret").is_none(), "{ca:?}");
+    let cm = s(&ca["configMap"]["name"]);
+    assert_eq!(
+        s(&o[&format!("ConfigMap/{cm}")]["metadata"]["annotations"][inject]),
+        "true"
+    );
+    let item = &ca["configMap"]["items"][0];
+    assert_eq!(
+        (s(&item["key"]), s(&item["path"])),
+        ("service-ca.crt", file_name(&f["otp-ca-file"]))
+    );
+
+    // restricted-v2 assigns UIDs: the OTP server drops its fixed one; the controller (ssh needs
+    // its passwd entry) keeps it and may use nonroot-v2.
+    let otp = pod_spec(&o, OTP);
+    for k in ["runAsUser", "runAsGroup", "fsGroup"] {
+        assert!(
+            otp["securityContext"].get(k).is_none(),
+            "OTP pod still sets {k}"
+        );
+    }
+    assert_eq!(otp["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    assert_eq!(
+        controller["securityContext"]["runAsUser"].as_u64(),
+        Some(65532)
+    );
+    assert_eq!(
+        s(
+            &o[CONTROLLER]["spec"]["template"]["metadata"]["annotations"]["openshift.io/required-scc"]
+        ),
+        "nonroot-v2"
+    );
+    let role = &o["Role/mpc-scc-nonroot-v2"];
+    assert_eq!(s(&role["metadata"]["namespace"]), NAMESPACE);
+    assert_eq!(
+        rules(role),
+        BTreeSet::from([rule(
+            "security.openshift.io",
+            "securitycontextconstraints",
+            "nonroot-v2",
+            "use"
+        )])
+    );
+    let binding = &o["RoleBinding/mpc-scc-nonroot-v2"];
+    assert_eq!(s(&binding["roleRef"]["name"]), "mpc-scc-nonroot-v2");
+    assert_eq!(
+        s(&seq(&binding["subjects"])[0]["name"]),
+        s(&controller["serviceAccountName"])
+    );
+}
+
+fn b64(v: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s(v).replace('\n', ""))
+        .unwrap()
+}
+
+#[test]
+fn mpc_certs_route_carries_the_generated_secrets_and_ca_bundle() {
+    let staged = Staged::new();
+    let o = staged.render("webhook-certs/mpc-certs");
+    let out = staged.path("webhook-certs/mpc-certs/out");
+    let read = |f: &str| std::fs::read(out.join(f)).unwrap();
+    let webhook = &o["Secret/mpc-webhook-certs"];
+    assert_eq!(s(&webhook["type"]), "kubernetes.io/tls");
+    assert_eq!(s(&webhook["metadata"]["namespace"]), NAMESPACE);
+    assert_eq!(b64(&webhook["data"]["tls.crt"]), read("webhook/tls.crt"));
+    assert_eq!(b64(&webhook["data"]["tls.key"]), read("webhook/tls.key"));
+    let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
+    assert_eq!(
+        b64(&mwc["webhooks"][0]["clientConfig"]["caBundle"]),
+        read("webhook/ca.crt")
+    );
+    let otp = &o["Secret/mpc-otp-tls"];
+    assert_eq!(s(&otp["metadata"]["namespace"]), NAMESPACE);
+    assert_eq!(b64(&otp["data"]["tls.crt"]), read("otp/tls.crt"));
+    assert_eq!(b64(&otp["data"]["ca.crt"]), read("otp/ca.crt"));
+    assert_ne!(read("otp/ca.crt"), read("webhook/ca.crt"));
+}
+
+#[test]
+fn example_installation_is_complete_and_its_host_config_valid() {
+    let o = Staged::new().render("examples");
+    // Everything a pod mounts exists in the rendered installation.
+    for dep in [CONTROLLER, OTP] {
+        for v in seq(&pod_spec(&o, dep)["volumes"]) {
+            let wanted = if let Some(name) = v["secret"]["secretName"].as_str() {
+                format!("Secret/{name}")
+            } else if let Some(name) = v["configMap"]["name"].as_str() {
+                format!("ConfigMap/{name}")
+            } else if let Some(name) = v["persistentVolumeClaim"]["claimName"].as_str() {
+                format!("PersistentVolumeClaim/{name}")
+            } else {
+                continue;
+            };
+            let obj = o
+                .get(&wanted)
+                .unwrap_or_else(|| panic!("{dep} mounts {wanted}, which is not rendered"));
+            assert_eq!(s(&obj["metadata"]["namespace"]), NAMESPACE, "{wanted}");
+            for item in seq(&v["secret"]["items"]) {
+                assert!(
+                    !obj["data"][s(&item["key"])].is_null(),
+                    "{wanted} lacks {item:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        b64(&o["Secret/mpc-otp-store-token"]["data"]["token"]),
+        b"store-token"
+    );
+    assert!(!o["Secret/mpc-otp-seal"]["data"]["key"].is_null());
+
     let cm = &o["ConfigMap/host-config"];
+    assert_eq!(s(&cm["metadata"]["namespace"]), NAMESPACE);
     let data: mpc::config::ConfigData = cm["data"]
         .as_mapping()
         .unwrap()
@@ -197,90 +779,185 @@ fn base_renders_the_expected_objects_consistently() {
     assert!(!parsed.config.local.is_empty());
 }
 
-#[test]
-fn cert_manager_overlay_issues_the_mounted_secret_and_injects_its_ca() {
-    let o = render(&repo().join("webhook-certs/cert-manager"));
-    let cert = &o["Certificate/mpc-webhook"];
-    assert_eq!(s(&cert["spec"]["secretName"]), "mpc-webhook-certs");
-    let names: Vec<&str> = cert["spec"]["dnsNames"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(s)
-        .collect();
-    assert_eq!(names, mpc::certs::service_sans("mpc-webhook", NAMESPACE));
-    let issuer = s(&cert["spec"]["issuerRef"]["name"]);
-    assert!(o.contains_key(&format!("Issuer/{issuer}")));
-    let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
-    assert_eq!(
-        s(&mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]),
-        format!("{NAMESPACE}/mpc-webhook")
-    );
+/// Metric families the controller is to export (design §8 and the scheduler's own); until it
+/// exports them, alerts may name these besides what the components' registries hold.
+const CONTROLLER_FAMILIES: [&str; 15] = [
+    "leader",
+    "queue_length",
+    "queue_oldest_seconds",
+    "actions_in_flight",
+    "action_failures",
+    "host_allocation_time",
+    "wait_time",
+    "task_run_time",
+    "provisioning_failures",
+    "provisioning_successes",
+    "cleanup_failures",
+    "host_allocation_failures",
+    "platform_pool_size",
+    "running_tasks",
+    "waiting_tasks",
+];
+
+/// Families the webhook, config, cloud and OTP metrics export today, read from their registries.
+fn exported_families() -> BTreeSet<String> {
+    let r = prometheus::Registry::new();
+    mpc::server::webhook::WebhookMetrics::register(&r).unwrap();
+    mpc::config_source::ConfigMetrics::register(&r).unwrap();
+    let cloud = mpc::cloud::metrics::CloudMetrics::new(&r).unwrap();
+    // Labelled families appear once a series exists.
+    cloud.calls(mpc::cloud::Operation::RunInstances, "success");
+    cloud.instances("linux-arm64", mpc::cloud::InstanceState::Running);
+    cloud.orphans_terminated("linux-arm64");
+    cloud.spot_fallbacks("linux-arm64");
+    cloud.launches("linux-arm64");
+    let text = mpc::metrics::encode(&r)
+        + &mpc::metrics::encode(&mpc::otp::metrics::OtpMetrics::new().registry);
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
 }
 
-#[test]
-fn openshift_overlay_annotates_service_and_webhook() {
-    let o = render(&repo().join("webhook-certs/openshift"));
-    let svc = &o["Service/mpc-webhook"];
-    assert_eq!(
-        s(&svc["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"]),
-        "mpc-webhook-certs"
-    );
-    let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
-    assert_eq!(
-        s(&mwc["metadata"]["annotations"]["service.beta.openshift.io/inject-cabundle"]),
-        "true"
-    );
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
+/// Fills in `exp_annotations` of expected alerts from the rules, with `{{ $labels.x }}` taken
+/// from `exp_labels`.
+fn fill_annotations(tests: &mut Value, annotations: &BTreeMap<String, Mapping>) {
+    for case in tests["tests"].as_sequence_mut().unwrap() {
+        for check in case["alert_rule_test"].as_sequence_mut().unwrap() {
+            let alert = s(&check["alertname"]).to_owned();
+            let Some(expected) = check["exp_alerts"].as_sequence_mut() else {
+                continue;
+            };
+            for e in expected {
+                if e.get("exp_annotations").is_some() {
+                    continue;
+                }
+                let mut filled = Mapping::new();
+                for (k, v) in &annotations[&alert] {
+                    let mut text = s(v).to_owned();
+                    while let Some(start) = text.find("{{ $labels.") {
+                        let end = start + text[start..].find(" }}").unwrap() + 3;
+                        let label = &text[start + "{{ $labels.".len()..end - 3];
+                        let value = s(&e["exp_labels"][label]).to_owned();
+                        text.replace_range(start..end, &value);
+                    }
+                    assert!(
+                        !text.contains("{{"),
+                        "{alert}: give exp_annotations for {text}"
+                    );
+                    filled.insert(k.clone(), Value::String(text));
+                }
+                e["exp_annotations"] = Value::Mapping(filled);
+            }
         }
     }
 }
 
+fn promtool_ok(args: &[&str], dir: &Path) {
+    let out = Command::new(promtool())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("promtool (installed by e2e/setup.sh; MPC_PROMTOOL overrides the path)");
+    assert!(
+        out.status.success(),
+        "promtool {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
-fn mpc_certs_overlay_carries_the_generated_secret_and_ca_bundle() {
-    // A copy of the tree, so generated keys never land in the checkout.
-    let tmp = tempfile::tempdir().unwrap();
-    copy_tree(&repo().join("manifests"), &tmp.path().join("manifests"));
-    copy_tree(
-        &repo().join("webhook-certs/mpc-certs"),
-        &tmp.path().join("webhook-certs/mpc-certs"),
+fn monitoring_scrapes_both_components_and_every_alert_passes_its_promtool_cases() {
+    let staged = Staged::new();
+    let base = staged.render("manifests");
+    let o = staged.render("manifests/monitoring");
+    assert_eq!(kinds(&o), ["PrometheusRule", "ServiceMonitor"]);
+
+    // The ServiceMonitor selects both Services by the label it uses as `job`, and scrapes their
+    // metrics port, which is each pod's admin port.
+    let sm = &o["ServiceMonitor/multi-platform-controller"]["spec"];
+    let job_label = s(&sm["jobLabel"]);
+    let selector = &seq(&sm["selector"]["matchExpressions"])[0];
+    assert_eq!(
+        (s(&selector["key"]), s(&selector["operator"])),
+        (job_label, "In")
     );
-    let out = tmp.path().join("webhook-certs/mpc-certs/out");
-    mpc::certs::run(&mpc::certs::CertsArgs {
-        service: "mpc-webhook".into(),
-        namespace: NAMESPACE.into(),
-        out: out.clone(),
-        days: 30,
-        extra_sans: Vec::new(),
-    })
+    let jobs: BTreeSet<&str> = strings(&selector["values"]).into_iter().collect();
+    let port = s(&sm["endpoints"][0]["port"]);
+    for (svc, dep) in [
+        ("Service/mpc-webhook", CONTROLLER),
+        ("Service/mpc-otp", OTP),
+    ] {
+        let job = s(&base[svc]["metadata"]["labels"][job_label]);
+        assert!(jobs.contains(job), "{svc} not scraped");
+        let sp = seq(&base[svc]["spec"]["ports"])
+            .iter()
+            .find(|p| p["name"] == port)
+            .unwrap_or_else(|| panic!("{svc} has no {port} port"));
+        assert_eq!(s(&sp["targetPort"]), "admin", "{dep}");
+    }
+
+    let rules = o["PrometheusRule/multi-platform-controller"]["spec"].clone();
+    let mut annotations = BTreeMap::new();
+    let exported = exported_families();
+    for group in seq(&rules["groups"]) {
+        for r in seq(&group["rules"]) {
+            let alert = s(&r["alert"]).to_owned();
+            let severity = s(&r["labels"]["severity"]);
+            assert!(["warning", "critical"].contains(&severity), "{alert}");
+            for a in ["summary", "description"] {
+                assert!(r["annotations"][a].is_string(), "{alert} lacks {a}");
+            }
+            // Every family an alert names exists (or is one the controller is to export).
+            let expr = s(&r["expr"]);
+            for (i, _) in expr.match_indices(mpc::metrics::PREFIX) {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let short = &name[mpc::metrics::PREFIX.len()..];
+                assert!(
+                    exported.contains(&name) || CONTROLLER_FAMILIES.contains(&short),
+                    "{alert} uses {name}, which nothing exports"
+                );
+            }
+            annotations.insert(alert, r["annotations"].as_mapping().unwrap().clone());
+        }
+    }
+
+    // Every alert has a case where it fires and one where it stays quiet.
+    let mut tests: Value = serde_norway::from_str(
+        &std::fs::read_to_string(repo().join("manifests/monitoring/alerts.test.yaml")).unwrap(),
+    )
     .unwrap();
-    let o = render(&tmp.path().join("webhook-certs/mpc-certs"));
-    let secret = &o["Secret/mpc-webhook-certs"];
-    assert_eq!(s(&secret["type"]), "kubernetes.io/tls");
-    assert_eq!(s(&secret["metadata"]["namespace"]), NAMESPACE);
-    use base64::Engine as _;
-    let b64 = |v: &Value| {
-        base64::engine::general_purpose::STANDARD
-            .decode(s(v).replace('\n', ""))
-            .unwrap()
-    };
-    assert_eq!(
-        b64(&secret["data"]["tls.crt"]),
-        std::fs::read(out.join("tls.crt")).unwrap()
-    );
-    let mwc = &o["MutatingWebhookConfiguration/multi-platform-controller"];
-    assert_eq!(
-        b64(&mwc["webhooks"][0]["clientConfig"]["caBundle"]),
-        std::fs::read(out.join("ca.crt")).unwrap()
-    );
+    let (mut fires, mut quiet) = (BTreeSet::new(), BTreeSet::new());
+    for case in seq(&tests["tests"]) {
+        for check in seq(&case["alert_rule_test"]) {
+            let name = s(&check["alertname"]).to_owned();
+            if seq(&check["exp_alerts"]).is_empty() {
+                quiet.insert(name);
+            } else {
+                fires.insert(name);
+            }
+        }
+    }
+    let alerts: BTreeSet<String> = annotations.keys().cloned().collect();
+    assert_eq!(fires, alerts, "alerts without a firing case");
+    assert_eq!(quiet, alerts, "alerts without a quiet case");
+    fill_annotations(&mut tests, &annotations);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_norway::to_string(&rules).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("alerts.test.yaml"),
+        serde_norway::to_string(&tests).unwrap(),
+    )
+    .unwrap();
+    promtool_ok(&["check", "rules", "rules.yaml"], dir.path());
+    promtool_ok(&["test", "rules", "alerts.test.yaml"], dir.path());
 }

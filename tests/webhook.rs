@@ -23,6 +23,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::ServiceExt;
 
+mod support;
+use support::promtool;
+
 const SERVICE: &str = "mpc-webhook";
 const NAMESPACE: &str = "mpc";
 const SERVER_NAME: &str = "mpc-webhook.mpc.svc";
@@ -219,12 +222,6 @@ async fn readiness_needs_cert_and_config_and_drops_on_shutdown() {
     let (status, body) = call(&a.admin, "GET", "/readyz", Vec::new()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(String::from_utf8_lossy(&body).contains("shutting down"));
-}
-
-fn promtool() -> PathBuf {
-    std::env::var_os("MPC_PROMTOOL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("promtool"))
 }
 
 #[tokio::test]

@@ -41,7 +41,7 @@ impl Cluster {
         })
         .unwrap();
         let args =
-            WebhookArgs::with_config(repo_file("manifests/host-config.yaml"), certs.clone());
+            WebhookArgs::with_config(repo_file("examples/host-config.yaml"), certs.clone());
         let controller = WebhookServer::start(&args, prometheus::Registry::new())
             .await
             .unwrap();
