@@ -101,6 +101,7 @@ fn start_server(dir: &Path) -> Server {
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpc"));
     cmd.arg("controller")
+        .arg("--webhook-only")
         .arg(format!("--config={}", config.display()))
         .arg(format!("--cert-dir={}", certs.display()))
         .arg(format!("--webhook-addr={webhook}"))

@@ -301,8 +301,16 @@ impl Product {
         Ok(())
     }
 
-    /// Starts an `mpc controller` replica named `identity`; returns its index.
-    pub fn start_controller(&mut self, identity: &str) -> anyhow::Result<usize> {
+    /// Starts an `mpc controller` replica named `identity` and waits until it is ready; returns
+    /// its index.
+    pub async fn start_controller(&mut self, identity: &str) -> anyhow::Result<usize> {
+        let i = self.spawn_controller(identity)?;
+        self.wait_ready(i).await?;
+        Ok(i)
+    }
+
+    /// Starts an `mpc controller` replica without waiting for it.
+    pub fn spawn_controller(&mut self, identity: &str) -> anyhow::Result<usize> {
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         // Every replica serves the webhook; tests route the Service to the first one's port.
         let webhook_port = if self
@@ -345,6 +353,47 @@ impl Product {
         }
         self.controllers.push(p);
         Ok(self.controllers.len() - 1)
+    }
+
+    /// Waits until controller `i` answers `/readyz` (config and certificate loaded).
+    pub async fn wait_ready(&mut self, i: usize) -> anyhow::Result<()> {
+        let url = format!("http://{}/readyz", self.controllers[i].admin);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = tokio::process::Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", &url])
+                .output()
+                .await?;
+            if out.stdout == b"200" {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                self.controllers[i].alive() && tokio::time::Instant::now() < deadline,
+                "controller {} not ready:\n{}",
+                self.controllers[i].name,
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Polls `check` every 50 ms until it returns `Some`; panics after `timeout` naming `what`,
+    /// with every process's log as it is then.
+    pub async fn wait<T, F, Fut>(&self, timeout: Duration, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!("timed out after {timeout:?} waiting for {what}\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Creates a TaskRun of `platform` whose inline Task mounts the secret and runs the
@@ -430,8 +479,9 @@ impl Product {
         let mut out = String::new();
         for p in self.controllers.iter().chain(std::iter::once(&self.otp)) {
             let text = p.log_text();
-            let tail: Vec<&str> = text.lines().rev().take(80).collect();
             out.push_str(&format!("==== {} ({})\n", p.name, p.log.display()));
+            let text = strip_ansi(&text);
+            let tail: Vec<&str> = text.lines().rev().take(80).collect();
             for l in tail.into_iter().rev() {
                 out.push_str(l);
                 out.push('\n');
@@ -520,4 +570,22 @@ fn start_otp(
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(p)
+}
+
+/// Log text without terminal colour codes.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -292,8 +292,10 @@ impl Tekton {
         let dir = tempfile::Builder::new().prefix("e2e-step-").tempdir()?;
         let home = dir.path().join("home");
         std::fs::create_dir_all(&home)?;
-        let mounts = self.materialise_volumes(ns, &spec, dir.path()).await?;
         let params = params_of(&tr, &spec);
+        let mounts = self
+            .materialise_volumes(ns, &spec, dir.path(), &params, &tr)
+            .await?;
         let mut out = StepRun {
             exit_code: 0,
             stdout: String::new(),
@@ -352,6 +354,8 @@ impl Tekton {
         ns: &str,
         spec: &Value,
         root: &Path,
+        params: &BTreeMap<String, String>,
+        tr: &Value,
     ) -> Result<BTreeMap<String, PathBuf>, Error> {
         let secrets: Api<k8s_openapi::api::core::v1::Secret> =
             Api::namespaced(self.client.clone(), ns);
@@ -361,6 +365,9 @@ impl Tekton {
             let dir = root.join("volumes").join(vname);
             std::fs::create_dir_all(&dir)?;
             if let Some(sname) = v["secret"]["secretName"].as_str() {
+                // Tekton substitutes params and context in volumes too (Konflux tasks name
+                // `multi-platform-ssh-$(context.taskRun.name)`).
+                let sname = &substitute(sname, params, tr);
                 let optional = v["secret"]["optional"].as_bool() == Some(true);
                 match secrets.get_opt(sname).await? {
                     Some(s) => {

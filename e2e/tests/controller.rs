@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use e2e::apiserver::testing::eventually;
 use e2e::product::Product;
 use e2e::sshd::user_exists;
 use e2e::tekton::{Outcome, RunOptions};
@@ -29,8 +28,8 @@ async fn secret_with(
     name: &str,
     key: &str,
 ) -> std::collections::BTreeMap<String, String> {
-    let what = format!("secret of {ns}/{name} with {key}\n{}", p.logs());
-    eventually(T, &what, || async {
+    let what = format!("secret of {ns}/{name} with {key}");
+    p.wait(T, &what, || async {
         p.secret(ns, name).await.filter(|s| s.contains_key(key))
     })
     .await
@@ -38,8 +37,8 @@ async fn secret_with(
 
 /// Waits until the TaskRun is cleaned up: no secret, no finalizer of ours.
 async fn cleaned_up(p: &Product, ns: &str, name: &str) {
-    let what = format!("cleanup of {ns}/{name}\n{}", p.logs());
-    eventually(T, &what, || async {
+    let what = format!("cleanup of {ns}/{name}");
+    p.wait(T, &what, || async {
         let tr = p.taskrun(ns, name).await;
         let gone = tr
             .as_ref()
@@ -52,7 +51,7 @@ async fn cleaned_up(p: &Product, ns: &str, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
     let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)]).await.unwrap();
-    p.start_controller("c1").unwrap();
+    p.start_controller("c1").await.unwrap();
     p.create_taskrun("tenant-a", "build-1", "linux/arm64", json!({}))
         .await
         .unwrap();
@@ -87,7 +86,7 @@ async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
     assert_eq!(run.outcome, Outcome::Succeeded);
 
     cleaned_up(&p, "tenant-a", "build-1").await;
-    eventually(T, "the build user removed from the host", || async {
+    p.wait(T, "the build user removed from the host", || async {
         (!user_exists(&user)).then_some(())
     })
     .await;
@@ -99,15 +98,20 @@ async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
     let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
-    p.start_controller("c1").unwrap();
+    p.start_controller("c1").await.unwrap();
     p.create_taskrun("tenant-a", "local-1", "linux/amd64", json!({}))
         .await
         .unwrap();
     let s = secret_with(&p, "tenant-a", "local-1", "host").await;
     assert_eq!(s["host"], "localhost");
     assert_eq!(s.len(), 1);
-    let tr = p.taskrun("tenant-a", "local-1").await.unwrap();
-    assert_eq!(label(&tr, contract::ASSIGNED_HOST_LABEL), Some("localhost"));
+    let tr = p
+        .wait(T, "assigned-host=localhost", || async {
+            p.taskrun("tenant-a", "local-1")
+                .await
+                .filter(|t| label(t, contract::ASSIGNED_HOST_LABEL) == Some("localhost"))
+        })
+        .await;
     assert_eq!(
         label(&tr, contract::TARGET_PLATFORM_LABEL),
         Some("linux-amd64")
@@ -120,7 +124,7 @@ async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
         .unwrap();
     assert_eq!(run.exit_code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("built-in-pod"));
-    eventually(T, "local secret deleted", || async {
+    p.wait(T, "local secret deleted", || async {
         p.secret("tenant-a", "local-1").await.is_none().then_some(())
     })
     .await;

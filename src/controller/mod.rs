@@ -76,15 +76,18 @@ pub struct ControllerArgs {
     /// Name of the host-config ConfigMap (watched unless `--config` names a file).
     #[arg(long, env = "MPC_CONFIG_MAP", default_value = crate::contract::HOST_CONFIG_NAME)]
     pub config_map: String,
+    /// Serve the webhook only: never take the Lease or schedule (no OTP settings needed).
+    #[arg(long)]
+    pub webhook_only: bool,
     /// OTP server base URL the controller stores keys at (`https://...`).
-    #[arg(long, env = "MPC_OTP_URL")]
-    pub otp_url: String,
+    #[arg(long, env = "MPC_OTP_URL", required_unless_present = "webhook_only")]
+    pub otp_url: Option<String>,
     /// PEM CA that verifies the OTP server (also written into each secret as `otp-ca`).
-    #[arg(long, env = "MPC_OTP_CA_FILE")]
-    pub otp_ca_file: PathBuf,
+    #[arg(long, env = "MPC_OTP_CA_FILE", required_unless_present = "webhook_only")]
+    pub otp_ca_file: Option<PathBuf>,
     /// File with the bearer token `/store-key` requires.
-    #[arg(long, env = "MPC_OTP_STORE_TOKEN_FILE")]
-    pub otp_store_token_file: PathBuf,
+    #[arg(long, env = "MPC_OTP_STORE_TOKEN_FILE", required_unless_present = "webhook_only")]
+    pub otp_store_token_file: Option<PathBuf>,
     /// This cluster's identity, tagged on every instance it launches; default: the UID of the
     /// `kube-system` namespace.
     #[arg(long, env = "MPC_CLUSTER_ID")]
@@ -180,23 +183,64 @@ async fn cluster_id(client: &kube::Client, args: &ControllerArgs) -> Result<Stri
 pub struct Controller {
     webhook: WebhookServer,
     stop: CancellationToken,
-    inputs: mpsc::Sender<Input>,
+    inputs: Option<mpsc::Sender<Input>>,
     tasks: tokio::task::JoinSet<()>,
 }
 
 impl Controller {
     /// Starts every part: webhook server, config watch, TaskRun watch, election, loop.
     pub async fn start(args: &ControllerArgs, registry: Registry) -> Result<Self, ControllerError> {
-        let client = kube_client(args).await?;
         let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
+        let stop = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let client = if args.webhook_only && args.webhook.config.is_some() {
+            None
+        } else {
+            Some(kube_client(args).await?)
+        };
+        let recorder = |client: &kube::Client, instance: &str| {
+            Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "multi-platform-controller".into(),
+                    instance: Some(instance.to_owned()),
+                },
+            )
+        };
+        let identity = args
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        if let (Some(client), None) = (&client, &args.webhook.config) {
+            tasks.spawn(watch_config_map(
+                client.clone(),
+                args.namespace.clone(),
+                recorder(client, &identity),
+                args.config_map.clone(),
+                config.clone(),
+                stop.clone(),
+            ));
+        }
+        if args.webhook_only {
+            let webhook = WebhookServer::start_with(&args.webhook, registry, config).await?;
+            return Ok(Controller {
+                webhook,
+                stop,
+                inputs: None,
+                tasks,
+            });
+        }
+        let client = client.expect("created unless webhook-only with a file");
         let metrics = ControllerMetrics::register(&registry)?;
         let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
 
-        let ca_pem = read(&args.otp_ca_file)?;
-        let token = String::from_utf8_lossy(&read(&args.otp_store_token_file)?)
+        let required = |v: &Option<PathBuf>| v.clone().ok_or_else(|| ControllerError::Otp("--otp-url, --otp-ca-file and --otp-store-token-file are required".into()));
+        let ca_pem = read(&required(&args.otp_ca_file)?)?;
+        let token = String::from_utf8_lossy(&read(&required(&args.otp_store_token_file)?)?)
             .trim()
             .to_owned();
-        let otp = OtpClient::new(&args.otp_url, &ca_pem, Zeroizing::new(token))
+        let url = args.otp_url.clone().unwrap_or_default();
+        let otp = OtpClient::new(&url, &ca_pem, Zeroizing::new(token))
             .map_err(|e| ControllerError::Otp(e.to_string()))?;
         let otp_endpoint = patch::OtpEndpoint {
             url: otp.otp_url(),
@@ -205,14 +249,6 @@ impl Controller {
         let cluster = cluster_id(&client, args).await?;
         let provisioner = Provisioner::new(SshOptions::new(&args.ssh_state_dir))
             .map_err(|e| ControllerError::Ssh(e.to_string()))?;
-        let identity = args.identity.clone().unwrap_or_else(|| {
-            format!(
-                "{}-{}",
-                hostname(),
-                std::process::id()
-            )
-        });
-        let stop = CancellationToken::new();
         let ctx = Context {
             client: client.clone(),
             namespace: args.namespace.clone(),
@@ -223,13 +259,7 @@ impl Controller {
                 cluster.clone(),
                 args.ec2_endpoint.clone(),
             )),
-            recorder: Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "multi-platform-controller".into(),
-                    instance: Some(identity.clone()),
-                },
-            ),
+            recorder: recorder(&client, &identity),
             metrics: metrics.clone(),
             limits: Arc::new(Limits::default()),
             cancel: stop.child_token(),
@@ -237,18 +267,9 @@ impl Controller {
         tracing::info!(%identity, cluster = %cluster, namespace = %args.namespace, "controller starting");
 
         let (tx, rx) = mpsc::channel(1024);
-        let mut tasks = tokio::task::JoinSet::new();
         let driver = Driver::new(ctx.clone(), Policy::mpc(), tx.clone());
         tasks.spawn(driver.run(rx));
         tasks.spawn(driver::watch_taskruns(client.clone(), tx.clone(), stop.clone()));
-        if args.webhook.config.is_none() {
-            tasks.spawn(watch_config_map(
-                ctx.clone(),
-                args.config_map.clone(),
-                config.clone(),
-                stop.clone(),
-            ));
-        }
         tasks.spawn(forward_config(config.subscribe(), tx.clone(), stop.clone()));
 
         let (lead_tx, lead_rx) = watch::channel(false);
@@ -267,7 +288,7 @@ impl Controller {
         Ok(Controller {
             webhook,
             stop,
-            inputs: tx,
+            inputs: Some(tx),
             tasks,
         })
     }
@@ -280,7 +301,9 @@ impl Controller {
     /// Graceful shutdown: unready, stop scheduling (in-flight work is cancelled; the next leader
     /// recovers it), release the Lease, drain the webhook.
     pub async fn shutdown(mut self) {
-        let _ = self.inputs.send(Input::Shutdown).await;
+        if let Some(inputs) = &self.inputs {
+            let _ = inputs.send(Input::Shutdown).await;
+        }
         self.stop.cancel();
         self.webhook.shutdown().await;
         while self.tasks.join_next().await.is_some() {}
@@ -327,12 +350,19 @@ async fn forward_leadership(mut rx: watch::Receiver<bool>, tx: mpsc::Sender<Inpu
 }
 
 /// Watches the host-config ConfigMap and publishes it; problems are reported as Events on it.
-async fn watch_config_map(ctx: Context, name: String, source: ConfigSource, stop: CancellationToken) {
+async fn watch_config_map(
+    client: kube::Client,
+    namespace: String,
+    recorder: Recorder,
+    name: String,
+    source: ConfigSource,
+    stop: CancellationToken,
+) {
     use kube::runtime::WatchStreamExt;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(api, cfg).default_backoff().boxed();
-    let origin = format!("ConfigMap {}/{name}", ctx.namespace);
+    let origin = format!("ConfigMap {namespace}/{name}");
     loop {
         let next = tokio::select! {
             () = stop.cancelled() => return,
@@ -373,10 +403,11 @@ async fn watch_config_map(ctx: Context, name: String, source: ConfigSource, stop
             api_version: Some("v1".into()),
             kind: Some("ConfigMap".into()),
             name: Some(name.clone()),
-            namespace: Some(ctx.namespace.clone()),
+            namespace: Some(namespace.clone()),
             ..Default::default()
         };
-        execute::kube::publish(&ctx, reference, true, "InvalidConfig", &message).await;
+        execute::kube::publish_with(&recorder, None, reference, true, "InvalidConfig", &message)
+            .await;
     }
 }
 

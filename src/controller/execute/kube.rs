@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use serde_json::Value;
 
 use super::Context;
@@ -358,6 +358,18 @@ pub async fn publish(
     reason: &str,
     message: &str,
 ) {
+    publish_with(&ctx.recorder, Some(&ctx.limits.events), reference, warning, reason, message).await;
+}
+
+/// [`publish`] through `recorder`, at most as many at once as `limit` allows.
+pub async fn publish_with(
+    recorder: &Recorder,
+    limit: Option<&tokio::sync::Semaphore>,
+    reference: ObjectReference,
+    warning: bool,
+    reason: &str,
+    message: &str,
+) {
     let ev = KubeEvent {
         type_: if warning {
             EventType::Warning
@@ -370,8 +382,11 @@ pub async fn publish(
         action: "Allocate".to_owned(),
         secondary: None,
     };
-    let _permit = ctx.limits.events.acquire().await;
-    let sent = tokio::time::timeout(REQUEST_TIMEOUT, ctx.recorder.publish(&ev, &reference)).await;
+    let _permit = match limit {
+        Some(l) => l.acquire().await.ok(),
+        None => None,
+    };
+    let sent = tokio::time::timeout(REQUEST_TIMEOUT, recorder.publish(&ev, &reference)).await;
     match sent {
         Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::debug!(%error, reason, "event not recorded"),
