@@ -50,7 +50,9 @@ async fn cleaned_up(p: &Product, ns: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)]).await.unwrap();
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
     p.start_controller("c1").await.unwrap();
     p.create_taskrun("tenant-a", "build-1", "linux/arm64", json!({}))
         .await
@@ -75,7 +77,14 @@ async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
         .run_steps("tenant-a", "build-1", RunOptions::default())
         .await
         .unwrap();
-    assert_eq!(run.exit_code, 0, "{}\n{}\n{}", run.stdout, run.stderr, p.logs());
+    assert_eq!(
+        run.exit_code,
+        0,
+        "{}\n{}\n{}",
+        run.stdout,
+        run.stderr,
+        p.logs()
+    );
     assert!(
         run.stdout.contains(&format!(
             "built-by={user} in=/home/{user} source=source of build-1"
@@ -116,7 +125,10 @@ async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
         label(&tr, contract::TARGET_PLATFORM_LABEL),
         Some("linux-amd64")
     );
-    assert!(finalizers(&tr).is_empty(), "local TaskRuns get no finalizer");
+    assert!(
+        finalizers(&tr).is_empty(),
+        "local TaskRuns get no finalizer"
+    );
     let run = p
         .tekton
         .run_steps("tenant-a", "local-1", RunOptions::default())
@@ -125,7 +137,405 @@ async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
     assert_eq!(run.exit_code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("built-in-pod"));
     p.wait(T, "local secret deleted", || async {
-        p.secret("tenant-a", "local-1").await.is_none().then_some(())
+        p.secret("tenant-a", "local-1")
+            .await
+            .is_none()
+            .then_some(())
     })
     .await;
+}
+
+/// Nothing left behind: no secret of ours, no finalizer of ours, no build user for `names`.
+async fn assert_clean(p: &Product, names: &[(&str, &str)]) {
+    for (ns, name) in names {
+        cleaned_up(p, ns, name).await;
+        let user = contract::remote_user_name(name, ns);
+        p.wait(
+            T,
+            &format!("user {user} of {ns}/{name} removed"),
+            || async { (!user_exists(&user)).then_some(()) },
+        )
+        .await;
+    }
+}
+
+/// Runs the steps of a started TaskRun (its build reaches the host) and reports success.
+async fn build(p: &Product, ns: &str, name: &str) {
+    let run = p
+        .tekton
+        .run_steps(ns, name, RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        run.exit_code,
+        0,
+        "{ns}/{name}: {}\n{}\n{}",
+        run.stdout,
+        run.stderr,
+        p.logs()
+    );
+}
+
+/// TaskRuns of `names` that hold a remote secret now.
+async fn holding(p: &Product, names: &[(&str, &str)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (ns, name) in names {
+        if p.secret(ns, name)
+            .await
+            .is_some_and(|s| s.contains_key("otp"))
+        {
+            out.push(format!("{ns}/{name}"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slot_five_taskruns_two_namespaces_fair_order_each_served_on_release() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    let all = [
+        ("tenant-a", "a1"),
+        ("tenant-a", "a2"),
+        ("tenant-a", "a3"),
+        ("tenant-b", "b1"),
+        ("tenant-b", "b2"),
+    ];
+    for (ns, name) in all {
+        p.hosts[0]
+            .sshd
+            .track_user(&contract::remote_user_name(name, ns));
+        p.create_taskrun(ns, name, "linux/arm64", json!({}))
+            .await
+            .unwrap();
+    }
+    let mut order = Vec::new();
+    for _ in 0..all.len() {
+        let next = p
+            .wait(T, "the next TaskRun to get the slot", || async {
+                let h = holding(&p, &all).await;
+                assert!(h.len() <= 1, "host over its concurrency: {h:?}");
+                h.into_iter().find(|x| !order.contains(x))
+            })
+            .await;
+        // Everyone else still waits, labelled so.
+        for (ns, name) in all {
+            let id = format!("{ns}/{name}");
+            if id != next && !order.contains(&id) {
+                let tr = p.taskrun(ns, name).await.unwrap();
+                assert_eq!(
+                    label(&tr, contract::WAITING_FOR_PLATFORM_LABEL),
+                    Some("linux-arm64"),
+                    "{id} waits"
+                );
+            }
+        }
+        let (ns, name) = next.split_once('/').unwrap();
+        build(&p, ns, name).await;
+        order.push(next);
+    }
+    // FIFO per namespace, round-robin across namespaces.
+    assert_eq!(
+        order,
+        [
+            "tenant-a/a1",
+            "tenant-a/a2",
+            "tenant-b/b1",
+            "tenant-a/a3",
+            "tenant-b/b2"
+        ],
+        "{}",
+        p.logs()
+    );
+    assert_clean(&p, &all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_never_mounts_the_secret_is_released_without_a_host() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    // A referenced Task (as show-sbom: takes PLATFORM, mounts nothing): the webhook cannot tell
+    // at CREATE, the controller learns it from the resolved spec.
+    p.api
+        .create(json!({
+            "apiVersion": "tekton.dev/v1", "kind": "Task",
+            "metadata": {"name": "show-sbom", "namespace": "tenant-a"},
+            "spec": {"params": [{"name": "PLATFORM", "type": "string"}],
+                     "steps": [{"name": "show", "image": "x", "script": "echo sbom for $(params.PLATFORM)"}]}
+        }))
+        .await
+        .unwrap();
+    for name in ["sbom-1", "sbom-2"] {
+        let tr = p
+            .create_taskrun(
+                "tenant-a",
+                name,
+                "linux/arm64",
+                json!({"spec": {"taskSpec": null, "taskRef": {"name": "show-sbom"}}}),
+            )
+            .await
+            .unwrap();
+        assert!(
+            finalizers(&tr).iter().any(|f| f == FINALIZER),
+            "webhook marked it"
+        );
+        p.wait(T, "the finalizer released", || async {
+            p.taskrun("tenant-a", name)
+                .await
+                .filter(|t| !finalizers(t).iter().any(|f| f == FINALIZER))
+        })
+        .await;
+        let run = p
+            .tekton
+            .run_steps("tenant-a", name, RunOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(run.exit_code, 0, "{}", run.stderr);
+        assert!(run.stdout.contains("sbom for linux/arm64"));
+        assert!(p.secret("tenant-a", name).await.is_none());
+        assert!(!user_exists(&contract::remote_user_name(name, "tenant-a")));
+    }
+    // The host was never taken: a mounting TaskRun gets it at once.
+    p.create_taskrun("tenant-a", "build-1", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("build-1", "tenant-a"));
+    secret_with(&p, "tenant-a", "build-1", "otp").await;
+    build(&p, "tenant-a", "build-1").await;
+    assert_clean(&p, &[("tenant-a", "build-1")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    let user = contract::remote_user_name("doomed", "tenant-a");
+    p.hosts[0].sshd.track_user(&user);
+    // A frozen host: the provisioning hangs in its SSH connection.
+    p.hosts[0].sshd.freeze();
+    p.create_taskrun("tenant-a", "doomed", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.wait(T, "assigned to h1 (provisioning under way)", || async {
+        p.taskrun("tenant-a", "doomed")
+            .await
+            .filter(|t| label(t, contract::ASSIGNED_HOST_LABEL) == Some("h1"))
+    })
+    .await;
+    p.delete_taskrun("tenant-a", "doomed").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let tr = p.taskrun("tenant-a", "doomed").await.unwrap();
+    assert!(
+        finalizers(&tr).iter().any(|f| f == FINALIZER),
+        "held while the user may exist"
+    );
+    p.hosts[0].sshd.thaw();
+    p.wait(T, "the TaskRun gone", || async {
+        p.taskrun("tenant-a", "doomed")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        !user_exists(&user),
+        "the user provisioned meanwhile was removed"
+    );
+    assert!(p.secret("tenant-a", "doomed").await.is_none());
+    // The slot is free again.
+    p.create_taskrun("tenant-a", "next", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("next", "tenant-a"));
+    secret_with(&p, "tenant-a", "next", "otp").await;
+    build(&p, "tenant-a", "next").await;
+    assert_clean(&p, &[("tenant-a", "next")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_and_recreated_with_the_same_name_is_a_new_taskrun() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    let user = contract::remote_user_name("same", "tenant-a");
+    p.hosts[0].sshd.track_user(&user);
+    let first = p
+        .create_taskrun("tenant-a", "same", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    let s1 = secret_with(&p, "tenant-a", "same", "otp").await;
+    p.delete_taskrun("tenant-a", "same").await;
+    p.wait(T, "the first TaskRun gone", || async {
+        p.taskrun("tenant-a", "same").await.is_none().then_some(())
+    })
+    .await;
+    let second = p
+        .create_taskrun("tenant-a", "same", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    assert_ne!(first["metadata"]["uid"], second["metadata"]["uid"]);
+    let s2 = p
+        .wait(T, "a fresh secret for the new TaskRun", || async {
+            p.secret("tenant-a", "same")
+                .await
+                .filter(|s| s.get("otp").is_some_and(|o| *o != s1["otp"]))
+        })
+        .await;
+    assert_ne!(s1["otp"], s2["otp"]);
+    build(&p, "tenant-a", "same").await;
+    assert_clean(&p, &[("tenant-a", "same")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_provision_then_restart_recovers_and_serves() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    let c1 = p.start_controller("c1").await.unwrap();
+    let user = contract::remote_user_name("survivor", "tenant-a");
+    p.hosts[0].sshd.track_user(&user);
+    p.hosts[0].sshd.freeze();
+    p.create_taskrun("tenant-a", "survivor", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.wait(T, "assigned to h1 (provisioning under way)", || async {
+        p.taskrun("tenant-a", "survivor")
+            .await
+            .filter(|t| label(t, contract::ASSIGNED_HOST_LABEL) == Some("h1"))
+    })
+    .await;
+    p.controllers[c1].kill();
+    p.hosts[0].sshd.thaw();
+    // Another TaskRun arrives while no controller runs: it waits for the slot.
+    p.create_taskrun("tenant-b", "later", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("later", "tenant-b"));
+    p.start_controller("c1-restarted").await.unwrap();
+    secret_with(&p, "tenant-a", "survivor", "otp").await;
+    let names = [("tenant-a", "survivor"), ("tenant-b", "later")];
+    assert_eq!(holding(&p, &names).await, ["tenant-a/survivor"]);
+    build(&p, "tenant-a", "survivor").await;
+    secret_with(&p, "tenant-b", "later", "otp").await;
+    build(&p, "tenant-b", "later").await;
+    assert_clean(&p, &names).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_lease_the_survivor_takes_over() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 2)])
+        .await
+        .unwrap();
+    let a = p.start_controller("replica-a").await.unwrap();
+    let b = p.start_controller("replica-b").await.unwrap();
+    let leader = |text: &str| {
+        text.lines()
+            .any(|l| l == "multi_platform_controller_leader 1")
+    };
+    let (leading, other) = p
+        .wait(T, "exactly one leader", || async {
+            let (ma, mb) = (
+                p.controllers[a].metrics().await,
+                p.controllers[b].metrics().await,
+            );
+            match (leader(&ma), leader(&mb)) {
+                (true, false) => Some((a, b)),
+                (false, true) => Some((b, a)),
+                _ => None,
+            }
+        })
+        .await;
+    p.create_taskrun("tenant-a", "one", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("one", "tenant-a"));
+    secret_with(&p, "tenant-a", "one", "otp").await;
+    // The leader dies without releasing; the other takes over within the Lease duration.
+    p.controllers[leading].kill();
+    let took_over = std::time::Instant::now();
+    p.wait(T, "the survivor leads", || async {
+        leader(&p.controllers[other].metrics().await).then_some(())
+    })
+    .await;
+    assert!(took_over.elapsed() < Duration::from_secs(15));
+    p.create_taskrun("tenant-b", "two", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("two", "tenant-b"));
+    secret_with(&p, "tenant-b", "two", "otp").await;
+    let names = [("tenant-a", "one"), ("tenant-b", "two")];
+    build(&p, "tenant-a", "one").await;
+    build(&p, "tenant-b", "two").await;
+    assert_clean(&p, &names).await;
+    // Graceful shutdown releases the Lease: a new replica leads at once.
+    assert!(p.controllers[other].terminate(Duration::from_secs(20)));
+    let c = p.start_controller("replica-c").await.unwrap();
+    let released = std::time::Instant::now();
+    p.wait(T, "the new replica leads", || async {
+        leader(&p.controllers[c].metrics().await).then_some(())
+    })
+    .await;
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "took {:?}: the Lease was not released",
+        released.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_conflicts_errors_dropped_watches_compaction_and_a_restart() {
+    use e2e::apiserver::faults::{RequestMatch, Verb};
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    let names = [("tenant-a", "f1"), ("tenant-b", "f2"), ("tenant-a", "f3")];
+    for (ns, name) in names {
+        p.hosts[0]
+            .sshd
+            .track_user(&contract::remote_user_name(name, ns));
+    }
+    let faults = p.api.faults();
+    faults.fail_next(RequestMatch::on(Verb::Patch, "taskruns"), 409, 3);
+    faults.fail_next(RequestMatch::on(Verb::Create, "secrets"), 500, 3);
+    p.create_taskrun("tenant-a", "f1", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    secret_with(&p, "tenant-a", "f1", "otp").await;
+    p.create_taskrun("tenant-b", "f2", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.api.drop_watches();
+    build(&p, "tenant-a", "f1").await;
+    secret_with(&p, "tenant-b", "f2", "otp").await;
+    // Compacted history: the controller's watch resumes with 410 and relists.
+    p.api.compact();
+    p.api.drop_watches();
+    p.create_taskrun("tenant-a", "f3", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    faults.fail_next(RequestMatch::on(Verb::Patch, "taskruns"), 500, 2);
+    build(&p, "tenant-b", "f2").await;
+    secret_with(&p, "tenant-a", "f3", "otp").await;
+    // The API server restarts (history compacted) while f3 builds.
+    p.api.restart(true).await.unwrap();
+    build(&p, "tenant-a", "f3").await;
+    assert_clean(&p, &names).await;
 }

@@ -84,6 +84,9 @@ struct Term {
 pub struct Driver {
     base: Context,
     policy: Policy,
+    /// The served config, for the safety-net scan.
+    config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
+    adopt_every: Duration,
     index: HashMap<String, Entry>,
     memo: MountMemo,
     /// UIDs seen since the watch's last `Init` (a relist in progress).
@@ -113,11 +116,19 @@ pub fn now() -> Time {
 
 impl Driver {
     /// A driver executing with `base` (its `cancel` is the process's; each term gets a child).
-    pub fn new(base: Context, policy: Policy, inputs_tx: mpsc::Sender<Input>) -> Self {
+    pub fn new(
+        base: Context,
+        policy: Policy,
+        inputs_tx: mpsc::Sender<Input>,
+        config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
+        adopt_every: Duration,
+    ) -> Self {
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         Driver {
             base,
             policy,
+            config_rx,
+            adopt_every,
             index: HashMap::new(),
             memo: MountMemo::default(),
             relist: None,
@@ -251,7 +262,10 @@ impl Driver {
                         },
                     );
                 }
-                if needs_finalizer && self.is_remote(&spec.platform) && self.finalizing.insert(uid.to_owned()) {
+                if needs_finalizer
+                    && self.is_remote(&spec.platform)
+                    && self.finalizing.insert(uid.to_owned())
+                {
                     let r = TaskRunRef::new(ns, name, Uid::new(uid));
                     self.controller_job(Job::AddFinalizer(r));
                 }
@@ -403,7 +417,13 @@ impl Driver {
         if let Some(lane) = &done.lane
             && let Some(next) = term.lanes.finish(lane)
         {
-            spawn_job(&term.ctx, term.id, done.lane.clone(), next, &self.results_tx);
+            spawn_job(
+                &term.ctx,
+                term.id,
+                done.lane.clone(),
+                next,
+                &self.results_tx,
+            );
         }
         for ev in done.events {
             self.feed(ev);
@@ -421,7 +441,11 @@ impl Driver {
         self.next_term += 1;
         let mut ctx = self.base.clone();
         ctx.cancel = self.base.cancel.child_token();
-        tracing::info!(term = id, live = self.index.len(), "leading: rebuilding the ledger");
+        tracing::info!(
+            term = id,
+            live = self.index.len(),
+            "leading: rebuilding the ledger"
+        );
         let records: Vec<(TaskRunRecord, bool)> = self
             .index
             .values()
@@ -434,6 +458,11 @@ impl Driver {
                 let _ = tx.send(Input::Recovered { term: id, snapshot }).await;
             }
         });
+        tokio::spawn(super::adopt::run(
+            ctx.clone(),
+            self.config_rx.clone(),
+            self.adopt_every,
+        ));
         self.term = Some(Term {
             id,
             ctx,
@@ -483,7 +512,10 @@ impl Driver {
     fn end_term(&mut self) {
         if let Some(term) = self.term.take() {
             term.ctx.cancel.cancel();
-            tracing::info!(term = term.id, "term ended: executor cancelled, scheduler dropped");
+            tracing::info!(
+                term = term.id,
+                "term ended: executor cancelled, scheduler dropped"
+            );
         }
         self.finalizing.clear();
         self.ungating.clear();
@@ -504,8 +536,12 @@ impl Driver {
 fn lane_of(action: &Action) -> Option<LaneKey> {
     let tr = |r: &TaskRunRef| Some(LaneKey::TaskRun(r.uid().to_string().into()));
     match action {
+        // A user on a host: its creation is ordered with its removals (a compensation, or a
+        // failed attempt's cleanup on the host the retry lands on again).
+        Action::Provision { taskrun, host, .. } => {
+            Some(LaneKey::HostUser(host.name().into(), taskrun.remote_user()))
+        }
         Action::Record { taskrun, .. }
-        | Action::Provision { taskrun, .. }
         | Action::WriteSecret { taskrun, .. }
         | Action::DeleteSecret { taskrun }
         | Action::Ungate { taskrun }
@@ -530,11 +566,7 @@ fn spawn_job(
     let (ctx, results) = (ctx.clone(), results.clone());
     tokio::spawn(async move {
         let events = execute::run(&ctx, job).await;
-        let _ = results.send(Completion {
-            term,
-            lane,
-            events,
-        });
+        let _ = results.send(Completion { term, lane, events });
     });
 }
 

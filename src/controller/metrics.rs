@@ -57,8 +57,9 @@ impl ControllerMetrics {
         let counter = |n: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name(n), help), labels)
         };
-        let gauge =
-            |n: &str, help: &str, labels: &[&str]| IntGaugeVec::new(Opts::new(name(n), help), labels);
+        let gauge = |n: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(Opts::new(name(n), help), labels)
+        };
         let m = ControllerMetrics {
             allocation_time: histogram(
                 "host_allocation_time",
@@ -139,7 +140,7 @@ impl ControllerMetrics {
             )?,
             leader: Gauge::with_opts(Opts::new(
                 name("leader"),
-                "1 while this replica holds the Lease and schedules, else 0",
+                "Whether this replica holds the Lease and schedules (1) or not (0)",
             ))?,
         };
         for c in m.collectors() {
