@@ -440,7 +440,7 @@ fn every_prefix_of_a_request_is_an_error_or_a_decision_never_a_panic() {
 /// A local TaskRun's `target-platform` label: its platform with `/` → `-` (the controller then
 /// writes `host: localhost` and labels `assigned-host`).
 fn local_label(case: &Case) -> String {
-    let platform = case.object()["spec"]["params"]
+    case.object()["spec"]["params"]
         .as_array()
         .unwrap()
         .iter()
@@ -448,6 +448,5 @@ fn local_label(case: &Case) -> String {
         .unwrap()["value"]
         .as_str()
         .unwrap()
-        .replace('/', "-");
-    platform
+        .replace('/', "-")
 }
