@@ -517,6 +517,17 @@ impl Product {
         }
     }
 
+    /// The learned host keys the controller keeps (ConfigMap `mpc-known-hosts`).
+    pub async fn known_hosts(&self) -> BTreeMap<String, String> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), NS);
+        api.get_opt("mpc-known-hosts")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.data)
+            .unwrap_or_default()
+    }
+
     /// Every process log, for a failing test's message.
     pub fn logs(&self) -> String {
         let mut out = String::new();

@@ -539,3 +539,41 @@ async fn api_conflicts_errors_dropped_watches_compaction_and_a_restart() {
     build(&p, "tenant-a", "f3").await;
     assert_clean(&p, &names).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_host_keys_survive_restarts_and_a_replaced_key_is_refused() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    let c1 = p.start_controller("c1").await.unwrap();
+    p.create_taskrun("tenant-a", "k1", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("k1", "tenant-a"));
+    secret_with(&p, "tenant-a", "k1", "otp").await;
+    build(&p, "tenant-a", "k1").await;
+    assert_clean(&p, &[("tenant-a", "k1")]).await;
+    let stored = p.known_hosts().await;
+    assert!(
+        stored.get("h1").is_some_and(|k| k.contains("ssh-ed25519")),
+        "{stored:?}"
+    );
+    // The controller restarts with an empty state directory, and the host now presents another
+    // key: the key learned before still decides.
+    p.controllers[c1].kill();
+    p.hosts[0].sshd.restart(true).unwrap();
+    p.start_controller("c2").await.unwrap();
+    p.create_taskrun("tenant-a", "k2", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    let s = secret_with(&p, "tenant-a", "k2", "error").await;
+    assert!(s["error"].contains("h1"), "{}", s["error"]);
+    assert!(
+        s["error"].to_lowercase().contains("host key"),
+        "{}",
+        s["error"]
+    );
+    assert!(!user_exists(&contract::remote_user_name("k2", "tenant-a")));
+}

@@ -453,6 +453,22 @@ impl Driver {
             .collect();
         let (rctx, tx) = (ctx.clone(), self.inputs_tx.clone());
         tokio::spawn(async move {
+            // Host keys other replicas learned, before any SSH connection of this term.
+            loop {
+                match rctx.known_hosts.load(&rctx).await {
+                    Ok(n) => {
+                        tracing::debug!(hosts = n, "known host keys loaded");
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "loading known host keys; retrying");
+                        tokio::select! {
+                            () = rctx.cancel.cancelled() => return,
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
+            }
             let snapshot = collect_snapshot(&rctx, records, &config).await;
             if let Some(snapshot) = snapshot {
                 let _ = tx.send(Input::Recovered { term: id, snapshot }).await;

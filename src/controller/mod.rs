@@ -125,6 +125,13 @@ pub struct ControllerArgs {
     /// How often the Lease is renewed or retried.
     #[arg(long, default_value = "2s", value_parser = crate::duration::parse_nonzero)]
     pub lease_retry_period: Duration,
+    /// ConfigMap (controller namespace) that keeps static hosts' learned SSH host keys.
+    #[arg(
+        long,
+        env = "MPC_KNOWN_HOSTS_CONFIG_MAP",
+        default_value = "mpc-known-hosts"
+    )]
+    pub known_hosts_config_map: String,
     /// Directory for SSH state (known hosts, control sockets).
     #[arg(long, env = "MPC_SSH_STATE_DIR", default_value = "/var/lib/mpc/ssh")]
     pub ssh_state_dir: PathBuf,
@@ -286,6 +293,9 @@ impl Controller {
             otp: otp_endpoint,
             keys: Arc::new(OtpKeys(otp)),
             provisioner: Arc::new(provisioner),
+            known_hosts: Arc::new(execute::ssh::KnownHosts::new(
+                args.known_hosts_config_map.clone(),
+            )),
             cloud: Arc::new(execute::cloud::CloudExec::new(
                 cluster.clone(),
                 args.ec2_endpoint.clone(),

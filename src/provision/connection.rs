@@ -183,6 +183,11 @@ impl Connections {
         }))
     }
 
+    /// Where a host key learned on first use for host `id` is recorded.
+    pub fn tofu_file(&self, id: &str) -> PathBuf {
+        self.dirs.tofu.join(id)
+    }
+
     /// Where the expected key of `target` is recorded.
     pub fn known_hosts_file(&self, target: &Target) -> PathBuf {
         match target.host_key {

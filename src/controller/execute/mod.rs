@@ -72,6 +72,7 @@ pub struct Context {
     pub otp: OtpEndpoint,
     pub keys: Arc<dyn KeyStore>,
     pub provisioner: Arc<Provisioner>,
+    pub known_hosts: Arc<ssh::KnownHosts>,
     pub cloud: Arc<cloud::CloudExec>,
     pub recorder: ::kube::runtime::events::Recorder,
     pub metrics: ControllerMetrics,

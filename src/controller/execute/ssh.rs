@@ -1,9 +1,13 @@
 //! Provisioning and removal of build users over SSH, and the hand-over of the private key to the
 //! OTP server (design §6, §7).
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
-use super::{Context, kube};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use super::{Context, kube as k8s};
 use crate::provision::{ProvisionRequest, Target, Zeroizing};
 use crate::scheduler::{HostRef, RemoteUser, TaskRunRef};
 
@@ -13,7 +17,7 @@ async fn target(ctx: &Context, host: &HostRef) -> Result<Target, String> {
         HostRef::Static(h) => (h.secret.as_str(), "id_rsa"),
         HostRef::Instance { template, .. } => (template.ssh_secret.as_str(), "id_rsa"),
     };
-    let data = kube::controller_secret(ctx, secret).await?;
+    let data = k8s::controller_secret(ctx, secret).await?;
     let key = data
         .get(key_name)
         .filter(|k| !k.is_empty())
@@ -63,8 +67,11 @@ pub async fn provision(
         .provision(&target, &req)
         .await
         .map_err(|e| e.to_string())?;
+    if let HostRef::Static(_) = host {
+        ctx.known_hosts.record(ctx, &target).await;
+    }
     let rearm_token = if rearm {
-        match kube::read_secret(ctx, taskrun).await {
+        match k8s::read_secret(ctx, taskrun).await {
             Ok(s) => s.as_ref().and_then(crate::controller::patch::secret_token),
             Err(e) => return Err(format!("reading the secret to re-arm its token: {e}")),
         }
@@ -91,4 +98,119 @@ pub async fn deprovision(ctx: &Context, user: &RemoteUser, host: &HostRef) -> Re
         .deprovision(&target, &user.name())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Host keys of static hosts learned on first use, kept in a ConfigMap of the controller's
+/// namespace so they survive restarts and every replica trusts the same keys (an emptyDir would
+/// forget them, and a replaced host key would then be accepted again).
+#[derive(Debug)]
+pub struct KnownHosts {
+    /// The ConfigMap's name.
+    name: String,
+    /// What the ConfigMap holds per host id, as last read or written.
+    synced: Mutex<HashMap<String, String>>,
+}
+
+impl KnownHosts {
+    /// The store in ConfigMap `name`.
+    pub fn new(name: String) -> Self {
+        Self {
+            name,
+            synced: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Writes every stored record into the local known-hosts files (the ConfigMap wins). Called
+    /// before a term schedules anything.
+    pub async fn load(&self, ctx: &Context) -> Result<usize, String> {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        let cm = api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| format!("ConfigMap {}/{}: {e}", ctx.namespace, self.name))?;
+        let data = cm.and_then(|c| c.data).unwrap_or_default();
+        let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, text) in &data {
+            let path = ctx.provisioner.connections().tofu_file(id);
+            if let Err(e) = std::fs::write(&path, text) {
+                return Err(format!("writing {}: {e}", path.display()));
+            }
+            synced.insert(id.clone(), text.clone());
+        }
+        Ok(data.len())
+    }
+
+    /// Stores the record ssh made for `target` on first contact, when it is new.
+    pub async fn record(&self, ctx: &Context, target: &Target) {
+        if !matches!(
+            target.host_key,
+            crate::provision::HostKeyTrust::TrustOnFirstUse
+        ) {
+            return;
+        }
+        let path = ctx.provisioner.connections().known_hosts_file(target);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let known = self
+            .synced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&target.id)
+            .cloned();
+        if text.trim().is_empty() || known.as_deref() == Some(text.as_str()) {
+            return;
+        }
+        match self.store(ctx, &target.id, &text).await {
+            Ok(()) => {
+                self.synced
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(target.id.clone(), text);
+                tracing::info!(host = %target.id, configmap = %self.name, "host key stored");
+            }
+            Err(error) => {
+                tracing::warn!(host = %target.id, %error, "could not store the learned host key")
+            }
+        }
+    }
+
+    async fn store(&self, ctx: &Context, id: &str, text: &str) -> Result<(), String> {
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        for _ in 0..5 {
+            let current = api.get_opt(&self.name).await.map_err(|e| e.to_string())?;
+            let result = match current {
+                None => {
+                    let cm = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            ..ObjectMeta::default()
+                        },
+                        data: Some(BTreeMap::from([(id.to_owned(), text.to_owned())])),
+                        ..ConfigMap::default()
+                    };
+                    api.create(&PostParams::default(), &cm).await.map(|_| ())
+                }
+                Some(mut cm) => {
+                    // Another replica learned it first: keep theirs (the file is rewritten from
+                    // it at the next term).
+                    if cm.data.as_ref().is_some_and(|d| d.contains_key(id)) {
+                        return Ok(());
+                    }
+                    cm.data
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(id.to_owned(), text.to_owned());
+                    api.replace(&self.name, &PostParams::default(), &cm)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(::kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err("the ConfigMap kept changing".into())
+    }
 }
