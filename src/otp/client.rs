@@ -86,17 +86,20 @@ fn transport_error(e: &(dyn std::error::Error + 'static)) -> OtpClientError {
     let mut tls = false;
     let mut cur = Some(e);
     while let Some(err) = cur {
-        // tokio-rustls reports handshake failures as an io::Error wrapping the rustls error, and
-        // io::Error::source skips the wrapped error itself.
-        let wrapped = err
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::get_ref);
-        tls |= err.is::<rustls::Error>() || wrapped.is_some_and(|w| w.is::<rustls::Error>());
+        tls |= err.is::<rustls::Error>();
         let part = err.to_string();
         if parts.last() != Some(&part) {
             parts.push(part);
         }
-        cur = err.source();
+        // The TLS connector reports a failed handshake as io::Errors wrapping the rustls error,
+        // and io::Error::source skips the wrapped error itself: step into it.
+        let wrapped = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref);
+        cur = match wrapped {
+            Some(w) => Some(w as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
     }
     let msg = parts.join(": ");
     if tls {
@@ -406,10 +409,11 @@ mod tests {
 
     #[test]
     fn tls_failures_are_told_apart_from_unreachable_servers() {
-        let wrapped = std::io::Error::new(
+        // As the connector reports it: an io::Error wrapping tokio-rustls's io::Error.
+        let wrapped = std::io::Error::other(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
-        );
+        ));
         let e = transport_error(&wrapped);
         assert!(
             matches!(&e, OtpClientError::Handshake(m) if m.contains("UnknownIssuer")),
