@@ -78,10 +78,23 @@ impl OtpMetrics {
         let registry = Registry::new();
         let counter = |n: &str, help: &str| {
             let c = IntCounter::with_opts(Opts::new(name(n), help)).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
+            register(&registry, c)
+        };
+        let gauge = |n: &str, help: &str| {
+            let g = IntGauge::with_opts(Opts::new(name(n), help)).expect("valid metric");
+            register(&registry, g)
+        };
+        // Every series of a closed label set exists from the start.
+        let histogram = |n: &str, help: &str, buckets: Vec<f64>, label: &str, values: &[&str]| {
+            let opts = HistogramOpts::new(name(n), help).buckets(buckets);
+            let h = register(
+                &registry,
+                HistogramVec::new(opts, &[label]).expect("valid metric"),
+            );
+            for v in values {
+                h.with_label_values(&[v]);
+            }
+            h
         };
         let stored = counter("otp_stored", "Private keys stored for one-time redemption.");
         let store_replayed = counter(
@@ -104,61 +117,36 @@ impl OtpMetrics {
             "otp_revoked",
             "Entries deleted because their TaskRun ended (revoked by owner).",
         );
-        let rejected = IntCounterVec::new(
-            Opts::new(name("otp_rejected"), "Refused OTP requests by reason."),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(rejected.clone()))
-            .expect("unique metric");
+        let rejected = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(name("otp_rejected"), "Refused OTP requests by reason."),
+                &["reason"],
+            )
+            .expect("valid metric"),
+        );
         for r in REASONS {
             rejected.with_label_values(&[r]);
         }
-        let gauge = |n: &str, help: &str| {
-            let g = IntGauge::with_opts(Opts::new(name(n), help)).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
-        };
         let pending = gauge("otp_pending", "Stored keys waiting to be redeemed.");
         let held = gauge(
             "otp_held",
             "Redeems of a used token waiting for its re-arm (a TaskRun retry attempt).",
         );
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                name("otp_request_duration_seconds"),
-                "OTP request latency by endpoint.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ]),
-            &["endpoint"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(duration.clone()))
-            .expect("unique metric");
-        for e in ENDPOINTS {
-            duration.with_label_values(&[e]);
-        }
-        let hold_duration = HistogramVec::new(
-            HistogramOpts::new(
-                name("otp_hold_duration_seconds"),
-                "Time a redeem of a used token waited for its re-arm, by outcome.",
-            )
-            .buckets(vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 90.0, 120.0]),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(hold_duration.clone()))
-            .expect("unique metric");
-        for o in HOLD_OUTCOMES {
-            hold_duration.with_label_values(&[o]);
-        }
+        let duration = histogram(
+            "otp_request_duration_seconds",
+            "OTP request latency by endpoint.",
+            vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0],
+            "endpoint",
+            &ENDPOINTS,
+        );
+        let hold_duration = histogram(
+            "otp_hold_duration_seconds",
+            "Time a redeem of a used token waited for its re-arm, by outcome.",
+            vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 90.0, 120.0],
+            "outcome",
+            &HOLD_OUTCOMES,
+        );
         Self {
             registry,
             stored,
@@ -188,6 +176,13 @@ impl OtpMetrics {
             .with_label_values(&[outcome])
             .observe(waited.as_secs_f64());
     }
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, m: M) -> M {
+    registry
+        .register(Box::new(m.clone()))
+        .expect("unique metric");
+    m
 }
 
 impl Default for OtpMetrics {

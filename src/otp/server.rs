@@ -270,25 +270,48 @@ fn observe(state: &AppState, endpoint: &'static str, started: Instant) {
         .observe(started.elapsed().as_secs_f64());
 }
 
+/// A controller request (`/store-key`, `/revoke`): reads the body (at most `limit` bytes), checks
+/// the bearer token, runs `f` on the body (`None` if too large) and times it as `endpoint`.
+async fn controller_request<Fut: Future<Output = Response>>(
+    state: &AppState,
+    endpoint: &'static str,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    f: impl FnOnce(Option<Zeroizing<Vec<u8>>>) -> Fut,
+) -> Response {
+    let started = Instant::now();
+    // The body is read before answering even a refusal: HTTP/2 clients such as curl report an
+    // unread request body as a stream error instead of showing the status.
+    let body = read_body(body, limit).await;
+    let response = if authorized(state, headers) {
+        f(body).await
+    } else {
+        unauthorized(state)
+    };
+    observe(state, endpoint, started);
+    response
+}
+
 async fn store_key(
     State(state): State<Arc<AppState>>,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
-    let response = store_key_inner(&state, &uri, &headers, body).await;
-    observe(&state, "store", started);
-    response
+    let limit = state.max_key_bytes;
+    controller_request(&state, "store", &headers, body, limit, |key| {
+        store_key_inner(&state, &uri, &headers, key)
+    })
+    .await
 }
 
-async fn store_key_inner(state: &AppState, uri: &Uri, headers: &HeaderMap, body: Body) -> Response {
-    // The (bounded) body is read before answering even a refusal: HTTP/2 clients such as curl
-    // report an unread request body as a stream error instead of showing the status.
-    let body = read_body(body, state.max_key_bytes).await;
-    if !authorized(state, headers) {
-        return unauthorized(state);
-    }
+async fn store_key_inner(
+    state: &AppState,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Option<Zeroizing<Vec<u8>>>,
+) -> Response {
     let Some(key) = body else {
         return refuse(
             state,
@@ -336,7 +359,6 @@ async fn store_key_inner(state: &AppState, uri: &Uri, headers: &HeaderMap, body:
         plaintext: key,
         ttl: state.ttl,
     };
-    let refused = |reason, status, msg| refuse(state, reason, status, msg);
     match state.store.store(req).await {
         Ok(Ok(stored)) => {
             let m = &state.metrics;
@@ -362,44 +384,49 @@ async fn store_key_inner(state: &AppState, uri: &Uri, headers: &HeaderMap, body:
             tracing::info!(entry = %hash.log_id(), owned, outcome, "key stored");
             text(status, token.as_str().to_owned())
         }
-        Ok(Err(r)) => match r {
-            StoreRefusal::DifferentKey => refused(
-                "conflict",
-                StatusCode::CONFLICT,
-                "this idempotency key or request id already stored a different key",
-            ),
-            StoreRefusal::AlreadyRedeemed => refused(
-                "conflict",
-                StatusCode::CONFLICT,
-                "this request's key was already redeemed",
-            ),
-            StoreRefusal::TooManyRearms => refused(
-                "conflict",
-                StatusCode::CONFLICT,
-                "the token was re-armed too many times; store a new one",
-            ),
-            StoreRefusal::Unknown => refused(
-                "unknown",
-                StatusCode::NOT_FOUND,
-                "the token to re-arm is unknown",
-            ),
-            StoreRefusal::Expired => refused(
-                "expired",
-                StatusCode::GONE,
-                "the token to re-arm expired; store a new one",
-            ),
-            StoreRefusal::OtherOwner => refused(
-                "forbidden",
-                StatusCode::FORBIDDEN,
-                "the token to re-arm does not belong to this owner",
-            ),
-            StoreRefusal::OwnerRevoked => refused(
-                "revoked",
-                StatusCode::GONE,
-                "this owner was revoked (its TaskRun ended)",
-            ),
-        },
+        Ok(Err(r)) => {
+            let (reason, status, msg) = store_refusal(r);
+            refuse(state, reason, status, msg)
+        }
         Err(e) => unavailable(state, &e),
+    }
+}
+
+/// The metrics reason, status and message for a refused store.
+fn store_refusal(r: StoreRefusal) -> (&'static str, StatusCode, &'static str) {
+    use StatusCode as S;
+    match r {
+        StoreRefusal::DifferentKey => (
+            "conflict",
+            S::CONFLICT,
+            "this idempotency key or request id already stored a different key",
+        ),
+        StoreRefusal::AlreadyRedeemed => (
+            "conflict",
+            S::CONFLICT,
+            "this request's key was already redeemed",
+        ),
+        StoreRefusal::TooManyRearms => (
+            "conflict",
+            S::CONFLICT,
+            "the token was re-armed too many times; store a new one",
+        ),
+        StoreRefusal::Unknown => ("unknown", S::NOT_FOUND, "the token to re-arm is unknown"),
+        StoreRefusal::Expired => (
+            "expired",
+            S::GONE,
+            "the token to re-arm expired; store a new one",
+        ),
+        StoreRefusal::OtherOwner => (
+            "forbidden",
+            S::FORBIDDEN,
+            "the token to re-arm does not belong to this owner",
+        ),
+        StoreRefusal::OwnerRevoked => (
+            "revoked",
+            S::GONE,
+            "this owner was revoked (its TaskRun ended)",
+        ),
     }
 }
 
@@ -409,18 +436,14 @@ async fn revoke(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
-    let response = revoke_inner(&state, &uri, &headers, body).await;
-    observe(&state, "revoke", started);
-    response
+    // The body carries nothing.
+    controller_request(&state, "revoke", &headers, body, MAX_TOKEN_BODY, |_| {
+        revoke_inner(&state, &uri)
+    })
+    .await
 }
 
-async fn revoke_inner(state: &AppState, uri: &Uri, headers: &HeaderMap, body: Body) -> Response {
-    // Read (and ignore) the body, as for /store-key.
-    let _ = read_body(body, MAX_TOKEN_BODY).await;
-    if !authorized(state, headers) {
-        return unauthorized(state);
-    }
+async fn revoke_inner(state: &AppState, uri: &Uri) -> Response {
     let owner = match revoke_params(uri) {
         Ok(o) => o,
         Err(msg) => return refuse(state, "malformed", StatusCode::BAD_REQUEST, &msg),

@@ -109,9 +109,10 @@ impl Entry {
         );
         v.push(V2);
         v.extend_from_slice(&self.expires_at_ms.to_be_bytes());
-        let flags = u8::from(self.sealed.is_some()) * F_LIVE
-            | u8::from(self.key_digest.is_some()) * F_DIGEST
-            | u8::from(self.owner.is_some()) * F_OWNER;
+        let flag = |set: bool, f: u8| if set { f } else { 0 };
+        let flags = flag(self.sealed.is_some(), F_LIVE)
+            | flag(self.key_digest.is_some(), F_DIGEST)
+            | flag(self.owner.is_some(), F_OWNER);
         v.push(flags);
         if let Some(d) = &self.key_digest {
             v.extend_from_slice(d);
@@ -909,145 +910,188 @@ mod tests {
     fn store_decisions() {
         use StoreRefusal as R;
         let now = 50;
-        let decide = |e: Option<Entry>, req: &StoreRequest, revoked, same| {
-            decide_store(e, req, now, revoked, |_| same)
+        let expired = |mut e: Entry| {
+            e.expires_at_ms = now;
+            e
         };
-        let anon = request(Claim::Anonymous);
-        // Anonymous: create, replay the same key, refuse another key or a used entry.
-        let Plan::Write(created, Stored::Created) = decide(None, &anon, false, true) else {
-            panic!("anonymous store must create");
-        };
-        assert_eq!(
-            (
-                created.expires_at_ms,
-                created.owner.clone(),
-                created.arms.len()
-            ),
-            (now + 10_000, None, 0)
-        );
-        let live = Some(entry(None, &[], true));
-        assert_eq!(
-            decide(live.clone(), &anon, false, true),
-            Plan::Answer(Stored::Replayed)
-        );
-        assert_eq!(
-            decide(live, &anon, false, false),
-            Plan::Refuse(R::DifferentKey)
-        );
-        assert_eq!(
-            decide(Some(entry(None, &[], false)), &anon, false, true),
-            Plan::Refuse(R::AlreadyRedeemed)
-        );
-        assert_eq!(
-            decide(Some(entry(Some("u"), &["r1"], true)), &anon, false, true),
-            Plan::Refuse(R::OtherOwner)
-        );
-        // An expired entry is replaced.
-        let mut old = entry(None, &[], false);
-        old.expires_at_ms = now;
-        assert!(matches!(
-            decide(Some(old), &anon, false, true),
-            Plan::Write(_, Stored::Created)
-        ));
-
-        // Owned, first key of a request: create; a retry (used or not) changes nothing.
-        let first = owned("u", "r1", false);
-        let Plan::Write(e, Stored::Created) = decide(None, &first, false, true) else {
-            panic!("owned store must create");
-        };
-        assert_eq!(e.owner.as_deref(), Some(&b"u"[..]));
-        assert_eq!(e.arms, vec![request_digest("r1")]);
-        for live in [true, false] {
-            let e = Some(entry(Some("u"), &["r1"], live));
-            assert_eq!(
-                decide(e.clone(), &first, false, true),
-                Plan::Answer(Stored::Replayed)
-            );
-            assert_eq!(
-                decide(e, &first, false, false),
-                Plan::Refuse(R::DifferentKey)
-            );
-        }
-        assert_eq!(
-            decide(None, &first, true, true),
-            Plan::Refuse(R::OwnerRevoked)
-        );
-
-        // Re-arm: only an existing, current token of the same owner.
-        let rearm = owned("u", "r2", true);
-        assert_eq!(decide(None, &rearm, false, true), Plan::Refuse(R::Unknown));
-        let mut expired = entry(Some("u"), &["r1"], false);
-        expired.expires_at_ms = now;
-        assert_eq!(
-            decide(Some(expired), &rearm, false, true),
-            Plan::Refuse(R::Expired)
-        );
-        assert_eq!(
-            decide(
-                Some(entry(Some("other"), &["r1"], false)),
-                &rearm,
-                false,
-                true
-            ),
-            Plan::Refuse(R::OtherOwner)
-        );
-        assert_eq!(
-            decide(Some(entry(None, &[], false)), &rearm, false, true),
-            Plan::Refuse(R::OtherOwner)
-        );
-        assert_eq!(
-            decide(Some(entry(Some("u"), &["r1"], false)), &rearm, true, true),
-            Plan::Refuse(R::OwnerRevoked)
-        );
-        let Plan::Write(e, Stored::Rearmed { was_redeemed: true }) =
-            decide(Some(entry(Some("u"), &["r1"], false)), &rearm, false, false)
-        else {
-            panic!("a used token must re-arm");
-        };
-        assert_eq!(e.sealed.as_deref(), Some(&[9; 40][..]));
-        assert_eq!(e.key_digest, Some([4; 32]));
-        assert_eq!(e.arms, vec![request_digest("r1"), request_digest("r2")]);
-        assert_eq!(e.expires_at_ms, now + 10_000);
-        // An unredeemed key is replaced, never to be handed out.
-        assert!(matches!(
-            decide(Some(entry(Some("u"), &["r1"], true)), &rearm, false, false),
-            Plan::Write(
-                _,
-                Stored::Rearmed {
-                    was_redeemed: false
-                }
-            )
-        ));
-        // The same re-arm again: a retry.
-        let rearmed = Some(entry(Some("u"), &["r1", "r2"], false));
-        assert_eq!(
-            decide(rearmed.clone(), &rearm, false, true),
-            Plan::Answer(Stored::Replayed)
-        );
-        assert_eq!(
-            decide(rearmed, &rearm, false, false),
-            Plan::Refuse(R::DifferentKey)
-        );
-        // A late copy of a superseded request never brings its key back.
-        let later = Some(entry(Some("u"), &["r1", "r2", "r3"], false));
-        assert_eq!(
-            decide(later.clone(), &rearm, false, false),
-            Plan::Answer(Stored::Replayed)
-        );
-        assert_eq!(
-            decide(later, &first, false, false),
-            Plan::Answer(Stored::Replayed)
+        let (anon, first, rearm, rearm_x) = (
+            request(Claim::Anonymous),
+            owned("u", "r1", false),
+            owned("u", "r2", true),
+            owned("u", "x", true),
         );
         let names: Vec<String> = (0..MAX_ARMS).map(|i| format!("r{i}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        assert_eq!(
-            decide(
-                Some(entry(Some("u"), &names, false)),
-                &owned("u", "x", true),
+        let full = entry(Some("u"), &names, false);
+        let replay = Plan::Answer(Stored::Replayed);
+        // (entry, request, owner revoked, entry holds the request's key, expected)
+        let cases: Vec<(Option<Entry>, &StoreRequest, bool, bool, Plan)> = vec![
+            // Anonymous: replay the same key, refuse another key, a used entry, an owned one.
+            (
+                Some(entry(None, &[], true)),
+                &anon,
                 false,
-                true
+                true,
+                replay.clone(),
             ),
-            Plan::Refuse(R::TooManyRearms)
+            (
+                Some(entry(None, &[], true)),
+                &anon,
+                false,
+                false,
+                Plan::Refuse(R::DifferentKey),
+            ),
+            (
+                Some(entry(None, &[], false)),
+                &anon,
+                false,
+                true,
+                Plan::Refuse(R::AlreadyRedeemed),
+            ),
+            (
+                Some(entry(Some("u"), &["r1"], true)),
+                &anon,
+                false,
+                true,
+                Plan::Refuse(R::OtherOwner),
+            ),
+            // Owned, first key of a request: a retry, used or not, changes nothing.
+            (
+                Some(entry(Some("u"), &["r1"], true)),
+                &first,
+                false,
+                true,
+                replay.clone(),
+            ),
+            (
+                Some(entry(Some("u"), &["r1"], false)),
+                &first,
+                false,
+                true,
+                replay.clone(),
+            ),
+            (
+                Some(entry(Some("u"), &["r1"], false)),
+                &first,
+                false,
+                false,
+                Plan::Refuse(R::DifferentKey),
+            ),
+            (None, &first, true, true, Plan::Refuse(R::OwnerRevoked)),
+            // Re-arm: only an existing, current token of the same owner, not revoked.
+            (None, &rearm, false, true, Plan::Refuse(R::Unknown)),
+            (
+                Some(expired(entry(Some("u"), &["r1"], false))),
+                &rearm,
+                false,
+                true,
+                Plan::Refuse(R::Expired),
+            ),
+            (
+                Some(entry(Some("other"), &["r1"], false)),
+                &rearm,
+                false,
+                true,
+                Plan::Refuse(R::OtherOwner),
+            ),
+            (
+                Some(entry(None, &[], false)),
+                &rearm,
+                false,
+                true,
+                Plan::Refuse(R::OtherOwner),
+            ),
+            (
+                Some(entry(Some("u"), &["r1"], false)),
+                &rearm,
+                true,
+                true,
+                Plan::Refuse(R::OwnerRevoked),
+            ),
+            (
+                Some(full),
+                &rearm_x,
+                false,
+                true,
+                Plan::Refuse(R::TooManyRearms),
+            ),
+            // The same re-arm again is a retry.
+            (
+                Some(entry(Some("u"), &["r1", "r2"], false)),
+                &rearm,
+                false,
+                true,
+                replay.clone(),
+            ),
+            (
+                Some(entry(Some("u"), &["r1", "r2"], false)),
+                &rearm,
+                false,
+                false,
+                Plan::Refuse(R::DifferentKey),
+            ),
+            // A late copy of a superseded request never brings its key back.
+            (
+                Some(entry(Some("u"), &["r1", "r2", "r3"], false)),
+                &rearm,
+                false,
+                false,
+                replay.clone(),
+            ),
+            (
+                Some(entry(Some("u"), &["r1", "r2", "r3"], false)),
+                &first,
+                false,
+                false,
+                replay,
+            ),
+        ];
+        for (i, (e, req, revoked, same, want)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                decide_store(e, req, now, revoked, |_| same),
+                want,
+                "case {i}"
+            );
+        }
+
+        // What is written: new entries, an expired one replaced, re-arms.
+        let write = |e: Option<Entry>, req: &StoreRequest| match decide_store(
+            e,
+            req,
+            now,
+            false,
+            |_| false,
+        ) {
+            Plan::Write(e, stored) => (e, stored),
+            other => panic!("expected a write, got {other:?}"),
+        };
+        let (e, stored) = write(None, &anon);
+        assert_eq!(stored, Stored::Created);
+        assert_eq!(
+            (e.expires_at_ms, e.owner, e.arms.len()),
+            (now + 10_000, None, 0)
+        );
+        assert_eq!((e.sealed, e.key_digest), (Some(vec![9; 40]), Some([4; 32])));
+        assert_eq!(
+            write(Some(expired(entry(None, &[], false))), &anon).1,
+            Stored::Created
+        );
+        let (e, stored) = write(None, &first);
+        assert_eq!(stored, Stored::Created);
+        assert_eq!(e.owner.as_deref(), Some(&b"u"[..]));
+        assert_eq!(e.arms, vec![request_digest("r1")]);
+        let (e, stored) = write(Some(entry(Some("u"), &["r1"], false)), &rearm);
+        assert_eq!(stored, Stored::Rearmed { was_redeemed: true });
+        assert_eq!((e.sealed, e.key_digest), (Some(vec![9; 40]), Some([4; 32])));
+        assert_eq!(e.arms, vec![request_digest("r1"), request_digest("r2")]);
+        assert_eq!(e.expires_at_ms, now + 10_000);
+        // An unredeemed key is replaced, never to be handed out.
+        let (_, stored) = write(Some(entry(Some("u"), &["r1"], true)), &rearm);
+        assert_eq!(
+            stored,
+            Stored::Rearmed {
+                was_redeemed: false
+            }
         );
     }
 
