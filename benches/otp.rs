@@ -1,5 +1,6 @@
-//! Load generator against the real `mpc otp-server` binary: stores keys, then redeems them all with
-//! many concurrent HTTPS keep-alive connections, and prints throughput and latency percentiles.
+//! Load generator against the real `mpc otp-server` binary: stores keys the controller's way (one
+//! owner per key), redeems them all, then revokes every owner, with many concurrent HTTPS
+//! keep-alive connections, and prints throughput and latency percentiles.
 //!
 //! `cargo bench --bench otp` (env: OTP_BENCH_KEYS, default 20000; OTP_BENCH_CONCURRENCY, default 64).
 
@@ -136,7 +137,10 @@ fn main() {
         let (elapsed, lat) = run_all(keys, concurrency, move |i| {
             let (c, k, t) = (c.clone(), k.clone(), Arc::clone(&t));
             async move {
-                let token = c.store_key(k.as_bytes()).await.expect("store");
+                let token = c
+                    .store_key_for(&format!("uid-{i}"), "provision-0", None, k.as_bytes())
+                    .await
+                    .expect("store");
                 t.lock().expect("lock")[i] = token.as_str().to_owned();
             }
         })
@@ -154,6 +158,17 @@ fn main() {
         })
         .await;
         report("otp redeem", keys, elapsed, &lat);
+
+        let c = client.clone();
+        let (elapsed, lat) = run_all(keys, concurrency, move |i| {
+            let c = c.clone();
+            async move {
+                let deleted = c.revoke(&format!("uid-{i}")).await.expect("revoke");
+                assert_eq!(deleted, 1);
+            }
+        })
+        .await;
+        report("revoke", keys, elapsed, &lat);
     });
     let _ = server.kill();
     let _ = server.wait();

@@ -925,126 +925,31 @@ mod tests {
         let full = entry(Some("u"), &names, false);
         let replay = Plan::Answer(Stored::Replayed);
         // (entry, request, owner revoked, entry holds the request's key, expected)
+        #[rustfmt::skip]
         let cases: Vec<(Option<Entry>, &StoreRequest, bool, bool, Plan)> = vec![
             // Anonymous: replay the same key, refuse another key, a used entry, an owned one.
-            (
-                Some(entry(None, &[], true)),
-                &anon,
-                false,
-                true,
-                replay.clone(),
-            ),
-            (
-                Some(entry(None, &[], true)),
-                &anon,
-                false,
-                false,
-                Plan::Refuse(R::DifferentKey),
-            ),
-            (
-                Some(entry(None, &[], false)),
-                &anon,
-                false,
-                true,
-                Plan::Refuse(R::AlreadyRedeemed),
-            ),
-            (
-                Some(entry(Some("u"), &["r1"], true)),
-                &anon,
-                false,
-                true,
-                Plan::Refuse(R::OtherOwner),
-            ),
+            (Some(entry(None, &[], true)), &anon, false, true, replay.clone()),
+            (Some(entry(None, &[], true)), &anon, false, false, Plan::Refuse(R::DifferentKey)),
+            (Some(entry(None, &[], false)), &anon, false, true, Plan::Refuse(R::AlreadyRedeemed)),
+            (Some(entry(Some("u"), &["r1"], true)), &anon, false, true, Plan::Refuse(R::OtherOwner)),
             // Owned, first key of a request: a retry, used or not, changes nothing.
-            (
-                Some(entry(Some("u"), &["r1"], true)),
-                &first,
-                false,
-                true,
-                replay.clone(),
-            ),
-            (
-                Some(entry(Some("u"), &["r1"], false)),
-                &first,
-                false,
-                true,
-                replay.clone(),
-            ),
-            (
-                Some(entry(Some("u"), &["r1"], false)),
-                &first,
-                false,
-                false,
-                Plan::Refuse(R::DifferentKey),
-            ),
+            (Some(entry(Some("u"), &["r1"], true)), &first, false, true, replay.clone()),
+            (Some(entry(Some("u"), &["r1"], false)), &first, false, true, replay.clone()),
+            (Some(entry(Some("u"), &["r1"], false)), &first, false, false, Plan::Refuse(R::DifferentKey)),
             (None, &first, true, true, Plan::Refuse(R::OwnerRevoked)),
             // Re-arm: only an existing, current token of the same owner, not revoked.
             (None, &rearm, false, true, Plan::Refuse(R::Unknown)),
-            (
-                Some(expired(entry(Some("u"), &["r1"], false))),
-                &rearm,
-                false,
-                true,
-                Plan::Refuse(R::Expired),
-            ),
-            (
-                Some(entry(Some("other"), &["r1"], false)),
-                &rearm,
-                false,
-                true,
-                Plan::Refuse(R::OtherOwner),
-            ),
-            (
-                Some(entry(None, &[], false)),
-                &rearm,
-                false,
-                true,
-                Plan::Refuse(R::OtherOwner),
-            ),
-            (
-                Some(entry(Some("u"), &["r1"], false)),
-                &rearm,
-                true,
-                true,
-                Plan::Refuse(R::OwnerRevoked),
-            ),
-            (
-                Some(full),
-                &rearm_x,
-                false,
-                true,
-                Plan::Refuse(R::TooManyRearms),
-            ),
+            (Some(expired(entry(Some("u"), &["r1"], false))), &rearm, false, true, Plan::Refuse(R::Expired)),
+            (Some(entry(Some("other"), &["r1"], false)), &rearm, false, true, Plan::Refuse(R::OtherOwner)),
+            (Some(entry(None, &[], false)), &rearm, false, true, Plan::Refuse(R::OtherOwner)),
+            (Some(entry(Some("u"), &["r1"], false)), &rearm, true, true, Plan::Refuse(R::OwnerRevoked)),
+            (Some(full), &rearm_x, false, true, Plan::Refuse(R::TooManyRearms)),
             // The same re-arm again is a retry.
-            (
-                Some(entry(Some("u"), &["r1", "r2"], false)),
-                &rearm,
-                false,
-                true,
-                replay.clone(),
-            ),
-            (
-                Some(entry(Some("u"), &["r1", "r2"], false)),
-                &rearm,
-                false,
-                false,
-                Plan::Refuse(R::DifferentKey),
-            ),
+            (Some(entry(Some("u"), &["r1", "r2"], false)), &rearm, false, true, replay.clone()),
+            (Some(entry(Some("u"), &["r1", "r2"], false)), &rearm, false, false, Plan::Refuse(R::DifferentKey)),
             // A late copy of a superseded request never brings its key back.
-            (
-                Some(entry(Some("u"), &["r1", "r2", "r3"], false)),
-                &rearm,
-                false,
-                false,
-                replay.clone(),
-            ),
-            (
-                Some(entry(Some("u"), &["r1", "r2", "r3"], false)),
-                &first,
-                false,
-                false,
-                replay,
-            ),
+            (Some(entry(Some("u"), &["r1", "r2", "r3"], false)), &rearm, false, false, replay.clone()),
+            (Some(entry(Some("u"), &["r1", "r2", "r3"], false)), &first, false, false, replay),
         ];
         for (i, (e, req, revoked, same, want)) in cases.into_iter().enumerate() {
             assert_eq!(
