@@ -16,9 +16,9 @@
 //!   nothing.
 //! - Entries expire after a TTL (default 24 h: only a safety net behind revoke, and it must outlast
 //!   any pod start and a failed attempt before its retry re-arms); a background task purges them.
-//! - Ports: HTTPS (`/store-key`, `/otp`, `/revoke`, `/healthz`) with the certificate re-read when the mounted
-//!   files change; plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`) kept off the port that
-//!   build pods reach.
+//! - Ports: HTTPS (`/store-key`, `/otp`, `/revoke`, `/healthz`) with the certificate re-read when
+//!   the mounted files change; plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`) kept off
+//!   the port that build pods reach.
 //! - Logs never contain tokens or keys; entries appear as a short hash-of-hash id.
 //! - [`client`] is the controller's side, with retries that cannot create duplicates.
 
