@@ -1,6 +1,7 @@
-//! Load generator against the real `mpc otp-server` binary: stores keys, then redeems them all with
-//! many concurrent HTTPS keep-alive connections, and prints throughput and latency percentiles, the
-//! database size with every key pending, and the server's CPU time and peak RSS.
+//! Load generator against the real `mpc otp-server` binary: stores keys the controller's way (one
+//! owner per key), redeems them all, then revokes every owner, with many concurrent HTTPS
+//! keep-alive connections, and prints throughput and latency percentiles, and the server's CPU
+//! time and peak RSS.
 //!
 //! `cargo bench --bench otp` (env: OTP_BENCH_KEYS, default 20000; OTP_BENCH_CONCURRENCY, default 64).
 
@@ -140,7 +141,10 @@ fn main() {
         let (elapsed, lat) = run_all(keys, concurrency, move |i| {
             let (c, k, t) = (c.clone(), k.clone(), Arc::clone(&t));
             async move {
-                let token = c.store_key(k.as_bytes()).await.expect("store");
+                let token = c
+                    .store_key_for(&format!("uid-{i}"), "provision-0", None, k.as_bytes())
+                    .await
+                    .expect("store");
                 t.lock().expect("lock")[i] = token.as_str().to_owned();
             }
         })
@@ -164,11 +168,22 @@ fn main() {
         })
         .await;
         report("otp redeem", keys, elapsed, &lat);
+
+        let c = client.clone();
+        let (elapsed, lat) = run_all(keys, concurrency, move |i| {
+            let c = c.clone();
+            async move {
+                let deleted = c.revoke(&format!("uid-{i}")).await.expect("revoke");
+                assert_eq!(deleted, 1);
+            }
+        })
+        .await;
+        report("revoke", keys, elapsed, &lat);
     });
     let pid = server.id();
     println!(
         "server: {:.1} us CPU per request, peak RSS {:.1} MiB",
-        proc_stats::cpu_seconds(pid) / (2 * keys).max(1) as f64 * 1e6,
+        proc_stats::cpu_seconds(pid) / (3 * keys).max(1) as f64 * 1e6,
         proc_stats::peak_rss_mib(pid)
     );
     let _ = server.kill();

@@ -1,5 +1,6 @@
 //! The OTP server end to end: in-process for protocol details, and the real `mpc otp-server`
-//! binary for crashes, TTLs, logs, and the curl line Konflux build steps run.
+//! binary for crashes, TTLs, logs, owner-keyed stores, re-arms and revokes, and the curl line
+//! Konflux build steps run.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use mpc::otp::token::Token;
 use mpc::otp::{OtpClient, OtpClientError, OtpServerArgs, RunningServer};
 use mpc::provision::Zeroizing;
 
@@ -26,8 +28,8 @@ impl Fixture {
             mpc::certs::generate("otp", &["localhost".into(), "127.0.0.1".into()], 2).unwrap();
         std::fs::create_dir(dir.path().join("tls")).unwrap();
         mpc::certs::write_bundle(&bundle, &dir.path().join("tls")).unwrap();
-        let bearer = format!("bearer-{}", mpc::otp::token::Token::random().as_str());
-        let seal = format!("seal-{}", mpc::otp::token::Token::random().as_str());
+        let bearer = format!("bearer-{}", Token::random().as_str());
+        let seal = format!("seal-{}", Token::random().as_str());
         std::fs::write(dir.path().join("store-token"), format!("{bearer}\n")).unwrap();
         std::fs::write(dir.path().join("seal-key"), &seal).unwrap();
         Self {
@@ -108,9 +110,9 @@ fn private_key(n: usize) -> String {
 }
 
 fn rejected_status(e: &OtpClientError) -> u16 {
-    match e {
-        OtpClientError::Rejected { status, .. } => status.as_u16(),
-        other => panic!("expected a rejection, got {other:?}"),
+    match e.status() {
+        Some(status) => status.as_u16(),
+        None => panic!("expected an HTTP error status, got {e:?}"),
     }
 }
 
@@ -127,10 +129,7 @@ async fn store_then_redeem_exactly_once() {
     let again = client.redeem(token.as_str()).await.unwrap_err();
     assert_eq!(rejected_status(&again), 410);
     assert!(again.to_string().contains("already used"), "{again}");
-    let unknown = client
-        .redeem(mpc::otp::token::Token::random().as_str())
-        .await
-        .unwrap_err();
+    let unknown = client.redeem(Token::random().as_str()).await.unwrap_err();
     assert_eq!(rejected_status(&unknown), 404);
     let malformed = client.redeem("not-a-token").await.unwrap_err();
     assert_eq!(rejected_status(&malformed), 400);
@@ -236,7 +235,10 @@ async fn store_requires_the_current_bearer_token() {
         4
     );
     let err = f.client(server.addr).store_key(b"KEY").await.unwrap_err();
-    assert!(matches!(err, OtpClientError::Unauthorized), "{err:?}");
+    assert_eq!(rejected_status(&err), 401, "{err:?}");
+    assert!(!err.is_retryable());
+    let err = f.client(server.addr).revoke("uid").await.unwrap_err();
+    assert_eq!(rejected_status(&err), 401, "{err:?}");
     server.shutdown().await;
 }
 
@@ -318,6 +320,12 @@ async fn metrics_are_served_on_the_admin_port_and_lint_clean() {
     assert!(text.contains("multi_platform_controller_otp_redeemed 1"));
     assert!(text.contains("multi_platform_controller_otp_rejected{reason=\"used\"} 1"));
     assert!(text.contains("multi_platform_controller_otp_rejected{reason=\"expired\"} 0"));
+    assert!(text.contains("multi_platform_controller_otp_rearmed 0"));
+    assert!(text.contains("multi_platform_controller_otp_revoked 0"));
+    assert!(text.contains("multi_platform_controller_otp_held 0"));
+    assert!(text.contains(
+        "multi_platform_controller_otp_hold_duration_seconds_count{outcome=\"served\"} 0"
+    ));
     // The build-facing port does not expose metrics.
     let (code, _) = f.curl(&[&format!("https://127.0.0.1:{}/metrics", server.addr.port())]);
     assert_eq!(code, 404);
@@ -392,6 +400,7 @@ async fn a_replaced_certificate_is_served_without_restart() {
 struct ServerProcess {
     child: Child,
     port: u16,
+    admin: u16,
     log: PathBuf,
 }
 
@@ -422,7 +431,12 @@ impl ServerProcess {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("starting mpc otp-server");
-        let mut p = Self { child, port, log };
+        let mut p = Self {
+            child,
+            port,
+            admin,
+            log,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(status)) = p.child.try_wait() {
@@ -436,6 +450,28 @@ impl ServerProcess {
 
     fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The value of one series on the admin port's `/metrics`, e.g. `name{label="v"}`.
+    fn metric(&self, series: &str) -> f64 {
+        let out = Command::new("curl")
+            .args(["-sSf", &format!("http://127.0.0.1:{}/metrics", self.admin)])
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in {text}"))
+    }
+
+    /// Waits (up to 10 s) until `series` has `value`.
+    async fn wait_metric(&self, series: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.metric(series) != value {
+            assert!(Instant::now() < deadline, "{series} never reached {value}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn log_text(&self) -> String {
@@ -502,6 +538,36 @@ async fn kill_9_between_store_and_redeem_loses_nothing() {
     }
 }
 
+/// A consumer step's key fetch exactly as Konflux runs it, on a `/ssh` directory at `dir`.
+fn konflux(dir: &Path) -> Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg(
+            "curl --fail --cacert /ssh/otp-ca -XPOST -d @/ssh/otp $(cat /ssh/otp-server)"
+                .replace("/ssh", &dir.display().to_string()),
+        )
+        .output()
+        .unwrap()
+}
+
+impl Fixture {
+    /// A `/ssh` directory as the TaskRun's secret mounts it (design §3), holding `token`.
+    fn ssh_dir(&self, name: &str, token: &Token, server: &ServerProcess) -> PathBuf {
+        let ssh = self.path(name);
+        std::fs::create_dir(&ssh).unwrap();
+        // Secret values as the controller writes them; the token file ends with a newline here to
+        // show curl's stripping is not needed.
+        std::fs::write(ssh.join("otp"), format!("{}\n", token.as_str())).unwrap();
+        std::fs::write(
+            ssh.join("otp-server"),
+            format!("https://127.0.0.1:{}/otp", server.port),
+        )
+        .unwrap();
+        std::fs::write(ssh.join("otp-ca"), &self.ca_pem).unwrap();
+        ssh
+    }
+}
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
@@ -539,27 +605,7 @@ async fn the_konflux_curl_line_redeems_the_key_once_and_logs_stay_clean() {
     let client = f.client(server.addr());
     let key = private_key(3);
     let token = client.store_key(key.as_bytes()).await.unwrap();
-    let ssh = f.path("ssh");
-    std::fs::create_dir(&ssh).unwrap();
-    // Secret values as the controller writes them; the token file ends with a newline here to
-    // show curl's stripping is not needed.
-    std::fs::write(ssh.join("otp"), format!("{}\n", token.as_str())).unwrap();
-    std::fs::write(
-        ssh.join("otp-server"),
-        format!("https://127.0.0.1:{}/otp", server.port),
-    )
-    .unwrap();
-    std::fs::write(ssh.join("otp-ca"), &f.ca_pem).unwrap();
-    let konflux = |dir: &Path| -> Output {
-        Command::new("bash")
-            .arg("-c")
-            .arg(
-                "curl --fail --cacert /ssh/otp-ca -XPOST -d @/ssh/otp $(cat /ssh/otp-server)"
-                    .replace("/ssh", &dir.display().to_string()),
-            )
-            .output()
-            .unwrap()
-    };
+    let ssh = f.ssh_dir("ssh", &token, &server);
     let first = konflux(&ssh);
     assert!(first.status.success(), "{first:?}");
     assert_eq!(String::from_utf8_lossy(&first.stdout), key);
@@ -569,9 +615,7 @@ async fn the_konflux_curl_line_redeems_the_key_once_and_logs_stay_clean() {
 
     // Failures of every kind, then check the captured logs.
     let _ = client.redeem("garbage").await;
-    let _ = client
-        .redeem(mpc::otp::token::Token::random().as_str())
-        .await;
+    let _ = client.redeem(Token::random().as_str()).await;
     let log = server.log_text();
     assert!(
         log.contains("key stored") && log.contains("key redeemed"),
@@ -608,4 +652,344 @@ async fn misconfiguration_stops_the_server_with_a_clear_message() {
         err.contains("weak-seal") && err.contains("at least 32"),
         "unhelpful error: {err}"
     );
+}
+
+const STORED: &str = "multi_platform_controller_otp_stored";
+const REPLAYED: &str = "multi_platform_controller_otp_store_replayed";
+const PENDING: &str = "multi_platform_controller_otp_pending";
+const HELD: &str = "multi_platform_controller_otp_held";
+
+fn hold_count(outcome: &str) -> String {
+    format!("multi_platform_controller_otp_hold_duration_seconds_count{{outcome=\"{outcome}\"}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_keyed_stores_are_idempotent_across_a_restart() {
+    let f = Fixture::new();
+    let args = ["--rearm-wait", "1s"];
+    let mut server = ServerProcess::start(&f, &args, "first.log");
+    let client = f.client(server.addr());
+    let key = private_key(10);
+    let t1 = client
+        .store_key_for("uid-a", "prov-1", None, key.as_bytes())
+        .await
+        .unwrap();
+    // The controller lost the answer and retries: same token, no second entry.
+    let again = client
+        .store_key_for("uid-a", "prov-1", None, key.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(t1, again);
+    let t2 = client
+        .store_key_for("uid-a", "prov-2", None, key.as_bytes())
+        .await
+        .unwrap();
+    assert_ne!(t1, t2);
+    let e = client
+        .store_key_for("uid-a", "prov-1", None, b"another key")
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 409, "{e}");
+    assert!(!e.is_retryable());
+    assert_eq!(server.metric(STORED), 2.0);
+    assert_eq!(server.metric(REPLAYED), 1.0);
+    assert_eq!(server.metric(PENDING), 2.0);
+
+    // A crash, then the retry reaches the new process: still the same entry.
+    server.kill9();
+    let server = ServerProcess::start(&f, &args, "second.log");
+    let client = f.client(server.addr());
+    let after = client
+        .store_key_for("uid-a", "prov-1", None, key.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(after, t1);
+    assert_eq!(server.metric(STORED), 0.0);
+    assert_eq!(server.metric(REPLAYED), 1.0);
+    assert_eq!(server.metric(PENDING), 2.0);
+    assert_eq!(
+        client.redeem(t1.as_str()).await.unwrap().as_slice(),
+        key.as_bytes()
+    );
+    // A retry after the redeem answers the same token and does not put the key back: the next
+    // redeem waits for a re-arm that never comes, then is refused.
+    let late = client
+        .store_key_for("uid-a", "prov-1", None, key.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(late, t1);
+    let e = client.redeem(t1.as_str()).await.unwrap_err();
+    assert_eq!(rejected_status(&e), 410, "{e}");
+    assert_eq!(server.metric(&hold_count("timed_out")), 1.0);
+    assert_eq!(server.metric(PENDING), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_attempt_redeems_the_same_token_after_a_rearm() {
+    let f = Fixture::new();
+    let server = ServerProcess::start(&f, &["--rearm-wait", "3s"], "rearm.log");
+    let client = f.client(server.addr());
+    let (k1, k2, k3) = (private_key(11), private_key(12), private_key(13));
+    let token = client
+        .store_key_for("uid-r", "attempt-0", None, k1.as_bytes())
+        .await
+        .unwrap();
+    let ssh = f.ssh_dir("ssh", &token, &server);
+    let first = konflux(&ssh);
+    assert!(first.status.success(), "{first:?}");
+    assert_eq!(String::from_utf8_lossy(&first.stdout), k1);
+
+    // The attempt failed; Tekton's retry pod mounts the same secret and redeems before the
+    // controller re-armed the token: the redeem waits.
+    let retry_pod = {
+        let ssh = ssh.clone();
+        tokio::task::spawn_blocking(move || konflux(&ssh))
+    };
+    server.wait_metric(HELD, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!retry_pod.is_finished(), "the redeem did not wait");
+    let rearmed = client
+        .store_key_for("uid-r", "attempt-1", Some(token.as_str()), k2.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(rearmed, token);
+    let second = retry_pod.await.unwrap();
+    assert!(second.status.success(), "{second:?}");
+    assert_eq!(String::from_utf8_lossy(&second.stdout), k2);
+    assert_eq!(server.metric(HELD), 0.0);
+    assert_eq!(server.metric(&hold_count("served")), 1.0);
+
+    // Late copies of both requests change nothing.
+    for (req, key) in [("attempt-1", &k2), ("attempt-0", &k1)] {
+        let rearm = (req == "attempt-1").then_some(token.as_str());
+        let t = client
+            .store_key_for("uid-r", req, rearm, key.as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(t, token);
+    }
+    // Only the owner can re-arm, only its own tokens.
+    let e = client
+        .store_key_for("uid-other", "x", Some(token.as_str()), k3.as_bytes())
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 403, "{e}");
+    assert!(!e.is_retryable());
+    let go_style = client.store_key(b"anonymous key").await.unwrap();
+    let e = client
+        .store_key_for("uid-r", "y", Some(go_style.as_str()), k3.as_bytes())
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 403, "{e}");
+    let e = client
+        .store_key_for("uid-r", "z", Some(Token::random().as_str()), k3.as_bytes())
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 404, "{e}");
+
+    // Re-armed before the next redeem: served at once, exactly once.
+    client
+        .store_key_for("uid-r", "attempt-2", Some(token.as_str()), k3.as_bytes())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        client.redeem(token.as_str()).await.unwrap().as_slice(),
+        k3.as_bytes()
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // No key comes back: neither the last one nor an older one.
+    let last = konflux(&ssh);
+    assert!(!last.status.success());
+    assert!(last.stdout.is_empty());
+    assert_eq!(server.metric(&hold_count("timed_out")), 1.0);
+    assert_eq!(server.metric("multi_platform_controller_otp_rearmed"), 2.0);
+    assert_eq!(server.metric("multi_platform_controller_otp_redeemed"), 3.0);
+    assert_eq!(
+        server.metric("multi_platform_controller_otp_rejected{reason=\"forbidden\"}"),
+        2.0
+    );
+    let log = server.log_text();
+    assert!(log.contains("waiting for a re-arm"), "{log}");
+    for secret in [token.as_str(), &f.bearer] {
+        assert!(!log.contains(secret), "secret in logs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_deletes_an_owners_entries_and_releases_held_redeems() {
+    let f = Fixture::new();
+    let args = ["--rearm-wait", "60s"];
+    let mut server = ServerProcess::start(&f, &args, "revoke.log");
+    let client = f.client(server.addr());
+    let t1 = client
+        .store_key_for("uid-v", "p1", None, b"K1")
+        .await
+        .unwrap();
+    let t2 = client
+        .store_key_for("uid-v", "p2", None, b"K2")
+        .await
+        .unwrap();
+    let t3 = client
+        .store_key_for("uid-w", "p1", None, b"K3")
+        .await
+        .unwrap();
+    assert_eq!(client.redeem(t1.as_str()).await.unwrap().as_slice(), b"K1");
+    let held = {
+        let (c, t) = (client.clone(), t1.as_str().to_owned());
+        tokio::spawn(async move { c.redeem(&t).await })
+    };
+    server.wait_metric(HELD, 1.0).await;
+    let started = Instant::now();
+    assert_eq!(client.revoke("uid-v").await.unwrap(), 2);
+    let e = held.await.unwrap().unwrap_err();
+    assert_eq!(rejected_status(&e), 410, "{e}");
+    assert!(e.to_string().contains("revoked"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(server.metric(&hold_count("revoked")), 1.0);
+    let e = client.redeem(t2.as_str()).await.unwrap_err();
+    assert_eq!(rejected_status(&e), 404, "{e}");
+    assert_eq!(client.revoke("uid-v").await.unwrap(), 0, "idempotent");
+    // The TaskRun ended: a late store for it is refused, not resurrected.
+    let e = client
+        .store_key_for("uid-v", "p2", None, b"K2")
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 410, "{e}");
+    assert!(e.to_string().contains("revoked"), "{e}");
+    assert!(!e.is_retryable());
+    assert_eq!(server.metric("multi_platform_controller_otp_revoked"), 2.0);
+    assert_eq!(server.metric(PENDING), 1.0);
+
+    // Durable: after a crash the owner is still revoked and its entries gone; others untouched.
+    server.kill9();
+    let server = ServerProcess::start(&f, &args, "revoke2.log");
+    let client = f.client(server.addr());
+    let e = client
+        .store_key_for("uid-v", "p1", None, b"K1")
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 410, "{e}");
+    assert_eq!(client.revoke("uid-v").await.unwrap(), 0);
+    let e = client.redeem(t2.as_str()).await.unwrap_err();
+    assert_eq!(rejected_status(&e), 404, "{e}");
+    assert_eq!(client.redeem(t3.as_str()).await.unwrap().as_slice(), b"K3");
+
+    // Bad requests say what is wrong.
+    let url = |q: &str| format!("https://127.0.0.1:{}/revoke{q}", server.port);
+    let auth = format!("Authorization: Bearer {}", f.bearer);
+    let (code, body) = f.curl(&["-XPOST", &url("?owner=uid-w")]);
+    assert_eq!((code, body.trim()), (401, "unauthorized"));
+    let (code, body) = f.curl(&["-XPOST", "-H", &auth, &url("")]);
+    assert_eq!((code, body.trim()), (400, "owner parameter missing"));
+    let (code, body) = f.curl(&["-XPOST", "-H", &auth, &url("?owner=a%20b")]);
+    assert_eq!(code, 400);
+    assert!(body.contains("owner must be"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_redeems_are_capped_and_end_at_shutdown() {
+    let f = Fixture::new();
+    let mut args = f.args();
+    args.max_held_redeems = 2;
+    args.rearm_wait = Duration::from_secs(60);
+    let server = RunningServer::start(&args).await.unwrap();
+    let metrics = server.metrics.clone();
+    let client = f.client(server.addr);
+    let token = client
+        .store_key_for("uid-c", "p1", None, b"KEY")
+        .await
+        .unwrap();
+    client.redeem(token.as_str()).await.unwrap();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (c, t) = (client.clone(), token.as_str().to_owned());
+            tokio::spawn(async move { c.redeem(&t).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics.held.get() < 2 {
+        assert!(Instant::now() < deadline, "redeems never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let e = client.redeem(token.as_str()).await.unwrap_err();
+    assert_eq!(rejected_status(&e), 503, "{e}");
+    assert!(e.to_string().contains("too many"), "{e}");
+    assert!(e.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(metrics.rejected.with_label_values(&["busy"]).get(), 1);
+
+    let started = Instant::now();
+    server.shutdown().await;
+    for w in waiters {
+        let e = w.await.unwrap().unwrap_err();
+        assert_eq!(rejected_status(&e), 503, "{e}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown waited for held redeems"
+    );
+    assert_eq!(metrics.held.get(), 0);
+    assert_eq!(
+        metrics
+            .hold_duration
+            .with_label_values(&["shutdown"])
+            .get_sample_count(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_say_what_failed_and_whether_to_retry() {
+    let f = Fixture::new();
+    let server = RunningServer::start(&f.args()).await.unwrap();
+    let client = f.client(server.addr);
+    let e = client
+        .store_key_for("has space", "p1", None, b"KEY")
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 400);
+    assert!(e.to_string().contains("owner must be"), "{e}");
+    assert!(!e.is_retryable());
+    let e = client
+        .store_key_for("uid", "p1", Some("not-a-token"), b"KEY")
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 400);
+    assert!(e.to_string().contains("rearm is not a token"), "{e}");
+    // Characters that need escaping reach the server intact.
+    let t = client
+        .store_key_for("uid/1+&=", "req?#%", None, b"KEY")
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .store_key_for("uid/1+&=", "req?#%", None, b"KEY")
+            .await
+            .unwrap(),
+        t
+    );
+    assert_eq!(client.revoke("uid/1+&=").await.unwrap(), 1);
+
+    // A server whose certificate our CA did not sign: TLS, and retrying will not help.
+    let other = mpc::certs::generate("other", &["127.0.0.1".into()], 1).unwrap();
+    let stranger = OtpClient::new(
+        &format!("https://127.0.0.1:{}", server.addr.port()),
+        other.ca_pem.as_bytes(),
+        Zeroizing::new(f.bearer.clone()),
+    )
+    .unwrap();
+    let e = stranger.store_key(b"KEY").await.unwrap_err();
+    assert!(matches!(e, OtpClientError::Handshake(_)), "{e:?}");
+    assert!(!e.is_retryable());
+    server.shutdown().await;
+
+    // Nobody listening: unreachable, worth retrying later.
+    let mut gone = f.client(SocketAddr::from(([127, 0, 0, 1], free_port())));
+    gone.attempts = 2;
+    let e = gone.revoke("uid").await.unwrap_err();
+    assert!(matches!(e, OtpClientError::Unreachable(_)), "{e:?}");
+    assert!(e.is_retryable());
+    assert!(e.to_string().contains("after 2 attempts"), "{e}");
 }

@@ -577,3 +577,62 @@ async fn learned_host_keys_survive_restarts_and_a_replaced_key_is_refused() {
     );
     assert!(!user_exists(&contract::remote_user_name("k2", "tenant-a")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_pod_that_mounted_the_used_token_redeems_the_fresh_key() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    p.create_taskrun(
+        "tenant-a",
+        "flaky",
+        "linux/arm64",
+        json!({"spec": {"retries": 1}}),
+    )
+    .await
+    .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("flaky", "tenant-a"));
+    let first = secret_with(&p, "tenant-a", "flaky", "otp").await;
+    // The first attempt's pod redeems the key, then the attempt fails.
+    p.otp_redeem(&first["otp"]).await.unwrap();
+    p.tekton
+        .finish(
+            "tenant-a",
+            "flaky",
+            Outcome::Failed {
+                message: "flaky build".into(),
+            },
+        )
+        .await
+        .unwrap();
+    // Tekton starts the retry pod at once; the kubelet mounts the secret as it is now (the used
+    // token), and the step redeems it before the controller has even seen the retry.
+    let run = p
+        .tekton
+        .run_steps("tenant-a", "flaky", RunOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        run.exit_code,
+        0,
+        "{}\n{}\n{}",
+        run.stdout,
+        run.stderr,
+        p.logs()
+    );
+    let tr = p.taskrun("tenant-a", "flaky").await.unwrap();
+    assert_eq!(
+        tr["status"]["retriesStatus"].as_array().map(Vec::len),
+        Some(1)
+    );
+    // One secret for both attempts: the token was re-armed, never replaced.
+    let s = p.secret("tenant-a", "flaky").await;
+    assert!(
+        s.is_none_or(|s| s.get("otp") == first.get("otp")),
+        "the secret's token changed"
+    );
+    assert_clean(&p, &[("tenant-a", "flaky")]).await;
+}

@@ -150,22 +150,28 @@ struct OtpKeys(OtpClient);
 impl KeyStore for OtpKeys {
     fn store<'a>(
         &'a self,
-        _owner: &'a str,
-        _request: &'a str,
-        _rearm: Option<&'a str>,
+        owner: &'a str,
+        request: &'a str,
+        rearm: Option<&'a str>,
         key: &'a [u8],
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             self.0
-                .store_key(key)
+                .store_key_for(owner, request, rearm, key)
                 .await
                 .map(|t| t.as_str().to_owned())
                 .map_err(|e| e.to_string())
         })
     }
 
-    fn revoke<'a>(&'a self, _owner: &'a str) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async { Ok(()) })
+    fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0
+                .revoke(owner)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
     }
 }
 

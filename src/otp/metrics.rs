@@ -1,5 +1,6 @@
 //! OTP server metrics (`multi_platform_controller_otp_*`), in the server's own registry. Label sets
-//! are closed: `reason` takes only [`REASONS`], `endpoint` only `store` and `redeem`.
+//! are closed: `reason` takes only [`REASONS`], `endpoint` only [`ENDPOINTS`], `outcome` only
+//! [`HOLD_OUTCOMES`].
 
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -8,7 +9,7 @@ use prometheus::{
 use crate::metrics::name;
 
 /// Every rejection reason, pre-registered so each series exists from the start.
-pub const REASONS: [&str; 8] = [
+pub const REASONS: [&str; 11] = [
     "unauthorized",
     "malformed",
     "too_large",
@@ -16,6 +17,23 @@ pub const REASONS: [&str; 8] = [
     "used",
     "expired",
     "conflict",
+    "forbidden",
+    "revoked",
+    "busy",
+    "unavailable",
+];
+
+/// Endpoints whose latency is measured (a redeem that waited for a re-arm is measured in
+/// `otp_hold_duration_seconds` instead).
+pub const ENDPOINTS: [&str; 3] = ["store", "redeem", "revoke"];
+
+/// How a redeem that waited for a re-arm ended.
+pub const HOLD_OUTCOMES: [&str; 6] = [
+    "served",
+    "revoked",
+    "expired",
+    "timed_out",
+    "shutdown",
     "unavailable",
 ];
 
@@ -32,6 +50,14 @@ pub struct OtpMetrics {
     pub redeemed: IntCounter,
     /// Entries that expired without being redeemed (counted when purged).
     pub expired: IntCounter,
+    /// Tokens re-armed with a new key for a retry attempt.
+    pub rearmed: IntCounter,
+    /// Entries deleted by revoking their owner.
+    pub revoked: IntCounter,
+    /// Redeems waiting for a re-arm now.
+    pub held: IntGauge,
+    /// Time redeems waited for a re-arm, by outcome, seconds.
+    pub hold_duration: HistogramVec,
     /// Refused requests by reason.
     pub rejected: IntCounterVec,
     /// Entries waiting to be redeemed (exact after each purge, tracked in between).
@@ -52,10 +78,23 @@ impl OtpMetrics {
         let registry = Registry::new();
         let counter = |n: &str, help: &str| {
             let c = IntCounter::with_opts(Opts::new(name(n), help)).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
+            register(&registry, c)
+        };
+        let gauge = |n: &str, help: &str| {
+            let g = IntGauge::with_opts(Opts::new(name(n), help)).expect("valid metric");
+            register(&registry, g)
+        };
+        // Every series of a closed label set exists from the start.
+        let histogram = |n: &str, help: &str, buckets: Vec<f64>, label: &str, values: &[&str]| {
+            let opts = HistogramOpts::new(name(n), help).buckets(buckets);
+            let h = register(
+                &registry,
+                HistogramVec::new(opts, &[label]).expect("valid metric"),
+            );
+            for v in values {
+                h.with_label_values(&[v]);
+            }
+            h
         };
         let stored = counter("otp_stored", "Private keys stored for one-time redemption.");
         let store_replayed = counter(
@@ -70,48 +109,54 @@ impl OtpMetrics {
             "otp_expired",
             "Stored keys that expired without being redeemed.",
         );
-        let rejected = IntCounterVec::new(
-            Opts::new(name("otp_rejected"), "Refused OTP requests by reason."),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(rejected.clone()))
-            .expect("unique metric");
+        let rearmed = counter(
+            "otp_rearmed",
+            "Used tokens re-armed with a new key for a TaskRun retry attempt.",
+        );
+        let revoked = counter(
+            "otp_revoked",
+            "Entries deleted because their TaskRun ended (revoked by owner).",
+        );
+        let rejected = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(name("otp_rejected"), "Refused OTP requests by reason."),
+                &["reason"],
+            )
+            .expect("valid metric"),
+        );
         for r in REASONS {
             rejected.with_label_values(&[r]);
         }
-        let pending = IntGauge::with_opts(Opts::new(
-            name("otp_pending"),
-            "Stored keys waiting to be redeemed.",
-        ))
-        .expect("valid metric");
-        registry
-            .register(Box::new(pending.clone()))
-            .expect("unique metric");
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                name("otp_request_duration_seconds"),
-                "OTP request latency by endpoint.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ]),
-            &["endpoint"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(duration.clone()))
-            .expect("unique metric");
-        for e in ["store", "redeem"] {
-            duration.with_label_values(&[e]);
-        }
+        let pending = gauge("otp_pending", "Stored keys waiting to be redeemed.");
+        let held = gauge(
+            "otp_held",
+            "Redeems of a used token waiting for its re-arm (a TaskRun retry attempt).",
+        );
+        let duration = histogram(
+            "otp_request_duration_seconds",
+            "OTP request latency by endpoint.",
+            vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0],
+            "endpoint",
+            &ENDPOINTS,
+        );
+        let hold_duration = histogram(
+            "otp_hold_duration_seconds",
+            "Time a redeem of a used token waited for its re-arm, by outcome.",
+            vec![0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 90.0, 120.0],
+            "outcome",
+            &HOLD_OUTCOMES,
+        );
         Self {
             registry,
             stored,
             store_replayed,
             redeemed,
             expired,
+            rearmed,
+            revoked,
+            held,
+            hold_duration,
             rejected,
             pending,
             duration,
@@ -123,6 +168,21 @@ impl OtpMetrics {
         debug_assert!(REASONS.contains(&reason));
         self.rejected.with_label_values(&[reason]).inc();
     }
+
+    /// Records how a waiting redeem ended; `outcome` must be one of [`HOLD_OUTCOMES`].
+    pub fn hold_ended(&self, outcome: &'static str, waited: std::time::Duration) {
+        debug_assert!(HOLD_OUTCOMES.contains(&outcome));
+        self.hold_duration
+            .with_label_values(&[outcome])
+            .observe(waited.as_secs_f64());
+    }
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, m: M) -> M {
+    registry
+        .register(Box::new(m.clone()))
+        .expect("unique metric");
+    m
 }
 
 impl Default for OtpMetrics {

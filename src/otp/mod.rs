@@ -5,18 +5,25 @@
 //! (`POST /otp` with the token as body, as Konflux's `curl --cacert /ssh/otp-ca -XPOST -d @/ssh/otp
 //! "$(cat /ssh/otp-server)"` does) and gets the key; any later attempt gets a 4xx.
 //!
+//! For the controller's retries and TaskRun retry attempts (design §1.4), a store may name its
+//! owner (the TaskRun UID) and request: retries of a request get the same token and entry, a later
+//! request may re-arm the owner's used token with a new key, and a redeem of a used token waits
+//! ([`hold`]) for that re-arm. `POST /revoke` deletes an owner's entries when its TaskRun ends.
+//!
 //! - Storage: [`store`] (redb on a volume, group-committed; a restart loses nothing and the redeem
 //!   is one atomic transaction). Only the SHA-256 of a token is stored and every key is sealed with
 //!   AES-256-GCM ([`seal`]) under a key from a mounted Secret, so the database file alone yields
 //!   nothing.
-//! - Entries expire after a TTL (default 1 h); a background task purges them.
-//! - Ports: HTTPS (`/store-key`, `/otp`, `/healthz`) with the certificate re-read when the mounted
-//!   files change; plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`) kept off the port that
-//!   build pods reach.
+//! - Entries expire after a TTL (default 24 h: only a safety net behind revoke, and it must outlast
+//!   any pod start and a failed attempt before its retry re-arms); a background task purges them.
+//! - Ports: HTTPS (`/store-key`, `/otp`, `/revoke`, `/healthz`) with the certificate re-read when
+//!   the mounted files change; plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`) kept off
+//!   the port that build pods reach.
 //! - Logs never contain tokens or keys; entries appear as a short hash-of-hash id.
 //! - [`client`] is the controller's side, with retries that cannot create duplicates.
 
 pub mod client;
+pub mod hold;
 pub mod metrics;
 pub mod seal;
 pub mod secret_file;
@@ -104,7 +111,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `mpc otp-server` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OtpServerArgs {
-    /// HTTPS address for `/store-key`, `/otp` and `/healthz`.
+    /// HTTPS address for `/store-key`, `/otp`, `/revoke` and `/healthz`.
     #[arg(long, env = "MPC_OTP_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
     /// Plain-HTTP admin address for `/healthz`, `/readyz` and `/metrics`.
@@ -126,16 +133,27 @@ pub struct OtpServerArgs {
         default_value = "/etc/mpc/otp-seal/key"
     )]
     pub seal_key_files: Vec<PathBuf>,
-    /// File holding the bearer token `/store-key` requires (re-read on change).
+    /// File holding the bearer token `/store-key` and `/revoke` require (re-read on change).
     #[arg(
         long,
         env = "MPC_OTP_STORE_TOKEN_FILE",
         default_value = "/etc/mpc/otp-store-token/token"
     )]
     pub store_token_file: PathBuf,
-    /// How long a stored key stays redeemable.
-    #[arg(long, env = "MPC_OTP_TTL", default_value = "1h", value_parser = parse_duration)]
+    /// How long a stored key stays redeemable, and a used one re-armable.
+    #[arg(long, env = "MPC_OTP_TTL", default_value = "24h", value_parser = parse_duration)]
     pub ttl: Duration,
+    /// How long a redeem of a used token waits for its owner to re-arm it. Tekton starts a retry
+    /// pod as soon as an attempt fails, while the controller still has to see the failure,
+    /// provision a fresh key over SSH (a cold connection may take its 15 s connect timeout, and
+    /// the executor retries) and re-arm: 90 s covers that with room, and a build whose re-arm is
+    /// not coming still fails within a minute and a half.
+    #[arg(long, env = "MPC_OTP_REARM_WAIT", default_value = "90s", value_parser = parse_duration)]
+    pub rearm_wait: Duration,
+    /// Most redeems waiting for a re-arm at once (each holds a connection); more are answered 503
+    /// at once. Retries arrive one pod per failed attempt, so this is far above normal need.
+    #[arg(long, env = "MPC_OTP_MAX_HELD_REDEEMS", default_value_t = 256)]
+    pub max_held_redeems: usize,
     /// How often expired entries are purged.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub purge_interval: Duration,
@@ -165,7 +183,9 @@ impl OtpServerArgs {
             db,
             seal_key_files: vec![seal_key_file],
             store_token_file,
-            ttl: Duration::from_secs(3600),
+            ttl: Duration::from_secs(24 * 3600),
+            rearm_wait: Duration::from_secs(90),
+            max_held_redeems: 256,
             purge_interval: Duration::from_secs(60),
             max_key_bytes: 64 * 1024,
             request_timeout: Duration::from_secs(10),
@@ -210,6 +230,11 @@ impl RunningServer {
     ) -> Result<Self, OtpError> {
         if args.max_key_bytes == 0 {
             return Err(OtpError::Config("--max-key-bytes must be positive".into()));
+        }
+        if args.max_held_redeems == 0 {
+            return Err(OtpError::Config(
+                "--max-held-redeems must be positive".into(),
+            ));
         }
         let mut secrets = Vec::new();
         for path in &args.seal_key_files {
@@ -260,6 +285,7 @@ impl RunningServer {
             source,
         })?;
 
+        let cancel = CancellationToken::new();
         let state = Arc::new(server::AppState {
             store: store.clone(),
             sealer,
@@ -269,16 +295,19 @@ impl RunningServer {
             ),
             ttl: args.ttl,
             max_key_bytes: args.max_key_bytes,
+            request_timeout: args.request_timeout,
+            rearm_wait: args.rearm_wait,
+            holds: hold::Holds::new(args.max_held_redeems, metrics.held.clone()),
+            shutdown: cancel.clone(),
             metrics: metrics.clone(),
         });
-        let cancel = CancellationToken::new();
         let opts = ServeOptions::default();
         let mut tasks = vec![
             cert.spawn_reloader(args.cert_reload_interval, cancel.clone()),
             tokio::spawn(serve_tls(
                 listener,
                 tls,
-                server::router(Arc::clone(&state), args.request_timeout),
+                server::router(Arc::clone(&state)),
                 cancel.clone(),
                 opts,
             )),
@@ -300,6 +329,7 @@ impl RunningServer {
             %admin_addr,
             db = %args.db.display(),
             ttl_s = args.ttl.as_secs_f64(),
+            rearm_wait_s = args.rearm_wait.as_secs_f64(),
             pending = purged.pending,
             "OTP server listening"
         );
@@ -359,10 +389,11 @@ async fn purge_loop(
             Ok(p) => {
                 metrics.expired.inc_by(p.expired);
                 metrics.pending.set(p.pending as i64);
-                if p.expired > 0 || p.tombstones > 0 {
+                if p.expired > 0 || p.tombstones > 0 || p.owners > 0 {
                     tracing::info!(
                         expired = p.expired,
                         tombstones = p.tombstones,
+                        revoked_owners = p.owners,
                         pending = p.pending,
                         "purged OTP entries"
                     );

@@ -35,7 +35,11 @@ pub enum SealError {
 struct SealKey {
     id: [u8; KEY_ID_LEN],
     aead: RandomizedNonceKey,
+    digest: hmac::Key,
 }
+
+/// A keyed digest of a stored key ([`Sealer::digest`]).
+pub type KeyDigest = [u8; 32];
 
 /// Seals and opens stored keys; also derives idempotent tokens.
 pub struct Sealer {
@@ -73,7 +77,8 @@ impl Sealer {
             id.copy_from_slice(&id_digest.as_ref()[..KEY_ID_LEN]);
             let aead =
                 RandomizedNonceKey::new(&AES_256_GCM, &key).map_err(|_| SealError::Corrupt)?;
-            keys.push(SealKey { id, aead });
+            let digest = hmac::Key::new(hmac::HMAC_SHA256, &derive(s, b"mpc otp key digest v1"));
+            keys.push(SealKey { id, aead, digest });
         }
         let token_key = hmac::Key::new(
             hmac::HMAC_SHA256,
@@ -122,6 +127,22 @@ impl Sealer {
         Ok(buf)
     }
 
+    /// A digest of `plaintext` bound to `aad`, kept with an entry so a retried store can be
+    /// recognised without opening the sealed key, and after the key itself is gone. Keyed, so the
+    /// database alone cannot confirm a guessed key.
+    pub fn digest(&self, aad: &[u8], plaintext: &[u8]) -> KeyDigest {
+        digest_with(&self.keys[0].digest, aad, plaintext)
+    }
+
+    /// Whether `digest` is [`Self::digest`] of `plaintext` under any configured secret (so a
+    /// retry is still recognised after a rotation).
+    pub fn digest_matches(&self, aad: &[u8], plaintext: &[u8], digest: &KeyDigest) -> bool {
+        self.keys.iter().any(|k| {
+            let d = digest_with(&k.digest, aad, plaintext);
+            aws_lc_rs::constant_time::verify_slices_are_equal(&d, digest).is_ok()
+        })
+    }
+
     /// The token for a client-chosen idempotency key: retries of one store get the same token,
     /// and nobody without the sealing secret can predict it.
     pub fn token_for(&self, idempotency_key: &[u8]) -> Token {
@@ -130,6 +151,27 @@ impl Sealer {
         raw.copy_from_slice(&tag.as_ref()[..TOKEN_BYTES]);
         Token::from_raw(&raw)
     }
+
+    /// The token for one owner's request. Idempotency keys are visible ASCII, so the NUL
+    /// separators keep the two derivations from ever meeting.
+    pub fn token_for_owner(&self, owner: &str, request: &str) -> Token {
+        let mut input = Vec::with_capacity(7 + owner.len() + request.len());
+        input.extend_from_slice(b"owner\0");
+        input.extend_from_slice(owner.as_bytes());
+        input.push(0);
+        input.extend_from_slice(request.as_bytes());
+        self.token_for(&input)
+    }
+}
+
+fn digest_with(key: &hmac::Key, aad: &[u8], plaintext: &[u8]) -> KeyDigest {
+    let mut ctx = hmac::Context::with_key(key);
+    ctx.update(&(aad.len() as u64).to_be_bytes());
+    ctx.update(aad);
+    ctx.update(plaintext);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.sign().as_ref());
+    out
 }
 
 #[cfg(test)]
@@ -187,6 +229,44 @@ mod tests {
         let a = Sealer::new(&[A]).unwrap();
         let b = Sealer::new(&[with_nl]).unwrap();
         assert_eq!(&*b.open(b"h", &a.seal(b"h", b"k")).unwrap(), b"k");
+    }
+
+    #[test]
+    fn key_digests_survive_rotation_and_bind_the_entry() {
+        let old = Sealer::new(&[A]).unwrap();
+        let d = old.digest(b"h", b"key");
+        assert!(old.digest_matches(b"h", b"key", &d));
+        assert!(!old.digest_matches(b"h", b"other", &d));
+        assert!(!old.digest_matches(b"h2", b"key", &d));
+        assert!(
+            Sealer::new(&[B, A])
+                .unwrap()
+                .digest_matches(b"h", b"key", &d)
+        );
+        assert!(!Sealer::new(&[B]).unwrap().digest_matches(b"h", b"key", &d));
+        // Length-prefixed: moving bytes between the entry binding and the key changes the digest.
+        assert_ne!(old.digest(b"ab", b"c"), old.digest(b"a", b"bc"));
+    }
+
+    #[test]
+    fn owner_tokens_are_stable_and_distinct_from_idempotency_tokens() {
+        let a = Sealer::new(&[A]).unwrap();
+        assert_eq!(
+            a.token_for_owner("uid-1", "req-1"),
+            a.token_for_owner("uid-1", "req-1")
+        );
+        assert_ne!(
+            a.token_for_owner("uid-1", "req-1"),
+            a.token_for_owner("uid-1", "req-2")
+        );
+        assert_ne!(
+            a.token_for_owner("uid-1", "req-1"),
+            a.token_for_owner("uid-2", "req-1")
+        );
+        assert_ne!(
+            a.token_for_owner("uid-1", "req-1"),
+            a.token_for(b"owner uid-1 req-1")
+        );
     }
 
     #[test]

@@ -1,28 +1,40 @@
-//! The HTTP side of the OTP server: `POST /store-key`, `POST /otp`, `/healthz` on the TLS port;
-//! `/healthz` and `/metrics` on a separate plain-HTTP admin port, so the port build pods can reach
-//! exposes nothing but the two endpoints they need.
+//! The HTTP side of the OTP server: `POST /store-key`, `POST /otp`, `POST /revoke`, `/healthz` on
+//! the TLS port; `/healthz` and `/metrics` on a separate plain-HTTP admin port, so the port build
+//! pods can reach exposes nothing but the endpoints the controller and they need.
+//!
+//! `/store-key` speaks the Go controller's protocol (body: key, answer: token) and, with
+//! `?owner=<TaskRun UID>&request=<id>`, the controller's idempotent one: retries of one request
+//! get the same token and entry. `&rearm=<token>` makes a used token of the same owner redeem once
+//! more with the new key (a TaskRun retry attempt mounts the token its failed attempt used), and a
+//! redeem of such a token waits up to `--rearm-wait` for that re-arm. `/revoke?owner=<uid>`
+//! deletes an owner's entries when its TaskRun ends.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
+use super::hold::{Holds, Wake};
 use super::metrics::OtpMetrics;
 use super::seal::Sealer;
 use super::secret_file::SecretFile;
-use super::store::{Redeemed, Refusal, Store, StoreConflict, StoreError, Stored};
-use super::token::Token;
+use super::store::{
+    Claim, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreRefusal, StoreRequest, Stored,
+    request_digest,
+};
+use super::token::{Token, TokenHash};
 
 /// Header carrying a client-chosen idempotency key on `/store-key`.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Longest idempotency key accepted.
-pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+pub const MAX_IDEMPOTENCY_KEY: usize = MAX_ID_LEN;
 /// Largest `/otp` body (a token plus whitespace).
 const MAX_TOKEN_BODY: usize = 1024;
 
@@ -32,12 +44,20 @@ pub struct AppState {
     pub store: Store,
     /// Seals keys and derives idempotent tokens.
     pub sealer: Arc<Sealer>,
-    /// Bearer token required on `/store-key`.
+    /// Bearer token required on `/store-key` and `/revoke`.
     pub store_token: SecretFile,
-    /// Entry lifetime.
+    /// Entry lifetime (also how long a revoked owner is remembered).
     pub ttl: Duration,
     /// Largest private key accepted.
     pub max_key_bytes: usize,
+    /// Longest a request may take (a redeem's wait for a re-arm excepted).
+    pub request_timeout: Duration,
+    /// Longest a redeem of a used, re-armable token waits for the re-arm.
+    pub rearm_wait: Duration,
+    /// Redeems waiting for a re-arm.
+    pub holds: Holds,
+    /// Ends waiting redeems at shutdown.
+    pub shutdown: CancellationToken,
     /// Metrics.
     pub metrics: OtpMetrics,
 }
@@ -46,21 +66,26 @@ impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("ttl", &self.ttl)
+            .field("rearm_wait", &self.rearm_wait)
             .finish_non_exhaustive()
     }
 }
 
 /// The TLS port's routes.
-pub fn router(state: Arc<AppState>, request_timeout: Duration) -> Router {
-    Router::new()
+pub fn router(state: Arc<AppState>) -> Router {
+    let timeout =
+        |d| tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, d);
+    let bounded = Router::new()
         .route("/store-key", post(store_key))
-        .route("/otp", post(redeem))
+        .route("/revoke", post(revoke))
         .route("/healthz", get(|| async { "ok" }))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            request_timeout,
-        ))
-        .with_state(state)
+        .layer(timeout(state.request_timeout));
+    // A redeem may wait for a re-arm; the handler bounds its body read and its wait, this is the
+    // backstop.
+    let redeem = Router::new()
+        .route("/otp", post(redeem))
+        .layer(timeout(state.request_timeout * 2 + state.rearm_wait));
+    bounded.merge(redeem).with_state(state)
 }
 
 /// The admin port's routes.
@@ -77,6 +102,106 @@ pub fn admin_router(metrics: OtpMetrics) -> Router {
         )
 }
 
+/// What a `/store-key` request asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StoreParams {
+    /// The Go controller's protocol: a random token, or the one an `Idempotency-Key` derives.
+    Anonymous {
+        /// The `Idempotency-Key` header.
+        idempotency: Option<Vec<u8>>,
+    },
+    /// An owner's request, optionally re-arming a token the owner holds.
+    Owned {
+        /// The TaskRun UID.
+        owner: String,
+        /// The controller's id for this provisioning.
+        request: String,
+        /// The token to re-arm.
+        rearm: Option<Token>,
+    },
+}
+
+/// Checks an owner, request id or idempotency key: 1 to [`MAX_ID_LEN`] visible ASCII characters.
+fn visible_id(name: &str, value: &[u8]) -> Result<String, String> {
+    if value.is_empty() || value.len() > MAX_ID_LEN || !value.iter().all(u8::is_ascii_graphic) {
+        let shown: String = String::from_utf8_lossy(value).chars().take(40).collect();
+        return Err(format!(
+            "{name} must be 1-{MAX_ID_LEN} visible ASCII characters, got {shown:?}{}",
+            if value.len() > 40 { "..." } else { "" }
+        ));
+    }
+    Ok(String::from_utf8_lossy(value).into_owned())
+}
+
+/// The query's parameters, each at most once and each one of `allowed`.
+fn query_params(
+    uri: &Uri,
+    allowed: &[&'static str],
+) -> Result<Vec<(&'static str, String)>, String> {
+    let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(uri)
+        .map_err(|e| format!("malformed query: {}", e.body_text()))?;
+    let mut out: Vec<(&'static str, String)> = Vec::new();
+    for (k, v) in pairs {
+        let Some(name) = allowed.iter().copied().find(|a| *a == k) else {
+            let shown: String = k.chars().take(40).collect();
+            return Err(format!(
+                "unknown parameter {shown:?} (expected {})",
+                allowed.join(", ")
+            ));
+        };
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(format!("parameter {name} given more than once"));
+        }
+        out.push((name, v));
+    }
+    Ok(out)
+}
+
+fn param(params: &[(&'static str, String)], name: &str) -> Option<String> {
+    params
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.clone())
+}
+
+/// Parses `/store-key`'s query (`owner`, `request`, `rearm`) and `Idempotency-Key` header.
+pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams, String> {
+    let params = query_params(uri, &["owner", "request", "rearm"])?;
+    let idempotency = idempotency
+        .map(|v| visible_id(IDEMPOTENCY_KEY, v).map(String::into_bytes))
+        .transpose()?;
+    let Some(owner) = param(&params, "owner") else {
+        if let Some((name, _)) = params.first() {
+            return Err(format!("{name} needs an owner parameter"));
+        }
+        return Ok(StoreParams::Anonymous { idempotency });
+    };
+    if idempotency.is_some() {
+        return Err(format!(
+            "{IDEMPOTENCY_KEY} cannot be combined with owner (the request id makes the store idempotent)"
+        ));
+    }
+    let owner = visible_id("owner", owner.as_bytes())?;
+    let request = param(&params, "request").ok_or("owner needs a request parameter")?;
+    let request = visible_id("request", request.as_bytes())?;
+    // Never echo a token, even a malformed one.
+    let rearm = param(&params, "rearm")
+        .map(|t| Token::parse(t.as_bytes()).map_err(|_| "rearm is not a token".to_owned()))
+        .transpose()?;
+    Ok(StoreParams::Owned {
+        owner,
+        request,
+        rearm,
+    })
+}
+
+/// Parses `/revoke`'s query: the owner.
+pub fn revoke_params(uri: &Uri) -> Result<String, String> {
+    let params = query_params(uri, &["owner"])?;
+    let owner = param(&params, "owner").ok_or("owner parameter missing")?;
+    visible_id("owner", owner.as_bytes())
+}
+
 fn text(status: StatusCode, body: impl Into<Body>) -> Response {
     let mut r = (status, body.into()).into_response();
     let h = r.headers_mut();
@@ -88,12 +213,7 @@ fn text(status: StatusCode, body: impl Into<Body>) -> Response {
     r
 }
 
-fn refuse(
-    state: &AppState,
-    reason: &'static str,
-    status: StatusCode,
-    msg: &'static str,
-) -> Response {
+fn refuse(state: &AppState, reason: &'static str, status: StatusCode, msg: &str) -> Response {
     state.metrics.reject(reason);
     tracing::info!(reason, status = status.as_u16(), "OTP request refused");
     text(status, format!("{msg}\n"))
@@ -130,32 +250,68 @@ fn authorized(state: &AppState, headers: &HeaderMap) -> bool {
     aws_lc_rs::constant_time::verify_slices_are_equal(presented.trim_ascii(), &expected).is_ok()
 }
 
-async fn store_key(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    let started = Instant::now();
-    let response = store_key_inner(&state, &headers, body).await;
+fn unauthorized(state: &AppState) -> Response {
+    let mut r = refuse(
+        state,
+        "unauthorized",
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+fn observe(state: &AppState, endpoint: &'static str, started: Instant) {
     state
         .metrics
         .duration
-        .with_label_values(&["store"])
+        .with_label_values(&[endpoint])
         .observe(started.elapsed().as_secs_f64());
+}
+
+/// A controller request (`/store-key`, `/revoke`): reads the body (at most `limit` bytes), checks
+/// the bearer token, runs `f` on the body (`None` if too large) and times it as `endpoint`.
+async fn controller_request<Fut: Future<Output = Response>>(
+    state: &AppState,
+    endpoint: &'static str,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    f: impl FnOnce(Option<Zeroizing<Vec<u8>>>) -> Fut,
+) -> Response {
+    let started = Instant::now();
+    // The body is read before answering even a refusal: HTTP/2 clients such as curl report an
+    // unread request body as a stream error instead of showing the status.
+    let body = read_body(body, limit).await;
+    let response = if authorized(state, headers) {
+        f(body).await
+    } else {
+        unauthorized(state)
+    };
+    observe(state, endpoint, started);
     response
 }
 
-async fn store_key_inner(state: &AppState, headers: &HeaderMap, body: Body) -> Response {
-    // The (bounded) body is read before answering even a refusal: HTTP/2 clients such as curl
-    // report an unread request body as a stream error instead of showing the status.
-    let body = read_body(body, state.max_key_bytes).await;
-    if !authorized(state, headers) {
-        let mut r = refuse(
-            state,
-            "unauthorized",
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-        );
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
-    }
+async fn store_key(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let limit = state.max_key_bytes;
+    controller_request(&state, "store", &headers, body, limit, |key| {
+        store_key_inner(&state, &uri, &headers, key)
+    })
+    .await
+}
+
+async fn store_key_inner(
+    state: &AppState,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Option<Zeroizing<Vec<u8>>>,
+) -> Response {
     let Some(key) = body else {
         return refuse(
             state,
@@ -164,107 +320,347 @@ async fn store_key_inner(state: &AppState, headers: &HeaderMap, body: Body) -> R
             "key too large",
         );
     };
-    let idempotency = match headers.get(IDEMPOTENCY_KEY) {
-        None => None,
-        Some(v) => {
-            let b = v.as_bytes();
-            if b.is_empty() || b.len() > MAX_IDEMPOTENCY_KEY || !b.iter().all(u8::is_ascii_graphic)
-            {
-                return refuse(
-                    state,
-                    "malformed",
-                    StatusCode::BAD_REQUEST,
-                    "idempotency-key must be 1-128 visible ASCII characters",
-                );
-            }
-            Some(b.to_vec())
-        }
+    let idempotency = headers.get(IDEMPOTENCY_KEY).map(HeaderValue::as_bytes);
+    let params = match store_params(uri, idempotency) {
+        Ok(p) => p,
+        Err(msg) => return refuse(state, "malformed", StatusCode::BAD_REQUEST, &msg),
     };
     if key.trim_ascii().is_empty() {
         return refuse(state, "malformed", StatusCode::BAD_REQUEST, "empty key");
     }
-    let token = idempotency
-        .as_deref()
-        .map_or_else(Token::random, |k| state.sealer.token_for(k));
+    let (token, claim) = match params {
+        StoreParams::Anonymous { idempotency } => (
+            idempotency
+                .as_deref()
+                .map_or_else(Token::random, |k| state.sealer.token_for(k)),
+            Claim::Anonymous,
+        ),
+        StoreParams::Owned {
+            owner,
+            request,
+            rearm,
+        } => {
+            let claim = Claim::Owned {
+                owner: owner.as_bytes().to_vec(),
+                request: request_digest(&request),
+                rearm: rearm.is_some(),
+            };
+            let token = rearm.unwrap_or_else(|| state.sealer.token_for_owner(&owner, &request));
+            (token, claim)
+        }
+    };
+    let owned = matches!(claim, Claim::Owned { .. });
     let hash = token.hash();
-    let sealed = state.sealer.seal(&hash.0, &key);
-    match state.store.store(hash, sealed, key, state.ttl).await {
+    let req = StoreRequest {
+        hash,
+        claim,
+        sealed: state.sealer.seal(&hash.0, &key),
+        key_digest: state.sealer.digest(&hash.0, &key),
+        plaintext: key,
+        ttl: state.ttl,
+    };
+    match state.store.store(req).await {
         Ok(Ok(stored)) => {
-            let status = match stored {
+            let m = &state.metrics;
+            let (status, outcome) = match stored {
                 Stored::Created => {
-                    state.metrics.stored.inc();
-                    state.metrics.pending.inc();
-                    StatusCode::CREATED
+                    m.stored.inc();
+                    m.pending.inc();
+                    (StatusCode::CREATED, "created")
                 }
                 Stored::Replayed => {
-                    state.metrics.store_replayed.inc();
-                    StatusCode::OK
+                    m.store_replayed.inc();
+                    (StatusCode::OK, "replayed")
+                }
+                Stored::Rearmed { was_redeemed } => {
+                    m.rearmed.inc();
+                    if was_redeemed {
+                        m.pending.inc();
+                    }
+                    state.holds.wake(&hash, Wake::Rearmed);
+                    (StatusCode::CREATED, "rearmed")
                 }
             };
-            tracing::info!(entry = %hash.log_id(), replayed = (stored == Stored::Replayed), "key stored");
+            tracing::info!(entry = %hash.log_id(), owned, outcome, "key stored");
             text(status, token.as_str().to_owned())
         }
-        Ok(Err(StoreConflict::DifferentKey)) => refuse(
-            state,
+        Ok(Err(r)) => {
+            let (reason, status, msg) = store_refusal(r);
+            refuse(state, reason, status, msg)
+        }
+        Err(e) => unavailable(state, &e),
+    }
+}
+
+/// The metrics reason, status and message for a refused store.
+fn store_refusal(r: StoreRefusal) -> (&'static str, StatusCode, &'static str) {
+    use StatusCode as S;
+    match r {
+        StoreRefusal::DifferentKey => (
             "conflict",
-            StatusCode::CONFLICT,
-            "idempotency-key already used for a different key",
+            S::CONFLICT,
+            "this idempotency key or request id already stored a different key",
         ),
-        Ok(Err(StoreConflict::AlreadyRedeemed)) => refuse(
-            state,
+        StoreRefusal::AlreadyRedeemed => (
             "conflict",
-            StatusCode::CONFLICT,
+            S::CONFLICT,
             "this request's key was already redeemed",
         ),
+        StoreRefusal::TooManyRearms => (
+            "conflict",
+            S::CONFLICT,
+            "the token was re-armed too many times; store a new one",
+        ),
+        StoreRefusal::Unknown => ("unknown", S::NOT_FOUND, "the token to re-arm is unknown"),
+        StoreRefusal::Expired => (
+            "expired",
+            S::GONE,
+            "the token to re-arm expired; store a new one",
+        ),
+        StoreRefusal::OtherOwner => (
+            "forbidden",
+            S::FORBIDDEN,
+            "the token to re-arm does not belong to this owner",
+        ),
+        StoreRefusal::OwnerRevoked => (
+            "revoked",
+            S::GONE,
+            "this owner was revoked (its TaskRun ended)",
+        ),
+    }
+}
+
+async fn revoke(
+    State(state): State<Arc<AppState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    // The body carries nothing.
+    controller_request(&state, "revoke", &headers, body, MAX_TOKEN_BODY, |_| {
+        revoke_inner(&state, &uri)
+    })
+    .await
+}
+
+async fn revoke_inner(state: &AppState, uri: &Uri) -> Response {
+    let owner = match revoke_params(uri) {
+        Ok(o) => o,
+        Err(msg) => return refuse(state, "malformed", StatusCode::BAD_REQUEST, &msg),
+    };
+    match state
+        .store
+        .revoke(owner.clone().into_bytes(), state.ttl)
+        .await
+    {
+        Ok(r) => {
+            let m = &state.metrics;
+            m.revoked.inc_by(r.hashes.len() as u64);
+            m.pending.sub(r.pending as i64);
+            for h in &r.hashes {
+                state.holds.wake(h, Wake::Revoked);
+            }
+            tracing::info!(%owner, entries = r.hashes.len(), "owner revoked");
+            text(StatusCode::OK, format!("{}\n", r.hashes.len()))
+        }
         Err(e) => unavailable(state, &e),
     }
 }
 
 async fn redeem(State(state): State<Arc<AppState>>, body: Body) -> Response {
     let started = Instant::now();
-    let response = redeem_inner(&state, body).await;
-    state
-        .metrics
-        .duration
-        .with_label_values(&["redeem"])
-        .observe(started.elapsed().as_secs_f64());
+    let (response, held) = redeem_inner(&state, body).await;
+    if !held {
+        observe(&state, "redeem", started);
+    }
     response
 }
 
-async fn redeem_inner(state: &AppState, body: Body) -> Response {
-    let Some(body) = read_body(body, MAX_TOKEN_BODY).await else {
-        return refuse(
-            state,
-            "too_large",
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body too large",
-        );
-    };
+/// The answer, and whether the redeem waited for a re-arm.
+async fn redeem_inner(state: &AppState, body: Body) -> (Response, bool) {
+    let body =
+        match tokio::time::timeout(state.request_timeout, read_body(body, MAX_TOKEN_BODY)).await {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                let r = refuse(
+                    state,
+                    "too_large",
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body too large",
+                );
+                return (r, false);
+            }
+            Err(_) => {
+                return (
+                    text(StatusCode::REQUEST_TIMEOUT, "request timeout\n"),
+                    false,
+                );
+            }
+        };
     let Ok(token) = Token::parse(&body) else {
-        return refuse(
+        let r = refuse(
             state,
             "malformed",
             StatusCode::BAD_REQUEST,
             "malformed token",
         );
+        return (r, false);
     };
     let hash = token.hash();
     match state.store.redeem(hash).await {
-        Ok(Redeemed::Key(key)) => {
-            state.metrics.redeemed.inc();
-            state.metrics.pending.dec();
-            tracing::info!(entry = %hash.log_id(), "key redeemed");
-            text(StatusCode::OK, key.to_vec())
+        Ok(Redeemed::Key(key)) => (served(state, &hash, &key), false),
+        Ok(Redeemed::Refused(Refusal::Used { rearmable: true })) => {
+            (hold_for_rearm(state, hash).await, true)
         }
-        Ok(Redeemed::Refused(Refusal::Unknown)) => {
-            refuse(state, "unknown", StatusCode::NOT_FOUND, "unknown token")
+        Ok(Redeemed::Refused(r)) => (refusal(state, r), false),
+        Err(e) => (unavailable(state, &e), false),
+    }
+}
+
+fn served(state: &AppState, hash: &TokenHash, key: &[u8]) -> Response {
+    state.metrics.redeemed.inc();
+    state.metrics.pending.dec();
+    tracing::info!(entry = %hash.log_id(), "key redeemed");
+    text(StatusCode::OK, key.to_vec())
+}
+
+fn refusal(state: &AppState, r: Refusal) -> Response {
+    match r {
+        Refusal::Unknown => refuse(state, "unknown", StatusCode::NOT_FOUND, "unknown token"),
+        Refusal::Used { .. } => refuse(state, "used", StatusCode::GONE, "token already used"),
+        Refusal::Expired => refuse(state, "expired", StatusCode::GONE, "token expired"),
+    }
+}
+
+fn revoked_token(state: &AppState) -> Response {
+    refuse(state, "revoked", StatusCode::GONE, "token revoked")
+}
+
+/// A redeem of a used token its owner may re-arm: waits for the re-arm (then answers with the new
+/// key, if no other redeem took it first), a revoke, shutdown, or `rearm_wait`.
+async fn hold_for_rearm(state: &AppState, hash: TokenHash) -> Response {
+    let Some(mut hold) = state.holds.hold(hash) else {
+        return refuse(
+            state,
+            "busy",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many redeems are waiting for a re-arm; retry later",
+        );
+    };
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + state.rearm_wait;
+    tracing::info!(entry = %hash.log_id(), "token already used; waiting for a re-arm");
+    let (outcome, response) = loop {
+        // Look again now that we are subscribed: a re-arm committed since the first look woke
+        // nobody.
+        match state.store.redeem(hash).await {
+            Ok(Redeemed::Key(key)) => break ("served", served(state, &hash, &key)),
+            Ok(Redeemed::Refused(Refusal::Used { rearmable: true })) => {}
+            Ok(Redeemed::Refused(Refusal::Expired)) => {
+                break ("expired", refusal(state, Refusal::Expired));
+            }
+            // The entry is gone: only a revoke deletes a current entry.
+            Ok(Redeemed::Refused(_)) => break ("revoked", revoked_token(state)),
+            Err(e) => break ("unavailable", unavailable(state, &e)),
         }
-        Ok(Redeemed::Refused(Refusal::Used)) => {
-            refuse(state, "used", StatusCode::GONE, "token already used")
+        tokio::select! {
+            () = state.shutdown.cancelled() => break (
+                "shutdown",
+                refuse(
+                    state,
+                    "unavailable",
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the OTP server is shutting down; retry",
+                ),
+            ),
+            () = tokio::time::sleep_until(deadline) => {
+                break ("timed_out", refusal(state, Refusal::Used { rearmable: true }));
+            }
+            wake = hold.woken() => {
+                if wake == Wake::Revoked {
+                    break ("revoked", revoked_token(state));
+                }
+            }
         }
-        Ok(Redeemed::Refused(Refusal::Expired)) => {
-            refuse(state, "expired", StatusCode::GONE, "token expired")
+    };
+    drop(hold);
+    let waited = started.elapsed();
+    state.metrics.hold_ended(outcome, waited);
+    tracing::info!(
+        entry = %hash.log_id(),
+        outcome,
+        waited_ms = waited.as_millis() as u64,
+        "wait for a re-arm ended"
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_parameters() {
+        let t = Token::random();
+        fn store_params(q: &str, h: Option<&[u8]>) -> Result<StoreParams, String> {
+            super::store_params(&format!("/store-key?{q}").parse().unwrap(), h)
         }
-        Err(e) => unavailable(state, &e),
+        assert_eq!(
+            super::store_params(&"/store-key".parse().unwrap(), None),
+            Ok(StoreParams::Anonymous { idempotency: None })
+        );
+        assert_eq!(
+            store_params("", Some(&b"req-1"[..])),
+            Ok(StoreParams::Anonymous {
+                idempotency: Some(b"req-1".to_vec())
+            })
+        );
+        let q = format!("owner=uid-1&request=r%2F1&rearm={}", t.as_str());
+        assert_eq!(
+            store_params(&q, None),
+            Ok(StoreParams::Owned {
+                owner: "uid-1".into(),
+                request: "r/1".into(),
+                rearm: Some(t.clone()),
+            })
+        );
+        assert_eq!(
+            store_params("request=r&owner=u", None),
+            Ok(StoreParams::Owned {
+                owner: "u".into(),
+                request: "r".into(),
+                rearm: None,
+            })
+        );
+        let err = |q: &str, h: Option<&[u8]>| store_params(q, h).unwrap_err();
+        assert!(err("owner=u", None).contains("request"));
+        assert!(err("request=r", None).contains("owner"));
+        assert!(err(&format!("rearm={}", t.as_str()), None).contains("owner"));
+        assert!(err("owner=u&request=r&x=1", None).contains("unknown parameter \"x\""));
+        assert!(err("owner=u&owner=v&request=r", None).contains("owner given more than once"));
+        assert!(err("owner=a+b&request=r", None).contains("owner must be"));
+        assert!(err("owner=&request=r", None).contains("owner must be"));
+        assert!(err(&format!("owner=u&request={}", "r".repeat(129)), None).contains("request"));
+        let bad_token = err("owner=u&request=r&rearm=secret-ish", None);
+        assert!(
+            bad_token.contains("rearm is not a token") && !bad_token.contains("secret-ish"),
+            "{bad_token}"
+        );
+        assert!(err("owner=u&request=r", Some(b"k")).contains(IDEMPOTENCY_KEY));
+        assert!(
+            store_params("", Some(b"has space"))
+                .unwrap_err()
+                .contains(IDEMPOTENCY_KEY)
+        );
+    }
+
+    #[test]
+    fn revoke_parameters() {
+        let revoke = |q: &str| revoke_params(&format!("/revoke?{q}").parse().unwrap());
+        assert_eq!(revoke("owner=uid-1"), Ok("uid-1".into()));
+        assert!(revoke("").unwrap_err().contains("owner"));
+        assert!(revoke("owner=u&request=r").unwrap_err().contains("request"));
+        assert!(revoke("owner=%00").unwrap_err().contains("owner must be"));
+        assert!(revoke("owner=%FF").unwrap_err().contains("owner must be"));
     }
 }

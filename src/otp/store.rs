@@ -12,20 +12,35 @@
 //! redeems of one token cannot both see it live, and no key is returned before the tombstone is
 //! durable, which is what makes "exactly once" survive crashes. Batching is what lets a disk with
 //! millisecond fsyncs serve thousands of redeems per second.
+//!
+//! Owner-keyed entries (the controller's stores, keyed by TaskRun UID) remember which requests
+//! armed them, so a retried store or re-arm changes nothing, and are indexed by owner so a revoke
+//! deletes them all in one transaction. A revoked owner is remembered for a TTL, so a late retry
+//! cannot bring an entry back.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redb::{Database, ReadableTable, TableDefinition};
+use aws_lc_rs::digest;
+use redb::{Database, MultimapTableDefinition, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 
-use super::seal::{SealError, Sealer};
+use super::seal::{KeyDigest, SealError, Sealer};
 use super::token::TokenHash;
 
 const ENTRIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("entries");
+/// Owner → the token hashes of its entries.
+const OWNERS: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("owners");
+/// Revoked owner → Unix ms until which stores for it are refused.
+const REVOKED: TableDefinition<&[u8], u64> = TableDefinition::new("revoked");
 const MAX_BATCH: usize = 512;
+/// Most requests that may arm one entry (its first store plus re-arms): far more retries than any
+/// Task sets, and a bound on an entry's size.
+pub const MAX_ARMS: usize = 64;
+/// Longest owner or request id, in bytes.
+pub const MAX_ID_LEN: usize = 128;
 
 /// Wall-clock milliseconds since the Unix epoch (entries outlive the process, so a monotonic clock
 /// will not do). Injected so tests can move time.
@@ -47,75 +62,145 @@ impl Clock for SystemClock {
     }
 }
 
-/// A stored entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// Waiting to be redeemed: the sealed key.
-    Live {
-        /// Expiry, Unix ms.
-        expires_at_ms: u64,
-        /// Output of [`Sealer::seal`].
-        sealed: Vec<u8>,
-    },
-    /// Redeemed (the key is gone); kept until expiry so a second attempt says "used".
-    Redeemed {
-        /// Expiry, Unix ms.
-        expires_at_ms: u64,
-    },
+/// A request id as entries remember it: a prefix of its SHA-256 (fixed size, no collisions in
+/// practice).
+pub type RequestDigest = [u8; 16];
+
+/// The [`RequestDigest`] of a request id.
+pub fn request_digest(request: &str) -> RequestDigest {
+    let d = digest::digest(&digest::SHA256, request.as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d.as_ref()[..16]);
+    out
 }
 
-const LIVE: u8 = 1;
-const REDEEMED: u8 = 2;
+/// A stored entry. `sealed` holds the key while it waits to be redeemed; a redeemed entry stays
+/// as a tombstone until it expires, so a second attempt says "used" and its owner can re-arm it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Expiry, Unix ms.
+    pub expires_at_ms: u64,
+    /// Output of [`Sealer::seal`], until redeemed.
+    pub sealed: Option<Vec<u8>>,
+    /// [`Sealer::digest`] of the current key; `None` for entries written before digests were kept.
+    pub key_digest: Option<KeyDigest>,
+    /// The owner (a TaskRun UID) of an owner-keyed entry.
+    pub owner: Option<Vec<u8>>,
+    /// The requests that armed it, oldest first: the last one's key is the current one.
+    pub arms: Vec<RequestDigest>,
+}
+
+// Entries of the first format: state byte, expiry, sealed key (live only).
+const V1_LIVE: u8 = 1;
+const V1_REDEEMED: u8 = 2;
+const V2: u8 = 3;
+const F_LIVE: u8 = 1;
+const F_DIGEST: u8 = 2;
+const F_OWNER: u8 = 4;
 
 impl Entry {
-    /// Serialised form: state byte, expiry (u64 BE), then the sealed key for live entries.
+    /// Serialised form: `3`, expiry (u64 BE), flags, then as flagged the key digest (32 bytes)
+    /// and the owner (length byte + bytes), the arms (count byte + 16 bytes each), and last the
+    /// sealed key.
     pub fn encode(&self) -> Vec<u8> {
-        match self {
-            Self::Live {
-                expires_at_ms,
-                sealed,
-            } => {
-                let mut v = Vec::with_capacity(9 + sealed.len());
-                v.push(LIVE);
-                v.extend_from_slice(&expires_at_ms.to_be_bytes());
-                v.extend_from_slice(sealed);
-                v
-            }
-            Self::Redeemed { expires_at_ms } => {
-                let mut v = vec![REDEEMED];
-                v.extend_from_slice(&expires_at_ms.to_be_bytes());
-                v
-            }
+        let owner_len = self.owner.as_ref().map_or(0, |o| 1 + o.len());
+        let mut v = Vec::with_capacity(
+            11 + 32 + owner_len + 16 * self.arms.len() + self.sealed.as_ref().map_or(0, Vec::len),
+        );
+        v.push(V2);
+        v.extend_from_slice(&self.expires_at_ms.to_be_bytes());
+        let flag = |set: bool, f: u8| if set { f } else { 0 };
+        let flags = flag(self.sealed.is_some(), F_LIVE)
+            | flag(self.key_digest.is_some(), F_DIGEST)
+            | flag(self.owner.is_some(), F_OWNER);
+        v.push(flags);
+        if let Some(d) = &self.key_digest {
+            v.extend_from_slice(d);
         }
+        if let Some(o) = &self.owner {
+            // Owners are validated to at most MAX_ID_LEN bytes, arms capped at MAX_ARMS.
+            v.push(o.len() as u8);
+            v.extend_from_slice(o);
+        }
+        v.push(self.arms.len() as u8);
+        for a in &self.arms {
+            v.extend_from_slice(a);
+        }
+        if let Some(s) = &self.sealed {
+            v.extend_from_slice(s);
+        }
+        v
     }
 
-    /// Parses [`Self::encode`]'s output.
+    /// Parses [`Self::encode`]'s output, and entries of the first format.
     pub fn decode(b: &[u8]) -> Option<Self> {
-        let expires_at_ms = u64::from_be_bytes(b.get(1..9)?.try_into().ok()?);
-        match b[0] {
-            LIVE => Some(Self::Live {
-                expires_at_ms,
-                sealed: b[9..].to_vec(),
-            }),
-            REDEEMED if b.len() == 9 => Some(Self::Redeemed { expires_at_ms }),
-            _ => None,
+        let (&tag, rest) = b.split_first()?;
+        let (expiry, mut rest) = rest.split_first_chunk::<8>()?;
+        let expires_at_ms = u64::from_be_bytes(*expiry);
+        let v1 = |sealed| Self {
+            expires_at_ms,
+            sealed,
+            key_digest: None,
+            owner: None,
+            arms: Vec::new(),
+        };
+        match tag {
+            V1_LIVE => return Some(v1(Some(rest.to_vec()))),
+            V1_REDEEMED if rest.is_empty() => return Some(v1(None)),
+            V2 => {}
+            _ => return None,
         }
-    }
-
-    fn expires_at_ms(&self) -> u64 {
-        match self {
-            Self::Live { expires_at_ms, .. } | Self::Redeemed { expires_at_ms } => *expires_at_ms,
+        let (&flags, r) = rest.split_first()?;
+        rest = r;
+        if flags & !(F_LIVE | F_DIGEST | F_OWNER) != 0 {
+            return None;
         }
+        let mut key_digest = None;
+        if flags & F_DIGEST != 0 {
+            let (d, r) = rest.split_first_chunk::<32>()?;
+            key_digest = Some(*d);
+            rest = r;
+        }
+        let mut owner = None;
+        if flags & F_OWNER != 0 {
+            let (&n, r) = rest.split_first()?;
+            let (o, r) = r.split_at_checked(usize::from(n))?;
+            owner = Some(o.to_vec());
+            rest = r;
+        }
+        let (&n, r) = rest.split_first()?;
+        let (arms, rest) = r.split_at_checked(16 * usize::from(n))?;
+        let arms = arms
+            .chunks_exact(16)
+            .map(|c| c.try_into().expect("16-byte chunk"))
+            .collect();
+        let sealed = if flags & F_LIVE != 0 {
+            Some(rest.to_vec())
+        } else if rest.is_empty() {
+            None
+        } else {
+            return None;
+        };
+        Some(Self {
+            expires_at_ms,
+            sealed,
+            key_digest,
+            owner,
+            arms,
+        })
     }
 }
 
 /// Why a redeem yields no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// No such token (never issued, or purged after expiry).
+    /// No such token (never issued, revoked, or purged after expiry).
     Unknown,
-    /// Already redeemed.
-    Used,
+    /// Already redeemed. `rearmable`: its owner may re-arm it for a retry attempt.
+    Used {
+        /// The entry is owner-keyed.
+        rearmable: bool,
+    },
     /// Past its TTL.
     Expired,
 }
@@ -124,10 +209,46 @@ pub enum Refusal {
 pub fn decide_redeem(entry: Option<&Entry>, now_ms: u64) -> Result<(), Refusal> {
     match entry {
         None => Err(Refusal::Unknown),
-        Some(e) if e.expires_at_ms() <= now_ms => Err(Refusal::Expired),
-        Some(Entry::Redeemed { .. }) => Err(Refusal::Used),
-        Some(Entry::Live { .. }) => Ok(()),
+        Some(e) if e.expires_at_ms <= now_ms => Err(Refusal::Expired),
+        Some(e) if e.sealed.is_none() => Err(Refusal::Used {
+            rearmable: e.owner.is_some(),
+        }),
+        Some(_) => Ok(()),
     }
+}
+
+/// Who stores a key, as the store sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// No owner: the Go controller's protocol, or an `Idempotency-Key`.
+    Anonymous,
+    /// An owner's request: the first key of the request (the token is derived from owner and
+    /// request), or with `rearm` a new key for a token the owner already holds.
+    Owned {
+        /// The TaskRun UID.
+        owner: Vec<u8>,
+        /// The controller's id for this provisioning, stable across its retries.
+        request: RequestDigest,
+        /// Re-arm an existing token rather than create one.
+        rearm: bool,
+    },
+}
+
+/// A store to apply.
+pub struct StoreRequest {
+    /// The token's hash.
+    pub hash: TokenHash,
+    /// Who stores.
+    pub claim: Claim,
+    /// The sealed key.
+    pub sealed: Vec<u8>,
+    /// [`Sealer::digest`] of the key.
+    pub key_digest: KeyDigest,
+    /// The key, only to recognise a retry (against a digest made under a rotated secret, or an
+    /// entry without a digest).
+    pub plaintext: Zeroizing<Vec<u8>>,
+    /// Lifetime of a new or re-armed entry.
+    pub ttl: Duration,
 }
 
 /// Result of a store.
@@ -135,17 +256,118 @@ pub fn decide_redeem(entry: Option<&Entry>, now_ms: u64) -> Result<(), Refusal> 
 pub enum Stored {
     /// A new entry.
     Created,
-    /// The same token already holds this key (a retried request).
+    /// A retried request: the entry already holds its key (or a later request's), unchanged.
     Replayed,
+    /// The owner's token redeems once more, with the new key. `was_redeemed`: it had been used
+    /// (else its unredeemed key was replaced, never to be handed out).
+    Rearmed {
+        /// The entry was a tombstone before.
+        was_redeemed: bool,
+    },
 }
 
-/// A store was refused.
+/// Why a store was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreConflict {
-    /// The token already holds a different key (an idempotency key was reused).
+pub enum StoreRefusal {
+    /// The request already stored a different key (an idempotency key or request id was reused).
     DifferentKey,
-    /// The token was already redeemed.
+    /// An anonymous entry was already redeemed.
     AlreadyRedeemed,
+    /// The token to re-arm does not exist.
+    Unknown,
+    /// The token to re-arm expired.
+    Expired,
+    /// The token belongs to another owner (or to none).
+    OtherOwner,
+    /// The owner was revoked: its TaskRun ended.
+    OwnerRevoked,
+    /// The token was re-armed [`MAX_ARMS`] times.
+    TooManyRearms,
+}
+
+/// What a store does: the pure core of idempotency and re-arming.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Write this entry and answer.
+    Write(Entry, Stored),
+    /// Change nothing and answer.
+    Answer(Stored),
+    /// Refuse.
+    Refuse(StoreRefusal),
+}
+
+/// Decides a store against the current entry. `same_key` tells whether an entry holds the
+/// request's key; `owner_revoked` whether the claim's owner was revoked.
+pub fn decide_store(
+    entry: Option<Entry>,
+    req: &StoreRequest,
+    now_ms: u64,
+    owner_revoked: bool,
+    same_key: impl FnOnce(&Entry) -> bool,
+) -> Plan {
+    let expires_at_ms = now_ms.saturating_add(req.ttl.as_millis() as u64);
+    let found_expired = entry.as_ref().is_some_and(|e| e.expires_at_ms <= now_ms);
+    let current = entry.filter(|e| e.expires_at_ms > now_ms);
+    let fresh = |owner: Option<Vec<u8>>, arms| {
+        let e = Entry {
+            expires_at_ms,
+            sealed: Some(req.sealed.clone()),
+            key_digest: Some(req.key_digest),
+            owner,
+            arms,
+        };
+        Plan::Write(e, Stored::Created)
+    };
+    let (owner, request, rearm) = match &req.claim {
+        Claim::Anonymous => {
+            return match current {
+                None => fresh(None, Vec::new()),
+                Some(e) if e.owner.is_some() => Plan::Refuse(StoreRefusal::OtherOwner),
+                Some(e) if e.sealed.is_none() => Plan::Refuse(StoreRefusal::AlreadyRedeemed),
+                Some(e) if same_key(&e) => Plan::Answer(Stored::Replayed),
+                Some(_) => Plan::Refuse(StoreRefusal::DifferentKey),
+            };
+        }
+        Claim::Owned {
+            owner,
+            request,
+            rearm,
+        } => (owner, request, *rearm),
+    };
+    if owner_revoked {
+        return Plan::Refuse(StoreRefusal::OwnerRevoked);
+    }
+    let Some(mut e) = current else {
+        return match (rearm, found_expired) {
+            (false, _) => fresh(Some(owner.clone()), vec![*request]),
+            (true, true) => Plan::Refuse(StoreRefusal::Expired),
+            (true, false) => Plan::Refuse(StoreRefusal::Unknown),
+        };
+    };
+    if e.owner.as_ref() != Some(owner) {
+        return Plan::Refuse(StoreRefusal::OtherOwner);
+    }
+    if e.arms.last() == Some(request) {
+        return if same_key(&e) {
+            Plan::Answer(Stored::Replayed)
+        } else {
+            Plan::Refuse(StoreRefusal::DifferentKey)
+        };
+    }
+    if e.arms.contains(request) {
+        // A late copy of a request a later one superseded: arming again would bring back a key
+        // that was already replaced (or handed out).
+        return Plan::Answer(Stored::Replayed);
+    }
+    if e.arms.len() >= MAX_ARMS {
+        return Plan::Refuse(StoreRefusal::TooManyRearms);
+    }
+    let was_redeemed = e.sealed.is_none();
+    e.sealed = Some(req.sealed.clone());
+    e.key_digest = Some(req.key_digest);
+    e.arms.push(*request);
+    e.expires_at_ms = expires_at_ms;
+    Plan::Write(e, Stored::Rearmed { was_redeemed })
 }
 
 /// Result of a redeem.
@@ -156,6 +378,15 @@ pub enum Redeemed {
     Refused(Refusal),
 }
 
+/// What a revoke deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Revoked {
+    /// The deleted entries.
+    pub hashes: Vec<TokenHash>,
+    /// How many of them were waiting to be redeemed.
+    pub pending: u64,
+}
+
 /// What a purge removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
@@ -163,6 +394,8 @@ pub struct Purged {
     pub expired: u64,
     /// Tombstones of redeemed entries past their expiry.
     pub tombstones: u64,
+    /// Revoked owners forgotten after their TTL.
+    pub owners: u64,
     /// Entries still waiting after the purge.
     pub pending: u64,
 }
@@ -185,21 +418,38 @@ fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Db(e.to_string())
 }
 
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
 enum Op {
     Store {
-        hash: TokenHash,
-        sealed: Vec<u8>,
-        plaintext: Zeroizing<Vec<u8>>,
-        ttl: Duration,
-        reply: oneshot::Sender<Result<Result<Stored, StoreConflict>, StoreError>>,
+        req: StoreRequest,
+        reply: Reply<Result<Stored, StoreRefusal>>,
     },
     Redeem {
         hash: TokenHash,
-        reply: oneshot::Sender<Result<Redeemed, StoreError>>,
+        reply: Reply<Redeemed>,
+    },
+    Revoke {
+        owner: Vec<u8>,
+        ttl: Duration,
+        reply: Reply<Revoked>,
     },
     Purge {
-        reply: oneshot::Sender<Result<Purged, StoreError>>,
+        reply: Reply<Purged>,
     },
+}
+
+impl Op {
+    /// Answers without applying (the transaction could not even start).
+    fn fail(self, e: &str) {
+        let err = || StoreError::Db(e.to_owned());
+        match self {
+            Self::Store { reply, .. } => drop(reply.send(Err(err()))),
+            Self::Redeem { reply, .. } => drop(reply.send(Err(err()))),
+            Self::Revoke { reply, .. } => drop(reply.send(Err(err()))),
+            Self::Purge { reply } => drop(reply.send(Err(err()))),
+        }
+    }
 }
 
 /// Handle to the store; cheap to clone.
@@ -238,9 +488,11 @@ impl Store {
         let db = builder
             .create(path)
             .map_err(|e| StoreError::Db(format!("opening {}: {e}", path.display())))?;
-        // Create the table so reads before the first write work.
+        // Create the tables so reads before the first write work.
         let txn = db.begin_write().map_err(db_err)?;
         txn.open_table(ENTRIES).map_err(db_err)?;
+        txn.open_multimap_table(OWNERS).map_err(db_err)?;
+        txn.open_table(REVOKED).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         let handle = std::thread::Builder::new()
@@ -259,27 +511,13 @@ impl Store {
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Stores a sealed key under `hash` for `ttl`. `plaintext` is only compared with an existing
-    /// entry to recognise a retried request.
+    /// Applies a store (see [`decide_store`]).
     pub async fn store(
         &self,
-        hash: TokenHash,
-        sealed: Vec<u8>,
-        plaintext: Zeroizing<Vec<u8>>,
-        ttl: Duration,
-    ) -> Result<Result<Stored, StoreConflict>, StoreError> {
+        req: StoreRequest,
+    ) -> Result<Result<Stored, StoreRefusal>, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.call(
-            Op::Store {
-                hash,
-                sealed,
-                plaintext,
-                ttl,
-                reply,
-            },
-            rx,
-        )
-        .await
+        self.call(Op::Store { req, reply }, rx).await
     }
 
     /// Redeems `hash`: the key if it is live (and from then on never again), else why not.
@@ -288,48 +526,39 @@ impl Store {
         self.call(Op::Redeem { hash, reply }, rx).await
     }
 
-    /// Deletes expired entries and tombstones.
+    /// Deletes every entry of `owner` and refuses its stores for `ttl`. Idempotent.
+    pub async fn revoke(&self, owner: Vec<u8>, ttl: Duration) -> Result<Revoked, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.call(Op::Revoke { owner, ttl, reply }, rx).await
+    }
+
+    /// Deletes expired entries, tombstones and revoked owners.
     pub async fn purge(&self) -> Result<Purged, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.call(Op::Purge { reply }, rx).await
     }
 }
 
-/// An answer to send once the batch is committed.
-enum Reply {
-    Store(
-        oneshot::Sender<Result<Result<Stored, StoreConflict>, StoreError>>,
-        Result<Result<Stored, StoreConflict>, StoreError>,
-    ),
-    Redeem(
-        oneshot::Sender<Result<Redeemed, StoreError>>,
-        Result<Redeemed, StoreError>,
-    ),
-    Purge(
-        oneshot::Sender<Result<Purged, StoreError>>,
-        Result<Purged, StoreError>,
-    ),
-}
+/// An answer held back until the batch is committed; it is given the commit's error, if any, so
+/// nothing is acknowledged (and no key handed out) unless it is durable.
+type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
 
-impl Reply {
-    fn send(self) {
-        match self {
-            Self::Store(tx, r) => drop(tx.send(r)),
-            Self::Redeem(tx, r) => drop(tx.send(r)),
-            Self::Purge(tx, r) => drop(tx.send(r)),
-        }
+/// The answer for `r`, noting a database failure in `fatal`.
+fn answer<T: Send + 'static>(
+    reply: Reply<T>,
+    r: Result<T, StoreError>,
+    fatal: &mut Option<String>,
+) -> Answer {
+    if let Err(StoreError::Db(e)) = &r {
+        fatal.get_or_insert_with(|| e.clone());
     }
-
-    /// Replaces a successful answer by the commit error: nothing is acknowledged (and no key
-    /// handed out) unless it is durable.
-    fn fail(self, e: &str) {
-        let err = || StoreError::Db(format!("commit failed: {e}"));
-        match self {
-            Self::Store(tx, _) => drop(tx.send(Err(err()))),
-            Self::Redeem(tx, _) => drop(tx.send(Err(err()))),
-            Self::Purge(tx, _) => drop(tx.send(Err(err()))),
-        }
-    }
+    Box::new(move |failed: Option<&str>| {
+        let r = match failed {
+            Some(e) => Err(StoreError::Db(format!("commit failed: {e}"))),
+            None => r,
+        };
+        drop(reply.send(r));
+    })
 }
 
 fn writer(db: Database, mut rx: mpsc::Receiver<Op>, sealer: &Sealer, clock: &dyn Clock) {
@@ -346,96 +575,78 @@ fn writer(db: Database, mut rx: mpsc::Receiver<Op>, sealer: &Sealer, clock: &dyn
     }
 }
 
+/// The tables of one write transaction.
+struct Tables<'t> {
+    entries: redb::Table<'t, &'static [u8], &'static [u8]>,
+    owners: redb::MultimapTable<'t, &'static [u8], &'static [u8]>,
+    revoked: redb::Table<'t, &'static [u8], u64>,
+}
+
+impl<'t> Tables<'t> {
+    fn open(txn: &'t redb::WriteTransaction) -> Result<Self, redb::TableError> {
+        Ok(Self {
+            entries: txn.open_table(ENTRIES)?,
+            owners: txn.open_multimap_table(OWNERS)?,
+            revoked: txn.open_table(REVOKED)?,
+        })
+    }
+}
+
 fn run_batch(db: &Database, batch: &mut Vec<Op>, sealer: &Sealer, clock: &dyn Clock) {
     let txn = match db.begin_write() {
         Ok(t) => t,
         Err(e) => {
             let msg = e.to_string();
-            for op in batch.drain(..) {
-                fail_op(op, &msg);
-            }
+            batch.drain(..).for_each(|op| op.fail(&msg));
             return;
         }
     };
-    let mut replies = Vec::with_capacity(batch.len());
+    let mut answers: Vec<Answer> = Vec::with_capacity(batch.len());
     let mut fatal: Option<String> = None;
     {
-        let mut table = match txn.open_table(ENTRIES) {
+        let mut t = match Tables::open(&txn) {
             Ok(t) => t,
             Err(e) => {
                 let msg = e.to_string();
-                for op in batch.drain(..) {
-                    fail_op(op, &msg);
-                }
+                batch.drain(..).for_each(|op| op.fail(&msg));
                 return;
             }
         };
         let now = clock.now_ms();
         for op in batch.drain(..) {
-            match op {
-                Op::Store {
-                    hash,
-                    sealed,
-                    plaintext,
-                    ttl,
-                    reply,
-                } => {
-                    let r = apply_store(&mut table, sealer, &hash, sealed, &plaintext, ttl, now);
-                    if let Err(StoreError::Db(e)) = &r {
-                        fatal.get_or_insert_with(|| e.clone());
-                    }
-                    replies.push(Reply::Store(reply, r));
+            let a = match op {
+                Op::Store { req, reply } => {
+                    answer(reply, apply_store(&mut t, sealer, &req, now), &mut fatal)
                 }
                 Op::Redeem { hash, reply } => {
-                    let r = apply_redeem(&mut table, sealer, &hash, now);
-                    if let Err(StoreError::Db(e)) = &r {
-                        fatal.get_or_insert_with(|| e.clone());
-                    }
-                    replies.push(Reply::Redeem(reply, r));
+                    answer(reply, apply_redeem(&mut t, sealer, &hash, now), &mut fatal)
                 }
-                Op::Purge { reply } => {
-                    let r = apply_purge(&mut table, now);
-                    if let Err(StoreError::Db(e)) = &r {
-                        fatal.get_or_insert_with(|| e.clone());
-                    }
-                    replies.push(Reply::Purge(reply, r));
+                Op::Revoke { owner, ttl, reply } => {
+                    answer(reply, apply_revoke(&mut t, &owner, ttl, now), &mut fatal)
                 }
-            }
+                Op::Purge { reply } => answer(reply, apply_purge(&mut t, now), &mut fatal),
+            };
+            answers.push(a);
         }
     }
     if let Some(e) = fatal {
         // A table operation failed mid-batch: keep nothing of it.
         let _ = txn.abort();
-        for r in replies {
-            r.fail(&e);
-        }
+        answers.into_iter().for_each(|a| a(Some(&e)));
         return;
     }
     match txn.commit() {
-        Ok(()) => replies.into_iter().for_each(Reply::send),
+        Ok(()) => answers.into_iter().for_each(|a| a(None)),
         Err(e) => {
             let e = e.to_string();
             tracing::error!(error = %e, "OTP store commit failed");
-            for r in replies {
-                r.fail(&e);
-            }
+            answers.into_iter().for_each(|a| a(Some(&e)));
         }
     }
 }
 
-fn fail_op(op: Op, e: &str) {
-    let err = || StoreError::Db(e.to_owned());
-    match op {
-        Op::Store { reply, .. } => drop(reply.send(Err(err()))),
-        Op::Redeem { reply, .. } => drop(reply.send(Err(err()))),
-        Op::Purge { reply } => drop(reply.send(Err(err()))),
-    }
-}
-
-type Table<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
-
-fn read(table: &Table<'_>, hash: &TokenHash) -> Result<Option<Entry>, StoreError> {
-    match table.get(&hash.0[..]).map_err(db_err)? {
+fn read(t: &Tables<'_>, hash: &TokenHash) -> Result<Option<Entry>, StoreError> {
+    match t.entries.get(&hash.0[..]).map_err(db_err)? {
         None => Ok(None),
         Some(v) => Entry::decode(v.value())
             .map(Some)
@@ -443,104 +654,161 @@ fn read(table: &Table<'_>, hash: &TokenHash) -> Result<Option<Entry>, StoreError
     }
 }
 
-fn apply_store(
-    table: &mut Table<'_>,
-    sealer: &Sealer,
-    hash: &TokenHash,
-    sealed: Vec<u8>,
-    plaintext: &[u8],
-    ttl: Duration,
-    now: u64,
-) -> Result<Result<Stored, StoreConflict>, StoreError> {
-    match read(table, hash)? {
-        Some(Entry::Live {
-            sealed: existing,
-            expires_at_ms,
-        }) if expires_at_ms > now => {
-            let same = sealer
-                .open(&hash.0, &existing)
-                .is_ok_and(|k| k.as_slice() == plaintext);
-            return Ok(if same {
-                Ok(Stored::Replayed)
-            } else {
-                Err(StoreConflict::DifferentKey)
-            });
-        }
-        Some(Entry::Redeemed { expires_at_ms }) if expires_at_ms > now => {
-            return Ok(Err(StoreConflict::AlreadyRedeemed));
-        }
-        // Absent, or expired and not yet purged: (re)create.
-        _ => {}
-    }
-    let entry = Entry::Live {
-        expires_at_ms: now.saturating_add(ttl.as_millis() as u64),
-        sealed,
-    };
-    table
-        .insert(&hash.0[..], entry.encode().as_slice())
+fn write(t: &mut Tables<'_>, hash: &TokenHash, e: &Entry) -> Result<(), StoreError> {
+    t.entries
+        .insert(&hash.0[..], e.encode().as_slice())
         .map_err(db_err)?;
-    Ok(Ok(Stored::Created))
+    Ok(())
+}
+
+/// Whether `e` holds `plaintext` as its current key.
+fn holds_key(e: &Entry, sealer: &Sealer, hash: &TokenHash, plaintext: &[u8]) -> bool {
+    match (&e.key_digest, &e.sealed) {
+        (Some(d), _) => sealer.digest_matches(&hash.0, plaintext, d),
+        (None, Some(sealed)) => sealer
+            .open(&hash.0, sealed)
+            .is_ok_and(|k| k.as_slice() == plaintext),
+        (None, None) => false,
+    }
+}
+
+fn apply_store(
+    t: &mut Tables<'_>,
+    sealer: &Sealer,
+    req: &StoreRequest,
+    now: u64,
+) -> Result<Result<Stored, StoreRefusal>, StoreError> {
+    let entry = read(t, &req.hash)?;
+    let revoked = match &req.claim {
+        Claim::Anonymous => false,
+        Claim::Owned { owner, .. } => t
+            .revoked
+            .get(owner.as_slice())
+            .map_err(db_err)?
+            .is_some_and(|until| until.value() > now),
+    };
+    let plan = decide_store(entry, req, now, revoked, |e| {
+        holds_key(e, sealer, &req.hash, &req.plaintext)
+    });
+    match plan {
+        Plan::Refuse(r) => Ok(Err(r)),
+        Plan::Answer(stored) => Ok(Ok(stored)),
+        Plan::Write(e, stored) => {
+            if let Some(owner) = &e.owner {
+                // Idempotent: a re-armed entry is already indexed.
+                t.owners
+                    .insert(owner.as_slice(), &req.hash.0[..])
+                    .map_err(db_err)?;
+            }
+            write(t, &req.hash, &e)?;
+            Ok(Ok(stored))
+        }
+    }
 }
 
 fn apply_redeem(
-    table: &mut Table<'_>,
+    t: &mut Tables<'_>,
     sealer: &Sealer,
     hash: &TokenHash,
     now: u64,
 ) -> Result<Redeemed, StoreError> {
-    let entry = read(table, hash)?;
+    let entry = read(t, hash)?;
     if let Err(refusal) = decide_redeem(entry.as_ref(), now) {
         return Ok(Redeemed::Refused(refusal));
     }
-    let Some(Entry::Live {
-        expires_at_ms,
-        sealed,
-    }) = entry
-    else {
+    let Some(mut e) = entry else {
         return Ok(Redeemed::Refused(Refusal::Unknown));
+    };
+    let Some(sealed) = e.sealed.take() else {
+        return Ok(Redeemed::Refused(Refusal::Used {
+            rearmable: e.owner.is_some(),
+        }));
     };
     // Open before consuming: an entry we cannot open stays for an operator to recover.
     let key = sealer.open(&hash.0, &sealed)?;
-    table
-        .insert(
-            &hash.0[..],
-            Entry::Redeemed { expires_at_ms }.encode().as_slice(),
-        )
-        .map_err(db_err)?;
+    write(t, hash, &e)?;
     Ok(Redeemed::Key(key))
 }
 
-fn apply_purge(table: &mut Table<'_>, now: u64) -> Result<Purged, StoreError> {
+fn apply_revoke(
+    t: &mut Tables<'_>,
+    owner: &[u8],
+    ttl: Duration,
+    now: u64,
+) -> Result<Revoked, StoreError> {
+    let mut hashes = Vec::new();
+    for v in t.owners.remove_all(owner).map_err(db_err)? {
+        let v = v.map_err(db_err)?;
+        if let Ok(h) = <[u8; 32]>::try_from(v.value()) {
+            hashes.push(TokenHash(h));
+        }
+    }
+    let mut revoked = Revoked::default();
+    for h in hashes {
+        let Some(old) = t.entries.remove(&h.0[..]).map_err(db_err)? else {
+            continue;
+        };
+        if Entry::decode(old.value()).is_some_and(|e| e.sealed.is_some() && e.expires_at_ms > now) {
+            revoked.pending += 1;
+        }
+        revoked.hashes.push(h);
+    }
+    let until = now.saturating_add(ttl.as_millis() as u64);
+    let until = match t.revoked.get(owner).map_err(db_err)? {
+        Some(prev) => prev.value().max(until),
+        None => until,
+    };
+    t.revoked.insert(owner, until).map_err(db_err)?;
+    Ok(revoked)
+}
+
+fn apply_purge(t: &mut Tables<'_>, now: u64) -> Result<Purged, StoreError> {
     let mut purged = Purged::default();
     let mut doomed = Vec::new();
-    for item in table.iter().map_err(db_err)? {
+    for item in t.entries.iter().map_err(db_err)? {
         let (k, v) = item.map_err(db_err)?;
         match Entry::decode(v.value()) {
-            Some(Entry::Live { expires_at_ms, .. }) if expires_at_ms <= now => {
-                purged.expired += 1;
-                doomed.push(k.value().to_vec());
+            Some(e) if e.expires_at_ms <= now => {
+                if e.sealed.is_some() {
+                    purged.expired += 1;
+                } else {
+                    purged.tombstones += 1;
+                }
+                doomed.push((k.value().to_vec(), e.owner));
             }
-            Some(Entry::Redeemed { expires_at_ms }) if expires_at_ms <= now => {
-                purged.tombstones += 1;
-                doomed.push(k.value().to_vec());
-            }
-            Some(Entry::Live { .. }) => purged.pending += 1,
-            Some(Entry::Redeemed { .. }) => {}
+            Some(e) => purged.pending += u64::from(e.sealed.is_some()),
             None => {
                 tracing::warn!("dropping an undecodable OTP entry");
-                doomed.push(k.value().to_vec());
+                doomed.push((k.value().to_vec(), None));
             }
         }
     }
-    for k in doomed {
-        table.remove(k.as_slice()).map_err(db_err)?;
+    for (k, owner) in doomed {
+        t.entries.remove(k.as_slice()).map_err(db_err)?;
+        if let Some(owner) = owner {
+            t.owners
+                .remove(owner.as_slice(), k.as_slice())
+                .map_err(db_err)?;
+        }
     }
+    let mut forgotten = Vec::new();
+    for item in t.revoked.iter().map_err(db_err)? {
+        let (k, until) = item.map_err(db_err)?;
+        if until.value() <= now {
+            forgotten.push(k.value().to_vec());
+        }
+    }
+    for k in &forgotten {
+        t.revoked.remove(k.as_slice()).map_err(db_err)?;
+    }
+    purged.owners = forgotten.len() as u64;
     Ok(purged)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::otp::token::Token;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     struct ManualClock(AtomicU64);
@@ -551,128 +819,428 @@ mod tests {
     }
 
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn entry(owner: Option<&str>, arms: &[&str], live: bool) -> Entry {
+        Entry {
+            expires_at_ms: 100,
+            sealed: live.then(|| vec![7; 40]),
+            key_digest: Some([3; 32]),
+            owner: owner.map(|o| o.as_bytes().to_vec()),
+            arms: arms.iter().map(|r| request_digest(r)).collect(),
+        }
+    }
 
     #[test]
-    fn entry_encoding_round_trips() {
-        let live = Entry::Live {
-            expires_at_ms: 42,
-            sealed: vec![1, 2, 3],
-        };
-        assert_eq!(Entry::decode(&live.encode()), Some(live));
-        let dead = Entry::Redeemed { expires_at_ms: 7 };
-        assert_eq!(Entry::decode(&dead.encode()), Some(dead));
+    fn entry_encoding_round_trips_and_reads_the_first_format() {
+        for e in [
+            entry(None, &[], true),
+            entry(None, &[], false),
+            entry(Some("uid-1"), &["r1"], true),
+            entry(Some("uid-1"), &["r1", "r2", "r3"], false),
+            Entry {
+                key_digest: None,
+                ..entry(Some(&"u".repeat(MAX_ID_LEN)), &["r"; MAX_ARMS], true)
+            },
+        ] {
+            assert_eq!(Entry::decode(&e.encode()), Some(e));
+        }
+        let mut v1 = vec![V1_LIVE];
+        v1.extend_from_slice(&42u64.to_be_bytes());
+        v1.extend_from_slice(&[1, 2, 3]);
+        let live = Entry::decode(&v1).unwrap();
+        assert_eq!(
+            (live.expires_at_ms, live.sealed, live.owner, live.key_digest),
+            (42, Some(vec![1, 2, 3]), None, None)
+        );
+        let mut dead = vec![V1_REDEEMED];
+        dead.extend_from_slice(&7u64.to_be_bytes());
+        assert_eq!(Entry::decode(&dead).unwrap().sealed, None);
         assert_eq!(Entry::decode(&[9; 9]), None);
         assert_eq!(Entry::decode(&[1, 0]), None);
+        // Truncated or padded second-format entries are rejected, not misread.
+        let full = entry(Some("uid-1"), &["r1"], false).encode();
+        for cut in 0..full.len() {
+            assert_eq!(Entry::decode(&full[..cut]), None, "cut at {cut}");
+        }
+        let mut padded = full;
+        padded.push(0);
+        assert_eq!(Entry::decode(&padded), None);
     }
 
     #[test]
     fn redeem_decisions() {
-        let live = Entry::Live {
-            expires_at_ms: 100,
-            sealed: vec![],
-        };
-        let used = Entry::Redeemed { expires_at_ms: 100 };
+        let live = entry(None, &[], true);
+        let used = entry(None, &[], false);
+        let owned_used = entry(Some("uid"), &["r"], false);
         assert_eq!(decide_redeem(Some(&live), 99), Ok(()));
         assert_eq!(decide_redeem(Some(&live), 100), Err(Refusal::Expired));
-        assert_eq!(decide_redeem(Some(&used), 50), Err(Refusal::Used));
+        assert_eq!(
+            decide_redeem(Some(&used), 50),
+            Err(Refusal::Used { rearmable: false })
+        );
+        assert_eq!(
+            decide_redeem(Some(&owned_used), 50),
+            Err(Refusal::Used { rearmable: true })
+        );
+        assert_eq!(decide_redeem(Some(&owned_used), 100), Err(Refusal::Expired));
         assert_eq!(decide_redeem(None, 0), Err(Refusal::Unknown));
     }
 
-    fn sealed(s: &Sealer, h: &TokenHash, k: &[u8]) -> (Vec<u8>, Zeroizing<Vec<u8>>) {
-        (s.seal(&h.0, k), Zeroizing::new(k.to_vec()))
+    fn request(claim: Claim) -> StoreRequest {
+        StoreRequest {
+            hash: TokenHash([1; 32]),
+            claim,
+            sealed: vec![9; 40],
+            key_digest: [4; 32],
+            plaintext: Zeroizing::new(b"KEY".to_vec()),
+            ttl: TTL,
+        }
     }
 
-    #[tokio::test]
-    async fn store_redeem_once_replay_and_expiry() {
+    fn owned(owner: &str, req: &str, rearm: bool) -> StoreRequest {
+        request(Claim::Owned {
+            owner: owner.as_bytes().to_vec(),
+            request: request_digest(req),
+            rearm,
+        })
+    }
+
+    #[test]
+    fn store_decisions() {
+        use StoreRefusal as R;
+        let now = 50;
+        let expired = |mut e: Entry| {
+            e.expires_at_ms = now;
+            e
+        };
+        let (anon, first, rearm, rearm_x) = (
+            request(Claim::Anonymous),
+            owned("u", "r1", false),
+            owned("u", "r2", true),
+            owned("u", "x", true),
+        );
+        let names: Vec<String> = (0..MAX_ARMS).map(|i| format!("r{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let full = entry(Some("u"), &names, false);
+        let replay = Plan::Answer(Stored::Replayed);
+        // (entry, request, owner revoked, entry holds the request's key, expected)
+        #[rustfmt::skip]
+        let cases: Vec<(Option<Entry>, &StoreRequest, bool, bool, Plan)> = vec![
+            // Anonymous: replay the same key, refuse another key, a used entry, an owned one.
+            (Some(entry(None, &[], true)), &anon, false, true, replay.clone()),
+            (Some(entry(None, &[], true)), &anon, false, false, Plan::Refuse(R::DifferentKey)),
+            (Some(entry(None, &[], false)), &anon, false, true, Plan::Refuse(R::AlreadyRedeemed)),
+            (Some(entry(Some("u"), &["r1"], true)), &anon, false, true, Plan::Refuse(R::OtherOwner)),
+            // Owned, first key of a request: a retry, used or not, changes nothing.
+            (Some(entry(Some("u"), &["r1"], true)), &first, false, true, replay.clone()),
+            (Some(entry(Some("u"), &["r1"], false)), &first, false, true, replay.clone()),
+            (Some(entry(Some("u"), &["r1"], false)), &first, false, false, Plan::Refuse(R::DifferentKey)),
+            (None, &first, true, true, Plan::Refuse(R::OwnerRevoked)),
+            // Re-arm: only an existing, current token of the same owner, not revoked.
+            (None, &rearm, false, true, Plan::Refuse(R::Unknown)),
+            (Some(expired(entry(Some("u"), &["r1"], false))), &rearm, false, true, Plan::Refuse(R::Expired)),
+            (Some(entry(Some("other"), &["r1"], false)), &rearm, false, true, Plan::Refuse(R::OtherOwner)),
+            (Some(entry(None, &[], false)), &rearm, false, true, Plan::Refuse(R::OtherOwner)),
+            (Some(entry(Some("u"), &["r1"], false)), &rearm, true, true, Plan::Refuse(R::OwnerRevoked)),
+            (Some(full), &rearm_x, false, true, Plan::Refuse(R::TooManyRearms)),
+            // The same re-arm again is a retry.
+            (Some(entry(Some("u"), &["r1", "r2"], false)), &rearm, false, true, replay.clone()),
+            (Some(entry(Some("u"), &["r1", "r2"], false)), &rearm, false, false, Plan::Refuse(R::DifferentKey)),
+            // A late copy of a superseded request never brings its key back.
+            (Some(entry(Some("u"), &["r1", "r2", "r3"], false)), &rearm, false, false, replay.clone()),
+            (Some(entry(Some("u"), &["r1", "r2", "r3"], false)), &first, false, false, replay),
+        ];
+        for (i, (e, req, revoked, same, want)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                decide_store(e, req, now, revoked, |_| same),
+                want,
+                "case {i}"
+            );
+        }
+
+        // What is written: new entries, an expired one replaced, re-arms.
+        let write = |e: Option<Entry>, req: &StoreRequest| match decide_store(
+            e,
+            req,
+            now,
+            false,
+            |_| false,
+        ) {
+            Plan::Write(e, stored) => (e, stored),
+            other => panic!("expected a write, got {other:?}"),
+        };
+        let (e, stored) = write(None, &anon);
+        assert_eq!(stored, Stored::Created);
+        assert_eq!(
+            (e.expires_at_ms, e.owner, e.arms.len()),
+            (now + 10_000, None, 0)
+        );
+        assert_eq!((e.sealed, e.key_digest), (Some(vec![9; 40]), Some([4; 32])));
+        assert_eq!(
+            write(Some(expired(entry(None, &[], false))), &anon).1,
+            Stored::Created
+        );
+        let (e, stored) = write(None, &first);
+        assert_eq!(stored, Stored::Created);
+        assert_eq!(e.owner.as_deref(), Some(&b"u"[..]));
+        assert_eq!(e.arms, vec![request_digest("r1")]);
+        let (e, stored) = write(Some(entry(Some("u"), &["r1"], false)), &rearm);
+        assert_eq!(stored, Stored::Rearmed { was_redeemed: true });
+        assert_eq!((e.sealed, e.key_digest), (Some(vec![9; 40]), Some([4; 32])));
+        assert_eq!(e.arms, vec![request_digest("r1"), request_digest("r2")]);
+        assert_eq!(e.expires_at_ms, now + 10_000);
+        // An unredeemed key is replaced, never to be handed out.
+        let (_, stored) = write(Some(entry(Some("u"), &["r1"], true)), &rearm);
+        assert_eq!(
+            stored,
+            Stored::Rearmed {
+                was_redeemed: false
+            }
+        );
+    }
+
+    struct Harness {
+        store: Store,
+        sealer: Arc<Sealer>,
+        clock: Arc<ManualClock>,
+        _dir: tempfile::TempDir,
+        thread: StoreThread,
+    }
+
+    fn harness() -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let sealer = Arc::new(Sealer::new(&[SECRET]).unwrap());
         let clock = Arc::new(ManualClock(AtomicU64::new(1_000)));
         let (store, thread) =
             Store::open(&dir.path().join("db"), Arc::clone(&sealer), clock.clone()).unwrap();
-        let ttl = Duration::from_secs(10);
-        let t = super::super::token::Token::random();
-        let h = t.hash();
-        let (s, p) = sealed(&sealer, &h, b"KEY");
+        Harness {
+            store,
+            sealer,
+            clock,
+            _dir: dir,
+            thread,
+        }
+    }
+
+    impl Harness {
+        fn req(&self, hash: TokenHash, claim: Claim, key: &[u8]) -> StoreRequest {
+            StoreRequest {
+                hash,
+                claim,
+                sealed: self.sealer.seal(&hash.0, key),
+                key_digest: self.sealer.digest(&hash.0, key),
+                plaintext: Zeroizing::new(key.to_vec()),
+                ttl: TTL,
+            }
+        }
+
+        async fn store(
+            &self,
+            hash: TokenHash,
+            claim: Claim,
+            key: &[u8],
+        ) -> Result<Stored, StoreRefusal> {
+            self.store.store(self.req(hash, claim, key)).await.unwrap()
+        }
+
+        async fn redeem(&self, hash: TokenHash) -> Result<Vec<u8>, Refusal> {
+            match self.store.redeem(hash).await.unwrap() {
+                Redeemed::Key(k) => Ok(k.to_vec()),
+                Redeemed::Refused(r) => Err(r),
+            }
+        }
+    }
+
+    fn claim(owner: &str, req: &str, rearm: bool) -> Claim {
+        Claim::Owned {
+            owner: owner.as_bytes().to_vec(),
+            request: request_digest(req),
+            rearm,
+        }
+    }
+
+    #[tokio::test]
+    async fn store_redeem_once_replay_and_expiry() {
+        let h = harness();
+        let t = Token::random().hash();
         assert_eq!(
-            store.store(h, s, p, ttl).await.unwrap(),
+            h.store(t, Claim::Anonymous, b"KEY").await,
             Ok(Stored::Created)
         );
-        let (s, p) = sealed(&sealer, &h, b"KEY");
         assert_eq!(
-            store.store(h, s, p, ttl).await.unwrap(),
+            h.store(t, Claim::Anonymous, b"KEY").await,
             Ok(Stored::Replayed)
         );
-        let (s, p) = sealed(&sealer, &h, b"OTHER");
         assert_eq!(
-            store.store(h, s, p, ttl).await.unwrap(),
-            Err(StoreConflict::DifferentKey)
+            h.store(t, Claim::Anonymous, b"OTHER").await,
+            Err(StoreRefusal::DifferentKey)
         );
-        match store.redeem(h).await.unwrap() {
-            Redeemed::Key(k) => assert_eq!(k.as_slice(), b"KEY"),
-            Redeemed::Refused(r) => panic!("{r:?}"),
-        }
-        assert!(matches!(
-            store.redeem(h).await.unwrap(),
-            Redeemed::Refused(Refusal::Used)
-        ));
-        let (s, p) = sealed(&sealer, &h, b"KEY");
+        assert_eq!(h.redeem(t).await.unwrap(), b"KEY");
+        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: false }));
         assert_eq!(
-            store.store(h, s, p, ttl).await.unwrap(),
-            Err(StoreConflict::AlreadyRedeemed)
+            h.store(t, Claim::Anonymous, b"KEY").await,
+            Err(StoreRefusal::AlreadyRedeemed)
         );
 
-        let t2 = super::super::token::Token::random().hash();
-        let (s, p) = sealed(&sealer, &t2, b"K2");
-        store.store(t2, s, p, ttl).await.unwrap().unwrap();
-        clock.0.store(1_000 + 10_000, Ordering::SeqCst);
-        assert!(matches!(
-            store.redeem(t2).await.unwrap(),
-            Redeemed::Refused(Refusal::Expired)
-        ));
-        let purged = store.purge().await.unwrap();
+        let t2 = Token::random().hash();
+        h.store(t2, Claim::Anonymous, b"K2").await.unwrap();
+        h.clock.0.store(1_000 + 10_000, Ordering::SeqCst);
+        assert_eq!(h.redeem(t2).await, Err(Refusal::Expired));
+        let purged = h.store.purge().await.unwrap();
         assert_eq!(
             purged,
             Purged {
                 expired: 1,
                 tombstones: 1,
+                owners: 0,
                 pending: 0
             }
         );
-        assert!(matches!(
-            store.redeem(h).await.unwrap(),
-            Redeemed::Refused(Refusal::Unknown)
-        ));
-        drop(store);
-        thread.join();
+        assert_eq!(h.redeem(t).await, Err(Refusal::Unknown));
+        drop(h.store);
+        h.thread.join();
+    }
+
+    #[tokio::test]
+    async fn rearm_hands_out_each_key_once_and_never_the_old_one() {
+        let h = harness();
+        let t = Token::random().hash();
+        assert_eq!(
+            h.store(t, claim("u", "r1", false), b"K1").await,
+            Ok(Stored::Created)
+        );
+        assert_eq!(h.redeem(t).await.unwrap(), b"K1");
+        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        // A retried first store after the redeem: the same entry, still used.
+        assert_eq!(
+            h.store(t, claim("u", "r1", false), b"K1").await,
+            Ok(Stored::Replayed)
+        );
+        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        assert_eq!(
+            h.store(t, claim("other", "r2", true), b"K2").await,
+            Err(StoreRefusal::OtherOwner)
+        );
+        assert_eq!(
+            h.store(t, claim("u", "r2", true), b"K2").await,
+            Ok(Stored::Rearmed { was_redeemed: true })
+        );
+        assert_eq!(
+            h.store(t, claim("u", "r2", true), b"K2").await,
+            Ok(Stored::Replayed)
+        );
+        assert_eq!(h.redeem(t).await.unwrap(), b"K2");
+        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        // Re-armed before the redeem: the replaced key is never handed out.
+        h.store(t, claim("u", "r3", true), b"K3").await.unwrap();
+        assert_eq!(
+            h.store(t, claim("u", "r4", true), b"K4").await,
+            Ok(Stored::Rearmed {
+                was_redeemed: false
+            })
+        );
+        // Late copies of earlier requests change nothing.
+        assert_eq!(
+            h.store(t, claim("u", "r2", true), b"K2").await,
+            Ok(Stored::Replayed)
+        );
+        assert_eq!(
+            h.store(t, claim("u", "r1", false), b"K1").await,
+            Ok(Stored::Replayed)
+        );
+        assert_eq!(h.redeem(t).await.unwrap(), b"K4");
+        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        let unknown = Token::random().hash();
+        assert_eq!(
+            h.store(unknown, claim("u", "r5", true), b"K5").await,
+            Err(StoreRefusal::Unknown)
+        );
+        let anon = Token::random().hash();
+        h.store(anon, Claim::Anonymous, b"A").await.unwrap();
+        assert_eq!(
+            h.store(anon, claim("u", "r6", true), b"K6").await,
+            Err(StoreRefusal::OtherOwner)
+        );
+    }
+
+    #[tokio::test]
+    async fn revoke_deletes_an_owners_entries_durably_and_purge_cleans_up() {
+        let h = harness();
+        let (a, b, c) = (
+            Token::random().hash(),
+            Token::random().hash(),
+            Token::random().hash(),
+        );
+        h.store(a, claim("u", "r1", false), b"A").await.unwrap();
+        h.store(b, claim("u", "r2", false), b"B").await.unwrap();
+        h.store(c, claim("v", "r1", false), b"C").await.unwrap();
+        assert_eq!(h.redeem(a).await.unwrap(), b"A");
+        let revoked = h.store.revoke(b"u".to_vec(), TTL).await.unwrap();
+        let mut got = revoked.hashes.clone();
+        got.sort_by_key(|h| h.0);
+        let mut want = vec![a, b];
+        want.sort_by_key(|h| h.0);
+        assert_eq!((got, revoked.pending), (want, 1));
+        assert_eq!(h.redeem(a).await, Err(Refusal::Unknown));
+        assert_eq!(h.redeem(b).await, Err(Refusal::Unknown));
+        assert_eq!(
+            h.store.revoke(b"u".to_vec(), TTL).await.unwrap(),
+            Revoked::default()
+        );
+        // A late retry cannot bring an entry back, nor can a re-arm.
+        assert_eq!(
+            h.store(b, claim("u", "r2", false), b"B").await,
+            Err(StoreRefusal::OwnerRevoked)
+        );
+        assert_eq!(
+            h.store(a, claim("u", "r3", true), b"A2").await,
+            Err(StoreRefusal::OwnerRevoked)
+        );
+        // Other owners are untouched.
+        assert_eq!(h.redeem(c).await.unwrap(), b"C");
+
+        // After the TTL the owner is forgotten and expired entries leave the owner index.
+        h.clock.0.store(1_000 + 10_000, Ordering::SeqCst);
+        assert_eq!(
+            h.store.purge().await.unwrap(),
+            Purged {
+                expired: 0,
+                tombstones: 1,
+                owners: 1,
+                pending: 0
+            }
+        );
+        assert_eq!(
+            h.store.revoke(b"v".to_vec(), TTL).await.unwrap(),
+            Revoked::default()
+        );
+        assert_eq!(
+            h.store(b, claim("u", "r2", false), b"B").await,
+            Ok(Stored::Created)
+        );
     }
 
     #[tokio::test]
     async fn concurrent_redeems_of_one_token_yield_one_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let sealer = Arc::new(Sealer::new(&[SECRET]).unwrap());
-        let (store, _thread) = Store::open(
-            &dir.path().join("db"),
-            Arc::clone(&sealer),
-            Arc::new(SystemClock),
-        )
-        .unwrap();
-        for _ in 0..20 {
-            let h = super::super::token::Token::random().hash();
-            let (s, p) = sealed(&sealer, &h, b"KEY");
-            store
-                .store(h, s, p, Duration::from_secs(60))
-                .await
-                .unwrap()
-                .unwrap();
+        let h = harness();
+        for round in 0..20 {
+            let t = Token::random().hash();
+            let c = if round % 2 == 0 {
+                Claim::Anonymous
+            } else {
+                claim("u", &format!("r{round}"), false)
+            };
+            h.store(t, c, b"KEY").await.unwrap();
             let tasks: Vec<_> = (0..16)
                 .map(|_| {
-                    let store = store.clone();
-                    tokio::spawn(async move { store.redeem(h).await.unwrap() })
+                    let store = h.store.clone();
+                    tokio::spawn(async move { store.redeem(t).await.unwrap() })
                 })
                 .collect();
             let mut keys = 0;
-            for t in tasks {
-                if let Redeemed::Key(_) = t.await.unwrap() {
+            for task in tasks {
+                if let Redeemed::Key(_) = task.await.unwrap() {
                     keys += 1;
                 }
             }

@@ -82,12 +82,19 @@ pub async fn provision(
     ctx.keys
         .store(
             &owner,
-            &format!("{owner}-{op}"),
+            // Unique per provisioning (a fresh key each time, op ids restart with the process);
+            // the client's own retries of this store reuse it.
+            &format!("{op}-{}", hex_nonce()),
             rearm_token.as_deref(),
             provisioned.private_key.as_bytes(),
         )
         .await
         .map_err(|e| format!("storing the key in the OTP server: {e}"))
+}
+
+fn hex_nonce() -> String {
+    use rand::Rng;
+    format!("{:016x}", rand::thread_rng().r#gen::<u64>())
 }
 
 /// `Action::Deprovision`: removes the user and everything provisioning created.
