@@ -1634,7 +1634,7 @@ async fn two_clusters_share_an_account_without_touching_each_others_instances() 
     let total = live_with_tag(&moto).await;
     assert_eq!(total, 6);
     assert!(
-        total <= max as usize + launched_b.min(launched_a),
+        total <= max + launched_b.min(launched_a),
         "over the limit by more than one listing interval's launches: {total}"
     );
     // The next listings see the overshoot: nobody launches until it is gone.

@@ -76,7 +76,7 @@ impl Scheduler {
         let ps = &self.platforms[p as usize];
         let ready = pick(&ps.ready);
         let booting = pick(&ps.booting);
-        let full = ps.instances + ps.foreign >= pool.instance.max_instances;
+        let full = self.occupied(p) >= pool.instance.max_instances;
         if let Some(inst) = ready {
             self.observe_wait(key, out);
             self.attach(inst, key);
