@@ -64,14 +64,7 @@ async fn harness_with(tune: impl FnOnce(&mut AwsOptions), loopback: bool) -> Har
         moto.fixture(REGION).await
     }
     .expect("fixture");
-    let mut options = AwsOptions {
-        cluster: ClusterId::new(CLUSTER).unwrap(),
-        endpoint: Some(proxy.endpoint()),
-        retry: fast_retry(),
-        page_size: 1000,
-        connect_timeout: Duration::from_secs(2),
-        call_timeout: Duration::from_secs(10),
-    };
+    let mut options = test_options(CLUSTER, &proxy);
     tune(&mut options);
     Harness {
         moto,
@@ -80,6 +73,26 @@ async fn harness_with(tune: impl FnOnce(&mut AwsOptions), loopback: bool) -> Har
         cloud: AwsCloud::new(options, CloudMetrics::unregistered().unwrap()),
         creds: test_credentials(),
     }
+}
+
+/// Provider options for `cluster` through `proxy`, with fast retries.
+fn test_options(cluster: &str, proxy: &Ec2Proxy) -> AwsOptions {
+    AwsOptions {
+        cluster: ClusterId::new(cluster).unwrap(),
+        endpoint: Some(proxy.endpoint()),
+        retry: fast_retry(),
+        page_size: 1000,
+        connect_timeout: Duration::from_secs(2),
+        call_timeout: Duration::from_secs(10),
+    }
+}
+
+/// A provider for `cluster` through `proxy`, as the runner takes it.
+fn shared_cloud(cluster: &str, proxy: &Ec2Proxy) -> Arc<dyn Cloud> {
+    Arc::new(AwsCloud::new(
+        test_options(cluster, proxy),
+        CloudMetrics::unregistered().unwrap(),
+    ))
 }
 
 async fn harness() -> Harness {
@@ -141,6 +154,13 @@ fn cluster() -> ClusterId {
     ClusterId::new(CLUSTER).unwrap()
 }
 
+/// An instance the Go controller launched for the platform: no cluster tag.
+const GO_TAGS: [(&str, &str); 3] = [
+    ("MultiPlatformManaged", "true"),
+    ("multi-platform-instance", "e2e-amd64"),
+    ("taskRunID", "tenant:go-built"),
+];
+
 /// The tags moto needs to show an instance as launched by `cluster` for `owner`'s first attempt.
 fn launched_by<'a>(cluster: &'a str, owner: &'a str) -> Vec<(&'a str, &'a str)> {
     vec![
@@ -180,6 +200,16 @@ impl Harness {
             additional_tags: &cfg.additional_instance_tags,
         };
         self.cloud.launch(&req).await
+    }
+
+    /// Launches one instance directly (not through the provider) with `tags`; its id.
+    async fn raw(&self, tags: &[(&str, &str)]) -> String {
+        let ids = self
+            .moto
+            .launch_raw(REGION, &self.fx.ami, 1, tags)
+            .await
+            .unwrap();
+        ids.into_iter().next().expect("one instance")
     }
 
     /// One instance by id through the batch lookup.
@@ -421,40 +451,14 @@ async fn inventory_pages_lists_everyone_with_the_tag_and_says_whose() {
         )
         .await
         .unwrap();
-    h.moto.launch_raw(REGION, &h.fx.ami, 1, &[]).await.unwrap();
+    h.raw(&[]).await;
     // Listed, with the same tag: another platform of ours, another cluster's, the Go
     // controller's (no cluster tag).
     let mut other_platform = launched_by(CLUSTER, "uid-x");
     other_platform[3] = (tags::PLATFORM, "linux-arm64");
-    let other_platform = h
-        .moto
-        .launch_raw(REGION, &h.fx.ami, 1, &other_platform)
-        .await
-        .unwrap();
-    let theirs = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &launched_by("stone-prod-p02", "uid-y"),
-        )
-        .await
-        .unwrap();
-    let legacy = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &[
-                ("MultiPlatformManaged", "true"),
-                ("multi-platform-instance", "e2e-amd64"),
-                ("taskRunID", "tenant:go-built"),
-            ],
-        )
-        .await
-        .unwrap();
+    let other_platform = h.raw(&other_platform).await;
+    let theirs = h.raw(&launched_by("stone-prod-p02", "uid-y")).await;
+    let legacy = h.raw(&GO_TAGS).await;
     // One of ours terminated (gone from the listing), one stopped (listed, and gone for scheduling).
     let ec2 = h.moto.ec2(REGION);
     ec2.terminate_instances()
@@ -483,18 +487,16 @@ async fn inventory_pages_lists_everyone_with_the_tag_and_says_whose() {
     ids.sort();
     let mut want: Vec<&str> = ours[1..]
         .iter()
-        .chain(&other_platform)
-        .chain(&theirs)
-        .chain(&legacy)
+        .chain([&other_platform, &theirs, &legacy])
         .map(String::as_str)
         .collect();
     want.sort();
     assert_eq!(ids, want);
     let whose = |id: &str| listed.iter().find(|i| i.id == id).unwrap().ownership;
     assert_eq!(whose(&ours[2]), Ownership::Ours);
-    assert_eq!(whose(&other_platform[0]), Ownership::Ours);
-    assert_eq!(whose(&theirs[0]), Ownership::Foreign);
-    assert_eq!(whose(&legacy[0]), Ownership::Untagged);
+    assert_eq!(whose(&other_platform), Ownership::Ours);
+    assert_eq!(whose(&theirs), Ownership::Foreign);
+    assert_eq!(whose(&legacy), Ownership::Untagged);
     let stopped = listed.iter().find(|i| i.id == ours[1]).unwrap();
     assert!(matches!(
         stopped.state,
@@ -580,68 +582,40 @@ async fn terminate_is_idempotent_and_only_for_this_clusters_instances() {
         assert!(e.to_string().contains("refusing to terminate"), "{e}");
     };
     // Not managed at all (no tags): refused, and left running.
-    let foreign = h
-        .moto
-        .launch_raw(REGION, &h.fx.ami, 1, &[("team", "x")])
-        .await
-        .unwrap();
+    let foreign = h.raw(&[("team", "x")]).await;
     refused(
         h.cloud
-            .terminate(h.scope(p), &foreign[0], true)
+            .terminate(h.scope(p), &foreign, true)
             .await
             .unwrap_err(),
         "does not carry MultiPlatformManaged=true",
     );
     // Another cluster's, with every tag of ours but its cluster: refused even when named.
-    let theirs = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &launched_by("stone-prod-p02", "uid-t"),
-        )
-        .await
-        .unwrap();
+    let theirs = h.raw(&launched_by("stone-prod-p02", "uid-t")).await;
     for legacy in [false, true] {
         refused(
             h.cloud
-                .terminate(h.scope(p), &theirs[0], legacy)
+                .terminate(h.scope(p), &theirs, legacy)
                 .await
                 .unwrap_err(),
             "belongs to cluster stone-prod-p02, not e2e-cluster",
         );
     }
     // The Go controller's (no cluster tag): only when a TaskRun of ours names it.
-    let go = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &[
-                ("MultiPlatformManaged", "true"),
-                ("multi-platform-instance", "e2e-amd64"),
-            ],
-        )
-        .await
-        .unwrap();
+    let go = h.raw(&GO_TAGS).await;
     refused(
-        h.cloud
-            .terminate(h.scope(p), &go[0], false)
-            .await
-            .unwrap_err(),
+        h.cloud.terminate(h.scope(p), &go, false).await.unwrap_err(),
         "carries no multi-platform-cluster tag",
     );
-    for id in [&foreign[0], &theirs[0], &go[0]] {
+    for id in [&foreign, &theirs, &go] {
         assert_eq!(h.moto_state(id).await, "running", "{id}");
     }
     assert_eq!(h.proxy.requests_of("TerminateInstances").len(), 1);
     assert_eq!(
-        h.cloud.terminate(h.scope(p), &go[0], true).await.unwrap(),
+        h.cloud.terminate(h.scope(p), &go, true).await.unwrap(),
         Terminated::Requested
     );
-    assert_eq!(h.moto_state(&go[0]).await, "terminated");
+    assert_eq!(h.moto_state(&go).await, "terminated");
 }
 
 #[tokio::test]
@@ -838,26 +812,14 @@ async fn launch_adopts_a_live_instance_of_an_earlier_try_and_never_a_gone_one() 
     assert_eq!(h.proxy.requests_of("RunInstances").len(), 1);
 
     // A try whose RunInstances answer was lost: the instance exists only in the cloud.
-    let lost = h
-        .moto
-        .launch_raw(REGION, &h.fx.ami, 1, &launched_by(CLUSTER, "uid-lost-5f0e"))
-        .await
-        .unwrap();
+    let lost = h.raw(&launched_by(CLUSTER, "uid-lost-5f0e")).await;
     let adopted = h.launch(&cfg, taskrun("lost")).await.unwrap();
     assert!(matches!(adopted, LaunchOutcome::Adopted(_)));
-    assert_eq!(adopted.instance().id, lost[0]);
+    assert_eq!(adopted.instance().id, lost);
     assert_eq!(h.proxy.requests_of("RunInstances").len(), 1);
 
     // Another cluster's instance with the same owner and attempt tags is not ours to adopt.
-    h.moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &launched_by("stone-prod-p02", "uid-twin-5f0e"),
-        )
-        .await
-        .unwrap();
+    h.raw(&launched_by("stone-prod-p02", "uid-twin-5f0e")).await;
     let twin = h.launch(&cfg, taskrun("twin")).await.unwrap();
     assert!(matches!(twin, LaunchOutcome::Launched(_)), "{twin:?}");
     assert_eq!(twin.instance().ownership, Ownership::Ours);
@@ -876,14 +838,14 @@ async fn launch_adopts_a_live_instance_of_an_earlier_try_and_never_a_gone_one() 
     assert_eq!(spent.instance().id, first.id);
     assert!(spent.instance().state.is_gone());
     ec2.terminate_instances()
-        .instance_ids(&lost[0])
+        .instance_ids(&lost)
         .send()
         .await
         .unwrap();
     let spent = h.launch(&cfg, taskrun("lost")).await.unwrap();
     assert_eq!(
         (spent.instance().id.as_str(), spent.instance().state),
-        (lost[0].as_str(), InstanceState::Terminated)
+        (lost.as_str(), InstanceState::Terminated)
     );
     assert!(matches!(spent, LaunchOutcome::Spent(_)));
     assert_eq!(h.proxy.requests_of("RunInstances").len(), runs);
@@ -927,33 +889,11 @@ async fn retag_moves_ownership_tags_and_refuses_what_is_not_ours() {
     let r = listed[0].record(&Platform::parse(PLATFORM).unwrap(), false);
     assert_eq!(r.owner.as_deref(), Some("uid-waiter"));
 
-    let go = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &[
-                ("MultiPlatformManaged", "true"),
-                ("multi-platform-instance", "e2e-amd64"),
-                ("taskRunID", "tenant:go"),
-            ],
-        )
-        .await
-        .unwrap();
-    let theirs = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &launched_by("stone-prod-p02", "uid-t"),
-        )
-        .await
-        .unwrap();
+    let go = h.raw(&GO_TAGS).await;
+    let theirs = h.raw(&launched_by("stone-prod-p02", "uid-t")).await;
     for (id, why) in [
-        (&go[0], "carries no multi-platform-cluster tag"),
-        (&theirs[0], "belongs to cluster stone-prod-p02"),
+        (&go, "carries no multi-platform-cluster tag"),
+        (&theirs, "belongs to cluster stone-prod-p02"),
     ] {
         let e = h.cloud.retag(h.scope(p), id, &next).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::Refused, "{e}");
@@ -966,8 +906,8 @@ async fn retag_moves_ownership_tags_and_refuses_what_is_not_ours() {
         "no call for refused ones"
     );
     assert_eq!(
-        h.describe(p, &go[0]).await.unwrap().taskrun_id(),
-        Some("tenant:go")
+        h.describe(p, &go).await.unwrap().taskrun_id(),
+        Some("tenant:go-built")
     );
     let e = h
         .cloud
@@ -1302,27 +1242,8 @@ async fn probe_lookups_coalesce_per_account_and_fan_out() {
     let cfg = host_config(&h.fx, &[]);
     let p = dynamic(&cfg);
     let ids = launch_many(&h, 250).await;
-    let theirs = h
-        .moto
-        .launch_raw(
-            REGION,
-            &h.fx.ami,
-            1,
-            &launched_by("stone-prod-p02", "uid-t"),
-        )
-        .await
-        .unwrap();
-    let cloud: Arc<dyn Cloud> = Arc::new(AwsCloud::new(
-        AwsOptions {
-            cluster: cluster(),
-            endpoint: Some(h.proxy.endpoint()),
-            retry: fast_retry(),
-            page_size: 1000,
-            connect_timeout: Duration::from_secs(2),
-            call_timeout: Duration::from_secs(10),
-        },
-        CloudMetrics::unregistered().unwrap(),
-    ));
+    let theirs = h.raw(&launched_by("stone-prod-p02", "uid-t")).await;
+    let cloud: Arc<dyn Cloud> = shared_cloud(CLUSTER, &h.proxy);
     let batcher = ProbeBatcher::new(
         cloud,
         BatchOptions {
@@ -1334,7 +1255,7 @@ async fn probe_lookups_coalesce_per_account_and_fan_out() {
     // 250 of ours, one unknown id, another cluster's: all at once.
     let mut asked: Vec<String> = ids.clone();
     asked.push("i-0123456789abcdef0".into());
-    asked.push(theirs[0].clone());
+    asked.push(theirs.clone());
     let answers =
         futures::future::join_all(asked.iter().map(|id| batcher.describe(scope, id))).await;
     for (id, a) in asked.iter().zip(&answers) {
@@ -1403,17 +1324,7 @@ struct Ctl {
 impl Ctl {
     async fn start(moto: &Moto, cluster: &str, cfg: &HostConfig, now: Time) -> Self {
         let proxy = Ec2Proxy::start(moto.addr()).await.unwrap();
-        let cloud: Arc<dyn Cloud> = Arc::new(AwsCloud::new(
-            AwsOptions {
-                cluster: ClusterId::new(cluster).unwrap(),
-                endpoint: Some(proxy.endpoint()),
-                retry: fast_retry(),
-                page_size: 1000,
-                connect_timeout: Duration::from_secs(2),
-                call_timeout: Duration::from_secs(10),
-            },
-            CloudMetrics::unregistered().unwrap(),
-        ));
+        let cloud: Arc<dyn Cloud> = shared_cloud(cluster, &proxy);
         let runner = Runner::new(
             cloud,
             Arc::new(LoopbackMap::new()),
@@ -1521,6 +1432,16 @@ fn launched_in(actions: &[Action]) -> usize {
         .count()
 }
 
+fn terminated_in(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|x| match x {
+            Action::Terminate { instance_id, .. } => Some(instance_id.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Live instances with the tag in the account, whoever launched them.
 async fn live_with_tag(moto: &Moto) -> usize {
     let out = moto
@@ -1567,19 +1488,7 @@ async fn two_clusters_share_an_account_without_touching_each_others_instances() 
         &[("max-instances", "4"), ("allocation-timeout", "7200")],
     );
     let max = 4;
-    let go = moto
-        .launch_raw(
-            REGION,
-            &fx.ami,
-            1,
-            &[
-                ("MultiPlatformManaged", "true"),
-                ("multi-platform-instance", "e2e-amd64"),
-                ("taskRunID", "tenant:go-built"),
-            ],
-        )
-        .await
-        .unwrap();
+    let go = moto.launch_raw(REGION, &fx.ami, 1, &GO_TAGS).await.unwrap();
     let mut now = wall(Duration::ZERO);
     let mut a = Ctl::start(&moto, "stone-prod-p01", &cfg, now).await;
     let mut b = Ctl::start(&moto, "stone-prod-p02", &cfg, now).await;
@@ -1665,26 +1574,8 @@ async fn two_clusters_share_an_account_without_touching_each_others_instances() 
         )
         .await
         .unwrap();
-    let ta: Vec<String> = a
-        .list(now)
-        .await
-        .iter()
-        .filter_map(|x| match x {
-            Action::Terminate { instance_id, .. } => Some(instance_id.to_string()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(ta, orphan_a);
-    let tb: Vec<String> = b
-        .list(now)
-        .await
-        .iter()
-        .filter_map(|x| match x {
-            Action::Terminate { instance_id, .. } => Some(instance_id.to_string()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(tb, orphan_b);
+    assert_eq!(terminated_in(&a.list(now).await), orphan_a);
+    assert_eq!(terminated_in(&b.list(now).await), orphan_b);
 
     // Neither ever asked the cloud to terminate or retag what it did not launch (or, for the
     // orphans, what does not carry its cluster tag); the Go instance is untouched.
@@ -1747,17 +1638,7 @@ async fn measure_probe_cost(
     instances: Vec<String>,
     batch: BatchOptions,
 ) -> ProbeCost {
-    let cloud: Arc<dyn Cloud> = Arc::new(AwsCloud::new(
-        AwsOptions {
-            cluster: cluster(),
-            endpoint: Some(h.proxy.endpoint()),
-            retry: fast_retry(),
-            page_size: 1000,
-            connect_timeout: Duration::from_secs(2),
-            call_timeout: Duration::from_secs(10),
-        },
-        CloudMetrics::unregistered().unwrap(),
-    ));
+    let cloud: Arc<dyn Cloud> = shared_cloud(CLUSTER, &h.proxy);
     let runner = Arc::new(Runner::new(
         cloud,
         Arc::new(LoopbackMap::new()),

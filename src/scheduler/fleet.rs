@@ -597,21 +597,30 @@ impl Scheduler {
         self.ensure_warm(p, out);
     }
 
+    /// The instance a launch result is for, when the core still waits for it.
+    fn take_launch(&mut self, op: OpId) -> Option<Key> {
+        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
+            return None;
+        };
+        self.instances
+            .get(inst)
+            .is_some_and(|i| i.state == InstState::Launching(op))
+            .then_some(inst)
+    }
+
     pub(super) fn on_launched(
         &mut self,
         op: OpId,
         result: Result<String, (String, bool)>,
         out: &mut Vec<Action>,
     ) {
-        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
+        let Some(inst) = self.take_launch(op) else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
-            return;
-        };
-        if i.state != InstState::Launching(op) {
-            return;
-        }
+        let i = self
+            .instances
+            .get_mut(inst)
+            .expect("checked by take_launch");
         match result {
             Ok(id) => {
                 let id: Arc<str> = id.into();
@@ -786,16 +795,14 @@ impl Scheduler {
         state: InstanceState,
         out: &mut Vec<Action>,
     ) {
-        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
+        let Some(inst) = self.take_launch(op) else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
-            return;
-        };
-        if i.state != InstState::Launching(op) {
-            return;
-        }
         // Named for the failure record only: not tracked (a gone instance needs no termination).
+        let i = self
+            .instances
+            .get_mut(inst)
+            .expect("checked by take_launch");
         i.id = Some(id.into());
         let reason = format!(
             "an earlier try of this launch started it and it is {}",
