@@ -20,7 +20,7 @@
 //! every launch is tagged with it, and the provider adopts, retags and terminates only instances
 //! carrying it, plus (terminate only, when the action says `legacy`) instances without any
 //! cluster tag that a TaskRun of this cluster names. Launches are idempotent per
-//! [`LaunchId`](crate::scheduler::LaunchId) (the token and the owner/attempt tags come from it):
+//! [`LaunchId`] (the token and the owner/attempt tags come from it):
 //! an earlier try's live instance is adopted, a gone one reported as spent, never adopted.
 //!
 //! Pure parts (no I/O): [`instance`] (state mapping, addresses, who may act on an instance),
