@@ -14,8 +14,8 @@ use std::time::Duration;
 use mpc::config::{ConfigData, HostConfig};
 use mpc::platform::Platform;
 use mpc::scheduler::{
-    Action, Event, InstanceRecord, InstanceState, OpId, Policy, ProbeResult, Scheduler, SecretData,
-    SecretKind, Snapshot, TaskRunRecord, TaskRunSpec, Time,
+    Action, Event, InstanceRecord, InstanceState, OpId, Ownership, Policy, ProbeResult, Scheduler,
+    SecretData, SecretKind, Snapshot, TaskRunRecord, TaskRunSpec, Time,
 };
 use proptest::prelude::*;
 
@@ -149,7 +149,8 @@ struct WTaskRun {
 struct WInstance {
     platform: String,
     tag: String,
-    taskrun_id: Option<String>,
+    /// Owner tag: the launch's (or the last retag's) owner key.
+    owner: String,
     launched_at: Time,
     alive: bool,
 }
@@ -173,7 +174,7 @@ enum Pending {
         platform: String,
         token: String,
         tag: String,
-        taskrun_id: Option<String>,
+        owner: String,
     },
     Probe {
         op: OpId,
@@ -364,8 +365,8 @@ impl World {
                 op,
                 platform,
                 template,
-                client_token,
-                taskrun_id,
+                launch,
+                ..
             } => {
                 let p = platform.as_str().to_owned();
                 let alive = self
@@ -383,12 +384,13 @@ impl World {
                     alive + launching < max,
                     "{p}: {alive} alive + {launching} launching, max {max}: no room for another"
                 );
+                // The cloud's idempotency token: one per launch identity.
                 self.pending.push(Pending::Launch {
                     op,
                     platform: p,
-                    token: client_token,
+                    token: format!("{}|{}", launch.owner_key(), launch.attempt_tag()),
                     tag: template.instance_tag.clone(),
-                    taskrun_id,
+                    owner: launch.owner_key(),
                 });
             }
             Action::Probe {
@@ -405,11 +407,11 @@ impl World {
             }),
             Action::Retag {
                 instance_id,
-                taskrun_id,
+                launch,
                 ..
             } => {
                 if let Some(i) = self.instances.get_mut(&*instance_id) {
-                    i.taskrun_id = Some(taskrun_id);
+                    i.owner = launch.owner_key();
                 }
             }
             Action::Ungate { .. } | Action::Notify { .. } | Action::Observe(_) => {}
@@ -466,7 +468,7 @@ impl World {
                 platform,
                 token,
                 tag,
-                taskrun_id,
+                owner,
             } => {
                 if !ok {
                     return Event::LaunchFailed {
@@ -476,6 +478,14 @@ impl World {
                     };
                 }
                 let id = match self.tokens.get(&token) {
+                    // An earlier try's instance: adopted when alive, spent when gone.
+                    Some(id) if !self.instances[id].alive => {
+                        return Event::LaunchSpent {
+                            op,
+                            instance_id: id.clone(),
+                            state: InstanceState::Terminated,
+                        };
+                    }
                     Some(id) => id.clone(),
                     None => {
                         self.next += 1;
@@ -486,7 +496,7 @@ impl World {
                             WInstance {
                                 platform,
                                 tag,
-                                taskrun_id,
+                                owner,
                                 launched_at: self.now,
                                 alive: true,
                             },
@@ -594,7 +604,9 @@ impl World {
                 id: id.clone(),
                 platform: Platform::parse(&i.platform).unwrap(),
                 instance_tag: i.tag.clone(),
-                taskrun_id: i.taskrun_id.clone(),
+                ownership: Ownership::Ours,
+                platform_label: Some(Platform::parse(&i.platform).unwrap().label_value()),
+                owner: Some(i.owner.clone()),
                 launched_at: i.launched_at,
                 state: InstanceState::Running,
                 address: Some(format!("addr-{id}")),

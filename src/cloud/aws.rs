@@ -24,22 +24,34 @@ use aws_sdk_ec2::types::{
 use futures::future::BoxFuture;
 
 use crate::cloud::error::{classify, is_spot_refusal};
-use crate::cloud::launch::{Market, client_token, encode_user_data, instance_tags, tags};
+use crate::cloud::instance::state_from_name;
+use crate::cloud::launch::{
+    ClusterId, LaunchOutcome, Market, client_token, encode_user_data, instance_tags, owner_tags,
+    ownership, tags,
+};
 use crate::cloud::metrics::CloudMetrics;
 use crate::cloud::retry::RetryPolicy;
 use crate::cloud::{
-    Cloud, CloudError, Credentials, ErrorClass, Instance, InstanceState, LaunchRequest, Launched,
-    Operation, Scope, Terminated,
+    Cloud, CloudError, Credentials, ErrorClass, Instance, LaunchRequest, Operation, Scope,
+    Terminated,
 };
 use crate::config::DynamicPlatform;
 use crate::contract::instance_tags as compat_tags;
+use crate::scheduler::{InstanceState, LaunchId, Ownership};
 
 /// Instance states a listing asks for: everything but `terminated`.
 const LIVE_STATES: [&str; 5] = ["pending", "running", "shutting-down", "stopping", "stopped"];
 
+/// Most values one DescribeInstances filter takes: lookups by id go through the `instance-id`
+/// filter, 200 ids a call, because an explicit id list fails as a whole when one id is unknown.
+pub const MAX_IDS_PER_CALL: usize = 200;
+
 /// Options of the EC2 provider.
 #[derive(Debug, Clone)]
 pub struct AwsOptions {
+    /// This cluster's identity: tagged on every launch; only instances carrying it are adopted,
+    /// retagged or terminated (see [`Instance::may_manage`]).
+    pub cluster: ClusterId,
     /// Endpoint override (an EC2-compatible cloud, or an emulator in tests); `None` for AWS.
     pub endpoint: Option<String>,
     /// Retries of failed calls.
@@ -52,9 +64,11 @@ pub struct AwsOptions {
     pub call_timeout: Duration,
 }
 
-impl Default for AwsOptions {
-    fn default() -> Self {
+impl AwsOptions {
+    /// Defaults for AWS itself, for `cluster`.
+    pub fn new(cluster: ClusterId) -> Self {
         Self {
+            cluster,
             endpoint: None,
             retry: RetryPolicy::default(),
             page_size: 1000,
@@ -124,14 +138,14 @@ fn filter(name: &str, values: &[&str]) -> Filter {
         .build()
 }
 
-fn to_instance(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
+fn to_instance(i: &aws_sdk_ec2::types::Instance, cluster: &ClusterId) -> Option<Instance> {
     let nonempty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
-    Some(Instance {
+    let mut out = Instance {
         id: i.instance_id()?.to_owned(),
         state: i
             .state()
             .and_then(|s| s.name())
-            .map(|n| InstanceState::from_name(n.as_str()))
+            .map(|n| state_from_name(n.as_str()))
             .unwrap_or(InstanceState::Unknown),
         launch_time: i.launch_time().and_then(|t| SystemTime::try_from(*t).ok()),
         instance_type: i
@@ -147,20 +161,32 @@ fn to_instance(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
             .iter()
             .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
             .collect(),
-    })
+        ownership: Ownership::Untagged,
+    };
+    out.ownership = ownership(&out, cluster);
+    Some(out)
 }
 
-/// True when the instance carries our managed tag and the platform's instance tag.
-fn is_ours(i: &Instance, p: &DynamicPlatform) -> bool {
-    i.tag(compat_tags::MANAGED) == Some("true")
-        && i.tag(compat_tags::INSTANCE) == Some(p.instance_tag.as_str())
-}
-
-/// True when a listed instance belongs to platform `p`: our platform tag matches, or it has none
-/// (launched by the Go controller, which only had the instance tag to go by).
-fn of_platform(i: &Instance, p: &DynamicPlatform) -> bool {
-    i.platform_label()
-        .is_none_or(|l| l == p.platform.label_value())
+/// Why `i` may not be acted on for `p` (see [`Instance::may_manage`]), for the refusal.
+fn refusal(i: &Instance, p: &DynamicPlatform, cluster: &ClusterId) -> String {
+    let id = &i.id;
+    if !i.has_platform_tags(p) {
+        return format!(
+            "instance {id} does not carry {}=true and {}={}",
+            compat_tags::MANAGED,
+            compat_tags::INSTANCE,
+            p.instance_tag
+        );
+    }
+    match i.tag(tags::CLUSTER) {
+        Some(other) if other != cluster.as_str() => {
+            format!("instance {id} belongs to cluster {other}, not {cluster}")
+        }
+        _ => format!(
+            "instance {id} carries no {} tag (not launched by this cluster) and no TaskRun of this cluster names it",
+            tags::CLUSTER
+        ),
+    }
 }
 
 impl AwsCloud {
@@ -287,7 +313,7 @@ impl AwsCloud {
     }
 
     /// All instances matching `filters` (all pages).
-    async fn describe_all(
+    async fn describe_filtered(
         &self,
         client: &Client,
         platform: &DynamicPlatform,
@@ -314,7 +340,7 @@ impl AwsCloud {
                 page.reservations()
                     .iter()
                     .flat_map(|r| r.instances())
-                    .filter_map(to_instance),
+                    .filter_map(|i| to_instance(i, &self.options.cluster)),
             );
             token = page
                 .next_token()
@@ -340,89 +366,68 @@ impl AwsCloud {
     async fn list_impl(&self, scope: Scope<'_>) -> Result<Vec<Instance>, CloudError> {
         let p = scope.platform;
         let client = self.client(scope);
-        let mut all = self
-            .describe_all(&client, p, Self::scope_filters(p))
+        let all = self
+            .describe_filtered(&client, p, Self::scope_filters(p))
             .await?;
-        all.retain(|i| of_platform(i, p));
         self.metrics.set_instances(p.platform.as_str(), &all);
         Ok(all)
     }
 
-    /// DescribeInstances of one id: the instance, or `None` when the cloud does not know it.
-    async fn lookup(
-        &self,
-        p: &DynamicPlatform,
-        client: &Client,
-        id: &str,
-    ) -> Result<Option<Instance>, CloudError> {
-        let req = client.describe_instances().instance_ids(id);
-        let out = match self
-            .call(
-                p,
-                Operation::DescribeInstances,
-                |_| false,
-                || req.clone().send(),
-            )
-            .await
-        {
-            Ok(out) => out,
-            Err(f) if f.class == ErrorClass::NotFound => return Ok(None),
-            Err(f) => return Err(f.into_error(p, Operation::DescribeInstances)),
-        };
-        Ok(out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .filter_map(to_instance)
-            .find(|i| i.id == id))
-    }
-
+    /// DescribeInstances by id through the `instance-id` filter: unknown ids are left out rather
+    /// than failing the call, and no state filter, so recently terminated ones show.
     async fn describe_impl(
         &self,
         scope: Scope<'_>,
-        id: &str,
-    ) -> Result<Option<Instance>, CloudError> {
+        ids: &[String],
+    ) -> Result<Vec<Instance>, CloudError> {
         let p = scope.platform;
         let client = self.client(scope);
-        match self.lookup(p, &client, id).await? {
-            Some(i) if is_ours(&i, p) => Ok(Some(i)),
-            Some(i) => {
-                tracing::warn!(platform = %p.platform, instance = %i.id, "instance lacks our tags; ignoring it");
-                Ok(None)
-            }
-            None => Ok(None),
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(MAX_IDS_PER_CALL) {
+            let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            out.extend(
+                self.describe_filtered(&client, p, vec![filter("instance-id", &values)])
+                    .await?,
+            );
         }
+        Ok(out)
     }
 
-    async fn terminate_impl(&self, scope: Scope<'_>, id: &str) -> Result<Terminated, CloudError> {
+    /// One instance by id, `None` when the cloud does not know it.
+    async fn lookup(&self, scope: Scope<'_>, id: &str) -> Result<Option<Instance>, CloudError> {
+        let found = self.describe_impl(scope, &[id.to_owned()]).await?;
+        Ok(found.into_iter().find(|i| i.id == id))
+    }
+
+    fn refused(&self, p: &DynamicPlatform, op: Operation, why: String) -> CloudError {
+        CloudError::new(p, op, ErrorClass::Refused, None, why, 0)
+    }
+
+    async fn terminate_impl(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+        legacy: bool,
+    ) -> Result<Terminated, CloudError> {
         let p = scope.platform;
-        let client = self.client(scope);
         // Look first: never terminate an instance that is not ours (ids come from TaskRun
-        // annotations, which users can edit), and skip the call when it is already gone.
-        let Some(inst) = self.lookup(p, &client, id).await? else {
+        // annotations, which users can edit, and clusters share accounts), and skip the call
+        // when it is already gone.
+        let Some(inst) = self.lookup(scope, id).await? else {
             return Ok(Terminated::AlreadyGone);
         };
-        if !is_ours(&inst, p) {
-            return Err(CloudError::new(
+        if !inst.may_manage(p, legacy) {
+            let why = refusal(&inst, p, &self.options.cluster);
+            return Err(self.refused(
                 p,
                 Operation::TerminateInstances,
-                ErrorClass::Refused,
-                None,
-                format!(
-                    "instance {id} does not carry {}=true and {}={}; refusing to terminate it",
-                    compat_tags::MANAGED,
-                    compat_tags::INSTANCE,
-                    p.instance_tag
-                ),
-                0,
+                format!("{why}; refusing to terminate it"),
             ));
         }
-        if matches!(
-            inst.state,
-            InstanceState::ShuttingDown | InstanceState::Terminated
-        ) {
+        if inst.state.is_terminating() {
             return Ok(Terminated::AlreadyGone);
         }
+        let client = self.client(scope);
         let req = client.terminate_instances().instance_ids(id);
         match self
             .call(
@@ -440,6 +445,44 @@ impl AwsCloud {
             Err(f) if f.class == ErrorClass::NotFound => Ok(Terminated::AlreadyGone),
             Err(f) => Err(f.into_error(p, Operation::TerminateInstances)),
         }
+    }
+
+    async fn retag_impl(
+        &self,
+        scope: Scope<'_>,
+        id: &str,
+        launch: &LaunchId,
+    ) -> Result<(), CloudError> {
+        let p = scope.platform;
+        let Some(inst) = self.lookup(scope, id).await? else {
+            return Err(CloudError::new(
+                p,
+                Operation::CreateTags,
+                ErrorClass::NotFound,
+                None,
+                format!("instance {id} does not exist"),
+                0,
+            ));
+        };
+        if !inst.may_manage(p, false) {
+            let why = refusal(&inst, p, &self.options.cluster);
+            return Err(self.refused(
+                p,
+                Operation::CreateTags,
+                format!("{why}; refusing to retag it"),
+            ));
+        }
+        let client = self.client(scope);
+        let tag_list: Vec<Tag> = owner_tags(p, launch)
+            .into_iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect();
+        let req = client.create_tags().resources(id).set_tags(Some(tag_list));
+        self.call(p, Operation::CreateTags, |_| false, || req.clone().send())
+            .await
+            .map_err(|f| f.into_error(p, Operation::CreateTags))?;
+        tracing::info!(platform = %p.platform, instance = id, launch = %launch, "retagged instance");
+        Ok(())
     }
 
     /// The image's root device name, so the gp3 root disk override lands on the root volume.
@@ -504,21 +547,34 @@ impl AwsCloud {
         Ok(root.to_owned())
     }
 
-    /// The instance an earlier try of this (owner, attempt) launched, if any.
+    /// The instance an earlier try of this launch started, if any, in any state (terminated
+    /// ones too, while the cloud still reports them): a live one if there is one.
     async fn find_attempt(
         &self,
         client: &Client,
         req: &LaunchRequest<'_>,
     ) -> Result<Option<Instance>, CloudError> {
         let p = req.scope.platform;
-        let mut filters = Self::scope_filters(p);
-        filters.push(filter(&format!("tag:{}", tags::OWNER), &[req.owner.key()]));
-        filters.push(filter(
-            &format!("tag:{}", tags::ATTEMPT),
-            &[req.attempt.to_string().as_str()],
-        ));
-        let mut found = self.describe_all(client, p, filters).await?;
-        // Prefer one that is alive, should several exist.
+        let filters = vec![
+            filter(&format!("tag:{}", compat_tags::MANAGED), &["true"]),
+            filter(
+                &format!("tag:{}", compat_tags::INSTANCE),
+                &[p.instance_tag.as_str()],
+            ),
+            filter(
+                &format!("tag:{}", tags::CLUSTER),
+                &[self.options.cluster.as_str()],
+            ),
+            filter(
+                &format!("tag:{}", tags::OWNER),
+                &[req.launch.owner_key().as_str()],
+            ),
+            filter(
+                &format!("tag:{}", tags::ATTEMPT),
+                &[req.launch.attempt_tag().as_str()],
+            ),
+        ];
+        let mut found = self.describe_filtered(client, p, filters).await?;
         found.sort_by_key(|i| (i.state.is_gone(), i.launch_time));
         Ok(found.into_iter().next())
     }
@@ -555,7 +611,7 @@ impl AwsCloud {
             .instance_type(InstanceType::from(p.instance_type.as_str()))
             .min_count(1)
             .max_count(1)
-            .client_token(client_token(req.owner.key(), req.attempt, market))
+            .client_token(client_token(&self.options.cluster, req.launch, market))
             .instance_initiated_shutdown_behavior(ShutdownBehavior::Terminate)
             .block_device_mappings(
                 BlockDeviceMapping::builder()
@@ -606,7 +662,7 @@ impl AwsCloud {
             .await?;
         out.instances()
             .iter()
-            .find_map(to_instance)
+            .find_map(|i| to_instance(i, &self.options.cluster))
             .ok_or_else(|| Failure {
                 class: ErrorClass::Other,
                 code: None,
@@ -615,29 +671,31 @@ impl AwsCloud {
             })
     }
 
-    async fn launch_impl(&self, req: &LaunchRequest<'_>) -> Result<Launched, CloudError> {
+    async fn launch_impl(&self, req: &LaunchRequest<'_>) -> Result<LaunchOutcome, CloudError> {
         let p = req.scope.platform;
         let platform = p.platform.as_str();
         let client = self.client(req.scope);
         // The cloud's ClientToken makes a repeated RunInstances return the first instance, but
         // not every EC2-compatible cloud honours it: look for our own tags first.
         if let Some(instance) = self.find_attempt(&client, req).await? {
+            let spent = instance.state.is_gone();
             tracing::info!(
                 platform,
-                owner = req.owner.key(),
-                attempt = req.attempt,
+                launch = %req.launch,
                 instance = %instance.id,
                 state = instance.state.as_str(),
-                "adopting the instance of an earlier launch try"
+                spent,
+                "found the instance of an earlier try of this launch"
             );
+            if spent {
+                return Ok(LaunchOutcome::Spent(instance));
+            }
             self.metrics.launched(platform, true);
-            return Ok(Launched {
-                instance,
-                adopted: true,
-            });
+            return Ok(LaunchOutcome::Adopted(instance));
         }
         let root = self.root_device(&client, p).await?;
-        let (tags, ignored) = instance_tags(p, &req.owner, req.attempt, req.additional_tags);
+        let (tags, ignored) =
+            instance_tags(&self.options.cluster, p, req.launch, req.additional_tags);
         if !ignored.is_empty() {
             tracing::warn!(
                 platform,
@@ -651,7 +709,7 @@ impl AwsCloud {
                 Err(f) if is_spot_refusal(f.code.as_deref()) => {
                     tracing::warn!(
                         platform,
-                        owner = req.owner.key(),
+                        launch = %req.launch,
                         code = f.code.as_deref().unwrap_or(""),
                         error = %f.message,
                         "spot capacity refused; launching on-demand"
@@ -668,22 +726,30 @@ impl AwsCloud {
         Ok(self.launched(req, instance))
     }
 
-    fn launched(&self, req: &LaunchRequest<'_>, instance: Instance) -> Launched {
+    /// A RunInstances answer: new, or (its token was used before) an earlier try's instance,
+    /// spent when gone.
+    fn launched(&self, req: &LaunchRequest<'_>, instance: Instance) -> LaunchOutcome {
         let p = req.scope.platform;
+        if instance.state.is_gone() {
+            tracing::info!(
+                platform = %p.platform,
+                launch = %req.launch,
+                instance = %instance.id,
+                state = instance.state.as_str(),
+                "the launch token's instance is gone"
+            );
+            return LaunchOutcome::Spent(instance);
+        }
         tracing::info!(
             platform = %p.platform,
-            owner = req.owner.key(),
-            taskrun_id = %req.owner.taskrun_id_tag(),
-            attempt = req.attempt,
+            launch = %req.launch,
+            attempt = %req.launch.attempt_tag(),
             instance = %instance.id,
             spot = instance.spot,
             "launched instance"
         );
         self.metrics.launched(p.platform.as_str(), false);
-        Launched {
-            instance,
-            adopted: false,
-        }
+        LaunchOutcome::Launched(instance)
     }
 }
 
@@ -691,7 +757,7 @@ impl Cloud for AwsCloud {
     fn launch<'a>(
         &'a self,
         request: &'a LaunchRequest<'a>,
-    ) -> BoxFuture<'a, Result<Launched, CloudError>> {
+    ) -> BoxFuture<'a, Result<LaunchOutcome, CloudError>> {
         Box::pin(self.launch_impl(request))
     }
 
@@ -702,17 +768,27 @@ impl Cloud for AwsCloud {
     fn describe<'a>(
         &'a self,
         scope: Scope<'a>,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Instance>, CloudError>> {
-        Box::pin(self.describe_impl(scope, id))
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Instance>, CloudError>> {
+        Box::pin(self.describe_impl(scope, ids))
     }
 
     fn terminate<'a>(
         &'a self,
         scope: Scope<'a>,
         id: &'a str,
+        legacy: bool,
     ) -> BoxFuture<'a, Result<Terminated, CloudError>> {
-        Box::pin(self.terminate_impl(scope, id))
+        Box::pin(self.terminate_impl(scope, id, legacy))
+    }
+
+    fn retag<'a>(
+        &'a self,
+        scope: Scope<'a>,
+        id: &'a str,
+        launch: &'a LaunchId,
+    ) -> BoxFuture<'a, Result<(), CloudError>> {
+        Box::pin(self.retag_impl(scope, id, launch))
     }
 }
 
@@ -733,7 +809,10 @@ mod tests {
 
     #[tokio::test]
     async fn clients_are_cached_per_region_and_credentials_and_replaced_on_rotation() {
-        let cloud = AwsCloud::new(AwsOptions::default(), CloudMetrics::unregistered().unwrap());
+        let cloud = AwsCloud::new(
+            AwsOptions::new(ClusterId::new("test").unwrap()),
+            CloudMetrics::unregistered().unwrap(),
+        );
         let east = platform();
         let mut west = platform();
         west.region = "eu-west-1".into();
@@ -775,7 +854,8 @@ mod tests {
             .instance_lifecycle(InstanceLifecycleType::Spot)
             .tags(Tag::builder().key("taskRunID").value("ns:tr").build())
             .build();
-        let got = to_instance(&i).unwrap();
+        let cluster = ClusterId::new("test").unwrap();
+        let got = to_instance(&i, &cluster).unwrap();
         assert_eq!(got.state, InstanceState::ShuttingDown);
         assert!(got.state.is_gone());
         assert_eq!(
@@ -791,28 +871,43 @@ mod tests {
         assert!(got.spot);
         assert_eq!(got.taskrun_id(), Some("ns:tr"));
         let no_id = aws_sdk_ec2::types::Instance::builder().build();
-        assert_eq!(to_instance(&no_id), None);
+        assert_eq!(to_instance(&no_id, &cluster), None);
     }
 
     #[test]
-    fn ours_means_managed_and_same_instance_tag() {
+    fn ownership_and_refusals_name_the_cluster() {
         let p = platform();
-        let mut i = to_instance(
-            &aws_sdk_ec2::types::Instance::builder()
-                .instance_id("i-1")
-                .build(),
-        )
-        .unwrap();
-        assert!(!is_ours(&i, &p));
-        i.tags.insert("MultiPlatformManaged".into(), "true".into());
-        i.tags
-            .insert("multi-platform-instance".into(), "someone-else".into());
-        assert!(!is_ours(&i, &p));
-        i.tags
-            .insert("multi-platform-instance".into(), p.instance_tag.clone());
-        assert!(is_ours(&i, &p));
-        assert!(of_platform(&i, &p), "no platform tag: a Go-era instance");
-        i.tags.insert(tags::PLATFORM.into(), "linux-s390x".into());
-        assert!(!of_platform(&i, &p));
+        let ours = ClusterId::new("stone-prod-p01").unwrap();
+        let sdk = |tags: &[(&str, &str)]| {
+            let mut b = aws_sdk_ec2::types::Instance::builder().instance_id("i-1");
+            for (k, v) in tags {
+                b = b.tags(Tag::builder().key(*k).value(*v).build());
+            }
+            to_instance(&b.build(), &ours).unwrap()
+        };
+        let bare = sdk(&[]);
+        assert_eq!(bare.ownership, Ownership::Untagged);
+        assert!(refusal(&bare, &p, &ours).contains("does not carry MultiPlatformManaged=true"));
+        let managed = [
+            ("MultiPlatformManaged", "true"),
+            ("multi-platform-instance", "prod-arm64"),
+        ];
+        let go = sdk(&managed);
+        assert!(go.may_manage(&p, true) && !go.may_manage(&p, false));
+        assert!(
+            refusal(&go, &p, &ours).contains("carries no multi-platform-cluster tag"),
+            "{}",
+            refusal(&go, &p, &ours)
+        );
+        let theirs = sdk(&[managed[0], managed[1], (tags::CLUSTER, "stone-prod-p02")]);
+        assert_eq!(theirs.ownership, Ownership::Foreign);
+        assert!(!theirs.may_manage(&p, true));
+        assert_eq!(
+            refusal(&theirs, &p, &ours),
+            "instance i-1 belongs to cluster stone-prod-p02, not stone-prod-p01"
+        );
+        let mine = sdk(&[managed[0], managed[1], (tags::CLUSTER, "stone-prod-p01")]);
+        assert_eq!(mine.ownership, Ownership::Ours);
+        assert!(mine.may_manage(&p, false));
     }
 }

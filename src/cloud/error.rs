@@ -15,15 +15,18 @@ pub enum Operation {
     DescribeImages,
     /// Terminate instances.
     TerminateInstances,
+    /// Set tags on an instance.
+    CreateTags,
 }
 
 impl Operation {
     /// Every operation, for metrics.
-    pub const ALL: [Operation; 4] = [
+    pub const ALL: [Operation; 5] = [
         Self::RunInstances,
         Self::DescribeInstances,
         Self::DescribeImages,
         Self::TerminateInstances,
+        Self::CreateTags,
     ];
 
     /// The API name.
@@ -33,6 +36,7 @@ impl Operation {
             Self::DescribeInstances => "DescribeInstances",
             Self::DescribeImages => "DescribeImages",
             Self::TerminateInstances => "TerminateInstances",
+            Self::CreateTags => "CreateTags",
         }
     }
 }

@@ -1,86 +1,27 @@
-//! What the cloud says about one instance: state, addresses, tags. Pure.
+//! What the cloud says about one instance: state, addresses, tags, and who launched it. Pure.
+//!
+//! States are the scheduler's [`InstanceState`] (one enum, one meaning of gone); this module only
+//! maps the cloud's names onto it.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::cloud::launch::tags;
+use crate::config::DynamicPlatform;
 use crate::contract::instance_tags;
+use crate::platform::Platform;
+use crate::scheduler::{InstanceRecord, InstanceState, Ownership, Time};
 
-/// Lifecycle state of an instance, mapped so that the scheduler is told the truth: anything on its
-/// way down or stopped is gone, never "OK".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum InstanceState {
-    /// Booting.
-    Pending,
-    /// Running (the SSH daemon may still be starting; see [`crate::cloud::reach`]).
-    Running,
-    /// Terminating.
-    ShuttingDown,
-    /// Terminated.
-    Terminated,
-    /// Stopping.
-    Stopping,
-    /// Stopped.
-    Stopped,
-    /// A state name this version does not know.
-    Unknown,
+/// Maps an EC2 state name (`pending`, `running`, `shutting-down`, ...); names this version does
+/// not know map to [`InstanceState::Unknown`].
+pub fn state_from_name(name: &str) -> InstanceState {
+    InstanceState::ALL
+        .into_iter()
+        .find(|s| *s != InstanceState::Unknown && s.as_str() == name)
+        .unwrap_or(InstanceState::Unknown)
 }
 
-impl InstanceState {
-    /// Every state, for metrics that report a value per state.
-    pub const ALL: [InstanceState; 7] = [
-        Self::Pending,
-        Self::Running,
-        Self::ShuttingDown,
-        Self::Terminated,
-        Self::Stopping,
-        Self::Stopped,
-        Self::Unknown,
-    ];
-
-    /// Maps an EC2 state name (`pending`, `running`, `shutting-down`, ...).
-    pub fn from_name(name: &str) -> Self {
-        match name {
-            "pending" => Self::Pending,
-            "running" => Self::Running,
-            "shutting-down" => Self::ShuttingDown,
-            "terminated" => Self::Terminated,
-            "stopping" => Self::Stopping,
-            "stopped" => Self::Stopped,
-            _ => Self::Unknown,
-        }
-    }
-
-    /// The EC2 state name (`unknown` for [`Self::Unknown`]); a bounded metric label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Running => "running",
-            Self::ShuttingDown => "shutting-down",
-            Self::Terminated => "terminated",
-            Self::Stopping => "stopping",
-            Self::Stopped => "stopped",
-            Self::Unknown => "unknown",
-        }
-    }
-
-    /// Gone for scheduling: it will not run (more) work. Instances shut down on their own
-    /// (`InstanceInitiatedShutdownBehavior=terminate`) or stopped by hand end up here.
-    pub fn is_gone(self) -> bool {
-        matches!(
-            self,
-            Self::ShuttingDown | Self::Terminated | Self::Stopping | Self::Stopped
-        )
-    }
-
-    /// Counts toward `max-instances`: booting and running instances, and (to be safe) states we do
-    /// not know, which may well be alive and billed.
-    pub fn counts_toward_limit(self) -> bool {
-        !self.is_gone()
-    }
-}
-
-/// One instance as listed by the cloud.
+/// One instance as the cloud reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
     /// Instance id.
@@ -101,6 +42,8 @@ pub struct Instance {
     pub spot: bool,
     /// Tags.
     pub tags: BTreeMap<String, String>,
+    /// Who launched it, by its cluster tag, as seen by the provider that reported it.
+    pub ownership: Ownership,
 }
 
 impl Instance {
@@ -115,10 +58,9 @@ impl Instance {
         }
     }
 
-    /// Who owns the instance: our owner tag, else (instances launched by the Go controller) the
-    /// `taskRunID` tag.
+    /// Our owner tag: the TaskRun UID or warm instance name it was launched (or retagged) for.
     pub fn owner_key(&self) -> Option<&str> {
-        self.tag(tags::OWNER).or_else(|| self.taskrun_id())
+        self.tag(tags::OWNER)
     }
 
     /// The `taskRunID` tag (`<namespace>:<name>`).
@@ -126,9 +68,9 @@ impl Instance {
         self.tag(instance_tags::TASKRUN_ID)
     }
 
-    /// The launch attempt recorded in our tag.
-    pub fn attempt(&self) -> Option<u32> {
-        self.tag(tags::ATTEMPT)?.parse().ok()
+    /// Our attempt tag (`<retry>.<attempt>`).
+    pub fn attempt(&self) -> Option<&str> {
+        self.tag(tags::ATTEMPT)
     }
 
     /// The platform label value recorded in our tag (absent on instances the Go controller launched).
@@ -141,43 +83,59 @@ impl Instance {
         self.tags.get(key).map(String::as_str)
     }
 
-    /// Time since launch at `now`; `None` without a launch time, zero for a launch time in the future.
-    pub fn age(&self, now: SystemTime) -> Option<Duration> {
-        let t = self.launch_time?;
-        Some(now.duration_since(t).unwrap_or_default())
+    /// Carries the managed tag and `platform`'s instance tag.
+    pub fn has_platform_tags(&self, platform: &DynamicPlatform) -> bool {
+        self.tag(instance_tags::MANAGED) == Some("true")
+            && self.tag(instance_tags::INSTANCE) == Some(platform.instance_tag.as_str())
     }
-}
 
-/// How many of `instances` count toward `max-instances` (booting ones included).
-pub fn count_toward_limit(instances: &[Instance]) -> u32 {
-    let n = instances
-        .iter()
-        .filter(|i| i.state.counts_toward_limit())
-        .count();
-    u32::try_from(n).unwrap_or(u32::MAX)
+    /// Ours to act on for `platform`: it carries the platform's tags and this cluster's identity,
+    /// or (only when `legacy`, for an instance a TaskRun of this cluster names) no cluster
+    /// identity at all. Another cluster's instance never is.
+    pub fn may_manage(&self, platform: &DynamicPlatform, legacy: bool) -> bool {
+        self.has_platform_tags(platform)
+            && match self.ownership {
+                Ownership::Ours => true,
+                Ownership::Untagged => legacy,
+                Ownership::Foreign => false,
+            }
+    }
+
+    /// The scheduler's view of it, as listed by `lister`'s config; `strict_public` is that
+    /// platform's `strict-public-address`.
+    pub fn record(&self, lister: &Platform, strict_public: bool) -> InstanceRecord {
+        let launched_at = self
+            .launch_time
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(Time::ZERO, |d| {
+                Time::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            });
+        InstanceRecord {
+            id: self.id.clone(),
+            platform: lister.clone(),
+            instance_tag: self
+                .tag(instance_tags::INSTANCE)
+                .unwrap_or_default()
+                .to_owned(),
+            ownership: self.ownership,
+            platform_label: self.platform_label().map(str::to_owned),
+            owner: self.owner_key().map(str::to_owned),
+            launched_at,
+            state: self.state,
+            address: self.address(strict_public).map(str::to_owned),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn instance() -> Instance {
-        Instance {
-            id: "i-1".into(),
-            state: InstanceState::Running,
-            launch_time: None,
-            instance_type: "m5.large".into(),
-            private_ip: Some("10.0.0.5".into()),
-            public_ip: Some("54.1.2.3".into()),
-            public_dns: Some("ec2-54-1-2-3.compute-1.amazonaws.com".into()),
-            spot: false,
-            tags: BTreeMap::new(),
-        }
-    }
+    use crate::cloud::testing::{instance, platform};
+    use std::time::Duration;
 
     #[test]
     fn address_prefers_public_dns_then_public_ip_then_private() {
-        let mut i = instance();
+        let mut i = instance("i-1");
         assert_eq!(
             i.address(false),
             Some("ec2-54-1-2-3.compute-1.amazonaws.com")
@@ -200,63 +158,62 @@ mod tests {
     }
 
     #[test]
-    fn gone_states_are_gone() {
-        use InstanceState::*;
-        for s in [ShuttingDown, Terminated, Stopping, Stopped] {
-            assert!(s.is_gone(), "{s:?}");
-            assert!(!s.counts_toward_limit(), "{s:?}");
-        }
-        for s in [Pending, Running, Unknown] {
-            assert!(!s.is_gone(), "{s:?}");
-            assert!(s.counts_toward_limit(), "{s:?}");
-        }
+    fn ec2_state_names_map_to_the_one_state_enum() {
         for s in InstanceState::ALL {
-            let back = InstanceState::from_name(s.as_str());
-            assert_eq!(back, s);
+            assert_eq!(state_from_name(s.as_str()), s);
         }
-        assert_eq!(InstanceState::from_name("hibernating"), Unknown);
+        assert_eq!(state_from_name("hibernating"), InstanceState::Unknown);
+        assert_eq!(state_from_name("stopping"), InstanceState::Stopping);
+        assert!(state_from_name("stopped").is_gone());
     }
 
     #[test]
-    fn limit_counts_booting_and_running_only() {
-        let states = [
-            InstanceState::Pending,
-            InstanceState::Pending,
-            InstanceState::Running,
-            InstanceState::Stopped,
-            InstanceState::ShuttingDown,
-        ];
-        let list: Vec<Instance> = states
-            .iter()
-            .map(|s| Instance {
-                state: *s,
-                ..instance()
-            })
-            .collect();
-        assert_eq!(count_toward_limit(&list), 3);
-    }
-
-    #[test]
-    fn owner_key_falls_back_to_taskrun_id() {
-        let mut i = instance();
-        assert_eq!(i.owner_key(), None);
+    fn may_manage_needs_our_tags_and_never_another_clusters() {
+        let p = platform();
+        let mut i = instance("i-1");
+        i.ownership = Ownership::Ours;
+        assert!(!i.may_manage(&p, false), "no managed tag");
+        i.tags.insert("MultiPlatformManaged".into(), "true".into());
         i.tags
-            .insert(instance_tags::TASKRUN_ID.into(), "ns:build-1".into());
-        assert_eq!(i.owner_key(), Some("ns:build-1"));
-        i.tags.insert(tags::OWNER.into(), "uid-1".into());
-        assert_eq!(i.owner_key(), Some("uid-1"));
-        i.tags.insert(tags::ATTEMPT.into(), "3".into());
-        assert_eq!(i.attempt(), Some(3));
+            .insert("multi-platform-instance".into(), "someone-else".into());
+        assert!(!i.may_manage(&p, true), "another instance tag");
+        i.tags
+            .insert("multi-platform-instance".into(), p.instance_tag.clone());
+        assert!(i.may_manage(&p, false));
+        i.ownership = Ownership::Untagged;
+        assert!(!i.may_manage(&p, false));
+        assert!(i.may_manage(&p, true), "named by a TaskRun");
+        i.ownership = Ownership::Foreign;
+        assert!(
+            !i.may_manage(&p, true),
+            "another cluster's, even when named"
+        );
     }
 
     #[test]
-    fn age_is_never_negative() {
-        let mut i = instance();
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        assert_eq!(i.age(now), None);
-        i.launch_time = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(400));
-        assert_eq!(i.age(now), Some(Duration::from_secs(600)));
-        i.launch_time = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(2000));
-        assert_eq!(i.age(now), Some(Duration::ZERO));
+    fn records_carry_ownership_owner_and_launch_time() {
+        let mut i = instance("i-1");
+        i.launch_time = Some(SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_500));
+        i.ownership = Ownership::Ours;
+        i.public_dns = None;
+        i.public_ip = None;
+        for (k, v) in [
+            ("multi-platform-instance", "prod-arm64"),
+            (tags::PLATFORM, "linux-arm64"),
+            (tags::OWNER, "uid-1"),
+        ] {
+            i.tags.insert(k.into(), v.into());
+        }
+        let lister = Platform::parse("linux/arm64").unwrap();
+        let r = i.record(&lister, false);
+        assert_eq!(r.platform, lister);
+        assert_eq!(r.instance_tag, "prod-arm64");
+        assert_eq!(r.ownership, Ownership::Ours);
+        assert!(r.is_ours_for("linux-arm64"));
+        assert!(!r.is_ours_for("linux-amd64"));
+        assert_eq!(r.owner.as_deref(), Some("uid-1"));
+        assert_eq!(r.launched_at, Time::from_millis(1_700_000_000_500));
+        assert_eq!(r.address.as_deref(), Some("10.0.0.5"));
+        assert_eq!(i.record(&lister, true).address, None);
     }
 }

@@ -1,4 +1,7 @@
-//! What a launch asks for: owner, tags and the idempotency token. Pure.
+//! The identity of launches: this cluster's id, the tags an instance carries, and the idempotency
+//! token, all derived from the scheduler's [`LaunchId`]. Pure.
+
+use std::fmt;
 
 use base64::Engine;
 use md5::{Digest, Md5};
@@ -6,13 +9,16 @@ use md5::{Digest, Md5};
 use crate::cloud::Scope;
 use crate::cloud::instance::Instance;
 use crate::config::DynamicPlatform;
-use crate::contract::{instance_tags, taskrun_id};
+use crate::contract::instance_tags;
+use crate::scheduler::{LaunchId, LaunchOwner, Ownership};
 
 /// Tag keys of our own (beyond the compat ones in [`crate::contract::instance_tags`]).
 pub mod tags {
-    /// Owner key: the TaskRun uid, or the pool instance name.
+    /// The cluster that launched the instance ([`super::ClusterId`]).
+    pub const CLUSTER: &str = "multi-platform-cluster";
+    /// Owner key: the TaskRun UID, or the warm pool instance's name.
     pub const OWNER: &str = "multi-platform-owner";
-    /// Launch attempt number of the owner.
+    /// `<retry>.<attempt>` of the owner's launch.
     pub const ATTEMPT: &str = "multi-platform-attempt";
     /// Platform label value (`linux-arm64`), so platforms sharing an instance tag stay apart.
     pub const PLATFORM: &str = "multi-platform-platform";
@@ -22,53 +28,69 @@ pub mod tags {
 
 /// Longest tag value AWS accepts.
 const MAX_TAG_VALUE: usize = 256;
+/// Longest cluster id: short enough for a tag value and a log line.
+const MAX_CLUSTER_ID: usize = 63;
 
-/// Who an instance is launched for.
+/// This cluster's identity, tagged on every instance it launches (`multi-platform-cluster`).
+/// Clusters sharing an account, region and `instance-tag` tell their instances apart by it:
+/// each adopts, retags and terminates only its own. 1 to 63 characters of `A-Z a-z 0-9 . _ -`,
+/// starting with a letter or digit (`stone-prod-p01`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Owner {
-    /// A TaskRun of a dynamic platform (one instance per TaskRun).
-    TaskRun {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// UID: tells a recreated TaskRun of the same name apart.
-        uid: String,
-    },
-    /// An instance of a dynamic pool, named by the pool manager (unique per pool).
-    PoolInstance {
-        /// Instance name.
-        name: String,
-    },
+pub struct ClusterId(String);
+
+/// Why a cluster id is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cluster id {value:?} is invalid: {reason}")]
+pub struct ClusterIdError {
+    /// The value given.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
 }
 
-impl Owner {
-    /// The owner key stored in the owner tag and matched by the orphan sweep.
-    pub fn key(&self) -> &str {
-        match self {
-            Self::TaskRun { uid, .. } => uid,
-            Self::PoolInstance { name } => name,
+impl ClusterId {
+    /// Validates a cluster id.
+    pub fn new(value: &str) -> Result<Self, ClusterIdError> {
+        let err = |reason| ClusterIdError {
+            value: value.to_owned(),
+            reason,
+        };
+        if value.is_empty() {
+            return Err(err("it is empty"));
         }
+        if value.len() > MAX_CLUSTER_ID {
+            return Err(err("it is longer than 63 characters"));
+        }
+        if !value.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            return Err(err("it must start with a letter or digit"));
+        }
+        if !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(err("only letters, digits, '.', '_' and '-' are allowed"));
+        }
+        Ok(Self(value.to_owned()))
     }
 
-    /// The compat `taskRunID` tag value: `<namespace>:<name>`, or the pool instance name (as the Go
-    /// controller tags pool instances).
-    pub fn taskrun_id_tag(&self) -> String {
-        match self {
-            Self::TaskRun {
-                namespace, name, ..
-            } => taskrun_id(namespace, name),
-            Self::PoolInstance { name } => name.clone(),
-        }
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
+}
 
-    fn name_suffix(&self) -> String {
-        match self {
-            Self::TaskRun {
-                namespace, name, ..
-            } => format!("{namespace}-{name}"),
-            Self::PoolInstance { name } => name.clone(),
-        }
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who launched an instance, by its cluster tag.
+pub fn ownership(i: &Instance, cluster: &ClusterId) -> Ownership {
+    match i.tag(tags::CLUSTER) {
+        Some(c) if c == cluster.as_str() => Ownership::Ours,
+        Some(_) => Ownership::Foreign,
+        None => Ownership::Untagged,
     }
 }
 
@@ -77,22 +99,32 @@ impl Owner {
 pub struct LaunchRequest<'a> {
     /// Platform and account.
     pub scope: Scope<'a>,
-    /// Who the instance is for.
-    pub owner: Owner,
-    /// The owner's launch attempt, from 1. A retried call for the same attempt never launches a
-    /// second instance; a new attempt (the previous instance died) must use a new number.
-    pub attempt: u32,
+    /// Who the instance is for and which try: a repeated request with the same id never launches
+    /// a second instance.
+    pub launch: &'a LaunchId,
     /// `additional-instance-tags` of the host config.
     pub additional_tags: &'a [(String, String)],
 }
 
-/// A launched or adopted instance.
+/// What a launch found or did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Launched {
-    /// The instance as the cloud reported it.
-    pub instance: Instance,
-    /// True when an instance of the same (owner, attempt) already existed and was adopted.
-    pub adopted: bool,
+pub enum LaunchOutcome {
+    /// A new instance was started.
+    Launched(Instance),
+    /// An earlier try of the same launch started this instance, and it is alive: use it.
+    Adopted(Instance),
+    /// An earlier try of the same launch started this instance and it is gone (shutting down,
+    /// stopped or terminated): never adopted; the scheduler launches the next attempt.
+    Spent(Instance),
+}
+
+impl LaunchOutcome {
+    /// The instance concerned.
+    pub fn instance(&self) -> &Instance {
+        match self {
+            Self::Launched(i) | Self::Adopted(i) | Self::Spent(i) => i,
+        }
+    }
 }
 
 /// Purchase option of a launch.
@@ -105,13 +137,19 @@ pub enum Market {
 }
 
 /// The idempotency token of a launch (`ClientToken`, at most 64 ASCII characters): the same
-/// (owner, attempt, market) always yields the same token. Spot and on-demand differ because the
-/// cloud rejects a token reused with different parameters.
-pub fn client_token(owner_key: &str, attempt: u32, market: Market) -> String {
+/// (cluster, launch id, market) always yields the same token, in this process or the next.
+/// Tokens are scoped to the account and region, which clusters share: the cluster is part of it.
+/// Spot and on-demand differ because the cloud rejects a token reused with other parameters.
+pub fn client_token(cluster: &ClusterId, launch: &LaunchId, market: Market) -> String {
     let mut h = Md5::new();
-    h.update((owner_key.len() as u64).to_le_bytes());
-    h.update(owner_key.as_bytes());
-    h.update(attempt.to_le_bytes());
+    for part in [
+        cluster.as_str(),
+        launch.owner_key().as_str(),
+        launch.attempt_tag().as_str(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
     let m = match market {
         Market::OnDemand => "od",
         Market::Spot => "spot",
@@ -119,32 +157,45 @@ pub fn client_token(owner_key: &str, attempt: u32, market: Market) -> String {
     format!("mpc-{}-{m}", hex::encode(h.finalize()))
 }
 
-/// Tags of a new instance: the compat tags, ours, then `additional` except keys we set ourselves
-/// or that the cloud reserves (`aws:`), which are returned as ignored.
-pub fn instance_tags(
-    platform: &DynamicPlatform,
-    owner: &Owner,
-    attempt: u32,
-    additional: &[(String, String)],
-) -> (Vec<(String, String)>, Vec<String>) {
+/// The tags naming an instance's owner (set at launch, replaced by a retag): `taskRunID`,
+/// owner, attempt and `Name`.
+pub fn owner_tags(platform: &DynamicPlatform, launch: &LaunchId) -> Vec<(String, String)> {
+    let suffix = match &launch.owner {
+        LaunchOwner::TaskRun(t) => format!("{}-{}", t.namespace(), t.name()),
+        LaunchOwner::Warm(name) => name.to_string(),
+    };
     let name = format!(
-        "{}-{}-{}",
+        "{}-{}-{suffix}",
         platform.instance_tag,
         platform.platform.label_value(),
-        owner.name_suffix()
     );
+    vec![
+        (instance_tags::TASKRUN_ID.into(), launch.taskrun_id()),
+        (tags::OWNER.into(), launch.owner_key()),
+        (tags::ATTEMPT.into(), launch.attempt_tag()),
+        (tags::NAME.into(), truncate(&name, MAX_TAG_VALUE)),
+    ]
+}
+
+/// Tags of a new instance: the compat tags, ours (cluster, platform, owner), then `additional`
+/// except keys we set ourselves or that the cloud reserves (`aws:`), which are returned as
+/// ignored.
+pub fn instance_tags(
+    cluster: &ClusterId,
+    platform: &DynamicPlatform,
+    launch: &LaunchId,
+    additional: &[(String, String)],
+) -> (Vec<(String, String)>, Vec<String>) {
     let mut out: Vec<(String, String)> = vec![
         (instance_tags::MANAGED.into(), "true".into()),
         (
             instance_tags::INSTANCE.into(),
             platform.instance_tag.clone(),
         ),
-        (instance_tags::TASKRUN_ID.into(), owner.taskrun_id_tag()),
-        (tags::NAME.into(), truncate(&name, MAX_TAG_VALUE)),
-        (tags::OWNER.into(), owner.key().to_owned()),
-        (tags::ATTEMPT.into(), attempt.to_string()),
+        (tags::CLUSTER.into(), cluster.as_str().to_owned()),
         (tags::PLATFORM.into(), platform.platform.label_value()),
     ];
+    out.extend(owner_tags(platform, launch));
     let mut ignored = Vec::new();
     for (k, v) in additional {
         if out.iter().any(|(ours, _)| ours == k) || k.to_ascii_lowercase().starts_with("aws:") {
@@ -168,26 +219,62 @@ fn truncate(s: &str, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::testing::platform;
+    use crate::cloud::testing::{launch_id, platform};
 
-    fn owner() -> Owner {
-        Owner::TaskRun {
-            namespace: "tenant".into(),
-            name: "build-1".into(),
-            uid: "0b9f3c1e-0000-4000-8000-000000000001".into(),
+    fn cluster() -> ClusterId {
+        ClusterId::new("stone-prod-p01").unwrap()
+    }
+
+    #[test]
+    fn cluster_ids_are_validated_naming_the_value() {
+        for ok in ["stone-prod-p01", "a", "kflux.ocp-p01_x", &"x".repeat(63)] {
+            assert_eq!(ClusterId::new(ok).unwrap().as_str(), ok);
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            (&"x".repeat(64), "longer than 63"),
+            ("-prod", "start with a letter or digit"),
+            ("prod p01", "only letters"),
+            ("prod/p01", "only letters"),
+        ] {
+            let e = ClusterId::new(bad).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad:?}: {e}");
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
     }
 
     #[test]
     fn client_token_is_stable_bounded_and_distinct() {
-        let t = client_token(owner().key(), 1, Market::OnDemand);
-        assert_eq!(t, client_token(owner().key(), 1, Market::OnDemand));
+        let c = cluster();
+        let l = launch_id("uid-1", 0, 1);
+        let t = client_token(&c, &l, Market::OnDemand);
+        assert_eq!(
+            t,
+            client_token(&c, &launch_id("uid-1", 0, 1), Market::OnDemand)
+        );
         assert!(t.len() <= 64 && t.is_ascii(), "{t}");
-        assert_ne!(t, client_token(owner().key(), 2, Market::OnDemand));
-        assert_ne!(t, client_token(owner().key(), 1, Market::Spot));
-        assert_ne!(t, client_token("other-uid", 1, Market::OnDemand));
-        let long = "x".repeat(500);
-        assert!(client_token(&long, u32::MAX, Market::Spot).len() <= 64);
+        assert_ne!(
+            t,
+            client_token(&c, &launch_id("uid-1", 0, 2), Market::OnDemand)
+        );
+        assert_ne!(
+            t,
+            client_token(&c, &launch_id("uid-1", 1, 1), Market::OnDemand)
+        );
+        assert_ne!(t, client_token(&c, &l, Market::Spot));
+        assert_ne!(
+            t,
+            client_token(&c, &launch_id("uid-2", 0, 1), Market::OnDemand)
+        );
+        let other = ClusterId::new("stone-prod-p02").unwrap();
+        assert_ne!(t, client_token(&other, &l, Market::OnDemand));
+        // No ambiguity between fields: retry 1 attempt 11 is not retry 11 attempt 1.
+        assert_ne!(
+            client_token(&c, &launch_id("u", 1, 11), Market::OnDemand),
+            client_token(&c, &launch_id("u", 11, 1), Market::OnDemand)
+        );
+        let long = launch_id(&"x".repeat(500), u32::MAX, u32::MAX);
+        assert!(client_token(&c, &long, Market::Spot).len() <= 64);
     }
 
     #[test]
@@ -195,9 +282,11 @@ mod tests {
         let additional = vec![
             ("team".to_owned(), "build".to_owned()),
             ("taskRunID".to_owned(), "evil:override".to_owned()),
+            (tags::CLUSTER.to_owned(), "someone-else".to_owned()),
             ("aws:cloudformation:stack".to_owned(), "x".to_owned()),
         ];
-        let (tags, ignored) = instance_tags(&platform(), &owner(), 3, &additional);
+        let l = launch_id("0b9f3c1e-0000-4000-8000-000000000001", 2, 3);
+        let (tags, ignored) = instance_tags(&cluster(), &platform(), &l, &additional);
         let get = |k: &str| {
             tags.iter()
                 .filter(|(key, _)| key == k)
@@ -206,33 +295,53 @@ mod tests {
         };
         assert_eq!(get("MultiPlatformManaged"), ["true"]);
         assert_eq!(get("multi-platform-instance"), ["prod-arm64"]);
+        assert_eq!(get(tags::CLUSTER), ["stone-prod-p01"]);
         assert_eq!(get("taskRunID"), ["tenant:build-1"]);
         assert_eq!(get(tags::OWNER), ["0b9f3c1e-0000-4000-8000-000000000001"]);
-        assert_eq!(get(tags::ATTEMPT), ["3"]);
+        assert_eq!(get(tags::ATTEMPT), ["2.3"]);
         assert_eq!(get(tags::PLATFORM), ["linux-arm64"]);
         assert_eq!(get("Name"), ["prod-arm64-linux-arm64-tenant-build-1"]);
         assert_eq!(get("team"), ["build"]);
-        assert_eq!(ignored, ["taskRunID", "aws:cloudformation:stack"]);
+        assert_eq!(
+            ignored,
+            ["taskRunID", tags::CLUSTER, "aws:cloudformation:stack"]
+        );
     }
 
     #[test]
-    fn pool_instances_use_their_name_as_taskrun_id_and_owner() {
-        let o = Owner::PoolInstance {
-            name: "pool-x-1".into(),
+    fn warm_instances_use_their_name_as_taskrun_id_and_owner() {
+        let l = LaunchId {
+            owner: LaunchOwner::Warm("warm-1700000000000-3".into()),
+            retry: 0,
+            attempt: 1,
         };
-        let (tags, _) = instance_tags(&platform(), &o, 1, &[]);
-        assert!(tags.contains(&("taskRunID".into(), "pool-x-1".into())));
-        assert!(tags.contains(&(tags::OWNER.into(), "pool-x-1".into())));
+        let (tags, _) = instance_tags(&cluster(), &platform(), &l, &[]);
+        assert!(tags.contains(&("taskRunID".into(), "warm-1700000000000-3".into())));
+        assert!(tags.contains(&(tags::OWNER.into(), "warm-1700000000000-3".into())));
+        assert!(tags.contains(&(tags::ATTEMPT.into(), "0.1".into())));
     }
 
     #[test]
     fn long_names_are_truncated_to_the_tag_limit() {
-        let o = Owner::PoolInstance {
-            name: "n".repeat(400),
+        let l = LaunchId {
+            owner: LaunchOwner::Warm("n".repeat(400).into()),
+            retry: 0,
+            attempt: 1,
         };
-        let (tags, _) = instance_tags(&platform(), &o, 1, &[]);
+        let tags = owner_tags(&platform(), &l);
         let name = &tags.iter().find(|(k, _)| k == "Name").unwrap().1;
         assert_eq!(name.chars().count(), MAX_TAG_VALUE);
+    }
+
+    #[test]
+    fn ownership_follows_the_cluster_tag() {
+        let mut i = crate::cloud::testing::instance("i-1");
+        let c = cluster();
+        assert_eq!(ownership(&i, &c), Ownership::Untagged);
+        i.tags.insert(tags::CLUSTER.into(), "stone-prod-p02".into());
+        assert_eq!(ownership(&i, &c), Ownership::Foreign);
+        i.tags.insert(tags::CLUSTER.into(), "stone-prod-p01".into());
+        assert_eq!(ownership(&i, &c), Ownership::Ours);
     }
 
     #[test]

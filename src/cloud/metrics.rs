@@ -1,16 +1,28 @@
 //! Cloud metrics (`multi_platform_controller_cloud_*`). Every label has a bounded value set:
 //! operations and outcomes are fixed enums, platforms come from the config, states from
-//! [`InstanceState::ALL`].
+//! [`InstanceState::ALL`], owners from [`Ownership`], termination reasons are the scheduler's
+//! fixed strings.
 
 use std::time::Duration;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::cloud::{ErrorClass, Instance, InstanceState, Operation};
+use crate::cloud::{ErrorClass, Instance, Operation};
 use crate::metrics::name;
+use crate::scheduler::{InstanceState, Ownership};
 
 /// Outcome label of a successful call.
 pub const SUCCESS: &str = "success";
+
+const OWNERS: [Ownership; 3] = [Ownership::Ours, Ownership::Untagged, Ownership::Foreign];
+
+fn owner_label(o: Ownership) -> &'static str {
+    match o {
+        Ownership::Ours => "ours",
+        Ownership::Untagged => "untagged",
+        Ownership::Foreign => "foreign",
+    }
+}
 
 /// The cloud metrics of one process.
 #[derive(Clone)]
@@ -18,7 +30,7 @@ pub struct CloudMetrics {
     calls: IntCounterVec,
     latency: HistogramVec,
     instances: IntGaugeVec,
-    orphans: IntCounterVec,
+    terminations: IntCounterVec,
     spot_fallbacks: IntCounterVec,
     launches: IntCounterVec,
 }
@@ -36,7 +48,7 @@ impl CloudMetrics {
         registry.register(Box::new(m.calls.clone()))?;
         registry.register(Box::new(m.latency.clone()))?;
         registry.register(Box::new(m.instances.clone()))?;
-        registry.register(Box::new(m.orphans.clone()))?;
+        registry.register(Box::new(m.terminations.clone()))?;
         registry.register(Box::new(m.spot_fallbacks.clone()))?;
         registry.register(Box::new(m.launches.clone()))?;
         Ok(m)
@@ -65,16 +77,16 @@ impl CloudMetrics {
             instances: IntGaugeVec::new(
                 Opts::new(
                     name("cloud_instances"),
-                    "Tagged instances by platform and state, as of the last listing",
+                    "Instances with the platform's instance tag by state and owner (ours, untagged: the Go controller's, foreign: another cluster's), as of the last listing",
                 ),
-                &["platform", "state"],
+                &["platform", "state", "owner"],
             )?,
-            orphans: IntCounterVec::new(
+            terminations: IntCounterVec::new(
                 Opts::new(
-                    name("cloud_orphans_terminated"),
-                    "Orphaned instances terminated by the sweep",
+                    name("cloud_terminations"),
+                    "Instance terminations requested, by reason (orphans included)",
                 ),
-                &["platform"],
+                &["platform", "reason"],
             )?,
             spot_fallbacks: IntCounterVec::new(
                 Opts::new(
@@ -105,19 +117,26 @@ impl CloudMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Sets the per-state instance counts of `platform` from a full listing.
+    /// Sets the per-state and per-owner instance counts of `platform` from a full listing.
     pub(crate) fn set_instances(&self, platform: &str, instances: &[Instance]) {
         for state in InstanceState::ALL {
-            let n = instances.iter().filter(|i| i.state == state).count();
-            self.instances
-                .with_label_values(&[platform, state.as_str()])
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+            for owner in OWNERS {
+                let n = instances
+                    .iter()
+                    .filter(|i| i.state == state && i.ownership == owner)
+                    .count();
+                self.instances
+                    .with_label_values(&[platform, state.as_str(), owner_label(owner)])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
         }
     }
 
-    /// Counts an orphan terminated by the sweep.
-    pub(crate) fn orphan_terminated(&self, platform: &str) {
-        self.orphans.with_label_values(&[platform]).inc();
+    /// Counts a termination requested for `reason`.
+    pub(crate) fn terminated(&self, platform: &str, reason: &str) {
+        self.terminations
+            .with_label_values(&[platform, reason])
+            .inc();
     }
 
     /// Counts a spot launch that fell back to on-demand.
@@ -136,16 +155,35 @@ impl CloudMetrics {
         self.calls.with_label_values(&[op.as_str(), outcome]).get()
     }
 
-    /// Instances of a platform in a state, as of the last listing.
+    /// Instances of a platform in a state, whoever launched them, as of the last listing.
     pub fn instances(&self, platform: &str, state: InstanceState) -> i64 {
-        self.instances
-            .with_label_values(&[platform, state.as_str()])
-            .get()
+        OWNERS
+            .iter()
+            .map(|o| {
+                self.instances
+                    .with_label_values(&[platform, state.as_str(), owner_label(*o)])
+                    .get()
+            })
+            .sum()
     }
 
-    /// Orphans terminated for a platform.
-    pub fn orphans_terminated(&self, platform: &str) -> u64 {
-        self.orphans.with_label_values(&[platform]).get()
+    /// Instances of a platform launched by `owner`, in any state, as of the last listing.
+    pub fn instances_of(&self, platform: &str, owner: Ownership) -> i64 {
+        InstanceState::ALL
+            .iter()
+            .map(|s| {
+                self.instances
+                    .with_label_values(&[platform, s.as_str(), owner_label(owner)])
+                    .get()
+            })
+            .sum()
+    }
+
+    /// Terminations requested for a platform and reason.
+    pub fn terminations(&self, platform: &str, reason: &str) -> u64 {
+        self.terminations
+            .with_label_values(&[platform, reason])
+            .get()
     }
 
     /// Spot fallbacks for a platform.
@@ -189,8 +227,8 @@ mod tests {
             "multi_platform_controller_cloud_api_latency_seconds_count{operation=\"RunInstances\"} 2"
         ));
         assert!(text.contains(
-            "multi_platform_controller_cloud_instances{platform=\"linux/arm64\",state=\"stopped\"} 0"
-        ));
+            "multi_platform_controller_cloud_instances{owner=\"foreign\",platform=\"linux/arm64\",state=\"stopped\"} 0"
+        ), "{text}");
         assert!(
             CloudMetrics::new(&r).is_err(),
             "double registration is refused"

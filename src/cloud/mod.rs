@@ -1,15 +1,36 @@
 //! Cloud instances for dynamic platforms and dynamic pools (design §4 dynamic keys, §5).
 //!
-//! The scheduler core decides; this module executes cloud actions and reports what the cloud says.
-//! [`Cloud`] is the provider interface (an IBM provider can implement it later); [`aws::AwsCloud`]
-//! is the EC2 implementation, the only module that touches the AWS SDK.
+//! The scheduler core decides; this module executes its cloud actions and reports what the
+//! cloud says, as scheduler events. [`Cloud`] is the provider interface (an IBM provider can
+//! implement it later); [`aws::AwsCloud`] is the EC2 implementation, the only module that
+//! touches the AWS SDK.
 //!
-//! Pure parts (no I/O): [`instance`] (state mapping, address choice), [`launch`] (tags, idempotency
-//! tokens), [`error`] (classification of cloud errors, naming the config key at fault), [`retry`]
-//! (back-off schedule), [`credentials`] (the `aws-secret` data), [`sweep::select_orphans`].
-//! Shell: [`aws`], [`reach`] (SSH readiness probes through an address-resolution step), [`sweep::sweep`].
+//! How the controller uses it (one path): build one [`Runner`] over the provider at start-up.
+//! For every [`Action::Launch`](crate::scheduler::Action::Launch),
+//! [`Action::Probe`](crate::scheduler::Action::Probe),
+//! [`Action::Terminate`](crate::scheduler::Action::Terminate) and
+//! [`Action::Retag`](crate::scheduler::Action::Retag), call [`Runner::run`] with the credentials
+//! of the template's `aws-secret` ([`Credentials::from_secret_data`]) and feed the returned event
+//! to the scheduler. For listings (the recovery [`Snapshot`](crate::scheduler::Snapshot) and the
+//! periodic [`Event::InstancesListed`](crate::scheduler::Event::InstancesListed)) call
+//! [`Runner::list`] per dynamic platform. Probes of one account and region coalesce into one
+//! describe call ([`ProbeBatcher`]), so run them concurrently.
+//!
+//! Identity. This cluster's [`ClusterId`] is fixed per provider ([`aws::AwsOptions::cluster`]):
+//! every launch is tagged with it, and the provider adopts, retags and terminates only instances
+//! carrying it, plus (terminate only, when the action says `legacy`) instances without any
+//! cluster tag that a TaskRun of this cluster names. Launches are idempotent per
+//! [`LaunchId`] (the token and the owner/attempt tags come from it):
+//! an earlier try's live instance is adopted, a gone one reported as spent, never adopted.
+//!
+//! Pure parts (no I/O): [`instance`] (state mapping, addresses, who may act on an instance),
+//! [`launch`] (cluster id, tags, idempotency tokens), [`error`] (classification of cloud errors,
+//! naming the config key at fault), [`retry`] (back-off schedule), [`credentials`] (the
+//! `aws-secret` data), [`runner::probe_result`]. Shell: [`aws`], [`batch`], [`runner`], [`reach`]
+//! (SSH readiness probes through an address-resolution step).
 
 pub mod aws;
+pub mod batch;
 pub mod credentials;
 pub mod error;
 pub mod instance;
@@ -17,16 +38,19 @@ pub mod launch;
 pub mod metrics;
 pub mod reach;
 pub mod retry;
-pub mod sweep;
+pub mod runner;
 
 use futures::future::BoxFuture;
 
 use crate::config::DynamicPlatform;
+use crate::scheduler::LaunchId;
 
+pub use batch::{BatchOptions, ProbeBatcher};
 pub use credentials::{Credentials, CredentialsError};
 pub use error::{CloudError, ErrorClass, Operation};
-pub use instance::{Instance, InstanceState, count_toward_limit};
-pub use launch::{LaunchRequest, Launched, Owner};
+pub use instance::Instance;
+pub use launch::{ClusterId, ClusterIdError, LaunchOutcome, LaunchRequest};
+pub use runner::Runner;
 
 /// Which platform's instances an operation concerns, and the account to reach them with.
 #[derive(Debug, Clone, Copy)]
@@ -46,34 +70,46 @@ pub enum Terminated {
     AlreadyGone,
 }
 
-/// A cloud provider. Every method is safe to retry: launches are idempotent per
-/// (owner, attempt), terminations succeed when the instance is already gone.
+/// A cloud provider, acting for one cluster. Every method is safe to retry: launches are
+/// idempotent per launch id, terminations succeed when the instance is already gone.
 pub trait Cloud: Send + Sync {
-    /// Launches the instance for `request`, or adopts the one an earlier try of the same
-    /// (owner, attempt) already launched. An adopted instance may be gone (see its `state`):
-    /// launch the next attempt then.
+    /// Launches the instance `request` names, or finds the one an earlier try of the same launch
+    /// id started: adopted when alive, reported spent when gone.
     fn launch<'a>(
         &'a self,
         request: &'a LaunchRequest<'a>,
-    ) -> BoxFuture<'a, Result<Launched, CloudError>>;
+    ) -> BoxFuture<'a, Result<LaunchOutcome, CloudError>>;
 
-    /// Every instance of the scope's platform that is not terminated (all pages), whatever its
-    /// state: the caller sees the truth, including stopped or shutting-down instances.
+    /// Every instance with the managed tag and the scope's instance tag that is not terminated
+    /// (all pages), whoever launched it ([`Instance::ownership`]) and whatever its state.
     fn list<'a>(&'a self, scope: Scope<'a>) -> BoxFuture<'a, Result<Vec<Instance>, CloudError>>;
 
-    /// One of our instances by id; `None` when the cloud does not know it or it is not ours.
+    /// The instances among `ids` the cloud knows (recently terminated ones included), whatever
+    /// their tags: the caller decides what it may act on ([`Instance::may_manage`]). Any number
+    /// of ids; unknown ones are left out.
     fn describe<'a>(
         &'a self,
         scope: Scope<'a>,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Instance>, CloudError>>;
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Instance>, CloudError>>;
 
-    /// Terminates one of our instances. Idempotent; refuses instances that do not carry our tags.
+    /// Terminates an instance this cluster may manage ([`Instance::may_manage`] with `legacy`);
+    /// refuses any other ([`ErrorClass::Refused`]). Idempotent.
     fn terminate<'a>(
         &'a self,
         scope: Scope<'a>,
         id: &'a str,
+        legacy: bool,
     ) -> BoxFuture<'a, Result<Terminated, CloudError>>;
+
+    /// Replaces the ownership tags of an instance carrying this cluster's identity (refuses any
+    /// other), so listings and recovery find it under `launch`'s owner.
+    fn retag<'a>(
+        &'a self,
+        scope: Scope<'a>,
+        id: &'a str,
+        launch: &'a LaunchId,
+    ) -> BoxFuture<'a, Result<(), CloudError>>;
 }
 
 #[cfg(test)]

@@ -36,3 +36,32 @@ pub(crate) fn platform() -> DynamicPlatform {
         host_key_policy: HostKeyPolicy::TrustOnFirstUse,
     }
 }
+
+/// A launch for TaskRun `tenant/build-1` with this UID.
+pub(crate) fn launch_id(uid: &str, retry: u32, attempt: u32) -> crate::scheduler::LaunchId {
+    crate::scheduler::LaunchId {
+        owner: crate::scheduler::LaunchOwner::TaskRun(crate::scheduler::TaskRunRef::new(
+            "tenant",
+            "build-1",
+            crate::scheduler::Uid::new(uid),
+        )),
+        retry,
+        attempt,
+    }
+}
+
+/// A running instance with every address and no tags.
+pub(crate) fn instance(id: &str) -> crate::cloud::Instance {
+    crate::cloud::Instance {
+        id: id.into(),
+        state: crate::scheduler::InstanceState::Running,
+        launch_time: None,
+        instance_type: "m5.large".into(),
+        private_ip: Some("10.0.0.5".into()),
+        public_ip: Some("54.1.2.3".into()),
+        public_dns: Some("ec2-54-1-2-3.compute-1.amazonaws.com".into()),
+        spot: false,
+        tags: Default::default(),
+        ownership: crate::scheduler::Ownership::Untagged,
+    }
+}

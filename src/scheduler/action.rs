@@ -9,11 +9,16 @@
 //!   as [`Event::TaskRunDone`](super::Event::TaskRunDone)).
 //! - Writes about a TaskRun are conditional on its UID (a recreated TaskRun with the same name is
 //!   a different TaskRun).
+//! - Cloud actions ([`Action::Launch`], [`Action::Probe`], [`Action::Terminate`],
+//!   [`Action::Retag`]) run through [`crate::cloud::Runner::run`] with the credentials of the
+//!   template's `aws-secret`; it makes the calls and returns the result event. Listings for
+//!   [`Event::InstancesListed`](super::Event::InstancesListed) and the recovery snapshot come from
+//!   [`crate::cloud::Runner::list`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::ids::{OpId, TaskRunRef};
+use super::ids::{LaunchId, OpId, TaskRunRef};
 use crate::config::{DynamicPlatform, StaticHost};
 use crate::platform::Platform;
 
@@ -75,9 +80,11 @@ pub enum Action {
         /// Where.
         host: HostRef,
     },
-    /// Launch an instance from `template`, tagged `MultiPlatformManaged=true`,
-    /// `multi-platform-instance=<template.instance_tag>`, `taskRunID=<taskrun_id>` (when set) and the
-    /// config's additional tags. Result: [`Event::Launched`](super::Event::Launched) or
+    /// Launch the instance `launch` names from `template` (or adopt the live instance an earlier
+    /// try of the same `launch` started), tagged with our cluster identity, the compat tags,
+    /// `launch`'s owner and attempt, and `additional_tags`. Result:
+    /// [`Event::Launched`](super::Event::Launched),
+    /// [`Event::LaunchSpent`](super::Event::LaunchSpent) or
     /// [`Event::LaunchFailed`](super::Event::LaunchFailed).
     Launch {
         /// Echoed by the result.
@@ -86,13 +93,15 @@ pub enum Action {
         platform: Arc<Platform>,
         /// Instance template (region, credentials, AMI, type, ...).
         template: Arc<DynamicPlatform>,
-        /// EC2 `ClientToken`: a retry of this action with the same token cannot launch twice.
-        client_token: String,
-        /// `<namespace>:<name>` of the TaskRun it is for; `None` for a warm pool instance.
-        taskrun_id: Option<String>,
+        /// The launch's identity: the cloud's idempotency token and ownership tags come from it,
+        /// so a retry (or a restarted controller) cannot launch twice.
+        launch: LaunchId,
+        /// `additional-instance-tags` of the config in force.
+        additional_tags: Arc<[(String, String)]>,
     },
     /// Describe the instance and, when it has an address, try an SSH connection (with a short
-    /// timeout). Result: [`Event::Probed`](super::Event::Probed).
+    /// timeout). Result: [`Event::Probed`](super::Event::Probed). Probes of many instances in one
+    /// account and region are meant to share one describe call.
     Probe {
         /// Echoed by the result.
         op: OpId,
@@ -101,7 +110,9 @@ pub enum Action {
         /// Region and credentials.
         template: Arc<DynamicPlatform>,
     },
-    /// Terminate an instance. Result: [`Event::Terminated`](super::Event::Terminated).
+    /// Terminate an instance: only one carrying our cluster identity, or, when `legacy`, one
+    /// carrying none (never another cluster's). Result:
+    /// [`Event::Terminated`](super::Event::Terminated).
     Terminate {
         /// Echoed by the result.
         op: OpId,
@@ -109,17 +120,23 @@ pub enum Action {
         instance_id: Arc<str>,
         /// Region and credentials.
         template: Arc<DynamicPlatform>,
-        /// Why (for the log).
+        /// The instance was adopted through a TaskRun that names it (`cloud-instance-id`, or
+        /// `assigned-host` of a pool) and may lack our cluster tag (launched by the Go controller).
+        legacy: bool,
+        /// Why (for the log; a bounded set, fit for a metric label).
         reason: &'static str,
     },
-    /// Set the `taskRunID` tag of an instance handed to another TaskRun.
+    /// Set the ownership tags (`taskRunID`, owner, attempt, `Name`) of an instance handed to
+    /// another TaskRun, so listings and recovery find it under its new owner. Only instances
+    /// carrying our cluster identity are retagged. No result: a failure is logged (the TaskRun's
+    /// `cloud-instance-id` annotation still names the instance).
     Retag {
         /// The instance.
         instance_id: Arc<str>,
         /// Region and credentials.
         template: Arc<DynamicPlatform>,
-        /// New `<namespace>:<name>`.
-        taskrun_id: String,
+        /// The new owner's launch identity.
+        launch: LaunchId,
     },
     /// Emit a Kubernetes Event (on the TaskRun when set).
     Notify {

@@ -1,7 +1,7 @@
 //! Events: what the controller tells the core. Results of actions echo the action's [`OpId`].
 
 use super::ids::{OpId, Uid};
-use super::snapshot::InstanceRecord;
+use super::snapshot::{InstanceRecord, InstanceState};
 use super::time::Time;
 use crate::config::HostConfig;
 use crate::platform::Platform;
@@ -45,13 +45,24 @@ pub enum Event {
         /// `Some` when it failed.
         error: Option<String>,
     },
-    /// [`Action::Launch`](super::Action::Launch) created (or, by its client token, found) an
-    /// instance.
+    /// [`Action::Launch`](super::Action::Launch) created an instance, or found the live one an
+    /// earlier try of the same launch created.
     Launched {
         /// The launch action.
         op: OpId,
         /// The instance id.
         instance_id: String,
+    },
+    /// [`Action::Launch`](super::Action::Launch) found that an earlier try of the same launch
+    /// created an instance that is gone (shutting down, stopped or terminated): that attempt is
+    /// spent. The instance counts as failed for its TaskRun, which launches its next attempt.
+    LaunchSpent {
+        /// The launch action.
+        op: OpId,
+        /// The spent instance.
+        instance_id: String,
+        /// Its state.
+        state: InstanceState,
     },
     /// [`Action::Launch`](super::Action::Launch) failed.
     LaunchFailed {
@@ -82,8 +93,11 @@ pub enum Event {
         /// The instance id.
         instance_id: String,
     },
-    /// Periodic sweep: every instance carrying our tags that `platform`'s credentials and region
-    /// can see. Unowned ones past the grace period are terminated.
+    /// Periodic listing: every instance with `platform`'s instance tag that its credentials and
+    /// region can see, whoever launched it. This cluster's instances of `platform` that no
+    /// TaskRun owns are terminated once past the grace period; the live ones nobody here tracks
+    /// (other clusters', the Go controller's, other platforms sharing the tag) count toward
+    /// `platform`'s `max-instances` until the next listing.
     InstancesListed {
         /// Whose config (credentials, region) listed them.
         platform: Platform,

@@ -9,9 +9,9 @@ use std::time::Duration;
 use super::arena::Key;
 use super::lifecycle::{Placed, backoff};
 use super::{
-    Action, DynamicPlatform, DynamicPool, Extra, HostRef, InstState, Instance, Mode, NO_PLATFORM,
-    Op, OpId, Phase, Placement, PlatformId, ProbeResult, RemoteUser, Scheduler, State, Timer,
-    messages,
+    Action, DynamicPlatform, DynamicPool, Extra, HostRef, InstState, Instance, InstanceState,
+    LaunchId, LaunchOwner, Mode, NO_PLATFORM, Op, OpId, Phase, Placement, PlatformId, ProbeResult,
+    RemoteUser, Scheduler, State, Timer, messages,
 };
 
 /// How long warm launches pause after a warm instance could not be launched at all.
@@ -31,7 +31,7 @@ impl Scheduler {
             self.fail_instances(key, p, out);
             return Placed::Done;
         }
-        if self.platforms[p as usize].instances >= template.max_instances {
+        if self.occupied(p) >= template.max_instances {
             return Placed::NoRoom;
         }
         self.observe_wait(key, out);
@@ -76,7 +76,7 @@ impl Scheduler {
         let ps = &self.platforms[p as usize];
         let ready = pick(&ps.ready);
         let booting = pick(&ps.booting);
-        let full = ps.instances >= pool.instance.max_instances;
+        let full = self.occupied(p) >= pool.instance.max_instances;
         if let Some(inst) = ready {
             self.observe_wait(key, out);
             self.attach(inst, key);
@@ -144,6 +144,9 @@ impl Scheduler {
             pool,
             id: None,
             address: None,
+            launch: None,
+            legacy: false,
+            retag: false,
             created: self.now,
             state: InstState::LaunchWait,
             launches: 0,
@@ -167,53 +170,64 @@ impl Scheduler {
         inst
     }
 
-    /// Sends (or re-sends) the launch request.
+    /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
+    /// ones the last listing showed.
+    pub(super) fn occupied(&self, p: PlatformId) -> u32 {
+        let ps = &self.platforms[p as usize];
+        ps.instances + ps.foreign
+    }
+
+    /// The identity of a launch for a TaskRun: its UID, Tekton retry, and one more than the
+    /// instances that failed for it (all three survive a restart: the UID and retry count on the
+    /// TaskRun, the failures in its `failed-hosts` annotation).
+    pub(super) fn launch_id_for(&self, key: Key) -> Option<LaunchId> {
+        let taskrun = self.taskrun_ref(key)?;
+        let t = self.taskruns.get(key)?;
+        Some(LaunchId {
+            owner: LaunchOwner::TaskRun(taskrun),
+            retry: t.retries,
+            attempt: self.failures(key) + 1,
+        })
+    }
+
+    /// Sends (or re-sends) the launch request. Its identity is fixed by the first request, so
+    /// a retry after a cloud error cannot launch a second instance.
     fn launch(&mut self, inst: Key, out: &mut Vec<Action>) {
-        if self.instances.get(inst).is_none() {
+        let Some(i) = self.instances.get(inst) else {
             return;
-        }
+        };
+        let launch = match &i.launch {
+            Some(l) => l.clone(),
+            None => {
+                let requester = i.owner.or_else(|| i.attached.first().copied());
+                let (created, index) = (i.created, inst.index);
+                let id = requester
+                    .and_then(|k| self.launch_id_for(k))
+                    .unwrap_or_else(|| LaunchId {
+                        // Unique rather than stable: see `LaunchOwner::Warm`.
+                        owner: LaunchOwner::Warm(
+                            format!("warm-{}-{index}", created.as_millis()).into(),
+                        ),
+                        retry: 0,
+                        attempt: 1,
+                    });
+                self.instances.get_mut(inst).expect("checked above").launch = Some(id.clone());
+                id
+            }
+        };
         let op = self.ops.insert(Op::Launch { inst });
         let i = self.instances.get_mut(inst).expect("checked above");
         i.state = InstState::Launching(op);
         i.launches += 1;
-        let (launches, created, index) = (i.launches, i.created, inst.index);
-        let requester = i.owner.or_else(|| i.attached.first().copied());
         let template = i.template.clone();
         let p = i.platform;
         self.reindex_instance(inst);
-        let (taskrun_id, client_token) = match requester.and_then(|k| self.taskrun_ref(k)) {
-            Some(r) => {
-                let t = self.taskruns.get(requester.expect("set")).expect("live");
-                // Unique per request: the controller's own retries of this action reuse it (no
-                // double launch); a crash between launch and annotation is covered by adopting
-                // the instance by its taskRunID tag on recovery.
-                let token = format!(
-                    "{}-{}-{}-{}-{}",
-                    r.uid(),
-                    t.retries,
-                    t.extra.as_ref().map_or(0, |e| e.failed.len()),
-                    launches,
-                    op.0
-                );
-                (Some(r.id()), token)
-            }
-            None => (
-                None,
-                format!(
-                    "warm-{}-{}-{}-{}",
-                    created.as_millis(),
-                    index,
-                    launches,
-                    op.0
-                ),
-            ),
-        };
         out.push(Action::Launch {
             op,
             platform: self.platforms[p as usize].platform.clone(),
             template,
-            client_token,
-            taskrun_id,
+            launch,
+            additional_tags: self.additional_tags.clone(),
         });
     }
 
@@ -358,10 +372,18 @@ impl Scheduler {
             return false;
         };
         self.observe_wait(w, out);
+        let launch = self.launch_id_for(w);
         let Some(i) = self.instances.get_mut(inst) else {
             return false;
         };
         i.owner = Some(w);
+        // The waiter's identity from now on: a launch still in flight keeps the request's (its
+        // result is matched by op), but listings and recovery find the instance under the new
+        // owner once retagged.
+        if launch.is_some() {
+            i.launch = launch.clone();
+            i.retag = i.id.is_none();
+        }
         let (id, state, template) = (i.id.clone(), i.state, i.template.clone());
         if let Some(t) = self.taskruns.get_mut(w) {
             t.state = State::OnInstance {
@@ -369,11 +391,11 @@ impl Scheduler {
                 phase: Phase::Reserved,
             };
         }
-        if let (Some(id), Some(r)) = (id, self.taskrun_ref(w)) {
+        if let (Some(id), Some(launch)) = (id, launch) {
             out.push(Action::Retag {
                 instance_id: id.clone(),
                 template,
-                taskrun_id: r.id(),
+                launch,
             });
             self.record_instance(w, inst, out);
         }
@@ -521,12 +543,13 @@ impl Scheduler {
         let op = self.ops.insert(Op::Terminate { inst });
         i.state = InstState::Terminating(op);
         i.probe_op = None;
-        let template = i.template.clone();
+        let (template, legacy) = (i.template.clone(), i.legacy);
         self.reindex_instance(inst);
         out.push(Action::Terminate {
             op,
             instance_id: id,
             template,
+            legacy,
             reason,
         });
     }
@@ -574,21 +597,30 @@ impl Scheduler {
         self.ensure_warm(p, out);
     }
 
+    /// The instance a launch result is for, when the core still waits for it.
+    fn take_launch(&mut self, op: OpId) -> Option<Key> {
+        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
+            return None;
+        };
+        self.instances
+            .get(inst)
+            .is_some_and(|i| i.state == InstState::Launching(op))
+            .then_some(inst)
+    }
+
     pub(super) fn on_launched(
         &mut self,
         op: OpId,
         result: Result<String, (String, bool)>,
         out: &mut Vec<Action>,
     ) {
-        let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
+        let Some(inst) = self.take_launch(op) else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
-            return;
-        };
-        if i.state != InstState::Launching(op) {
-            return;
-        }
+        let i = self
+            .instances
+            .get_mut(inst)
+            .expect("checked by take_launch");
         match result {
             Ok(id) => {
                 let id: Arc<str> = id.into();
@@ -621,6 +653,16 @@ impl Scheduler {
                         matches!(self.taskruns.get(o).map(|t| &t.state), Some(State::OnInstance { inst: k, .. }) if *k == inst)
                     });
                     if owned {
+                        let i = self.instances.get_mut(inst).expect("resolved above");
+                        if std::mem::take(&mut i.retag)
+                            && let Some(launch) = i.launch.clone()
+                        {
+                            out.push(Action::Retag {
+                                instance_id: i.id.clone().expect("set above"),
+                                template: i.template.clone(),
+                                launch,
+                            });
+                        }
                         self.record_instance(owner.expect("checked"), inst, out);
                     } else if let Some(i) = self.instances.get_mut(inst) {
                         i.owner = None;
@@ -723,11 +765,50 @@ impl Scheduler {
             }
             return;
         }
+        // The launch's identity maps to an instance in other use: count it as failed for them,
+        // so their next launch is a new attempt rather than the same answer again.
+        let name = self.instances.get(other).and_then(|o| o.id.clone());
         for k in users {
             if live(self, k) {
+                if let Some(t) = self.taskruns.get_mut(k) {
+                    t.extra
+                        .get_or_insert_with(Box::<Extra>::default)
+                        .failed
+                        .push((
+                            name.clone().unwrap_or_else(|| "instance".into()),
+                            "the cloud returned this launch's instance, already in other use"
+                                .into(),
+                        ));
+                }
                 self.enqueue(k, true, out);
             }
         }
+    }
+
+    /// The launch found its identity's instance gone: that attempt is spent. The instance counts
+    /// as failed for whoever waits on the launch (so their next launch is the next attempt); a
+    /// warm launch is simply replaced.
+    pub(super) fn on_launch_spent(
+        &mut self,
+        op: OpId,
+        id: &str,
+        state: InstanceState,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(inst) = self.take_launch(op) else {
+            return;
+        };
+        // Named for the failure record only: not tracked (a gone instance needs no termination).
+        let i = self
+            .instances
+            .get_mut(inst)
+            .expect("checked by take_launch");
+        i.id = Some(id.into());
+        let reason = format!(
+            "an earlier try of this launch started it and it is {}",
+            state.as_str()
+        );
+        self.instance_failed(inst, &reason, false, out);
     }
 
     pub(super) fn launch_retry_due(&mut self, inst: Key, n: u32, out: &mut Vec<Action>) {
@@ -749,7 +830,7 @@ impl Scheduler {
             Mode::Pool(pool) if pool.instance == *i.template => pool.instance.max_instances,
             _ => 0,
         };
-        if self.platforms[p as usize].instances > cap {
+        if self.occupied(p) > cap {
             let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
             if let Some(i) = self.instances.get_mut(inst) {
                 i.owner = None;
@@ -860,7 +941,13 @@ impl Scheduler {
 
     /// The instance will not serve: its waiting TaskRuns go back to the queue (counting a
     /// failure); it is terminated (or forgotten when already gone).
-    fn instance_failed(&mut self, inst: Key, reason: &str, terminate: bool, out: &mut Vec<Action>) {
+    pub(super) fn instance_failed(
+        &mut self,
+        inst: Key,
+        reason: &str,
+        terminate: bool,
+        out: &mut Vec<Action>,
+    ) {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
@@ -1143,9 +1230,7 @@ impl Scheduler {
             return;
         }
         let mut active = self.active_pool_instances(p);
-        while active < pool.min_instances
-            && self.platforms[p as usize].instances < pool.instance.max_instances
-        {
+        while active < pool.min_instances && self.occupied(p) < pool.instance.max_instances {
             let deadline = self.now + pool.instance.allocation_timeout;
             let inst = self.new_instance(p, Arc::new(pool.instance.clone()), Some(pool.clone()));
             self.arm(deadline, Timer::Deadline(inst));

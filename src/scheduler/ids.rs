@@ -168,6 +168,73 @@ impl TaskRunRef {
     }
 }
 
+/// Who a launch is for and which try of it: the one identity of an instance from the scheduler to
+/// the cloud and back. The cloud derives the launch's idempotency token (`ClientToken`) and the
+/// instance's ownership tags from it, adopts an earlier try's live instance by it, and listings
+/// report it back (the owner tag), which recovery adopts by.
+///
+/// It is rebuilt from what outlives a restart (the TaskRun's UID, its Tekton retry count and the
+/// instances recorded in `failed-hosts`), so a restarted controller relaunching the same TaskRun's
+/// same attempt gets the instance the crashed one launched instead of a second one. Retries of one
+/// launch (after a cloud error) reuse it; a new instance for the same TaskRun (the previous one
+/// failed) has the next `attempt`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchId {
+    /// Who the instance is for.
+    pub owner: LaunchOwner,
+    /// The TaskRun's Tekton retry (`status.retriesStatus` length) the launch serves; 0 for warm
+    /// pool instances.
+    pub retry: u32,
+    /// The instance of that retry, from 1: one more than the instances that failed for it.
+    pub attempt: u32,
+}
+
+/// Who an instance is launched for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchOwner {
+    /// A TaskRun: its own dynamic instance, or the pool instance launched because the pool had no
+    /// room for it.
+    TaskRun(TaskRunRef),
+    /// A warm pool instance (`min-instances`), launched for no TaskRun. Its name is unique (launch
+    /// time and slot) rather than stable: a restart that misses it in the listing launches another
+    /// one, and the idle reaper terminates the surplus.
+    Warm(Arc<str>),
+}
+
+impl LaunchId {
+    /// The owner tag value: the TaskRun's UID, or the warm instance's name.
+    pub fn owner_key(&self) -> String {
+        match &self.owner {
+            LaunchOwner::TaskRun(t) => t.uid().to_string(),
+            LaunchOwner::Warm(name) => name.to_string(),
+        }
+    }
+
+    /// The attempt tag value: `<retry>.<attempt>`.
+    pub fn attempt_tag(&self) -> String {
+        format!("{}.{}", self.retry, self.attempt)
+    }
+
+    /// The compat `taskRunID` tag value: `<namespace>:<name>`, or the warm instance's name (the Go
+    /// controller tags pool instances with their name).
+    pub fn taskrun_id(&self) -> String {
+        match &self.owner {
+            LaunchOwner::TaskRun(t) => t.id(),
+            LaunchOwner::Warm(name) => name.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for LaunchId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.owner {
+            LaunchOwner::TaskRun(t) => write!(f, "{t} ({})", t.uid())?,
+            LaunchOwner::Warm(name) => f.write_str(name)?,
+        }
+        write!(f, " attempt {}", self.attempt_tag())
+    }
+}
+
 /// `(namespace, name)` of a `<namespace>/<name>` path.
 pub(crate) fn split_path(path: &str) -> (&str, &str) {
     // Namespaces are short: a plain scan beats a memchr set-up.

@@ -301,11 +301,11 @@ impl Scheduler {
         let ps = &self.platforms[p as usize];
         match &ps.mode {
             Mode::Static => !ps.avail.is_empty(),
-            Mode::Dynamic(t) => ps.instances < t.max_instances,
+            Mode::Dynamic(t) => self.occupied(p) < t.max_instances,
             Mode::Pool(pool) => {
                 !ps.ready.is_empty()
                     || !ps.booting.is_empty()
-                    || ps.instances < pool.instance.max_instances
+                    || self.occupied(p) < pool.instance.max_instances
             }
             // Waiters of these are routed (secret written) by placement.
             Mode::Local | Mode::Disabled(_) | Mode::Unknown => true,

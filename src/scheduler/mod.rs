@@ -8,7 +8,7 @@
 //!
 //! Guarantees (design §5), whatever the order of events, duplicates, replays or restarts:
 //! - a static host never gets more new allocations than its `concurrency`, and a platform never
-//!   more launched-or-booting instances than `max-instances`;
+//!   more launched-or-booting instances than `max-instances` (see the bill guard below);
 //! - waiters are served FIFO per platform, round-robin across namespaces, and a freed slot is
 //!   handed out in the same step ([`Handoff::Immediate`]);
 //! - every result carries the [`OpId`] of its action; results the core no longer waits for are
@@ -17,7 +17,22 @@
 //! - an allocation keeps the strategy and host definition it was made with: deallocation never
 //!   consults the current config;
 //! - after a restart, [`Scheduler::recover`] rebuilds the whole ledger from a [`Snapshot`]
-//!   (TaskRun labels and annotations, listed instances) before anything is allocated.
+//!   (TaskRun labels and annotations, listed instances) before anything is allocated;
+//! - every launch carries a [`LaunchId`] rebuilt from what outlives a restart, so relaunching the
+//!   same TaskRun's same attempt yields the instance an earlier process launched.
+//!
+//! Cluster ownership and the bill guard. Clusters share accounts, regions and instance tags.
+//! The core acts only on instances it tracks: ones it launched, ones a TaskRun of this cluster
+//! names, and listed ones carrying this cluster's identity ([`Ownership::Ours`]); only the latter
+//! are ever terminated as orphans. `max-instances` is a bill guard over every live instance with
+//! the platform's instance tag in its account and region, whoever launched it: a platform has
+//! room while `ledger + foreign < max-instances`, where the ledger counts this cluster's instances
+//! strictly (from the launch request until termination is acknowledged) and `foreign` is the
+//! number of live instances the platform's last [`Event::InstancesListed`] showed that the ledger
+//! does not track. Launches by others after that listing are unseen until the next one, so across
+//! all the clusters (and platforms) sharing a tag, live instances exceed `max-instances` by at
+//! most the launches the others made since each one's last listing: with listings every `L`, at
+//! most one interval `L`'s worth of launches.
 //!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
@@ -52,9 +67,9 @@ use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
 pub use event::{Event, ProbeResult, TaskRunSpec};
-pub use ids::{OpId, TaskRunRef, Uid};
+pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};
-pub use snapshot::{InstanceRecord, InstanceState, SecretKind, Snapshot, TaskRunRecord};
+pub use snapshot::{InstanceRecord, InstanceState, Ownership, SecretKind, Snapshot, TaskRunRecord};
 pub use stats::{Gauges, LedgerSize, PlatformGauges};
 pub use time::Time;
 
@@ -98,6 +113,8 @@ pub struct Scheduler {
     delayed: BTreeMap<u64, Op>,
     /// [`Scheduler::recover`] ran: actions may be issued.
     started: bool,
+    /// `additional-instance-tags` of the config in force, shared by every launch.
+    additional_tags: Arc<[(String, String)]>,
 }
 
 /// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
@@ -187,6 +204,10 @@ struct PlatformState {
     avail: BTreeSet<(u32, u32, HostId)>,
     /// Instances counted against `max-instances` (launching, booting, ready, terminating).
     instances: u32,
+    /// Live instances with the platform's instance tag that the last listing showed and the
+    /// ledger does not track (other clusters', the Go controller's, other platforms'): they count
+    /// against `max-instances` too.
+    foreign: u32,
     /// All instance entries of this platform.
     members: BTreeSet<Key>,
     /// Pool instances with room: ready ones and booting ones, each keyed most-loaded-first,
@@ -217,6 +238,12 @@ struct Instance {
     pool: Option<Arc<DynamicPool>>,
     id: Option<Arc<str>>,
     address: Option<Arc<str>>,
+    /// The launch's identity, fixed at the first launch request (retries reuse it).
+    launch: Option<LaunchId>,
+    /// Adopted through a TaskRun that names it; may lack our cluster tag.
+    legacy: bool,
+    /// Handed to another TaskRun while its launch was in flight: retag it once its id is known.
+    retag: bool,
     /// First launch request.
     created: Time,
     state: InstState,
@@ -324,6 +351,7 @@ impl Scheduler {
             timers: BTreeSet::new(),
             delayed: BTreeMap::new(),
             started: false,
+            additional_tags: Arc::new([]),
         };
         let mut ignored = Vec::new();
         s.apply_config(config, &mut ignored);
@@ -365,6 +393,11 @@ impl Scheduler {
             Event::ProvisionFailed { op, error } => self.on_provisioned(op, Err(error), out),
             Event::Deprovisioned { op, error } => self.on_deprovisioned(op, error, out),
             Event::Launched { op, instance_id } => self.on_launched(op, Ok(instance_id), out),
+            Event::LaunchSpent {
+                op,
+                instance_id,
+                state,
+            } => self.on_launch_spent(op, &instance_id, state, out),
             Event::LaunchFailed {
                 op,
                 error,
@@ -464,6 +497,7 @@ impl Scheduler {
             hosts: Vec::new(),
             avail: BTreeSet::new(),
             instances: 0,
+            foreign: 0,
             members: BTreeSet::new(),
             ready: BTreeSet::new(),
             booting: BTreeSet::new(),

@@ -12,6 +12,9 @@ use super::{
 impl Scheduler {
     pub(super) fn apply_config(&mut self, config: HostConfig, out: &mut Vec<Action>) {
         self.config = config;
+        if *self.additional_tags != *self.config.additional_instance_tags {
+            self.additional_tags = self.config.additional_instance_tags.as_slice().into();
+        }
         for platform in self
             .config
             .platforms()
@@ -127,7 +130,12 @@ impl Scheduler {
             }
         }
         let routes_waiters = matches!(new, Mode::Local | Mode::Disabled(_) | Mode::Unknown);
-        self.platforms[p as usize].mode = new;
+        let ps = &mut self.platforms[p as usize];
+        if listing_scope(&ps.mode) != listing_scope(&new) {
+            // The last listing counted another tag or account: the next one counts anew.
+            ps.foreign = 0;
+        }
+        ps.mode = new;
         if routes_waiters {
             let ps = &mut self.platforms[p as usize];
             let mut waiters: Vec<_> = std::mem::take(&mut ps.retry);
@@ -142,4 +150,14 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// What a platform's listing covers: (region, credentials Secret, instance tag).
+fn listing_scope(mode: &Mode) -> Option<(&str, &str, &str)> {
+    let t = match mode {
+        Mode::Dynamic(t) => &**t,
+        Mode::Pool(pool) => &pool.instance,
+        _ => return None,
+    };
+    Some((&t.region, &t.aws_secret, &t.instance_tag))
 }

@@ -5,14 +5,17 @@
 //! instance means a pool slot, one that names a configured host means a static slot. A
 //! TaskRun whose secret exists is running; one assigned without a secret is provisioned again
 //! (a fresh key: the old token was never handed out). Waiters are queued in their original
-//! order. Instances with our tag that nothing owns are terminated once older than the grace
-//! period.
+//! order. Instances carrying this cluster's identity that nothing owns are terminated once older
+//! than the grace period. Instances without it are adopted only when a TaskRun names them
+//! (`cloud-instance-id`, or a pool's `assigned-host`); another cluster's never, even when named.
+//! Every live instance listed that the rebuilt ledger does not track counts toward its
+//! platform's `max-instances` until the next listing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::Key;
-use super::snapshot::{InstanceRecord, InstanceState, SecretKind, Snapshot, TaskRunRecord};
+use super::snapshot::{InstanceRecord, Ownership, SecretKind, Snapshot, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
     State, TaskRun, TaskRunRef, Time, Timer, Uid,
@@ -32,7 +35,12 @@ impl Scheduler {
             listed.entry(rec.id.as_str()).or_insert(rec);
         }
         let mut claimed: BTreeSet<String> = BTreeSet::new();
-        let pool_members = self.recover_pool_instances(&snapshot.instances, &mut claimed);
+        let named: BTreeSet<&str> = snapshot
+            .taskruns
+            .iter()
+            .filter_map(|r| r.assigned_host.as_deref())
+            .collect();
+        let pool_members = self.recover_pool_instances(&snapshot.instances, &named, &mut claimed);
 
         let mut records: Vec<&TaskRunRecord> = snapshot.taskruns.iter().collect();
         records.sort_by(|a, b| {
@@ -124,6 +132,14 @@ impl Scheduler {
             }
         }
         self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
+        for p in 0..self.platforms.len() as PlatformId {
+            let platform = self.platforms[p as usize].platform.clone();
+            let of_p = snapshot
+                .instances
+                .iter()
+                .filter(|r| r.platform == *platform);
+            self.count_foreign(p, of_p, out);
+        }
         for key in waiters {
             let retry = self.failures(key) > 0;
             self.admit(key, retry, out);
@@ -134,27 +150,33 @@ impl Scheduler {
         }
     }
 
-    /// Creates pool instance entries for listed instances carrying a pool's tag.
+    /// Creates pool instance entries for listed live instances with a pool's tag: this cluster's
+    /// instances of the pool, and untagged ones a TaskRun's `assigned-host` names.
     fn recover_pool_instances(
         &mut self,
         listed: &[InstanceRecord],
+        named: &BTreeSet<&str>,
         claimed: &mut BTreeSet<String>,
     ) -> BTreeMap<String, Key> {
         let mut members = BTreeMap::new();
         for rec in listed {
-            if rec.state != InstanceState::Running && rec.state != InstanceState::Pending
-                || members.contains_key(&rec.id)
-            {
+            if rec.state.is_gone() || members.contains_key(&rec.id) {
                 continue;
             }
             let p = self.platform_id(&rec.platform);
             let Mode::Pool(pool) = self.platforms[p as usize].mode.clone() else {
                 continue;
             };
-            if pool.instance.instance_tag != rec.instance_tag {
+            let legacy = rec.ownership == Ownership::Untagged && named.contains(rec.id.as_str());
+            if pool.instance.instance_tag != rec.instance_tag
+                || !(legacy || rec.is_ours_for(&self.platforms[p as usize].label))
+            {
                 continue;
             }
             let inst = self.adopt_listed(p, rec, Arc::new(pool.instance.clone()), Some(pool));
+            if let Some(i) = self.instances.get_mut(inst) {
+                i.legacy = legacy;
+            }
             claimed.insert(rec.id.clone());
             members.insert(rec.id.clone(), inst);
         }
@@ -210,23 +232,25 @@ impl Scheduler {
         } else {
             Phase::Reserved
         };
-        // Dynamic instance, by annotation or (crash between launch and annotation) by tag.
+        // Dynamic instance, by annotation or (crash between launch and annotation) by this
+        // cluster's owner tag: the latest live one launched for this TaskRun's UID.
+        let label = self.platforms[p as usize].label.clone();
         let tagged = || {
-            let id = crate::contract::taskrun_id(&rec.namespace, &rec.name);
             listed
                 .values()
-                .find(|l| {
-                    l.taskrun_id.as_deref() == Some(id.as_str())
+                .filter(|l| {
+                    l.is_ours_for(&label)
+                        && l.owner.as_deref() == Some(rec.uid.as_str())
                         && !l.state.is_gone()
                         && !claimed.contains(&l.id)
-                        && l.platform.as_str() == rec.platform
                 })
+                .max_by_key(|l| (l.launched_at, &l.id))
                 .map(|l| l.id.clone())
         };
+        let annotated = self.annotated_instance(key, rec, listed, out);
         // The annotated instance unless the listing says it is gone and another one carries
         // this TaskRun's tag (relaunched just before the crash).
-        let annotated_alive = rec
-            .instance_id
+        let annotated_alive = annotated
             .as_deref()
             .is_some_and(|id| listed.get(id).is_some_and(|l| !l.state.is_gone()));
         let by_tag = || {
@@ -235,9 +259,9 @@ impl Scheduler {
                 .flatten()
         };
         let instance_id = if annotated_alive {
-            rec.instance_id.clone()
+            annotated
         } else {
-            by_tag().or_else(|| rec.instance_id.clone())
+            by_tag().or(annotated)
         };
         if let Some(id) = instance_id {
             claimed.insert(id.clone());
@@ -265,6 +289,7 @@ impl Scheduler {
             i.created = rec_i.map_or(rec.since, |l| l.launched_at);
             i.launches = 1;
             i.owner = Some(key);
+            i.legacy = rec_i.is_none_or(|l| l.ownership != Ownership::Ours);
             i.used = ready;
             i.state = if ready {
                 InstState::Ready
@@ -329,6 +354,33 @@ impl Scheduler {
         true
     }
 
+    /// The TaskRun's `cloud-instance-id`, unless the listing shows it is another cluster's (then
+    /// it is never touched, and the TaskRun is told).
+    fn annotated_instance(
+        &self,
+        key: Key,
+        rec: &TaskRunRecord,
+        listed: &BTreeMap<&str, &InstanceRecord>,
+        out: &mut Vec<Action>,
+    ) -> Option<String> {
+        let id = rec.instance_id.as_deref()?;
+        if listed
+            .get(id)
+            .is_some_and(|l| l.ownership == Ownership::Foreign)
+        {
+            out.push(Action::Notify {
+                taskrun: self.taskrun_ref(key),
+                warning: true,
+                reason: "ForeignInstance",
+                message: format!(
+                    "cloud-instance-id names instance {id}, which another cluster launched; ignoring it"
+                ),
+            });
+            return None;
+        }
+        Some(id.to_owned())
+    }
+
     fn dynamic_template(&mut self, platform: &Platform) -> Option<Arc<DynamicPlatform>> {
         let p = self.platform_id(platform);
         match &self.platforms[p as usize].mode {
@@ -355,7 +407,7 @@ impl Scheduler {
         }
         let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
         let mut pending = 0;
-        if let Some(id) = &rec.instance_id {
+        if let Some(id) = &self.annotated_instance(key, rec, listed, out) {
             let l = listed.get(id.as_str()).copied();
             let template = match l {
                 Some(l) => self.dynamic_template(&l.platform),
@@ -365,7 +417,9 @@ impl Scheduler {
                 },
                 None => None,
             };
-            if let (Some(template), false) = (template, l.is_some_and(|l| l.state.is_gone())) {
+            // A stopped instance is still terminated; one going down needs nothing.
+            if let (Some(template), false) = (template, l.is_some_and(|l| l.state.is_terminating()))
+            {
                 let ip = if p == NO_PLATFORM {
                     self.platform_id(&l.expect("template came from the listing").platform)
                 } else {
@@ -377,6 +431,7 @@ impl Scheduler {
                 i.id = Some(id.clone());
                 i.state = InstState::Ready;
                 i.used = true;
+                i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
                 i.cleanup_for = Some(key);
                 self.instance_ids.insert(id, inst);
                 self.terminate(inst, "its TaskRun finished", out);
@@ -410,7 +465,7 @@ impl Scheduler {
         }
     }
 
-    /// Listed dynamic instances nothing claims: counted, and terminated after the grace period
+    /// Listed instances of ours nothing claims: counted, and terminated after the grace period
     /// unless a TaskRun turns out to own them.
     fn recover_orphans(
         &mut self,
@@ -430,15 +485,18 @@ impl Scheduler {
             let Some(template) = self.dynamic_template(&rec.platform) else {
                 continue;
             };
-            if template.instance_tag != rec.instance_tag {
+            let p = self.platform_id(&rec.platform);
+            // A listing's orphans are this cluster's instances of the listing's platform.
+            if template.instance_tag != rec.instance_tag
+                || !rec.is_ours_for(&self.platforms[p as usize].label)
+            {
                 continue;
             }
-            let p = self.platform_id(&rec.platform);
             self.orphan(p, rec, template, out);
         }
     }
 
-    /// Tracks an unowned instance with our tag; terminated once past the grace period.
+    /// Tracks an unowned instance of this cluster; terminated once past the grace period.
     pub(super) fn orphan(
         &mut self,
         p: PlatformId,

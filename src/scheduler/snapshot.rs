@@ -1,5 +1,5 @@
 //! The state the core is rebuilt from after a restart: TaskRun labels and annotations (design
-//! §2) and the instances the cloud lists with our tags. Plain data.
+//! §2) and the instances the cloud lists with a dynamic platform's instance tag. Plain data.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +13,7 @@ pub struct Snapshot {
     /// Every TaskRun labelled `target-platform` (or otherwise ours) that still has our finalizer or
     /// is not done.
     pub taskruns: Vec<TaskRunRecord>,
-    /// Every instance listed with our tags, per dynamic platform's credentials.
+    /// Every instance each dynamic platform's listing returned (see [`InstanceRecord`]).
     pub instances: Vec<InstanceRecord>,
 }
 
@@ -89,17 +89,25 @@ pub enum SecretKind {
     Error,
 }
 
-/// One listed cloud instance.
+/// One listed cloud instance: every instance carrying `MultiPlatformManaged=true` and the lister's
+/// `instance-tag` in the lister's account and region, whoever launched it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceRecord {
     /// Instance id.
     pub id: String,
-    /// The platform whose config (credentials, region) listed it.
+    /// The platform whose config (credentials, region) listed it. A listing acts (orphans,
+    /// stopped instances) only on instances of that platform; every live one counts toward its
+    /// `max-instances`.
     pub platform: Platform,
     /// `multi-platform-instance` tag.
     pub instance_tag: String,
-    /// `taskRunID` tag (`<namespace>:<name>`).
-    pub taskrun_id: Option<String>,
+    /// Who launched it, by its cluster tag.
+    pub ownership: Ownership,
+    /// Our platform tag (label value, `linux-arm64`); on instances we launched.
+    pub platform_label: Option<String>,
+    /// Our owner tag: the UID of the TaskRun it was launched (or retagged) for, or a warm pool
+    /// instance's name ([`LaunchId::owner_key`](super::LaunchId::owner_key)).
+    pub owner: Option<String>,
     /// Launch time.
     pub launched_at: Time,
     /// Lifecycle state.
@@ -108,22 +116,113 @@ pub struct InstanceRecord {
     pub address: Option<String>,
 }
 
-/// Cloud lifecycle state of an instance.
+impl InstanceRecord {
+    /// Launched by this cluster for the platform with this label value.
+    pub fn is_ours_for(&self, label: &str) -> bool {
+        self.ownership == Ownership::Ours && self.platform_label.as_deref() == Some(label)
+    }
+}
+
+/// Who launched a listed instance, by its cluster identity tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// Carries this cluster's identity: ours to adopt, retag and terminate.
+    Ours,
+    /// Carries no cluster identity (launched by the Go controller, or by hand): adopted only
+    /// through a TaskRun of this cluster that names it (`cloud-instance-id`, or `assigned-host`
+    /// for a pool), otherwise only counted toward `max-instances`.
+    Untagged,
+    /// Another cluster's: only counted toward `max-instances` (the shared bill guard).
+    Foreign,
+}
+
+/// Cloud lifecycle state of an instance.
+///
+/// One meaning of gone: an instance that will not run (more) work. Stopping and stopped
+/// instances are gone although they still exist: builds on them are lost, nothing is placed on
+/// them, and ours are terminated (listings report them so they can be); they do not count
+/// toward `max-instances` (no compute is billed). States a newer cloud reports that this
+/// version does not know are taken as alive, and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum InstanceState {
-    /// Starting.
+    /// Booting.
     Pending,
-    /// Running.
+    /// Running (its SSH daemon may still be starting).
     Running,
-    /// Stopping or stopped: not usable.
-    Stopped,
-    /// Shutting down or terminated: gone.
+    /// Terminating.
+    ShuttingDown,
+    /// Terminated.
     Terminated,
+    /// Stopping.
+    Stopping,
+    /// Stopped.
+    Stopped,
+    /// A state this version does not know.
+    Unknown,
 }
 
 impl InstanceState {
-    /// Gone or going.
+    /// Every state, for metrics that report a value per state.
+    pub const ALL: [InstanceState; 7] = [
+        Self::Pending,
+        Self::Running,
+        Self::ShuttingDown,
+        Self::Terminated,
+        Self::Stopping,
+        Self::Stopped,
+        Self::Unknown,
+    ];
+
+    /// The state's name as EC2 spells it (`shutting-down`); a bounded metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::ShuttingDown => "shutting-down",
+            Self::Terminated => "terminated",
+            Self::Stopping => "stopping",
+            Self::Stopped => "stopped",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// Will not run (more) work: on its way down, down, or stopped.
     pub fn is_gone(self) -> bool {
-        self == InstanceState::Terminated
+        matches!(
+            self,
+            Self::ShuttingDown | Self::Terminated | Self::Stopping | Self::Stopped
+        )
+    }
+
+    /// On its way down or down: nothing left to terminate.
+    pub fn is_terminating(self) -> bool {
+        matches!(self, Self::ShuttingDown | Self::Terminated)
+    }
+
+    /// Counts toward `max-instances`: booting, running, or unknown (maybe alive and billed).
+    pub fn counts_toward_limit(self) -> bool {
+        !self.is_gone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InstanceState::*;
+
+    #[test]
+    fn gone_means_stopped_or_going_down() {
+        for s in [ShuttingDown, Terminated, Stopping, Stopped] {
+            assert!(s.is_gone(), "{s:?}");
+            assert!(!s.counts_toward_limit(), "{s:?}");
+        }
+        for s in [Pending, Running, Unknown] {
+            assert!(!s.is_gone(), "{s:?}");
+            assert!(s.counts_toward_limit(), "{s:?}");
+        }
+        let terminating: Vec<_> = super::InstanceState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminating())
+            .collect();
+        assert_eq!(terminating, [ShuttingDown, Terminated]);
     }
 }

@@ -14,6 +14,10 @@ pub struct PlatformGauges {
     pub running: u32,
     /// Instances counted against `max-instances`.
     pub instances: u32,
+    /// Live instances others run with the platform's instance tag (other clusters, the Go
+    /// controller, other platforms sharing the tag), as of the last listing; they count against
+    /// `max-instances` too.
+    pub foreign: u32,
     /// Instances launching or booting.
     pub booting: u32,
     /// Instances being terminated.
@@ -53,6 +57,7 @@ impl Scheduler {
         for ps in &self.platforms {
             let mut pg = PlatformGauges {
                 instances: ps.instances,
+                foreign: ps.foreign,
                 capacity: self.config.capacity(&ps.platform),
                 ..Default::default()
             };

@@ -1,11 +1,13 @@
 //! Periodic sweeps fed by the controller: instances the cloud lists and users found on static
-//! hosts. They catch what crashes and lost results leave behind. Linear in what is listed (and,
-//! for users, in tracked TaskRuns); they run every few minutes, not per decision.
+//! hosts. They catch what crashes and lost results leave behind, and listings keep the count of
+//! instances others run with a platform's tag (the shared `max-instances` bill guard). Linear in
+//! what is listed (and, for users, in tracked TaskRuns); they run every few minutes, not per
+//! decision.
 
 use std::collections::BTreeSet;
 
 use super::snapshot::{InstanceRecord, InstanceState};
-use super::{Action, HostRef, InstState, Mode, Op, RemoteUser, Scheduler, State};
+use super::{Action, HostRef, InstState, Mode, Op, PlatformId, RemoteUser, Scheduler, State};
 use crate::platform::Platform;
 
 impl Scheduler {
@@ -22,6 +24,7 @@ impl Scheduler {
             // No credentials to act with.
             _ => return,
         };
+        let label = self.platforms[p as usize].label.clone();
         for rec in listed {
             if let Some(&inst) = self.instance_ids.get(rec.id.as_str()) {
                 let Some(i) = self.instances.get(inst) else {
@@ -32,25 +35,71 @@ impl Scheduler {
                     InstState::Terminating(_) | InstState::TerminateWait
                 );
                 match rec.state {
-                    InstanceState::Terminated => self.on_instance_gone(&rec.id, out),
-                    InstanceState::Stopped if !ours_terminating => {
-                        self.on_instance_gone(&rec.id, out);
-                        // It still exists: terminate it rather than leave a stopped machine.
-                        if rec.launched_at + self.policy.orphan_grace <= self.now {
-                            self.orphan(p, rec, template.clone(), out);
-                        }
-                    }
+                    s if s.is_terminating() => self.on_instance_gone(&rec.id, out),
+                    // It still exists: whatever it served is lost; terminate it rather than
+                    // leave a stopped machine.
+                    InstanceState::Stopping | InstanceState::Stopped if !ours_terminating => self
+                        .instance_failed(
+                            inst,
+                            "the instance was stopped outside the controller",
+                            true,
+                            out,
+                        ),
                     _ => {}
                 }
                 continue;
             }
-            if rec.state.is_gone() || rec.instance_tag != template.instance_tag {
+            // Only this cluster's instances of this platform are ever orphans: other clusters'
+            // and the Go controller's are only counted.
+            if rec.state.is_terminating()
+                || !rec.is_ours_for(&label)
+                || rec.instance_tag != template.instance_tag
+            {
                 continue;
             }
             // A launch result may still be on its way for a young one.
             if rec.launched_at + self.policy.orphan_grace <= self.now {
                 self.orphan(p, rec, template.clone(), out);
             }
+        }
+        self.count_foreign(p, listed.iter(), out);
+    }
+
+    /// Sets the platform's foreign count from its listing: live instances the ledger does not
+    /// track as the platform's own (other clusters', the Go controller's, other platforms'
+    /// sharing the tag), excluding this cluster's instances of the platform that are not tracked
+    /// yet (a launch in flight, already counted by the ledger). Serves waiters when it dropped.
+    pub(super) fn count_foreign<'a>(
+        &mut self,
+        p: PlatformId,
+        listed: impl Iterator<Item = &'a InstanceRecord>,
+        out: &mut Vec<Action>,
+    ) {
+        let label = self.platforms[p as usize].label.clone();
+        let mut seen = BTreeSet::new();
+        let mut n = 0u32;
+        for rec in listed {
+            if !rec.state.counts_toward_limit()
+                || rec.is_ours_for(&label)
+                || !seen.insert(rec.id.as_str())
+            {
+                continue;
+            }
+            let tracked = self
+                .instance_ids
+                .get(rec.id.as_str())
+                .and_then(|&k| self.instances.get(k))
+                .is_some_and(|i| i.platform == p);
+            if !tracked {
+                n += 1;
+            }
+        }
+        let ps = &mut self.platforms[p as usize];
+        let dropped = n < ps.foreign;
+        ps.foreign = n;
+        if dropped {
+            self.capacity_freed(p, out);
+            self.ensure_warm(p, out);
         }
     }
 

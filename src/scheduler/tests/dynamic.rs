@@ -18,11 +18,11 @@ fn launches_probes_provisions_and_terminates() {
     let mut h = H::new(&dynamic_pairs(2, None));
     let a = h.submit("ns", "a", P);
     let (op, _) = launches(&a)[0].clone();
-    let token = a.iter().find_map(|x| match x {
-        Action::Launch { client_token, .. } => Some(client_token.clone()),
-        _ => None,
-    });
-    assert!(token.unwrap().starts_with("uid-ns-a-"));
+    let (_, id) = launch_ids(&a)[0].clone();
+    assert_eq!(
+        (id.owner_key().as_str(), id.retry, id.attempt),
+        ("uid-ns-a", 0, 1)
+    );
     let a = h.send(Event::Launched {
         op,
         instance_id: "i-1".into(),
@@ -261,7 +261,7 @@ fn instance_of_a_cancelled_taskrun_is_adopted_by_a_waiter() {
     assert!(terminates(&a).is_empty());
     assert!(
         a.iter()
-            .any(|x| matches!(x, Action::Retag { taskrun_id, .. } if taskrun_id == "ns:b"))
+            .any(|x| matches!(x, Action::Retag { launch, .. } if launch.owner_key() == "uid-ns-b" && launch.taskrun_id() == "ns:b"))
     );
     assert_eq!(records(&a, "b")[0].instance_id.as_deref(), Some("i-1"));
     let p = probes(&h.wait(20))[0].0;

@@ -3,6 +3,7 @@
 
 mod dynamic;
 mod lifecycle;
+mod ownership;
 mod pool;
 mod recovery;
 mod static_pool;
@@ -183,10 +184,25 @@ pub(super) fn error_of(acts: &[Action], name: &str) -> String {
     }
 }
 
+/// Launches: op and the `taskRunID` of the TaskRun it is for (`None` for a warm instance).
 pub(super) fn launches(acts: &[Action]) -> Vec<(OpId, Option<String>)> {
+    launch_ids(acts)
+        .into_iter()
+        .map(|(op, l)| {
+            let taskrun = match &l.owner {
+                LaunchOwner::TaskRun(t) => Some(t.id()),
+                LaunchOwner::Warm(_) => None,
+            };
+            (op, taskrun)
+        })
+        .collect()
+}
+
+/// Launches with their identities.
+pub(super) fn launch_ids(acts: &[Action]) -> Vec<(OpId, LaunchId)> {
     acts.iter()
         .filter_map(|a| match a {
-            Action::Launch { op, taskrun_id, .. } => Some((*op, taskrun_id.clone())),
+            Action::Launch { op, launch, .. } => Some((*op, launch.clone())),
             _ => None,
         })
         .collect()

@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn rec(name: &str, platform: &str) -> TaskRunRecord {
+pub(super) fn rec(name: &str, platform: &str) -> TaskRunRecord {
     TaskRunRecord {
         namespace: "ns".into(),
         name: name.into(),
@@ -13,7 +13,7 @@ fn rec(name: &str, platform: &str) -> TaskRunRecord {
     }
 }
 
-fn start(pairs: &[(String, String)], snap: Snapshot) -> (H, Vec<Action>) {
+pub(super) fn start(pairs: &[(String, String)], snap: Snapshot) -> (H, Vec<Action>) {
     let mut s = Scheduler::new(config(pairs), Policy::mpc());
     let now = Time::from_secs(START);
     let mut out = Vec::new();
@@ -21,12 +21,15 @@ fn start(pairs: &[(String, String)], snap: Snapshot) -> (H, Vec<Action>) {
     (H { s, now }, out)
 }
 
-fn instance(id: &str, owner: Option<&str>, launched: u64) -> InstanceRecord {
+/// An instance of this cluster for linux/arm64, launched for the TaskRun with UID `owner`.
+pub(super) fn instance(id: &str, owner: Option<&str>, launched: u64) -> InstanceRecord {
     InstanceRecord {
         id: id.into(),
         platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
         instance_tag: "test".into(),
-        taskrun_id: owner.map(str::to_owned),
+        ownership: Ownership::Ours,
+        platform_label: Some("linux-arm64".into()),
+        owner: owner.map(str::to_owned),
         launched_at: Time::from_secs(launched),
         state: InstanceState::Running,
         address: Some("192.0.2.9".into()),
@@ -74,8 +77,8 @@ fn dynamic_instance_is_probed_and_an_unannotated_launch_is_adopted_by_tag() {
         Snapshot {
             taskruns: vec![booting, lost],
             instances: vec![
-                instance("i-a", Some("ns:a"), START - 60),
-                instance("i-b", Some("ns:b"), START - 50),
+                instance("i-a", Some("uid-ns-a"), START - 60),
+                instance("i-b", Some("uid-ns-b"), START - 50),
             ],
         },
     );
@@ -96,8 +99,8 @@ fn orphans_are_terminated_after_the_grace_period() {
         Snapshot {
             taskruns: vec![],
             instances: vec![
-                instance("i-old", Some("ns:gone"), START - 3600),
-                instance("i-young", Some("ns:gone2"), START - 60),
+                instance("i-old", Some("uid-ns-gone"), START - 3600),
+                instance("i-young", Some("uid-ns-gone2"), START - 60),
                 InstanceRecord {
                     instance_tag: "someone-else".into(),
                     ..instance("i-foreign", None, START - 3600)
@@ -134,7 +137,7 @@ fn finished_taskruns_are_cleaned_up_then_released() {
         &pairs,
         Snapshot {
             taskruns: vec![d, s, w],
-            instances: vec![instance("i-a", Some("ns:a"), START - 600)],
+            instances: vec![instance("i-a", Some("uid-ns-a"), START - 600)],
         },
     );
     assert_eq!(finalized(&out), vec!["c"]);
@@ -167,7 +170,7 @@ fn pool_instances_and_their_taskruns_are_rebuilt() {
         &dynamic_pairs(1, Some((2, 600))),
         Snapshot {
             taskruns: vec![a],
-            instances: vec![instance("i-p", Some("ns:a"), START - 60)],
+            instances: vec![instance("i-p", Some("uid-ns-a"), START - 60)],
         },
     );
     assert!(launches(&out).is_empty());
