@@ -87,6 +87,7 @@ pub struct Driver {
     /// The served config, for the safety-net scan.
     config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
     adopt_every: Duration,
+    list_every: Duration,
     index: HashMap<String, Entry>,
     memo: MountMemo,
     /// UIDs seen since the watch's last `Init` (a relist in progress).
@@ -122,6 +123,7 @@ impl Driver {
         inputs_tx: mpsc::Sender<Input>,
         config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
         adopt_every: Duration,
+        list_every: Duration,
     ) -> Self {
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         Driver {
@@ -129,6 +131,7 @@ impl Driver {
             policy,
             config_rx,
             adopt_every,
+            list_every,
             index: HashMap::new(),
             memo: MountMemo::default(),
             relist: None,
@@ -478,6 +481,12 @@ impl Driver {
             ctx.clone(),
             self.config_rx.clone(),
             self.adopt_every,
+        ));
+        tokio::spawn(execute::cloud::sweep(
+            ctx.clone(),
+            self.config_rx.clone(),
+            self.inputs_tx.clone(),
+            self.list_every,
         ));
         self.term = Some(Term {
             id,

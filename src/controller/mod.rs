@@ -139,6 +139,10 @@ pub struct ControllerArgs {
     /// Lease).
     #[arg(long, env = "MPC_ADOPT_INTERVAL", default_value = "5m", value_parser = crate::duration::parse_nonzero)]
     pub adopt_interval: Duration,
+    /// How often the leader lists each dynamic platform's instances (orphans, instances gone
+    /// behind its back, other clusters' instances counted against `max-instances`).
+    #[arg(long, env = "MPC_INSTANCE_LIST_INTERVAL", default_value = "60s", value_parser = crate::duration::parse_nonzero)]
+    pub instance_list_interval: Duration,
     /// EC2 endpoint override (an EC2-compatible cloud).
     #[arg(long, env = "MPC_EC2_ENDPOINT")]
     pub ec2_endpoint: Option<String>,
@@ -270,6 +274,7 @@ impl Controller {
         }
         let client = client.expect("created unless webhook-only with a file");
         let metrics = ControllerMetrics::register(&registry)?;
+        let registry_for_cloud = registry.clone();
         let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
 
         let required = |v: &Option<PathBuf>| {
@@ -291,6 +296,8 @@ impl Controller {
             ca_pem: String::from_utf8_lossy(&ca_pem).into_owned(),
         };
         let cluster = cluster_id(&client, args).await?;
+        let cluster_id_checked = crate::cloud::ClusterId::new(&cluster)
+            .map_err(|e| ControllerError::ClusterId(format!("{cluster:?}: {e}")))?;
         let provisioner = Provisioner::new(SshOptions::new(&args.ssh_state_dir))
             .map_err(|e| ControllerError::Ssh(e.to_string()))?;
         let ctx = Context {
@@ -303,8 +310,9 @@ impl Controller {
                 args.known_hosts_config_map.clone(),
             )),
             cloud: Arc::new(execute::cloud::CloudExec::new(
-                cluster.clone(),
+                cluster_id_checked.clone(),
                 args.ec2_endpoint.clone(),
+                crate::cloud::metrics::CloudMetrics::new(&registry_for_cloud)?,
             )),
             recorder: recorder(&client, &identity),
             metrics: metrics.clone(),
@@ -320,6 +328,7 @@ impl Controller {
             tx.clone(),
             config.subscribe(),
             args.adopt_interval,
+            args.instance_list_interval,
         );
         tasks.spawn(driver.run(rx));
         tasks.spawn(driver::watch_taskruns(

@@ -1,50 +1,195 @@
-//! Cloud actions: launch, probe, terminate, retag (design §5).
+//! Cloud actions (launch, probe, terminate, retag) and listings, through the one path of
+//! [`cloud::Runner`](crate::cloud::runner::Runner), with credentials read from the platform's
+//! `aws-secret` at use time (a rotated Secret takes effect at once).
 
-use super::Context;
-use crate::scheduler::{Action, Event, ProbeResult};
+use std::sync::Arc;
+use std::time::Duration;
 
-/// Runs one cloud action; exactly one result event for those with an `OpId`.
-pub async fn run(_ctx: &Context, action: Action) -> Vec<Event> {
-    let error = "cloud actions are not wired into the controller yet".to_owned();
-    match action {
-        Action::Launch { op, .. } => vec![Event::LaunchFailed {
-            op,
-            error,
-            retryable: false,
-        }],
-        Action::Probe { op, .. } => vec![Event::Probed {
-            op,
-            result: ProbeResult::Failed { reason: error },
-        }],
-        Action::Terminate { op, .. } => vec![Event::Terminated {
-            op,
-            error: Some(error),
-        }],
-        _ => Vec::new(),
-    }
-}
+use tokio::sync::mpsc;
 
-/// Every instance the dynamic platforms' credentials can see (recovery's listing).
-pub async fn list_all(
-    _ctx: &Context,
-    _config: &crate::config::HostConfig,
-) -> Option<Vec<crate::scheduler::InstanceRecord>> {
-    Some(Vec::new())
-}
+use super::{Context, kube as k8s};
+use crate::cloud::aws::{AwsCloud, AwsOptions};
+use crate::cloud::metrics::CloudMetrics;
+use crate::cloud::reach::Direct;
+use crate::cloud::runner::{Runner, RunnerOptions};
+use crate::cloud::{ClusterId, Credentials};
+use crate::config::{DynamicPlatform, HostConfig};
+use crate::controller::driver::Input;
+use crate::platform::Platform;
+use crate::scheduler::{Action, Event, InstanceRecord, ProbeResult};
 
-/// The cloud provider and its helpers.
+/// The cloud provider of this cluster.
 #[derive(Debug)]
 pub struct CloudExec {
-    pub cluster_id: String,
-    pub endpoint: Option<String>,
+    runner: Runner,
 }
 
 impl CloudExec {
-    /// A provider tagging instances with `cluster_id`.
-    pub fn new(cluster_id: String, endpoint: Option<String>) -> Self {
-        Self {
-            cluster_id,
-            endpoint,
+    /// EC2 (or an EC2-compatible `endpoint`) tagging launches with `cluster`.
+    pub fn new(cluster: ClusterId, endpoint: Option<String>, metrics: CloudMetrics) -> Self {
+        let mut options = AwsOptions::new(cluster);
+        options.endpoint = endpoint;
+        let aws = AwsCloud::new(options, metrics.clone());
+        CloudExec {
+            runner: Runner::new(
+                Arc::new(aws),
+                Arc::new(Direct::default()),
+                metrics,
+                RunnerOptions::default(),
+            ),
+        }
+    }
+}
+
+/// The template a cloud action runs with.
+fn template(action: &Action) -> Option<&Arc<DynamicPlatform>> {
+    match action {
+        Action::Launch { template, .. }
+        | Action::Probe { template, .. }
+        | Action::Terminate { template, .. }
+        | Action::Retag { template, .. } => Some(template),
+        _ => None,
+    }
+}
+
+/// Credentials from the platform's `aws-secret` in the controller namespace; errors name it.
+async fn credentials(ctx: &Context, template: &DynamicPlatform) -> Result<Credentials, String> {
+    let data = k8s::controller_secret(ctx, &template.aws_secret).await?;
+    Credentials::from_secret_data(&template.aws_secret, &data).map_err(|e| {
+        format!(
+            "cloud credentials of {} (Secret {}/{}): {e}",
+            template.platform, ctx.namespace, template.aws_secret
+        )
+    })
+}
+
+/// Runs one cloud action; exactly one result event for those with an `OpId`.
+pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
+    let Some(t) = template(&action) else {
+        return Vec::new();
+    };
+    let creds = match credentials(ctx, t).await {
+        Ok(c) => c,
+        Err(error) => {
+            ctx.metrics.failed("cloud_credentials");
+            tracing::warn!(platform = %t.platform, %error, "cloud action without credentials");
+            return match action {
+                // A configuration problem: the TaskRun's error secret says which Secret.
+                Action::Launch { op, .. } => vec![Event::LaunchFailed {
+                    op,
+                    error,
+                    retryable: false,
+                }],
+                // Tried again at the next probe, within the allocation timeout.
+                Action::Probe { op, .. } => vec![Event::Probed {
+                    op,
+                    result: ProbeResult::Pending,
+                }],
+                Action::Terminate { op, .. } => vec![Event::Terminated {
+                    op,
+                    error: Some(error),
+                }],
+                _ => Vec::new(),
+            };
+        }
+    };
+    ctx.cloud
+        .runner
+        .run(&action, &creds)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Every dynamic platform and pool of `config`, with its instance template.
+fn templates(config: &HostConfig) -> Vec<(Platform, DynamicPlatform)> {
+    config
+        .dynamic
+        .iter()
+        .map(|(p, d)| (p.clone(), d.clone()))
+        .chain(
+            config
+                .pools
+                .iter()
+                .map(|(p, pool)| (p.clone(), pool.instance.clone())),
+        )
+        .collect()
+}
+
+/// Lists one platform's instances, `None` on failure (logged).
+async fn list(
+    ctx: &Context,
+    platform: &Platform,
+    t: &DynamicPlatform,
+) -> Option<Vec<InstanceRecord>> {
+    let creds = match credentials(ctx, t).await {
+        Ok(c) => c,
+        Err(error) => {
+            tracing::warn!(%platform, %error, "cannot list instances");
+            return None;
+        }
+    };
+    match ctx.cloud.runner.list(platform, t, &creds).await {
+        Ok(l) => Some(l),
+        Err(error) => {
+            tracing::warn!(%platform, %error, "listing instances failed");
+            None
+        }
+    }
+}
+
+/// Every instance the dynamic platforms' credentials can see (recovery's listing). A platform
+/// whose listing keeps failing is left out after a few tries (its instances are found by the
+/// periodic listing); `None` when the term is cancelled.
+pub async fn list_all(ctx: &Context, config: &HostConfig) -> Option<Vec<InstanceRecord>> {
+    let mut all = Vec::new();
+    for (platform, t) in templates(config) {
+        let mut delay = Duration::from_millis(500);
+        for attempt in 1..=5 {
+            if ctx.cancel.is_cancelled() {
+                return None;
+            }
+            if let Some(l) = list(ctx, &platform, &t).await {
+                all.extend(l);
+                break;
+            }
+            if attempt == 5 {
+                tracing::error!(%platform, "recovering without this platform's instance listing");
+                break;
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+    Some(all)
+}
+
+/// Lists every dynamic platform's instances every `every` and feeds them to the loop (orphans,
+/// instances gone behind our back, other clusters' instances for the bill guard), until the term
+/// ends.
+pub async fn sweep(
+    ctx: Context,
+    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
+    tx: mpsc::Sender<Input>,
+    every: Duration,
+) {
+    loop {
+        tokio::select! {
+            () = ctx.cancel.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let current = config.borrow().clone();
+        let Some(cfg) = current else { continue };
+        for (platform, t) in templates(&cfg) {
+            if let Some(instances) = list(&ctx, &platform, &t).await {
+                let ev = Event::InstancesListed {
+                    platform: platform.clone(),
+                    instances,
+                };
+                if tx.send(Input::Sweep(ev)).await.is_err() {
+                    return;
+                }
+            }
         }
     }
 }
