@@ -150,6 +150,8 @@ pub struct Product {
     pub otp_port: u16,
     pub controllers: Vec<Proc>,
     pub hosts: Vec<BuildHost>,
+    /// Extra flags for every controller started from now on.
+    pub controller_flags: Vec<String>,
     mpc: PathBuf,
     webhook_certs: PathBuf,
     webhook_port: u16,
@@ -228,6 +230,7 @@ impl Product {
             otp_port,
             controllers: Vec::new(),
             hosts: Vec::new(),
+            controller_flags: Vec::new(),
             mpc: mpc.to_owned(),
             webhook_certs,
             webhook_port,
@@ -258,6 +261,17 @@ impl Product {
         cfg.push(("local-platforms".into(), "linux/amd64,local".into()));
         product.set_config(&cfg).await?;
         Ok(product)
+    }
+
+    /// The host-config as the product started with it (static hosts and local platforms).
+    pub fn base_config(&self) -> ConfigPairs {
+        let mut cfg = ConfigPairs::new();
+        for h in &self.hosts {
+            let c = 1;
+            cfg.extend(static_host(&h.name, &h.sshd.address(), c, "linux/arm64"));
+        }
+        cfg.push(("local-platforms".into(), "linux/amd64,local".into()));
+        cfg
     }
 
     /// Replaces the host-config ConfigMap's data.
@@ -366,7 +380,8 @@ impl Product {
             .arg(&self.webhook_certs)
             .args(["--webhook-addr", &format!("127.0.0.1:{webhook_port}")])
             .args(["--admin-addr", &admin.to_string()])
-            .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"]);
+            .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"])
+            .args(&self.controller_flags);
         let log = self.dir.path().join(format!("controller-{identity}.log"));
         let mut p = Proc::spawn(cmd, log, admin, identity)?;
         if webhook_port == self.webhook_port {

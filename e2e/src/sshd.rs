@@ -146,7 +146,16 @@ impl SshdHost {
         Self::start_on(Some(22))
     }
 
+    /// Starts sshd on `address:port` (an address a cloud emulator hands an instance, say).
+    pub fn start_at(address: Ipv4Addr, port: u16) -> anyhow::Result<Self> {
+        Self::start_with(Some((address, port)), None)
+    }
+
     fn start_on(fixed_port: Option<u16>) -> anyhow::Result<Self> {
+        Self::start_with(None, fixed_port)
+    }
+
+    fn start_with(at: Option<(Ipv4Addr, u16)>, fixed_port: Option<u16>) -> anyhow::Result<Self> {
         if !sshd_binary().exists() {
             bail!(
                 "{} not found: run e2e/setup.sh (installs openssh-server)",
@@ -176,6 +185,7 @@ impl SshdHost {
             0o600,
         )?;
         let (address, port) = match fixed_port {
+            _ if at.is_some() => at.expect("checked"),
             None => {
                 let address = Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
                 (address, free_port(address)?)

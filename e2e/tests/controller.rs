@@ -636,3 +636,127 @@ async fn a_retry_pod_that_mounted_the_used_token_redeems_the_fresh_key() {
     );
     assert_clean(&p, &[("tenant-a", "flaky")]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_platform_launches_probes_provisions_and_terminates() {
+    use e2e::moto::{self, Moto};
+    let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
+    let moto = Moto::start().await.unwrap();
+    let fx = moto.loopback_subnet("us-east-1").await.unwrap();
+    // moto gives the first instance of the loopback subnet 127.0.1.4: a real sshd answers there.
+    let instance_host =
+        e2e::sshd::SshdHost::start_at(std::net::Ipv4Addr::new(127, 0, 1, 4), 22).unwrap();
+    let user = contract::remote_user_name("dyn-1", "tenant-a");
+    instance_host.track_user(&user);
+    p.put_secret(
+        e2e::product::NS,
+        "aws-account",
+        &[
+            ("access-key-id", moto::ACCESS_KEY_ID.as_bytes()),
+            ("secret-access-key", moto::SECRET_ACCESS_KEY.as_bytes()),
+        ],
+    )
+    .await
+    .unwrap();
+    p.put_secret(
+        e2e::product::NS,
+        "aws-ssh-key",
+        &[("id_rsa", instance_host.admin_key().as_slice())],
+    )
+    .await
+    .unwrap();
+    let mut cfg = p.base_config();
+    for (k, v) in [
+        ("type", "aws"),
+        ("region", "us-east-1"),
+        ("ami", fx.arm64_ami.as_str()),
+        ("instance-type", "t4g.micro"),
+        ("aws-secret", "aws-account"),
+        ("ssh-secret", "aws-ssh-key"),
+        ("subnet-id", fx.subnet_id.as_str()),
+        ("user", "root"),
+        ("max-instances", "2"),
+        ("instance-tag", "e2e-dynamic"),
+    ] {
+        cfg.push((format!("dynamic.linux-arm64.{k}"), v.to_owned()));
+    }
+    cfg.push(("dynamic-platforms".into(), "linux/arm64".into()));
+    p.set_config(&cfg).await.unwrap();
+    p.controller_flags = vec!["--ec2-endpoint".into(), moto.endpoint()];
+    p.start_controller("c1").await.unwrap();
+
+    p.create_taskrun("tenant-a", "dyn-1", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    let s = p
+        .wait(
+            Duration::from_secs(120),
+            "the instance's secret",
+            || async {
+                p.secret("tenant-a", "dyn-1")
+                    .await
+                    .filter(|s| s.contains_key("otp") || s.contains_key("error"))
+            },
+        )
+        .await;
+    assert!(s.contains_key("otp"), "{s:?}\n{}", p.logs());
+    assert_eq!(s["host"], format!("{user}@127.0.1.4"));
+    let tr = p.taskrun("tenant-a", "dyn-1").await.unwrap();
+    let id = tr["metadata"]["annotations"][contract::CLOUD_INSTANCE_ID_ANNOTATION]
+        .as_str()
+        .expect("cloud-instance-id")
+        .to_owned();
+    assert_eq!(label(&tr, contract::ASSIGNED_HOST_LABEL), Some(id.as_str()));
+    let ec2 = moto.ec2("us-east-1");
+    let tags = |d: aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
+        d.reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .flat_map(|i| i.tags())
+            .map(|t| {
+                (
+                    t.key().unwrap_or("").to_owned(),
+                    t.value().unwrap_or("").to_owned(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let t = tags(
+        ec2.describe_instances()
+            .instance_ids(&id)
+            .send()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        t.get("taskRunID").map(String::as_str),
+        Some("tenant-a:dyn-1")
+    );
+    assert_eq!(
+        t.get("multi-platform-instance").map(String::as_str),
+        Some("e2e-dynamic")
+    );
+    assert!(t.values().any(|v| v == "e2e-cluster"), "cluster tag: {t:?}");
+
+    build(&p, "tenant-a", "dyn-1").await;
+    cleaned_up(&p, "tenant-a", "dyn-1").await;
+    p.wait(T, "the instance terminated", || async {
+        let d = ec2
+            .describe_instances()
+            .instance_ids(&id)
+            .send()
+            .await
+            .ok()?;
+        let state = d
+            .reservations()
+            .first()?
+            .instances()
+            .first()?
+            .state()?
+            .name()?
+            .as_str()
+            .to_owned();
+        (state == "terminated" || state == "shutting-down").then_some(())
+    })
+    .await;
+}
