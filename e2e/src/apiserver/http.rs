@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::Shared;
 use super::faults::{RequestFacts, Verb};
 use super::meta::UpdateTarget;
-use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status};
+use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
 use super::render;
 use super::resources::ResourceDef;
@@ -230,11 +230,22 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     };
     match verb {
         Verb::Get => {
+            if let Some(rv) = parse_rv(query.get("resourceVersion"))? {
+                shared.wait_for_rv(rv).await?;
+            }
             let obj = shared.get(&def, ns, name.as_deref().unwrap_or_default())?;
             Ok(ok(&render::item(&def, obj, fmt)))
         }
         Verb::List => {
             let lopts = list_opts(&query)?;
+            // Not-older-than reads wait for a revision the server has not reached yet; exact
+            // reads of the future fail at once (etcd has no such revision).
+            if lopts.continue_token.is_none()
+                && lopts.rv_match.as_deref() != Some("Exact")
+                && let Some(rv) = parse_rv(lopts.resource_version.as_deref())?
+            {
+                shared.wait_for_rv(rv).await?;
+            }
             let (items, rv, cont, remaining) = shared.list(&def, ns, &lopts)?;
             Ok(ok(&render::list(&def, items, rv, cont, remaining, fmt)))
         }
