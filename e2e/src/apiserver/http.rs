@@ -15,6 +15,7 @@ use super::faults::{RequestFacts, Verb};
 use super::meta::UpdateTarget;
 use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
+use super::protobuf;
 use super::render;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
@@ -313,7 +314,7 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             Ok(ok(&render::item(&def, patched, fmt)))
         }
         Verb::Delete => {
-            let dopts = delete_opts(&query, &body)?;
+            let dopts = delete_opts(&query, &body, &content_type)?;
             let n = name.as_deref().unwrap_or_default();
             match shared.delete(&def, ns, n, &dopts, &wopts).await? {
                 Deleted::Pending(obj) => {
@@ -332,7 +333,7 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
         Verb::DeleteCollection => {
             let lopts = list_opts(&query)?;
-            let dopts = delete_opts(&query, &body)?;
+            let dopts = delete_opts(&query, &body, &content_type)?;
             shared
                 .delete_collection(&def, ns, &lopts, &dopts, &wopts)
                 .await?;
@@ -369,12 +370,18 @@ fn list_opts(q: &Query) -> Result<ListOpts, ApiError> {
     })
 }
 
-fn delete_opts(q: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
+fn delete_opts(
+    q: &Query,
+    body: &[u8],
+    content_type: &str,
+) -> Result<DeleteOpts, ApiError> {
     let b: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
     } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("DeleteOptions: {e}")))?
+        parse_body(body, content_type).map_err(|e| ApiError {
+            message: format!("DeleteOptions: {}", e.message),
+            ..e
+        })?
     };
     let s = |v: &Value| v.as_str().map(str::to_owned);
     Ok(DeleteOpts {
@@ -395,8 +402,12 @@ fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"))),
         "application/yaml" => serde_norway::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid YAML body: {e}"))),
+        protobuf::MEDIA_TYPE => protobuf::decode_object(body).map_err(|e| match e {
+            protobuf::ProtoError::Malformed(_) => ApiError::bad_request(e.to_string()),
+            protobuf::ProtoError::Unsupported(_) => ApiError::unsupported_media_type(e.to_string()),
+        }),
         other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {other})"
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {other})"
         ))),
     }
 }

@@ -13,6 +13,7 @@ mod jsonpath;
 pub mod meta;
 mod ops;
 pub mod patch;
+pub mod protobuf;
 mod render;
 pub mod resources;
 pub mod selector;
