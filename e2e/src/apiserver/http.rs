@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::Shared;
 use super::faults::{RequestFacts, Verb};
 use super::meta::UpdateTarget;
+use super::openapi;
 use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
 use super::protobuf;
@@ -112,12 +113,35 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 .map(|v| ok(&v))
                 .ok_or_else(|| ApiError::no_route(&path));
         }
+        ["openapi", "v2"] if get => {
+            let doc = openapi::v2_document(&shared.registry());
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if accept.contains("com.github.proto-openapi.spec.v2") {
+                let mut r = (StatusCode::OK, openapi::v2_protobuf(&doc)).into_response();
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(openapi::V2_PROTOBUF),
+                );
+                return Ok(r);
+            }
+            return Ok(ok(&doc));
+        }
+        ["openapi", "v3"] if get => return Ok(ok(&openapi::v3_index(&shared.registry()))),
+        ["openapi", "v3", "api", v] | ["openapi", "v3", "apis", _, v] if get => {
+            let g = if parts[2] == "apis" { parts[3] } else { "" };
+            return openapi::v3_document(&shared.registry(), g, v)
+                .map(|d| ok(&d))
+                .ok_or_else(|| ApiError::no_route(&path));
+        }
         _ => {}
     }
     let (group, version, rest) = match parts.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
-        // /openapi/v2, /openapi/v3 and anything else: not served.
         _ => return Err(ApiError::no_route(&path)),
     };
     let mut rest: Vec<&str> = rest.to_vec();
@@ -370,11 +394,7 @@ fn list_opts(q: &Query) -> Result<ListOpts, ApiError> {
     })
 }
 
-fn delete_opts(
-    q: &Query,
-    body: &[u8],
-    content_type: &str,
-) -> Result<DeleteOpts, ApiError> {
+fn delete_opts(q: &Query, body: &[u8], content_type: &str) -> Result<DeleteOpts, ApiError> {
     let b: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
     } else {

@@ -11,6 +11,7 @@ pub mod faults;
 mod http;
 mod jsonpath;
 pub mod meta;
+mod openapi;
 mod ops;
 pub mod patch;
 pub mod protobuf;

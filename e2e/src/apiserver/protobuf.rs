@@ -425,12 +425,6 @@ impl Writer {
         self.bytes(field, s.as_bytes());
     }
 
-    /// A `bool` field.
-    pub(crate) fn bool(&mut self, field: u32, b: bool) {
-        self.key(field, 0);
-        self.varint(u64::from(b));
-    }
-
     /// An embedded message.
     pub(crate) fn message(&mut self, field: u32, m: Writer) {
         self.bytes(field, &m.0);
@@ -511,7 +505,8 @@ mod tests {
         m.varint(0);
         m.message(2, pre);
         m.string(4, "Foreground");
-        m.bool(3, false);
+        m.key(3, 0);
+        m.varint(0);
         let d = decode_object(&envelope("meta.k8s.io/v1", "DeleteOptions", m)).unwrap();
         assert_eq!(d["gracePeriodSeconds"], 0);
         assert_eq!(d["orphanDependents"], false);
