@@ -376,7 +376,7 @@ pub fn decode_object(body: &[u8]) -> Result<Value, ProtoError> {
                 }
             }
             (2, Wire::Bytes(b)) => raw = Some(b),
-            (3 | 4, Wire::Bytes(b)) if b.is_empty() => {}
+            (3 | 4, Wire::Bytes([])) => {}
             (3 | 4, _) => return Err(ProtoError::Unsupported("encoded protobuf content".into())),
             _ => return Err(malformed("runtime.Unknown")),
         }
