@@ -462,19 +462,33 @@ async fn watch_list_at_a_future_resource_version_ends_with_an_error_event() {
     );
 }
 
-#[tokio::test]
-async fn bookmarks_carry_the_latest_revision_once_it_moves() {
+/// A server with this bookmark interval, a ConfigMap watch with bookmarks from its current
+/// revision (plus `query`), and Secrets to move the revision with.
+async fn bookmark_watch(
+    interval: Duration,
+    query: &str,
+) -> (
+    ApiServer,
+    Api<k8s_openapi::api::core::v1::Secret>,
+    tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+) {
     let (s, client) = quick_server(Options {
-        bookmark_interval: Duration::from_millis(150),
+        bookmark_interval: interval,
         ..Options::default()
     })
     .await;
     let start = s.resource_version();
-    let mut rx = raw::watch(
+    let rx = raw::watch(
         &s.plain_url(),
-        &format!("/api/v1/namespaces/default/configmaps?watch=true&allowWatchBookmarks=true&resourceVersion={start}"),
+        &format!("/api/v1/namespaces/default/configmaps?watch=true&allowWatchBookmarks=true&resourceVersion={start}{query}"),
     )
     .await;
+    (s, Api::namespaced(client, "default"), rx)
+}
+
+#[tokio::test]
+async fn bookmarks_carry_the_latest_revision_once_it_moves() {
+    let (_s, secrets, mut rx) = bookmark_watch(Duration::from_millis(150), "").await;
     // Nothing newer than what the client already has: no bookmark.
     assert!(
         raw::next(&mut rx, Duration::from_millis(600))
@@ -482,7 +496,6 @@ async fn bookmarks_carry_the_latest_revision_once_it_moves() {
             .is_none()
     );
     // A write to another resource moves the revision; the next bookmark carries it.
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, "default");
     let written = secrets
         .create(&PostParams::default(), &secret("other"))
         .await
@@ -498,18 +511,7 @@ async fn bookmarks_carry_the_latest_revision_once_it_moves() {
 
 #[tokio::test]
 async fn a_bookmark_comes_just_before_the_watch_times_out() {
-    let (s, client) = quick_server(Options {
-        bookmark_interval: Duration::from_secs(60),
-        ..Options::default()
-    })
-    .await;
-    let start = s.resource_version();
-    let mut rx = raw::watch(
-        &s.plain_url(),
-        &format!("/api/v1/namespaces/default/configmaps?watch=true&allowWatchBookmarks=true&timeoutSeconds=3&resourceVersion={start}"),
-    )
-    .await;
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, "default");
+    let (s, secrets, mut rx) = bookmark_watch(Duration::from_secs(60), "&timeoutSeconds=3").await;
     secrets
         .create(&PostParams::default(), &secret("other"))
         .await
