@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use base64::Engine as _;
 use mpc::admission::{self, Decision, IgnoreReason, Reviewed};
 use mpc::config::HostConfig;
-use mpc::contract::{ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL};
+use mpc::contract::{
+    ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL,
+};
 use serde_json::{Value, json};
 
 const NOW: u64 = 1_732_000_000;

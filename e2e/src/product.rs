@@ -54,12 +54,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(
-        mut cmd: Command,
-        log: PathBuf,
-        admin: SocketAddr,
-        name: &str,
-    ) -> anyhow::Result<Self> {
+    fn spawn(mut cmd: Command, log: PathBuf, admin: SocketAddr, name: &str) -> anyhow::Result<Self> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -185,13 +180,7 @@ impl Product {
         )?;
         let otp_port = free_port();
         let otp_admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let otp = start_otp(
-            mpc,
-            &otp_dir,
-            otp_port,
-            otp_admin,
-            &dir.path().join("otp.log"),
-        )?;
+        let otp = start_otp(mpc, &otp_dir, otp_port, otp_admin, &dir.path().join("otp.log"))?;
 
         // Webhook certificates for the Service the manifest names.
         let webhook_certs = dir.path().join("webhook-certs");
@@ -234,13 +223,12 @@ impl Product {
         };
         for (name, _) in hosts {
             let sshd = SshdHost::start_on_port_22()?;
-            product
-                .put_secret(
-                    NS,
-                    &format!("{name}-admin"),
-                    &[("id_rsa", sshd.admin_key().as_slice())],
-                )
-                .await?;
+            product.put_secret(
+                NS,
+                &format!("{name}-admin"),
+                &[("id_rsa", sshd.admin_key().as_slice())],
+            )
+            .await?;
             product.hosts.push(BuildHost {
                 name: (*name).to_owned(),
                 sshd,
@@ -248,12 +236,7 @@ impl Product {
         }
         let mut cfg = ConfigPairs::new();
         for ((name, concurrency), h) in hosts.iter().zip(&product.hosts) {
-            cfg.extend(static_host(
-                name,
-                &h.sshd.address(),
-                *concurrency,
-                "linux/arm64",
-            ));
+            cfg.extend(static_host(name, &h.sshd.address(), *concurrency, "linux/arm64"));
         }
         cfg.push(("local-platforms".into(), "linux/amd64,local".into()));
         product.set_config(&cfg).await?;
@@ -299,12 +282,7 @@ impl Product {
     }
 
     /// Creates or replaces an Opaque Secret.
-    pub async fn put_secret(
-        &self,
-        ns: &str,
-        name: &str,
-        data: &[(&str, &[u8])],
-    ) -> anyhow::Result<()> {
+    pub async fn put_secret(&self, ns: &str, name: &str, data: &[(&str, &[u8])]) -> anyhow::Result<()> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
         let s = Secret {
             metadata: ObjectMeta {
@@ -383,16 +361,7 @@ impl Product {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let out = tokio::process::Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                    "--max-time",
-                    "2",
-                    &url,
-                ])
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", &url])
                 .output()
                 .await?;
             if out.stdout == b"200" {
@@ -421,10 +390,7 @@ impl Product {
                 return v;
             }
             if tokio::time::Instant::now() >= deadline {
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}\n{}",
-                    self.logs()
-                );
+                panic!("timed out after {timeout:?} waiting for {what}\n{}", self.logs());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -50,9 +50,7 @@ async fn cleaned_up(p: &Product, ns: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)]).await.unwrap();
     p.start_controller("c1").await.unwrap();
     p.create_taskrun("tenant-a", "build-1", "linux/arm64", json!({}))
         .await
@@ -77,14 +75,7 @@ async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
         .run_steps("tenant-a", "build-1", RunOptions::default())
         .await
         .unwrap();
-    assert_eq!(
-        run.exit_code,
-        0,
-        "{}\n{}\n{}",
-        run.stdout,
-        run.stderr,
-        p.logs()
-    );
+    assert_eq!(run.exit_code, 0, "{}\n{}\n{}", run.stdout, run.stderr, p.logs());
     assert!(
         run.stdout.contains(&format!(
             "built-by={user} in=/home/{user} source=source of build-1"
@@ -125,10 +116,7 @@ async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
         label(&tr, contract::TARGET_PLATFORM_LABEL),
         Some("linux-amd64")
     );
-    assert!(
-        finalizers(&tr).is_empty(),
-        "local TaskRuns get no finalizer"
-    );
+    assert!(finalizers(&tr).is_empty(), "local TaskRuns get no finalizer");
     let run = p
         .tekton
         .run_steps("tenant-a", "local-1", RunOptions::default())
@@ -137,10 +125,7 @@ async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
     assert_eq!(run.exit_code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("built-in-pod"));
     p.wait(T, "local secret deleted", || async {
-        p.secret("tenant-a", "local-1")
-            .await
-            .is_none()
-            .then_some(())
+        p.secret("tenant-a", "local-1").await.is_none().then_some(())
     })
     .await;
 }

@@ -40,7 +40,8 @@ impl Cluster {
             extra_sans: vec![],
         })
         .unwrap();
-        let args = WebhookArgs::with_config(repo_file("examples/host-config.yaml"), certs.clone());
+        let args =
+            WebhookArgs::with_config(repo_file("examples/host-config.yaml"), certs.clone());
         let controller = WebhookServer::start(&args, prometheus::Registry::new())
             .await
             .unwrap();

@@ -251,10 +251,7 @@ impl Driver {
                         },
                     );
                 }
-                if needs_finalizer
-                    && self.is_remote(&spec.platform)
-                    && self.finalizing.insert(uid.to_owned())
-                {
+                if needs_finalizer && self.is_remote(&spec.platform) && self.finalizing.insert(uid.to_owned()) {
                     let r = TaskRunRef::new(ns, name, Uid::new(uid));
                     self.controller_job(Job::AddFinalizer(r));
                 }
@@ -406,13 +403,7 @@ impl Driver {
         if let Some(lane) = &done.lane
             && let Some(next) = term.lanes.finish(lane)
         {
-            spawn_job(
-                &term.ctx,
-                term.id,
-                done.lane.clone(),
-                next,
-                &self.results_tx,
-            );
+            spawn_job(&term.ctx, term.id, done.lane.clone(), next, &self.results_tx);
         }
         for ev in done.events {
             self.feed(ev);
@@ -430,11 +421,7 @@ impl Driver {
         self.next_term += 1;
         let mut ctx = self.base.clone();
         ctx.cancel = self.base.cancel.child_token();
-        tracing::info!(
-            term = id,
-            live = self.index.len(),
-            "leading: rebuilding the ledger"
-        );
+        tracing::info!(term = id, live = self.index.len(), "leading: rebuilding the ledger");
         let records: Vec<(TaskRunRecord, bool)> = self
             .index
             .values()
@@ -496,10 +483,7 @@ impl Driver {
     fn end_term(&mut self) {
         if let Some(term) = self.term.take() {
             term.ctx.cancel.cancel();
-            tracing::info!(
-                term = term.id,
-                "term ended: executor cancelled, scheduler dropped"
-            );
+            tracing::info!(term = term.id, "term ended: executor cancelled, scheduler dropped");
         }
         self.finalizing.clear();
         self.ungating.clear();
@@ -546,7 +530,11 @@ fn spawn_job(
     let (ctx, results) = (ctx.clone(), results.clone());
     tokio::spawn(async move {
         let events = execute::run(&ctx, job).await;
-        let _ = results.send(Completion { term, lane, events });
+        let _ = results.send(Completion {
+            term,
+            lane,
+            events,
+        });
     });
 }
 

@@ -45,7 +45,9 @@ pub fn decide(holder: &Holder, me: &str, now: SystemTime) -> Decision {
         Some(id) if id == me => Decision::Renew,
         None | Some("") => Decision::Acquire,
         Some(_) => {
-            let expired = holder.renewed.is_none_or(|t| t + holder.duration <= now);
+            let expired = holder
+                .renewed
+                .is_none_or(|t| t + holder.duration <= now);
             if expired {
                 Decision::Acquire
             } else {
@@ -110,8 +112,7 @@ impl Elector {
                     tracing::warn!(%error, lease = %self.name, "lease renewal failed");
                 }
             }
-            let lead =
-                last_renewed.is_some_and(|t| now.duration_since(t) < self.timing.renew_deadline);
+            let lead = last_renewed.is_some_and(|t| now.duration_since(t) < self.timing.renew_deadline);
             leading.send_if_modified(|l| {
                 if *l != lead {
                     tracing::info!(leading = lead, identity = %self.identity, lease = %self.name, "leadership changed");

@@ -57,9 +57,8 @@ impl ControllerMetrics {
         let counter = |n: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name(n), help), labels)
         };
-        let gauge = |n: &str, help: &str, labels: &[&str]| {
-            IntGaugeVec::new(Opts::new(name(n), help), labels)
-        };
+        let gauge =
+            |n: &str, help: &str, labels: &[&str]| IntGaugeVec::new(Opts::new(name(n), help), labels);
         let m = ControllerMetrics {
             allocation_time: histogram(
                 "host_allocation_time",

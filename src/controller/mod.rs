@@ -45,15 +45,14 @@ pub enum ControllerError {
     Kube(String),
     /// A file named by a flag could not be read.
     #[error("reading {path}: {error}")]
-    File {
-        path: PathBuf,
-        error: std::io::Error,
-    },
+    File { path: PathBuf, error: std::io::Error },
     /// The OTP client could not be built from the flags.
     #[error("OTP server settings: {0}")]
     Otp(String),
     /// The cluster identity could not be determined.
-    #[error("cluster identity: {0} (set --cluster-id, or allow get on the kube-system namespace)")]
+    #[error(
+        "cluster identity: {0} (set --cluster-id, or allow get on the kube-system namespace)"
+    )]
     ClusterId(String),
     /// The SSH state directory could not be prepared.
     #[error("SSH: {0}")]
@@ -72,11 +71,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// The controller's namespace: host-config, admin-key and cloud Secrets, the Lease.
-    #[arg(
-        long,
-        env = "MPC_NAMESPACE",
-        default_value = "multi-platform-controller"
-    )]
+    #[arg(long, env = "MPC_NAMESPACE", default_value = "multi-platform-controller")]
     pub namespace: String,
     /// Name of the host-config ConfigMap (watched unless `--config` names a file).
     #[arg(long, env = "MPC_CONFIG_MAP", default_value = crate::contract::HOST_CONFIG_NAME)]
@@ -88,29 +83,17 @@ pub struct ControllerArgs {
     #[arg(long, env = "MPC_OTP_URL", required_unless_present = "webhook_only")]
     pub otp_url: Option<String>,
     /// PEM CA that verifies the OTP server (also written into each secret as `otp-ca`).
-    #[arg(
-        long,
-        env = "MPC_OTP_CA_FILE",
-        required_unless_present = "webhook_only"
-    )]
+    #[arg(long, env = "MPC_OTP_CA_FILE", required_unless_present = "webhook_only")]
     pub otp_ca_file: Option<PathBuf>,
     /// File with the bearer token `/store-key` requires.
-    #[arg(
-        long,
-        env = "MPC_OTP_STORE_TOKEN_FILE",
-        required_unless_present = "webhook_only"
-    )]
+    #[arg(long, env = "MPC_OTP_STORE_TOKEN_FILE", required_unless_present = "webhook_only")]
     pub otp_store_token_file: Option<PathBuf>,
     /// This cluster's identity, tagged on every instance it launches; default: the UID of the
     /// `kube-system` namespace.
     #[arg(long, env = "MPC_CLUSTER_ID")]
     pub cluster_id: Option<String>,
     /// Name of the Lease that elects the scheduling replica.
-    #[arg(
-        long,
-        env = "MPC_LEASE_NAME",
-        default_value = "multi-platform-controller"
-    )]
+    #[arg(long, env = "MPC_LEASE_NAME", default_value = "multi-platform-controller")]
     pub lease_name: String,
     /// This replica's identity in the Lease (the pod name).
     #[arg(long, env = "POD_NAME")]
@@ -182,10 +165,7 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, ControllerError> {
 
 /// The default cluster identity: the `kube-system` namespace's UID (stable for the cluster's
 /// life, distinct between clusters).
-async fn cluster_id(
-    client: &kube::Client,
-    args: &ControllerArgs,
-) -> Result<String, ControllerError> {
+async fn cluster_id(client: &kube::Client, args: &ControllerArgs) -> Result<String, ControllerError> {
     if let Some(id) = &args.cluster_id {
         return Ok(id.clone());
     }
@@ -254,13 +234,7 @@ impl Controller {
         let metrics = ControllerMetrics::register(&registry)?;
         let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
 
-        let required = |v: &Option<PathBuf>| {
-            v.clone().ok_or_else(|| {
-                ControllerError::Otp(
-                    "--otp-url, --otp-ca-file and --otp-store-token-file are required".into(),
-                )
-            })
-        };
+        let required = |v: &Option<PathBuf>| v.clone().ok_or_else(|| ControllerError::Otp("--otp-url, --otp-ca-file and --otp-store-token-file are required".into()));
         let ca_pem = read(&required(&args.otp_ca_file)?)?;
         let token = String::from_utf8_lossy(&read(&required(&args.otp_store_token_file)?)?)
             .trim()
@@ -295,11 +269,7 @@ impl Controller {
         let (tx, rx) = mpsc::channel(1024);
         let driver = Driver::new(ctx.clone(), Policy::mpc(), tx.clone());
         tasks.spawn(driver.run(rx));
-        tasks.spawn(driver::watch_taskruns(
-            client.clone(),
-            tx.clone(),
-            stop.clone(),
-        ));
+        tasks.spawn(driver::watch_taskruns(client.clone(), tx.clone(), stop.clone()));
         tasks.spawn(forward_config(config.subscribe(), tx.clone(), stop.clone()));
 
         let (lead_tx, lead_rx) = watch::channel(false);
@@ -424,15 +394,9 @@ async fn watch_config_map(
         let message = match update {
             Update::Applied { errors, kept } if errors > 0 || !kept.is_empty() => format!(
                 "host-config has {errors} error(s); entries kept from the previous config: {}. Run `mpc check-config` on it for details.",
-                if kept.is_empty() {
-                    "none".to_owned()
-                } else {
-                    kept.join("; ")
-                }
+                if kept.is_empty() { "none".to_owned() } else { kept.join("; ") }
             ),
-            Update::Rejected(why) => {
-                format!("host-config not applied, the previous config keeps serving: {why}")
-            }
+            Update::Rejected(why) => format!("host-config not applied, the previous config keeps serving: {why}"),
             _ => continue,
         };
         let reference = k8s_openapi::api::core::v1::ObjectReference {

@@ -360,7 +360,8 @@ mod tests {
         let mut memo = MountMemo::default();
         let mut v = base();
         v["status"]["taskSpec"] = resolved(true);
-        v["status"]["conditions"] = serde_json::json!([{"type": "Succeeded", "status": "Unknown", "reason": "ToBeRetried"}]);
+        v["status"]["conditions"] =
+            serde_json::json!([{"type": "Succeeded", "status": "Unknown", "reason": "ToBeRetried"}]);
         v["status"]["retriesStatus"] = serde_json::json!([{}]);
         assert!(matches!(
             observe(&tr(v.clone()), &mut memo),
@@ -376,18 +377,23 @@ mod tests {
         ));
         let mut d = base();
         d["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z".into();
-        assert!(matches!(observe(&tr(d), &mut memo), Observed::Done { .. }));
+        assert!(matches!(
+            observe(&tr(d), &mut memo),
+            Observed::Done { .. }
+        ));
         let mut i = base();
         i["metadata"]["labels"][contract::TASK_TYPE_LABEL] = "internal".into();
-        assert!(matches!(observe(&tr(i), &mut memo), Observed::Done { .. }));
+        assert!(matches!(
+            observe(&tr(i), &mut memo),
+            Observed::Done { .. }
+        ));
     }
 
     #[test]
     fn platform_from_param_default_and_malformed_values() {
         let mut v = base();
         v["spec"]["params"] = serde_json::json!([]);
-        v["status"]["taskSpec"] =
-            serde_json::json!({"params": [{"name": "PLATFORM", "default": "linux/s390x"}]});
+        v["status"]["taskSpec"] = serde_json::json!({"params": [{"name": "PLATFORM", "default": "linux/s390x"}]});
         assert_eq!(platform(&tr(v)).as_deref(), Some("linux/s390x"));
         let mut w = base();
         w["spec"]["params"][0]["value"] = serde_json::json!(["linux/arm64"]);
@@ -415,19 +421,13 @@ mod tests {
     fn task_identities() {
         let mut v = base();
         v["spec"]["taskRef"] = serde_json::json!({"name": "buildah"});
-        assert_eq!(
-            task_identity(&tr(v.clone())).as_deref(),
-            Some("task:t1/buildah")
-        );
+        assert_eq!(task_identity(&tr(v.clone())).as_deref(), Some("task:t1/buildah"));
         v["spec"]["taskRef"] = serde_json::json!({"name": "buildah", "bundle": "q/b:1"});
         assert_eq!(
             task_identity(&tr(v.clone())).as_deref(),
             Some("bundle:q/b:1:Task:buildah")
         );
         v["spec"]["taskRef"] = serde_json::json!({"name": "buildah", "kind": "ClusterTask"});
-        assert_eq!(
-            task_identity(&tr(v)).as_deref(),
-            Some("ClusterTask:buildah")
-        );
+        assert_eq!(task_identity(&tr(v)).as_deref(), Some("ClusterTask:buildah"));
     }
 }

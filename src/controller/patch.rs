@@ -120,12 +120,8 @@ pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<Vec<Value>> 
 pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<Vec<Value>> {
     let op = match finalizers {
         Some(list) if list.iter().any(|f| f == contract::FINALIZER) => return None,
-        Some(_) => {
-            json!({"op": "add", "path": "/metadata/finalizers/-", "value": contract::FINALIZER})
-        }
-        None => {
-            json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::FINALIZER]})
-        }
+        Some(_) => json!({"op": "add", "path": "/metadata/finalizers/-", "value": contract::FINALIZER}),
+        None => json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::FINALIZER]}),
     };
     Some(vec![test_uid(uid), op])
 }
@@ -223,9 +219,7 @@ pub fn secret_kind(secret: &Secret) -> Option<crate::scheduler::SecretKind> {
 /// The one-time token in an existing remote secret.
 pub fn secret_token(secret: &Secret) -> Option<String> {
     let v = secret.data.as_ref()?.get(secret_keys::OTP)?;
-    String::from_utf8(v.0.clone())
-        .ok()
-        .filter(|s| !s.is_empty())
+    String::from_utf8(v.0.clone()).ok().filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]
@@ -269,32 +263,20 @@ mod tests {
         let ann = &once["metadata"]["annotations"];
         assert_eq!(ann[contract::FAILED_HOSTS_ANNOTATION], "host-0");
         assert!(ann.get(contract::CLOUD_INSTANCE_ID_ANNOTATION).is_none());
-        assert!(
-            ann.get(contract::ALLOCATION_START_TIME_ANNOTATION)
-                .is_some()
-        );
+        assert!(ann.get(contract::ALLOCATION_START_TIME_ANNOTATION).is_some());
     }
 
     #[test]
     fn writes_for_another_uid_fail() {
         let doc = taskrun();
-        assert!(
-            apply(
-                &doc,
-                &record("other-uid", &Placement::default(), Maps::MARKED)
-            )
-            .is_err()
-        );
+        assert!(apply(&doc, &record("other-uid", &Placement::default(), Maps::MARKED)).is_err());
         assert!(apply(&doc, &ungate("other-uid")).is_err());
     }
 
     #[test]
     fn missing_maps_are_created_only_when_needed() {
         let mut doc = taskrun();
-        doc["metadata"]
-            .as_object_mut()
-            .unwrap()
-            .remove("annotations");
+        doc["metadata"].as_object_mut().unwrap().remove("annotations");
         let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
         let none = Maps {
             labels: true,
@@ -324,20 +306,13 @@ mod tests {
         assert!(apply(&open, &ungate(&uid)).is_err(), "already un-gated");
 
         doc["metadata"]["finalizers"] = json!(["x", contract::FINALIZER, "y"]);
-        let list: Vec<String> =
-            serde_json::from_value(doc["metadata"]["finalizers"].clone()).unwrap();
+        let list: Vec<String> = serde_json::from_value(doc["metadata"]["finalizers"].clone()).unwrap();
         let removed = apply(&doc, &remove_finalizer(&uid, &list).unwrap()).unwrap();
         assert_eq!(removed["metadata"]["finalizers"], json!(["x", "y"]));
         assert!(remove_finalizer(&uid, &["x".into()]).is_none());
-        let added = apply(
-            &removed,
-            &add_finalizer(&uid, Some(&["x".into(), "y".into()])).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            added["metadata"]["finalizers"],
-            json!(["x", "y", contract::FINALIZER])
-        );
+        let added = apply(&removed, &add_finalizer(&uid, Some(&["x".into(), "y".into()])).unwrap())
+            .unwrap();
+        assert_eq!(added["metadata"]["finalizers"], json!(["x", "y", contract::FINALIZER]));
         assert!(add_finalizer(&uid, Some(&[contract::FINALIZER.into()])).is_none());
     }
 
@@ -372,23 +347,14 @@ mod tests {
         assert_eq!(get("user-dir"), format!("/home/{user}"));
         assert_eq!(get("otp-server"), otp.url);
         assert_eq!(secret_token(&s).as_deref(), Some("tok"));
-        assert_eq!(
-            s.metadata.name.as_deref(),
-            Some("multi-platform-ssh-build-1")
-        );
+        assert_eq!(s.metadata.name.as_deref(), Some("multi-platform-ssh-build-1"));
         assert!(owned_by(&s, &r));
-        assert!(!owned_by(
-            &s,
-            &TaskRunRef::new("tenant", "build-1", Uid::new("u-2"))
-        ));
+        assert!(!owned_by(&s, &TaskRunRef::new("tenant", "build-1", Uid::new("u-2"))));
         let o = &s.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(o.block_owner_deletion, None);
         assert_eq!(secret_kind(&s), Some(crate::scheduler::SecretKind::Remote));
         let local = secret(&r, &SecretData::Localhost, &otp);
-        assert_eq!(
-            secret_kind(&local),
-            Some(crate::scheduler::SecretKind::Localhost)
-        );
+        assert_eq!(secret_kind(&local), Some(crate::scheduler::SecretKind::Localhost));
         assert_eq!(local.data.as_ref().unwrap().len(), 1);
         let err = secret(&r, &SecretData::Error("no".into()), &otp);
         assert_eq!(secret_kind(&err), Some(crate::scheduler::SecretKind::Error));

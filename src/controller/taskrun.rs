@@ -284,10 +284,7 @@ mod tests {
         assert_eq!(tr.status.retries, 2);
         assert!(tr.metadata.managed_fields.is_none());
         assert_eq!(tr.created_unix(), Some(1_767_323_045));
-        assert_eq!(
-            tr.spec.task_ref.unwrap().resolver.as_deref(),
-            Some("bundles")
-        );
+        assert_eq!(tr.spec.task_ref.unwrap().resolver.as_deref(), Some("bundles"));
     }
 
     #[test]

@@ -149,8 +149,7 @@ impl WebhookServer {
         if let Some(path) = args.config.clone() {
             let source = config.clone();
             let p = path.clone();
-            let _ =
-                tokio::task::spawn_blocking(move || config_source::load_path(&source, &p)).await;
+            let _ = tokio::task::spawn_blocking(move || config_source::load_path(&source, &p)).await;
             let watcher =
                 config_source::watch_path(config.clone(), path, args.reload_interval, stop.clone());
             tasks.spawn(async move {

@@ -227,8 +227,7 @@ pub async fn remove_finalizer(ctx: &Context, tr: &TaskRunRef) -> Result<(), Writ
             Err(WriteError::Gone) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let Some(ops) =
-            patch::remove_finalizer(&uid, t.metadata.finalizers.as_deref().unwrap_or_default())
+        let Some(ops) = patch::remove_finalizer(&uid, t.metadata.finalizers.as_deref().unwrap_or_default())
         else {
             return Ok(());
         };
@@ -259,7 +258,8 @@ pub async fn write_secret(
     let name = tr.secret_name();
     let pp = PostParams::default();
     loop {
-        let created = retrying(ctx, "create secret", || api.create(&pp, &desired)).await;
+        let created = retrying(ctx, "create secret", || api.create(&pp, &desired))
+        .await;
         match created {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(kube::Error::Api(s))) if s.reason == "AlreadyExists" => {}
@@ -273,7 +273,8 @@ pub async fn write_secret(
         };
         let mut next = desired.clone();
         next.metadata.resource_version = existing.metadata.resource_version.clone();
-        match retrying(ctx, "replace secret", || api.replace(&name, &pp, &next)).await {
+        match retrying(ctx, "replace secret", || api.replace(&name, &pp, &next)).await
+        {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => return Err(WriteError::Refused(e.to_string())),
             Err(WriteError::Gone) => continue,
@@ -328,9 +329,10 @@ pub async fn controller_secret(
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect()),
-        Ok(Ok(None)) | Err(WriteError::Gone) => {
-            Err(format!("Secret {}/{name} does not exist", ctx.namespace))
-        }
+        Ok(Ok(None)) | Err(WriteError::Gone) => Err(format!(
+            "Secret {}/{name} does not exist",
+            ctx.namespace
+        )),
         Ok(Err(e)) => Err(format!("Secret {}/{name}: {e}", ctx.namespace)),
         Err(e) => Err(format!("Secret {}/{name}: {e}", ctx.namespace)),
     }
@@ -356,15 +358,7 @@ pub async fn publish(
     reason: &str,
     message: &str,
 ) {
-    publish_with(
-        &ctx.recorder,
-        Some(&ctx.limits.events),
-        reference,
-        warning,
-        reason,
-        message,
-    )
-    .await;
+    publish_with(&ctx.recorder, Some(&ctx.limits.events), reference, warning, reason, message).await;
 }
 
 /// [`publish`] through `recorder`, at most as many at once as `limit` allows.

@@ -137,12 +137,7 @@ fn gone(tr: &TaskRunRef) -> Vec<Event> {
 }
 
 /// Outcome of a TaskRun write as events, with failures counted and logged.
-fn written(
-    ctx: &Context,
-    kind: &str,
-    tr: &TaskRunRef,
-    r: Result<Result<(), kube::WriteError>, tokio::time::error::Elapsed>,
-) -> Vec<Event> {
+fn written(ctx: &Context, kind: &str, tr: &TaskRunRef, r: Result<Result<(), kube::WriteError>, tokio::time::error::Elapsed>) -> Vec<Event> {
     match r {
         Ok(Ok(())) => Vec::new(),
         Ok(Err(kube::WriteError::Gone)) => gone(tr),
@@ -171,14 +166,11 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
     };
     match action {
         Action::Record { taskrun, placement } => {
-            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::record(ctx, &taskrun, &placement))
-                .await;
+            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::record(ctx, &taskrun, &placement)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::WriteSecret { taskrun, secret } => {
-            let r =
-                tokio::time::timeout(API_WRITE_LIMIT, kube::write_secret(ctx, &taskrun, &secret))
-                    .await;
+            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::write_secret(ctx, &taskrun, &secret)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::DeleteSecret { taskrun } => {
@@ -195,8 +187,7 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
                 ctx.metrics.failed("otp_revoke");
                 tracing::warn!(taskrun = %taskrun, %error, "could not revoke the TaskRun's OTP entries");
             }
-            let r =
-                tokio::time::timeout(API_WRITE_LIMIT, kube::remove_finalizer(ctx, &taskrun)).await;
+            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::remove_finalizer(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::Provision {
@@ -205,12 +196,12 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             host,
             rearm,
         } => {
-            let r =
-                tokio::time::timeout(SSH_LIMIT, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(format!("provisioning took longer than {SSH_LIMIT:?}"))
-                    });
+            let r = tokio::time::timeout(
+                SSH_LIMIT,
+                ssh::provision(ctx, op.0, &taskrun, &host, rearm),
+            )
+            .await
+            .unwrap_or_else(|_| Err(format!("provisioning took longer than {SSH_LIMIT:?}")));
             match r {
                 Ok(otp) => vec![Event::Provisioned { op, otp }],
                 Err(error) => {
@@ -228,7 +219,10 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
                 ctx.metrics.failed(kind);
                 tracing::warn!(user = %user.name(), host = host.name(), %error, "build user removal failed");
             }
-            vec![Event::Deprovisioned { op, error: r.err() }]
+            vec![Event::Deprovisioned {
+                op,
+                error: r.err(),
+            }]
         }
         Action::Launch { .. }
         | Action::Probe { .. }

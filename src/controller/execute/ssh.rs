@@ -14,15 +14,12 @@ async fn target(ctx: &Context, host: &HostRef) -> Result<Target, String> {
         HostRef::Instance { template, .. } => (template.ssh_secret.as_str(), "id_rsa"),
     };
     let data = kube::controller_secret(ctx, secret).await?;
-    let key = data
-        .get(key_name)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| {
-            format!(
-                "Secret {}/{secret} has no {key_name:?} key (the host's admin SSH private key)",
-                ctx.namespace
-            )
-        })?;
+    let key = data.get(key_name).filter(|k| !k.is_empty()).ok_or_else(|| {
+        format!(
+            "Secret {}/{secret} has no {key_name:?} key (the host's admin SSH private key)",
+            ctx.namespace
+        )
+    })?;
     let key = Arc::new(Zeroizing::new(key.clone()));
     Ok(match host {
         HostRef::Static(h) => Target::from_static(h, key),

@@ -138,7 +138,9 @@ pub(super) fn provisions(acts: &[Action]) -> Vec<(OpId, String, String)> {
         .filter_map(|a| match a {
             Action::Provision {
                 op, taskrun, host, ..
-            } => Some((*op, taskrun.name().to_string(), host.name().to_owned())),
+            } => {
+                Some((*op, taskrun.name().to_string(), host.name().to_owned()))
+            }
             _ => None,
         })
         .collect()
