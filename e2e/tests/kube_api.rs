@@ -593,3 +593,158 @@ async fn injected_faults_surface_as_api_errors() {
     assert!(t.elapsed() >= Duration::from_millis(300));
     assert_eq!(s.faults().injected(), 3);
 }
+
+/// Waits until the garbage collector has handled everything written before: a dependent of a
+/// missing owner is collected, twice (the second proves the pass that saw earlier writes ended).
+async fn gc_settled(api: &Api<ConfigMap>) {
+    for n in 0..2 {
+        let name = format!("gc-barrier-{n}");
+        api.create(&PostParams::default(), &cm(json!({"metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "nobody", "uid": "00000000-0000-4000-8000-000000000000"}]}})))
+            .await
+            .unwrap();
+        eventually(T, "barrier collected", || async {
+            api.get_opt(&name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+}
+
+fn refs_of(c: &ConfigMap) -> Vec<String> {
+    c.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|r| format!("{}/{}/{}", r.kind, r.name, r.uid))
+        .collect()
+}
+
+#[tokio::test]
+async fn garbage_collector_matches_owners_by_kind_name_namespace_and_uid() {
+    let (_s, client) = server().await;
+    let pp = PostParams::default();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(
+        &pp,
+        &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let elsewhere: Api<ConfigMap> = Api::namespaced(client.clone(), "other");
+    let secrets: Api<Secret> = Api::namespaced(client, "default");
+    let owner = api
+        .create(&pp, &cm(json!({"metadata": {"name": "owner"}})))
+        .await
+        .unwrap();
+    let uid = owner.metadata.uid.clone().unwrap();
+    let other_uid = elsewhere
+        .create(&pp, &cm(json!({"metadata": {"name": "owner"}})))
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let reference = |kind: &str, uid: &str| json!({"apiVersion": "v1", "kind": kind, "name": "owner", "uid": uid});
+    // The uid exists, but the reference names another kind: no such owner.
+    secrets
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "wrong-kind",
+                "ownerReferences": [reference("Secret", &uid)]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The owner lives in another namespace: not an owner of a namespaced dependent.
+    api.create(
+        &pp,
+        &cm(json!({"metadata": {"name": "wrong-namespace",
+        "ownerReferences": [reference("ConfigMap", &other_uid)]}})),
+    )
+    .await
+    .unwrap();
+    // One live owner and one in another namespace: the dependent stays, the bad reference goes.
+    api.create(
+        &pp,
+        &cm(json!({"metadata": {"name": "mixed",
+        "ownerReferences": [reference("ConfigMap", &uid), reference("ConfigMap", &other_uid)]}})),
+    )
+    .await
+    .unwrap();
+    // A kind the server does not serve cannot be judged: the dependent is left alone.
+    api.create(&pp, &cm(json!({"metadata": {"name": "unknown-kind", "ownerReferences": [{
+        "apiVersion": "example.com/v1", "kind": "Widget", "name": "w", "uid": "11111111-1111-4111-8111-111111111111"}]}})))
+        .await
+        .unwrap();
+    eventually(T, "wrong-kind collected", || async {
+        secrets
+            .get_opt("wrong-kind")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    eventually(T, "wrong-namespace collected", || async {
+        api.get_opt("wrong-namespace")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    gc_settled(&api).await;
+    let mixed = api.get("mixed").await.unwrap();
+    assert_eq!(refs_of(&mixed), [format!("ConfigMap/owner/{uid}")]);
+    assert_eq!(
+        refs_of(&api.get("unknown-kind").await.unwrap()).len(),
+        1,
+        "untouched"
+    );
+    assert!(
+        elsewhere.get_opt("owner").await.unwrap().is_some(),
+        "owners are never collected"
+    );
+}
+
+#[tokio::test]
+async fn foreground_deletion_keeps_dependents_with_another_live_owner() {
+    let (_s, client) = server().await;
+    let pp = PostParams::default();
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    let going = api
+        .create(&pp, &cm(json!({"metadata": {"name": "going"}})))
+        .await
+        .unwrap();
+    let staying = api
+        .create(&pp, &cm(json!({"metadata": {"name": "staying"}})))
+        .await
+        .unwrap();
+    let r = |o: &ConfigMap| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": o.metadata.name, "uid": o.metadata.uid, "blockOwnerDeletion": true});
+    api.create(
+        &pp,
+        &cm(json!({"metadata": {"name": "shared", "ownerReferences": [r(&going), r(&staying)]}})),
+    )
+    .await
+    .unwrap();
+    api.create(&pp, &owned("only-going", &going, true))
+        .await
+        .unwrap();
+    api.delete("going", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    eventually(T, "the owner deleted in the foreground is gone", || async {
+        api.get_opt("going").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(api.get_opt("only-going").await.unwrap().is_none());
+    let shared = api.get("shared").await.unwrap();
+    assert_eq!(
+        refs_of(&shared),
+        [format!(
+            "ConfigMap/staying/{}",
+            staying.metadata.uid.as_deref().unwrap()
+        )]
+    );
+}

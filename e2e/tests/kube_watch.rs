@@ -268,3 +268,297 @@ async fn label_selected_watch_reports_objects_leaving_as_deleted() {
     .unwrap();
     seen(&log, "apply:unlabelled:1").await;
 }
+
+/// Raw HTTP against the plain port: kube-rs would retry a 504 on its own and hides headers.
+mod raw {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use serde_json::Value;
+
+    type Client = hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        Empty<Bytes>,
+    >;
+
+    fn client() -> Client {
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http()
+    }
+
+    /// `GET base+path`: status, `Retry-After`, JSON body.
+    pub async fn get(base: &str, path: &str) -> (u16, Option<String>, Value) {
+        let resp = client()
+            .get(format!("{base}{path}").parse().unwrap())
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, retry, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Starts a watch; its events arrive on the returned channel, one JSON value per line.
+    pub async fn watch(base: &str, path: &str) -> tokio::sync::mpsc::UnboundedReceiver<Value> {
+        let resp = client()
+            .get(format!("{base}{path}").parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "watch {path}");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut body = resp.into_body();
+            let mut buf = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                buf.extend_from_slice(&data);
+                while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=i).collect();
+                    let _ = tx.send(serde_json::from_slice(&line).unwrap());
+                }
+            }
+        });
+        rx
+    }
+
+    /// The next event, or `None` if none comes within `d`.
+    pub async fn next(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+        d: Duration,
+    ) -> Option<Value> {
+        tokio::time::timeout(d, rx.recv()).await.ok().flatten()
+    }
+}
+
+async fn quick_server(opts: Options) -> (ApiServer, kube::Client) {
+    let s = ApiServer::start(opts).await.unwrap();
+    let c = s.client().await.unwrap();
+    (s, c)
+}
+
+fn secret(name: &str) -> k8s_openapi::api::core::v1::Secret {
+    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+}
+
+#[tokio::test]
+async fn list_at_a_future_resource_version_waits_then_answers_too_large() {
+    let (s, client) = quick_server(Options {
+        resource_version_wait: Duration::from_millis(800),
+        ..Options::default()
+    })
+    .await;
+    let base = s.plain_url();
+    let far = s.resource_version() + 1000;
+    let started = std::time::Instant::now();
+    let (code, retry, body) = raw::get(
+        &base,
+        &format!("/api/v1/namespaces/default/configmaps?resourceVersion={far}"),
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "waited for the revision first"
+    );
+    assert_eq!(code, 504, "{body}");
+    assert_eq!(body["reason"], "Timeout");
+    let current = s.resource_version();
+    assert_eq!(
+        body["message"],
+        format!("Timeout: Too large resource version: {far}, current: {current}")
+    );
+    assert_eq!(
+        body["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+    assert_eq!(body["details"]["retryAfterSeconds"], 1);
+    assert_eq!(retry.as_deref(), Some("1"));
+
+    // A revision reached while waiting is served.
+    let next = s.resource_version() + 1;
+    let pending = tokio::spawn({
+        let base = base.clone();
+        async move {
+            raw::get(
+                &base,
+                &format!("/api/v1/namespaces/default/configmaps?resourceVersion={next}"),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    api.create(&PostParams::default(), &cm("late", "1"))
+        .await
+        .unwrap();
+    let (code, _, list) = pending.await.unwrap();
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["items"][0]["metadata"]["name"], "late");
+    let (code, _, got) = raw::get(
+        &base,
+        &format!("/api/v1/namespaces/default/configmaps/late?resourceVersion={next}"),
+    )
+    .await;
+    assert_eq!(code, 200, "{got}");
+}
+
+#[tokio::test]
+async fn watch_from_a_future_resource_version_sends_only_what_comes_after_it() {
+    let (s, client) = quick_server(Options::default()).await;
+    let start = s.resource_version() + 2;
+    let mut rx = raw::watch(
+        &s.plain_url(),
+        &format!("/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={start}"),
+    )
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    for n in ["a", "b", "c"] {
+        api.create(&PostParams::default(), &cm(n, "1"))
+            .await
+            .unwrap();
+    }
+    let ev = raw::next(&mut rx, T).await.expect("an event");
+    assert_eq!(ev["type"], "ADDED");
+    assert_eq!(
+        ev["object"]["metadata"]["name"], "c",
+        "a and b are at or before the requested revision"
+    );
+    assert_eq!(
+        ev["object"]["metadata"]["resourceVersion"],
+        (start + 1).to_string()
+    );
+}
+
+#[tokio::test]
+async fn watch_list_at_a_future_resource_version_ends_with_an_error_event() {
+    let (s, _client) = quick_server(Options {
+        resource_version_wait: Duration::from_millis(300),
+        ..Options::default()
+    })
+    .await;
+    let far = s.resource_version() + 50;
+    let mut rx = raw::watch(
+        &s.plain_url(),
+        &format!("/api/v1/namespaces/default/configmaps?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion={far}"),
+    )
+    .await;
+    let ev = raw::next(&mut rx, T).await.expect("an event");
+    assert_eq!(ev["type"], "ERROR", "{ev}");
+    assert_eq!(ev["object"]["code"], 504);
+    assert_eq!(
+        ev["object"]["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+    assert!(
+        raw::next(&mut rx, Duration::from_millis(500))
+            .await
+            .is_none(),
+        "the watch ends after the error"
+    );
+}
+
+/// A server with this bookmark interval, a ConfigMap watch with bookmarks from its current
+/// revision (plus `query`), and Secrets to move the revision with.
+async fn bookmark_watch(
+    interval: Duration,
+    query: &str,
+) -> (
+    ApiServer,
+    Api<k8s_openapi::api::core::v1::Secret>,
+    tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+) {
+    let (s, client) = quick_server(Options {
+        bookmark_interval: interval,
+        ..Options::default()
+    })
+    .await;
+    let start = s.resource_version();
+    let rx = raw::watch(
+        &s.plain_url(),
+        &format!("/api/v1/namespaces/default/configmaps?watch=true&allowWatchBookmarks=true&resourceVersion={start}{query}"),
+    )
+    .await;
+    (s, Api::namespaced(client, "default"), rx)
+}
+
+#[tokio::test]
+async fn bookmarks_carry_the_latest_revision_once_it_moves() {
+    let (_s, secrets, mut rx) = bookmark_watch(Duration::from_millis(150), "").await;
+    // Nothing newer than what the client already has: no bookmark.
+    assert!(
+        raw::next(&mut rx, Duration::from_millis(600))
+            .await
+            .is_none()
+    );
+    // A write to another resource moves the revision; the next bookmark carries it.
+    let written = secrets
+        .create(&PostParams::default(), &secret("other"))
+        .await
+        .unwrap();
+    let ev = raw::next(&mut rx, T).await.expect("a bookmark");
+    assert_eq!(ev["type"], "BOOKMARK", "{ev}");
+    assert_eq!(ev["object"]["kind"], "ConfigMap");
+    assert_eq!(
+        ev["object"]["metadata"]["resourceVersion"].as_str(),
+        written.metadata.resource_version.as_deref()
+    );
+}
+
+#[tokio::test]
+async fn a_bookmark_comes_just_before_the_watch_times_out() {
+    let (s, secrets, mut rx) = bookmark_watch(Duration::from_secs(60), "&timeoutSeconds=3").await;
+    secrets
+        .create(&PostParams::default(), &secret("other"))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let ev = raw::next(&mut rx, Duration::from_secs(5))
+        .await
+        .expect("a bookmark before the timeout");
+    assert_eq!(ev["type"], "BOOKMARK", "{ev}");
+    assert!(started.elapsed() < Duration::from_millis(2500));
+    assert_eq!(
+        ev["object"]["metadata"]["resourceVersion"],
+        s.resource_version().to_string()
+    );
+}
+
+#[tokio::test]
+async fn watcher_resumes_from_bookmarks_without_relisting_after_compaction() {
+    let (s, client) = quick_server(Options {
+        bookmark_interval: Duration::from_millis(100),
+        ..Options::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let log = spawn_log(api.clone(), watcher::Config::default());
+    seen(&log, "init-done").await;
+    api.create(&PostParams::default(), &cm("a", "1"))
+        .await
+        .unwrap();
+    seen(&log, "apply:a:1").await;
+    // Writes elsewhere move the revision; bookmarks bring the watcher along.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, "default");
+    secrets
+        .create(&PostParams::default(), &secret("noise"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    s.compact();
+    s.drop_watches();
+    api.create(&PostParams::default(), &cm("b", "1"))
+        .await
+        .unwrap();
+    seen(&log, "apply:b:1").await;
+    assert_eq!(
+        count(&log, "init-done"),
+        1,
+        "resumed from the bookmark's revision, no 410 and relist: {:?}",
+        log.lock().unwrap()
+    );
+}

@@ -59,7 +59,7 @@ const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  lab
 async fn create_get_apply_label_patch() {
     let k = Kubectl::start().await;
     assert!(
-        k.ok_stdin(&["create", "--validate=false", "-f", "-"], CM)
+        k.ok_stdin(&["create", "-f", "-"], CM)
             .await
             .contains("configmap/cfg created")
     );
@@ -70,16 +70,13 @@ async fn create_get_apply_label_patch() {
     assert!(table.starts_with("NAME"), "{table}");
     assert!(table.lines().any(|l| l.starts_with("cfg ")), "{table}");
     let applied = k
-        .ok_stdin(
-            &["apply", "--validate=false", "-f", "-"],
-            &CM.replace("k: v", "k: v2"),
-        )
+        .ok_stdin(&["apply", "-f", "-"], &CM.replace("k: v", "k: v2"))
         .await;
     assert!(applied.contains("configmap/cfg configured"), "{applied}");
     assert_eq!(k.json(&["get", "cm", "cfg"]).await["data"]["k"], "v2");
     let fresh = k
         .ok_stdin(
-            &["apply", "--validate=false", "-f", "-"],
+            &["apply", "-f", "-"],
             &CM.replace("name: cfg", "name: other"),
         )
         .await;
@@ -251,7 +248,7 @@ async fn get_watch_sees_events() {
 async fn delete_waits_for_finalizer_and_wait_for_delete() {
     let k = Kubectl::start().await;
     k.ok_stdin(
-        &["create", "--validate=false", "-f", "-"],
+        &["create", "-f", "-"],
         &CM.replace("\ndata:", "\n  finalizers: [e2e.io/hold]\ndata:"),
     )
     .await;
@@ -316,8 +313,7 @@ async fn crd_registration_then_get_taskruns() {
         before.stderr
     );
     let crd = crd_file();
-    k.ok(&["apply", "--validate=false", "-f", crd.to_str().unwrap()])
-        .await;
+    k.ok(&["apply", "-f", crd.to_str().unwrap()]).await;
     k.ok(&[
         "wait",
         "--for=condition=Established",
@@ -326,8 +322,7 @@ async fn crd_registration_then_get_taskruns() {
     ])
     .await;
     let tr = "apiVersion: tekton.dev/v1\nkind: TaskRun\nmetadata:\n  name: build-1\nspec:\n  params:\n  - name: PLATFORM\n    value: linux/arm64\n  taskSpec:\n    steps:\n    - name: s\n      image: busybox\n      script: echo hi\n";
-    k.ok_stdin(&["create", "--validate=false", "-f", "-"], tr)
-        .await;
+    k.ok_stdin(&["create", "-f", "-"], tr).await;
     let table = k.ok(&["get", "taskruns"]).await;
     let header = table.lines().next().unwrap();
     for col in ["NAME", "SUCCEEDED", "REASON", "STARTTIME", "COMPLETIONTIME"] {
@@ -374,4 +369,191 @@ async fn crd_registration_then_get_taskruns() {
     assert!(
         k.ok(&["get", "tr"]).await.is_empty() || !k.ok(&["get", "tr"]).await.contains("build-1")
     );
+}
+
+const TASKRUN: &str = "apiVersion: tekton.dev/v1\nkind: TaskRun\nmetadata:\n  name: build-1\nspec:\n  taskSpec:\n    steps:\n    - name: s\n      image: busybox\n      script: echo hi\n";
+
+/// `kubectl apply`/`create` as typed, with client-side validation: kubectl downloads the OpenAPI
+/// documents, and computes a strategic merge patch for built-in kinds and a merge patch for
+/// custom resources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_and_create_with_validation() {
+    let k = Kubectl::start().await;
+    k.server
+        .create_yaml(e2e::apiserver::TEKTON_CRDS)
+        .await
+        .unwrap();
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  finalizers: [e2e.io/a]\ndata:\n  k: v\n";
+    let out = k.run_with(&["apply", "-f", "-"], Some(cm)).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("configmap/applied created"),
+        "{}",
+        out.stdout
+    );
+    let changed = cm
+        .replace("k: v", "k: v2")
+        .replace("[e2e.io/a]", "[e2e.io/a, e2e.io/b]");
+    let out = k.run_with(&["apply", "-f", "-"], Some(&changed)).await;
+    assert!(out.ok && out.stderr.is_empty(), "{}", out.stderr);
+    let got = k.json(&["get", "cm", "applied"]).await;
+    assert_eq!(got["data"], json!({"k": "v2"}));
+    assert_eq!(
+        got["metadata"]["finalizers"],
+        json!(["e2e.io/a", "e2e.io/b"])
+    );
+    k.ok(&[
+        "patch",
+        "cm",
+        "applied",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .await;
+
+    let out = k
+        .run_with(&["create", "--save-config", "-f", "-"], Some(TASKRUN))
+        .await;
+    assert!(out.ok, "{}", out.stderr);
+    let out = k
+        .run_with(
+            &["apply", "-f", "-"],
+            Some(&TASKRUN.replace("echo hi", "echo ho")),
+        )
+        .await;
+    assert!(out.ok && out.stderr.is_empty(), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("taskrun.tekton.dev/build-1 configured"),
+        "{}",
+        out.stdout
+    );
+    let tr = k.json(&["get", "tr", "build-1"]).await;
+    assert_eq!(tr["spec"]["taskSpec"]["steps"][0]["script"], "echo ho");
+    let explain = k.ok(&["explain", "taskrun"]).await;
+    assert!(explain.contains("KIND:       TaskRun"), "{explain}");
+}
+
+/// kubectl's typed generators send protobuf bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_generators_create_namespaces_configmaps_secrets() {
+    let k = Kubectl::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("blob");
+    std::fs::write(&bin, [0u8, 0xff, 1, 2]).unwrap();
+    k.ok(&["create", "namespace", "team-a"]).await;
+    k.ok(&[
+        "create",
+        "configmap",
+        "cfg",
+        "-n",
+        "team-a",
+        "--from-literal=a=b",
+        &format!("--from-file=blob={}", bin.display()),
+    ])
+    .await;
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "creds",
+        "-n",
+        "team-a",
+        "--from-literal=user=admin",
+    ])
+    .await;
+    k.ok(&["create", "serviceaccount", "robot", "-n", "team-a"])
+        .await;
+    let ns = k.json(&["get", "ns", "team-a"]).await;
+    assert_eq!(ns["status"]["phase"], "Active");
+    let cm = k.json(&["get", "cm", "cfg", "-n", "team-a"]).await;
+    assert_eq!(cm["data"], json!({"a": "b"}));
+    assert_eq!(cm["binaryData"], json!({"blob": "AP8BAg=="}));
+    let s = k.json(&["get", "secret", "creds", "-n", "team-a"]).await;
+    assert_eq!(s["type"], "Opaque");
+    assert_eq!(s["data"], json!({"user": "YWRtaW4="}));
+    let sa = k.json(&["get", "sa", "robot", "-n", "team-a"]).await;
+    assert!(sa["metadata"]["uid"].is_string());
+    assert!(
+        sa["metadata"].get("generateName").is_none(),
+        "empty fields stay unset"
+    );
+}
+
+/// `describe`, `get -w`, `delete`, `events` and `get events` on a custom resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_watch_delete_and_events_of_taskruns() {
+    let k = Kubectl::start().await;
+    k.server
+        .create_yaml(e2e::apiserver::TEKTON_CRDS)
+        .await
+        .unwrap();
+    let mut watch = k.command(&["get", "taskruns", "-w"]);
+    watch.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = watch.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            let _ = tx.send(l);
+        }
+    });
+    let created = k.server.create_yaml(TASKRUN).await.unwrap().remove(0);
+    let line = tokio::time::timeout(T, async {
+        loop {
+            let l = rx.recv().await.expect("kubectl get -w output");
+            if l.starts_with("build-1") {
+                return l;
+            }
+        }
+    })
+    .await
+    .expect("the new TaskRun appears in the watch");
+    assert!(line.starts_with("build-1 "), "{line}");
+
+    let now = e2e::apiserver::meta::timestamp(time::OffsetDateTime::now_utc());
+    k.server
+        .create(json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "build-1.provisioned", "namespace": "default"},
+            "involvedObject": {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "build-1",
+                "namespace": "default", "uid": created["metadata"]["uid"]},
+            "reason": "Provisioned", "message": "host ready", "type": "Normal",
+            "source": {"component": "mpc"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1}))
+        .await
+        .unwrap();
+    let described = k.ok(&["describe", "taskrun", "build-1"]).await;
+    assert!(described.contains("Name:         build-1"), "{described}");
+    assert!(described.contains("Script:  echo hi"), "{described}");
+    let events_section = described.split("Events:").nth(1).unwrap_or_default();
+    assert!(
+        events_section.contains("Provisioned") && events_section.contains("host ready"),
+        "{described}"
+    );
+    let events = k.ok(&["events"]).await;
+    assert!(
+        events.contains("Provisioned") && events.contains("TaskRun/build-1"),
+        "{events}"
+    );
+    let for_tr = k.ok(&["events", "--for", "taskrun/build-1"]).await;
+    assert!(for_tr.contains("host ready"), "{for_tr}");
+    let listed = k.ok(&["get", "events"]).await;
+    assert!(
+        listed.contains("Provisioned") && listed.contains("host ready"),
+        "{listed}"
+    );
+
+    let deleted = k.ok(&["delete", "taskrun", "build-1"]).await;
+    assert!(
+        deleted.contains("taskrun.tekton.dev \"build-1\" deleted"),
+        "{deleted}"
+    );
+    let gone = k.run_with(&["get", "tr", "build-1"], None).await;
+    assert!(
+        !gone.ok && gone.stderr.contains("NotFound"),
+        "{}",
+        gone.stderr
+    );
+    child.kill().await.unwrap();
 }

@@ -14,7 +14,7 @@ use super::Shared;
 use super::meta::{self, CRD_CLEANUP_FINALIZER, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 use super::ops::{DeleteOpts, WriteOpts};
 use super::resources::ResourceDef;
-use super::store::{EventType, ObjKey, StoreError};
+use super::store::{EventType, ObjKey, Store, StoreError};
 
 type Loc = (String, ObjKey);
 
@@ -36,6 +36,9 @@ struct State {
     terminating_namespaces: BTreeSet<String>,
     deleting_crds: BTreeSet<String>,
     deleting_owners: BTreeSet<String>,
+    /// Dependents with a reference to a kind the server does not serve: looked at again when the
+    /// served kinds change (the garbage collector retries them).
+    unresolved: BTreeSet<Loc>,
 }
 
 impl State {
@@ -116,6 +119,9 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
         match batch {
             Some(Ok((events, current))) => {
                 for ev in events {
+                    if &*ev.storage == "apiextensions.k8s.io/customresourcedefinitions" {
+                        check.extend(std::mem::take(&mut state.unresolved));
+                    }
                     let loc: Loc = (ev.storage.to_string(), ev.key.clone());
                     let gone = ev.kind == EventType::Deleted;
                     state.index(loc.clone(), (!gone).then_some(&*ev.object));
@@ -151,7 +157,11 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             Some(Err(_)) => {}
         }
         for loc in check {
-            check_dependent(&shared, &loc).await;
+            let has_dependents =
+                uid_at(&shared, &loc).is_some_and(|u| state.dependents.contains_key(&u));
+            if check_dependent(&shared, &loc, has_dependents).await == Verdict::Unresolved {
+                state.unresolved.insert(loc);
+            }
         }
         for uid in state.deleting_owners.clone() {
             let deps: Vec<Loc> = state
@@ -159,7 +169,8 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                 .get(&uid)
                 .map(|d| d.iter().cloned().collect())
                 .unwrap_or_default();
-            process_owner(&shared, &uid, &deps).await;
+            let owners: HashSet<String> = state.dependents.keys().cloned().collect();
+            process_owner(&shared, &uid, &deps, &owners).await;
         }
         for ns in state.terminating_namespaces.clone() {
             process_namespace(&shared, &ns).await;
@@ -184,13 +195,17 @@ fn def_for(shared: &Shared, storage: &str) -> Option<Arc<ResourceDef>> {
 }
 
 async fn delete_background(shared: &Arc<Shared>, loc: &Loc) {
+    delete_dependent(shared, loc, "Background").await;
+}
+
+async fn delete_dependent(shared: &Arc<Shared>, loc: &Loc, policy: &str) {
     let Some(def) = def_for(shared, &loc.0) else {
         return;
     };
     let (ns, name) = &loc.1;
     let ns = (!ns.is_empty()).then_some(ns.as_str());
     let opts = DeleteOpts {
-        propagation: Some("Background".into()),
+        propagation: Some(policy.into()),
         ..DeleteOpts::default()
     };
     if let Err(e) = shared
@@ -229,51 +244,127 @@ async fn remove_owner_refs(shared: &Arc<Shared>, loc: &Loc, drop: &HashSet<Strin
     }
 }
 
-/// Deletes a dependent whose owners are all gone (or being deleted in the foreground); drops
-/// references to missing owners when others remain.
-async fn check_dependent(shared: &Arc<Shared>, loc: &Loc) {
-    let (obj, owners) = {
-        let s = shared.lock();
-        let Some(obj) = s.get(&loc.0, &loc.1) else {
-            return;
-        };
-        let owners: Vec<(String, Option<Arc<Value>>)> = owner_uids(&obj)
-            .into_iter()
-            .map(|u| {
-                let o = s.locate_uid(&u).and_then(|(st, k)| s.get(&st, &k));
-                (u, o)
-            })
-            .collect();
-        (obj, owners)
-    };
-    if owners.is_empty() || meta::is_deleting(&obj) {
-        return;
-    }
-    let dangling: HashSet<String> = owners
-        .iter()
-        .filter(|(_, o)| o.is_none())
-        .map(|(u, _)| u.clone())
-        .collect();
-    let solid = owners
-        .iter()
-        .filter(|(_, o)| {
-            o.as_ref().is_some_and(|o| {
-                !(meta::is_deleting(o)
-                    && meta::finalizers(o)
-                        .iter()
-                        .any(|f| f == FOREGROUND_FINALIZER))
-            })
+/// How the garbage collector sees one ownerReference: the owner is looked up by `apiVersion`,
+/// `kind` and `name` (in the dependent's namespace when the kind is namespaced, at cluster scope
+/// otherwise) and is live only if it has the referenced `uid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OwnerState {
+    Solid,
+    /// Live but being deleted in the foreground.
+    Waiting,
+    Dangling,
+    /// The kind is not served (or a cluster-scoped dependent names a namespaced kind): the
+    /// garbage collector cannot judge it and leaves the dependent alone.
+    Unresolvable,
+}
+
+/// Resolves the kind of every reference; `None` for kinds not served.
+fn owner_defs(shared: &Shared, obj: &Value) -> Vec<(Value, Option<Arc<ResourceDef>>)> {
+    let reg = shared.registry();
+    obj["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let (g, v) = super::split_api_version(r["apiVersion"].as_str().unwrap_or_default());
+            let def = reg.find_kind(g, v, r["kind"].as_str().unwrap_or_default());
+            (r.clone(), def)
         })
-        .count();
-    if solid == 0 {
-        delete_background(shared, loc).await;
-    } else if !dangling.is_empty() {
-        remove_owner_refs(shared, loc, &dangling).await;
+        .collect()
+}
+
+fn owner_state(
+    store: &Store,
+    dependent_ns: &str,
+    r: &Value,
+    def: Option<&ResourceDef>,
+) -> OwnerState {
+    let Some(def) = def else {
+        return OwnerState::Unresolvable;
+    };
+    if def.namespaced && dependent_ns.is_empty() {
+        return OwnerState::Unresolvable;
+    }
+    let ns = if def.namespaced { dependent_ns } else { "" };
+    let name = r["name"].as_str().unwrap_or_default();
+    match store.get(&def.storage, &(ns.to_owned(), name.to_owned())) {
+        Some(o) if o["metadata"]["uid"] == r["uid"] => {
+            if meta::is_deleting(&o)
+                && meta::finalizers(&o)
+                    .iter()
+                    .any(|f| f == FOREGROUND_FINALIZER)
+            {
+                OwnerState::Waiting
+            } else {
+                OwnerState::Solid
+            }
+        }
+        _ => OwnerState::Dangling,
     }
 }
 
+fn uid_at(shared: &Shared, loc: &Loc) -> Option<String> {
+    let o = shared.lock().get(&loc.0, &loc.1)?;
+    o["metadata"]["uid"].as_str().map(str::to_owned)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Done,
+    Unresolved,
+}
+
+/// The garbage collector's decision for one dependent (`attemptToDeleteItem`): with a live owner,
+/// references to missing owners and to owners deleted in the foreground are removed; with none,
+/// the dependent is deleted (in the foreground if an owner waits for it and it has dependents of
+/// its own).
+async fn check_dependent(shared: &Arc<Shared>, loc: &Loc, has_dependents: bool) -> Verdict {
+    let Some(obj) = shared.lock().get(&loc.0, &loc.1) else {
+        return Verdict::Done;
+    };
+    if meta::is_deleting(&obj) {
+        return Verdict::Done;
+    }
+    let defs = owner_defs(shared, &obj);
+    if defs.is_empty() {
+        return Verdict::Done;
+    }
+    let states: Vec<(String, OwnerState)> = {
+        let store = shared.lock();
+        defs.iter()
+            .map(|(r, def)| {
+                let uid = r["uid"].as_str().unwrap_or_default().to_owned();
+                (uid, owner_state(&store, &loc.1.0, r, def.as_deref()))
+            })
+            .collect()
+    };
+    let is = |want: OwnerState| states.iter().filter(move |(_, s)| *s == want);
+    if is(OwnerState::Unresolvable).next().is_some() {
+        return Verdict::Unresolved;
+    }
+    if is(OwnerState::Solid).next().is_some() {
+        let drop: HashSet<String> = is(OwnerState::Dangling)
+            .chain(is(OwnerState::Waiting))
+            .map(|(u, _)| u.clone())
+            .collect();
+        if !drop.is_empty() {
+            remove_owner_refs(shared, loc, &drop).await;
+        }
+    } else if is(OwnerState::Waiting).next().is_some() && has_dependents {
+        delete_dependent(shared, loc, "Foreground").await;
+    } else {
+        delete_dependent(shared, loc, "Background").await;
+    }
+    Verdict::Done
+}
+
 /// Orphan and foreground propagation for an owner being deleted.
-async fn process_owner(shared: &Arc<Shared>, uid: &str, deps: &[Loc]) {
+async fn process_owner(
+    shared: &Arc<Shared>,
+    uid: &str,
+    deps: &[Loc],
+    dependents_of: &HashSet<String>,
+) {
     let (loc, obj) = {
         let s = shared.lock();
         let Some((st, k)) = s.locate_uid(uid) else {
@@ -292,26 +383,13 @@ async fn process_owner(shared: &Arc<Shared>, uid: &str, deps: &[Loc]) {
         done.push(ORPHAN_FINALIZER);
     }
     if fins.iter().any(|f| f == FOREGROUND_FINALIZER) {
-        let mut blocking = 0;
         for d in deps {
-            let dep = shared.lock().get(&d.0, &d.1);
-            let Some(dep) = dep else { continue };
-            let blocks = dep["metadata"]["ownerReferences"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|r| {
-                    r["uid"].as_str() == Some(uid)
-                        && r["blockOwnerDeletion"].as_bool() == Some(true)
-                });
-            if !meta::is_deleting(&dep) {
-                delete_background(shared, d).await;
-            }
-            if blocks && shared.lock().get(&d.0, &d.1).is_some() {
-                blocking += 1;
-            }
+            let has_dependents = uid_at(shared, d).is_some_and(|u| dependents_of.contains(&u));
+            check_dependent(shared, d, has_dependents).await;
         }
-        if blocking == 0 {
+        // The owner goes once no dependent that still refers to it blocks its deletion.
+        let blocking = deps.iter().any(|d| blocks_owner(shared, d, uid));
+        if !blocking {
             done.push(FOREGROUND_FINALIZER);
         }
     }
@@ -334,6 +412,21 @@ async fn process_owner(shared: &Arc<Shared>, uid: &str, deps: &[Loc]) {
             Ok(o)
         })
         .await;
+}
+
+/// Whether the dependent at `loc` still holds a `blockOwnerDeletion` reference that resolves to
+/// the owner with `uid`.
+fn blocks_owner(shared: &Shared, loc: &Loc, uid: &str) -> bool {
+    let Some(dep) = shared.lock().get(&loc.0, &loc.1) else {
+        return false;
+    };
+    let defs = owner_defs(shared, &dep);
+    let store = shared.lock();
+    defs.iter().any(|(r, def)| {
+        r["uid"].as_str() == Some(uid)
+            && r["blockOwnerDeletion"].as_bool() == Some(true)
+            && owner_state(&store, &loc.1.0, r, def.as_deref()) == OwnerState::Waiting
+    })
 }
 
 /// Deletes a terminating namespace's content, then the namespace.

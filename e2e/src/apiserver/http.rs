@@ -13,8 +13,10 @@ use serde_json::{Value, json};
 use super::Shared;
 use super::faults::{RequestFacts, Verb};
 use super::meta::UpdateTarget;
-use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status};
+use super::openapi;
+use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
+use super::protobuf;
 use super::render;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
@@ -111,12 +113,35 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 .map(|v| ok(&v))
                 .ok_or_else(|| ApiError::no_route(&path));
         }
+        ["openapi", "v2"] if get => {
+            let doc = openapi::v2_document(&shared.registry());
+            let accept = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if accept.contains("com.github.proto-openapi.spec.v2") {
+                let mut r = (StatusCode::OK, openapi::v2_protobuf(&doc)).into_response();
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(openapi::V2_PROTOBUF),
+                );
+                return Ok(r);
+            }
+            return Ok(ok(&doc));
+        }
+        ["openapi", "v3"] if get => return Ok(ok(&openapi::v3_index(&shared.registry()))),
+        ["openapi", "v3", "api", v] | ["openapi", "v3", "apis", _, v] if get => {
+            let g = if parts[2] == "apis" { parts[3] } else { "" };
+            return openapi::v3_document(&shared.registry(), g, v)
+                .map(|d| ok(&d))
+                .ok_or_else(|| ApiError::no_route(&path));
+        }
         _ => {}
     }
     let (group, version, rest) = match parts.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
-        // /openapi/v2, /openapi/v3 and anything else: not served.
         _ => return Err(ApiError::no_route(&path)),
     };
     let mut rest: Vec<&str> = rest.to_vec();
@@ -230,11 +255,22 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     };
     match verb {
         Verb::Get => {
+            if let Some(rv) = parse_rv(query.get("resourceVersion"))? {
+                shared.wait_for_rv(rv).await?;
+            }
             let obj = shared.get(&def, ns, name.as_deref().unwrap_or_default())?;
             Ok(ok(&render::item(&def, obj, fmt)))
         }
         Verb::List => {
             let lopts = list_opts(&query)?;
+            // Not-older-than reads wait for a revision the server has not reached yet; exact
+            // reads of the future fail at once (etcd has no such revision).
+            if lopts.continue_token.is_none()
+                && lopts.rv_match.as_deref() != Some("Exact")
+                && let Some(rv) = parse_rv(lopts.resource_version.as_deref())?
+            {
+                shared.wait_for_rv(rv).await?;
+            }
             let (items, rv, cont, remaining) = shared.list(&def, ns, &lopts)?;
             Ok(ok(&render::list(&def, items, rv, cont, remaining, fmt)))
         }
@@ -302,7 +338,7 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             Ok(ok(&render::item(&def, patched, fmt)))
         }
         Verb::Delete => {
-            let dopts = delete_opts(&query, &body)?;
+            let dopts = delete_opts(&query, &body, &content_type)?;
             let n = name.as_deref().unwrap_or_default();
             match shared.delete(&def, ns, n, &dopts, &wopts).await? {
                 Deleted::Pending(obj) => {
@@ -321,7 +357,7 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
         Verb::DeleteCollection => {
             let lopts = list_opts(&query)?;
-            let dopts = delete_opts(&query, &body)?;
+            let dopts = delete_opts(&query, &body, &content_type)?;
             shared
                 .delete_collection(&def, ns, &lopts, &dopts, &wopts)
                 .await?;
@@ -358,12 +394,14 @@ fn list_opts(q: &Query) -> Result<ListOpts, ApiError> {
     })
 }
 
-fn delete_opts(q: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
+fn delete_opts(q: &Query, body: &[u8], content_type: &str) -> Result<DeleteOpts, ApiError> {
     let b: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
     } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("DeleteOptions: {e}")))?
+        parse_body(body, content_type).map_err(|e| ApiError {
+            message: format!("DeleteOptions: {}", e.message),
+            ..e
+        })?
     };
     let s = |v: &Value| v.as_str().map(str::to_owned);
     Ok(DeleteOpts {
@@ -384,8 +422,12 @@ fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"))),
         "application/yaml" => serde_norway::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid YAML body: {e}"))),
+        protobuf::MEDIA_TYPE => protobuf::decode_object(body).map_err(|e| match e {
+            protobuf::ProtoError::Malformed(_) => ApiError::bad_request(e.to_string()),
+            protobuf::ProtoError::Unsupported(_) => ApiError::unsupported_media_type(e.to_string()),
+        }),
         other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {other})"
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf (got {other})"
         ))),
     }
 }

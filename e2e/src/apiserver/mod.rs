@@ -11,8 +11,10 @@ pub mod faults;
 mod http;
 mod jsonpath;
 pub mod meta;
+mod openapi;
 mod ops;
 pub mod patch;
+pub mod protobuf;
 mod render;
 pub mod resources;
 pub mod selector;
@@ -74,6 +76,9 @@ pub struct Options {
     pub namespaces: Vec<String>,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// How long a read or watch at a resourceVersion newer than the server's waits for it before
+    /// answering "Too large resource version" (the watch cache waits 3 s).
+    pub resource_version_wait: Duration,
 }
 
 impl Default for Options {
@@ -86,6 +91,7 @@ impl Default for Options {
                 .map(str::to_owned)
                 .to_vec(),
             max_body_bytes: 3 * 1024 * 1024,
+            resource_version_wait: Duration::from_secs(3),
         }
     }
 }
@@ -114,6 +120,30 @@ impl Shared {
     /// Wakes watches and controllers after a write.
     pub(crate) fn notify(&self, rv: u64) {
         self.changed.send_replace(rv);
+    }
+
+    /// Waits until the store has reached `rv`, as the watch cache does for reads at a
+    /// resourceVersion it has not seen yet; then gives up with "Too large resource version".
+    pub(crate) async fn wait_for_rv(&self, rv: u64) -> Result<(), ApiError> {
+        // Subscribed before reading the revision, so no write falls between the two.
+        let mut changed = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + self.opts.resource_version_wait;
+        loop {
+            changed.borrow_and_update();
+            let current = self.lock().current_rv();
+            if current >= rv {
+                return Ok(());
+            }
+            tokio::select! {
+                r = changed.changed() => if r.is_err() {
+                    return Err(ApiError::too_large_resource_version(rv, current));
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    let current = self.lock().current_rv();
+                    return Err(ApiError::too_large_resource_version(rv, current));
+                }
+            }
+        }
     }
 
     pub(crate) fn watch_token(&self) -> CancellationToken {

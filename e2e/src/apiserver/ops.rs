@@ -67,6 +67,17 @@ fn key(ns: Option<&str>, name: &str) -> ObjKey {
     (ns.unwrap_or_default().to_owned(), name.to_owned())
 }
 
+/// A `resourceVersion` parameter: unset, empty and `0` mean "any" (`None`).
+pub(crate) fn parse_rv(rv: Option<&str>) -> Result<Option<u64>, ApiError> {
+    match rv {
+        None | Some("") | Some("0") => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("invalid resource version {s:?}"))),
+    }
+}
+
 fn rv_of(obj: &Value) -> Option<u64> {
     obj["metadata"]["resourceVersion"]
         .as_str()
@@ -185,18 +196,12 @@ impl Shared {
                 (rv, Some(start))
             }
             None => {
-                let requested = match opts.resource_version.as_deref() {
-                    None | Some("") | Some("0") => None,
-                    Some(s) => Some(s.parse::<u64>().map_err(|_| {
-                        ApiError::bad_request(format!("invalid resource version {s:?}"))
-                    })?),
-                };
+                let requested = parse_rv(opts.resource_version.as_deref())?;
                 match (requested, opts.rv_match.as_deref()) {
                     (Some(rv), Some("Exact")) => (rv, None),
+                    // Callers wait for the revision first (`Shared::wait_for_rv`).
                     (Some(rv), _) if rv > current => {
-                        return Err(ApiError::timeout(format!(
-                            "Too large resource version: {rv}, current: {current}"
-                        )));
+                        return Err(ApiError::too_large_resource_version(rv, current));
                     }
                     (None, Some("Exact")) => {
                         return Err(ApiError::bad_request(
@@ -211,8 +216,8 @@ impl Shared {
             StoreError::Gone { requested, oldest } if opts.continue_token.is_some() => {
                 ApiError::expired(format!("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (requested {requested}, oldest {oldest})"))
             }
-            StoreError::Gone { requested, oldest } if requested > oldest => {
-                ApiError::timeout(format!("Too large resource version: {requested}, current: {oldest}"))
+            StoreError::Future { requested, current } => {
+                ApiError::too_large_resource_version(requested, current)
             }
             StoreError::Gone { requested, oldest } => {
                 ApiError::expired(format!("too old resource version: {requested} ({oldest})"))

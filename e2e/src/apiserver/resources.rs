@@ -573,6 +573,11 @@ impl Registry {
         }
     }
 
+    /// Every resource at every served version.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<ResourceDef>> {
+        self.defs.iter()
+    }
+
     /// Finds a resource by group, version and plural.
     pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceDef>> {
         self.defs

@@ -197,6 +197,24 @@ impl ApiError {
         Self::new(504, "Timeout", message)
     }
 
+    /// 504 for a read or watch at a resourceVersion the server has not reached (after waiting
+    /// for it): the watch cache's "Too large resource version", with the `ResourceVersionTooLarge`
+    /// cause clients look for and a one-second `Retry-After`.
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        Self {
+            retry_after: Some(1),
+            details: Some(json!({
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1,
+            })),
+            ..Self::new(
+                504,
+                "Timeout",
+                format!("Timeout: Too large resource version: {requested}, current: {current}"),
+            )
+        }
+    }
+
     /// An error with an arbitrary code (injected faults, webhook denials).
     pub fn with_code(code: u16, reason: &str, message: impl Into<String>) -> Self {
         Self::new(code, reason, message)

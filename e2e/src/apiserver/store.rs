@@ -58,6 +58,13 @@ pub enum StoreError {
     AlreadyExists,
     /// The precondition resourceVersion is not the stored one.
     Conflict,
+    /// The requested resourceVersion is newer than the store's.
+    Future {
+        /// The version asked for.
+        requested: u64,
+        /// The latest version.
+        current: u64,
+    },
     /// The requested resourceVersion was compacted; carries the oldest still available.
     Gone {
         /// The version asked for.
@@ -283,11 +290,9 @@ impl Store {
         rv: u64,
     ) -> Result<Vec<(ObjKey, Arc<Value>)>, StoreError> {
         if rv > self.rv {
-            // Kubernetes waits briefly, then answers "Too large resource version"; the caller maps
-            // this to a 504 Timeout with that message.
-            return Err(StoreError::Gone {
+            return Err(StoreError::Future {
                 requested: rv,
-                oldest: self.rv,
+                current: self.rv,
             });
         }
         let mut state: BTreeMap<ObjKey, Arc<Value>> =

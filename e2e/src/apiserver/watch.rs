@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::Shared;
-use super::ops::selected;
+use super::ops::{parse_rv, selected};
 use super::render::{self, Format};
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
@@ -29,8 +29,14 @@ pub(crate) struct WatchParams {
     pub format: Format,
 }
 
+fn error_event(e: &ApiError) -> Value {
+    json!({"type": "ERROR", "object": e.to_status()})
+}
+
 fn gone(requested: u64, oldest: u64) -> Value {
-    json!({"type": "ERROR", "object": ApiError::expired(format!("too old resource version: {requested} ({oldest})")).to_status()})
+    error_event(&ApiError::expired(format!(
+        "too old resource version: {requested} ({oldest})"
+    )))
 }
 
 fn line(v: &Value) -> Bytes {
@@ -70,43 +76,8 @@ pub(crate) fn start(
         Some(false) => false,
         None => matches!(p.rv.as_deref(), None | Some("") | Some("0")),
     };
-    let start_rv: Option<u64> = match p.rv.as_deref() {
-        None | Some("") | Some("0") => None,
-        Some(s) => Some(
-            s.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version {s:?}")))?,
-        ),
-    };
+    let start_rv = parse_rv(p.rv.as_deref())?;
     let kill = shared.watch_token();
-    let mut changed = shared.changed.subscribe();
-    changed.borrow_and_update();
-    // The starting state is taken under the store lock so nothing falls between it and the stream.
-    let (initial, cursor, early_gone) = {
-        let store = shared.lock();
-        let current = store.current_rv();
-        match start_rv {
-            Some(rv) if !initial_requested => match store.events_after(rv) {
-                Ok(_) => (Vec::new(), rv, None),
-                Err(StoreError::Gone { requested, oldest }) => {
-                    (Vec::new(), rv, Some(gone(requested, oldest)))
-                }
-                Err(_) => (Vec::new(), rv, None),
-            },
-            _ => {
-                let items = if initial_requested {
-                    store
-                        .list(&def.storage, ns.as_deref())
-                        .into_iter()
-                        .filter(|(_, o)| selected(&def, o, &p.labels, &p.fields))
-                        .map(|(_, o)| o)
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                (items, start_rv.unwrap_or(current).max(current), None)
-            }
-        }
-    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let timeout = p.timeout.unwrap_or(shared.opts.default_watch_timeout);
     tokio::spawn(async move {
@@ -117,10 +88,48 @@ pub(crate) fn start(
             p: &p,
             tx: &tx,
         };
-        if let Some(err) = early_gone {
-            let _ = tx.send(Ok(line(&err))).await;
+        // A watch-list at a revision the server has not reached waits for it, then fails with an
+        // ERROR event, as the watch cache does. A plain watch from such a revision is served and
+        // only ever sends what comes after it.
+        if p.send_initial_events == Some(true)
+            && let Some(rv) = start_rv
+            && let Err(e) = shared.wait_for_rv(rv).await
+        {
+            let _ = tx.send(Ok(line(&error_event(&e)))).await;
             return;
         }
+        let mut changed = shared.changed.subscribe();
+        changed.borrow_and_update();
+        // The starting state is taken under the store lock so nothing falls between it and the
+        // stream.
+        let start = {
+            let store = shared.lock();
+            let current = store.current_rv();
+            match start_rv {
+                Some(rv) if !initial_requested => store.events_after(rv).map(|_| (Vec::new(), rv)),
+                _ => {
+                    let items: Vec<_> = if initial_requested {
+                        store
+                            .list(&def.storage, ns.as_deref())
+                            .into_iter()
+                            .filter(|(_, o)| selected(&def, o, &p.labels, &p.fields))
+                            .map(|(_, o)| o)
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    Ok((items, start_rv.unwrap_or(current).max(current)))
+                }
+            }
+        };
+        let (initial, cursor) = match start {
+            Ok(s) => s,
+            Err(StoreError::Gone { requested, oldest }) => {
+                let _ = tx.send(Ok(line(&gone(requested, oldest)))).await;
+                return;
+            }
+            Err(_) => return,
+        };
         for o in initial {
             if !w
                 .send(EventType::Added, def.from_storage((*o).clone()))
@@ -183,9 +192,10 @@ impl Watcher<'_> {
         kill: &tokio_util::sync::CancellationToken,
         deadline: tokio::time::Instant,
     ) {
-        let mut tick = tokio::time::interval(shared.opts.bookmark_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        // The client already knows `start`; bookmarks only ever tell it something newer.
+        let start = cursor;
+        let interval = shared.opts.bookmark_interval;
+        let mut next_bookmark = next_bookmark_time(tokio::time::Instant::now(), interval, deadline);
         loop {
             changed.borrow_and_update();
             let batch = {
@@ -222,7 +232,9 @@ impl Watcher<'_> {
                             return;
                         }
                     }
-                    cursor = current;
+                    // Never backwards: a watch from a revision the server has not reached yet
+                    // stays there until the server gets past it.
+                    cursor = cursor.max(current);
                 }
             }
             tokio::select! {
@@ -232,9 +244,9 @@ impl Watcher<'_> {
                     return;
                 }
                 r = changed.changed() => if r.is_err() { return },
-                _ = tick.tick(), if self.p.bookmarks => {
-                    let b = self.bookmark(cursor);
-                    if self.tx.send(Ok(line(&b))).await.is_err() {
+                () = sleep_until_some(next_bookmark), if self.p.bookmarks && next_bookmark.is_some() => {
+                    next_bookmark = next_bookmark_time(tokio::time::Instant::now(), interval, deadline);
+                    if cursor > start && self.tx.send(Ok(line(&self.bookmark(cursor)))).await.is_err() {
                         return;
                     }
                 }
@@ -242,5 +254,42 @@ impl Watcher<'_> {
                 () = self.tx.closed() => return,
             }
         }
+    }
+}
+
+/// When the next periodic bookmark is due: every `interval`, and once more 2 s before the watch's
+/// deadline so that a client resumes from the latest revision (the watch cache's schedule).
+fn next_bookmark_time(
+    now: tokio::time::Instant,
+    interval: Duration,
+    deadline: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let heartbeat = now + interval;
+    let pre_deadline = deadline.checked_sub(Duration::from_secs(2));
+    match pre_deadline {
+        Some(p) if p < heartbeat => (p >= now).then_some(p),
+        _ => Some(heartbeat),
+    }
+}
+
+async fn sleep_until_some(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bookmarks_come_every_interval_and_just_before_the_deadline() {
+        let now = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(next_bookmark_time(now, s(5), now + s(60)), Some(now + s(5)));
+        assert_eq!(next_bookmark_time(now, s(5), now + s(6)), Some(now + s(4)));
+        // Past the pre-deadline bookmark: none until the watch ends.
+        assert_eq!(next_bookmark_time(now, s(5), now + s(1)), None);
     }
 }
