@@ -190,8 +190,12 @@ async fn manifests_route_taskruns_to_the_real_controller_over_tls() {
         pairs.contains(&("kubernetes.io/os".into(), "linux".into())),
         "{pairs:?}"
     );
-    assert!(
-        labels(&local).get(TARGET_PLATFORM_LABEL).is_none(),
+    // Local TaskRuns are labelled for the controller, which writes `host: localhost` (design §1.2).
+    assert_eq!(
+        labels(&local)
+            .get(TARGET_PLATFORM_LABEL)
+            .and_then(|v| v.as_str()),
+        Some("linux-x86_64"),
         "{local:#}"
     );
     assert!(local["metadata"]["finalizers"].is_null(), "{local:#}");
