@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs, idempotently; a no-op in a second when everything is present.
 #   - openssh-server (sshd for provisioning tests), openssh-client, curl, rsync
+#   - podman and sudo (provisioning requires podman on build hosts; sudo-commands need visudo)
 #   - prometheus (for promtool, which lints our /metrics exposition)
 #   - kubectl (from Debian's kubernetes-client if the machine has none)
 #   - a Python venv with moto[server] (the EC2 emulator)
@@ -21,6 +22,7 @@ command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 command -v visudo >/dev/null 2>&1 || missing+=(sudo)
+command -v podman >/dev/null 2>&1 || missing+=(podman)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -42,5 +44,6 @@ if ! "$venv/bin/python" -c 'import moto, flask' >/dev/null 2>&1; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
 fi
-command -v kubectl >/dev/null && command -v promtool >/dev/null && [ -x "$venv/bin/moto_server" ]
+command -v kubectl >/dev/null && command -v promtool >/dev/null && command -v podman >/dev/null &&
+  [ -x "$venv/bin/moto_server" ]
 echo "setup: ok (moto venv: $venv)"

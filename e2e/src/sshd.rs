@@ -11,9 +11,14 @@
 //! dropping the host kills their processes and deletes them. Dropping also kills sshd with all its
 //! session processes and removes the host's directory.
 //!
-//! Needs root (sshd, useradd). Override the binary with `MPC_E2E_SSHD`; directories live under
-//! `$MPC_E2E_HOME/sshd` (default `~/.cache/mpc-e2e/sshd`), whose parents must not be group- or
-//! world-writable (sshd's `StrictModes` checks the admin key's path).
+//! A host can stand for a machine that lacks some tools or has others ([`HostSetup`]): its
+//! sessions then get `PATH` set (sshd's `SetEnv`) to a directory of links to this machine's
+//! executables minus the hidden ones, plus the host's own scripts.
+//!
+//! Needs root (sshd, useradd) and what `e2e/setup.sh` installs (openssh-server, podman, sudo);
+//! a missing one fails the test with a message saying so. Override the binary with `MPC_E2E_SSHD`;
+//! directories live under `$MPC_E2E_HOME/sshd` (default `~/.cache/mpc-e2e/sshd`), whose parents
+//! must not be group- or world-writable (sshd's `StrictModes` checks the admin key's path).
 
 use std::collections::HashMap;
 use std::fs;
@@ -28,6 +33,40 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use mpc::provision::{HostKeyTrust, Target, Zeroizing, keys};
+
+/// Directories sshd puts on a root session's `PATH` (Debian's default).
+const SYSTEM_PATH: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// Where `name` is on this machine's system `PATH`, if anywhere.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    SYSTEM_PATH
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// Fails unless every tool in `names` is installed on this machine, saying how to get it.
+pub fn require_tools(names: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| find_tool(n).is_none())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} not installed on this machine: run e2e/setup.sh",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
 
 /// A random number from the process's hash seed (no extra dependency needed for test names).
 fn random_u64() -> u64 {
@@ -94,6 +133,63 @@ pub fn remove_user(user: &str) {
     ] {
         let _ = fs::remove_file(f);
     }
+    for dir in slice_drop_in_dirs() {
+        let _ = fs::remove_file(dir.join(format!("50-mpc-{user}.conf")));
+        let _ = fs::remove_dir(dir);
+    }
+}
+
+/// The `user-<uid>.slice.d` drop-in directories under `/etc/systemd/system`.
+pub fn slice_drop_in_dirs() -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir("/etc/systemd/system") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with("user-") && n.ends_with(".slice.d"))
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// How a host differs from this machine.
+#[derive(Debug, Clone, Default)]
+pub struct HostSetup {
+    /// Listen on this loopback address instead of a random 127.0.0.x.
+    pub address: Option<Ipv4Addr>,
+    /// Executables the host's sessions cannot find, as if not installed.
+    pub hidden: Vec<String>,
+    /// Executables only this host has: name and `sh` script (without the `#!` line).
+    pub extra: Vec<(String, String)>,
+    /// Environment of the host's sessions (sshd's `SetEnv`), e.g. `HOME` to pick the admin's
+    /// shell startup file.
+    pub env: Vec<(String, String)>,
+}
+
+impl HostSetup {
+    /// A host without `name`.
+    pub fn without(mut self, name: &str) -> Self {
+        self.hidden.push(name.to_owned());
+        self
+    }
+
+    /// A host with its own `name`, running `script`.
+    pub fn with_tool(mut self, name: &str, script: &str) -> Self {
+        self.extra.push((name.to_owned(), script.to_owned()));
+        self
+    }
+
+    fn changes_path(&self) -> bool {
+        !self.hidden.is_empty() || !self.extra.is_empty()
+    }
+
+    /// Hidden or replaced: whether this machine has it does not matter.
+    fn overrides(&self, name: &str) -> bool {
+        self.hidden.iter().any(|h| h == name) || self.extra.iter().any(|(n, _)| n == name)
+    }
 }
 
 /// A running sshd on loopback, stopped and cleaned up on drop.
@@ -135,13 +231,23 @@ fn free_port(addr: Ipv4Addr) -> anyhow::Result<u16> {
 }
 
 impl SshdHost {
-    /// Starts sshd on a random 127.0.0.x address and free port with a fresh host key.
+    /// Starts sshd on a random 127.0.0.x address and free port with a fresh host key, for a
+    /// machine like this one.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(HostSetup::default())
+    }
+
+    /// Starts sshd for a host set up as `setup` says.
+    pub fn start_with(setup: HostSetup) -> anyhow::Result<Self> {
         if !sshd_binary().exists() {
             bail!(
                 "{} not found: run e2e/setup.sh (installs openssh-server)",
                 sshd_binary().display()
             );
+        }
+        // Provisioning refuses hosts without podman; a machine without it is not set up.
+        if !setup.overrides("podman") {
+            require_tools(&["podman"])?;
         }
         // sshd refuses to start without its privilege-separation directory.
         let _ = fs::create_dir_all("/run/sshd");
@@ -165,7 +271,9 @@ impl SshdHost {
             format!("{}\n", admin.public_openssh).as_bytes(),
             0o600,
         )?;
-        let address = Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
+        let address = setup
+            .address
+            .unwrap_or_else(|| Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8));
         let port = free_port(address)?;
         let mut host = Self {
             address,
@@ -177,7 +285,11 @@ impl SshdHost {
             users: Mutex::new(Vec::new()),
         };
         host.new_host_key()?;
-        host.write_config()?;
+        let mut env = setup.env.clone();
+        if setup.changes_path() {
+            env.push(("PATH".into(), host.tool_dir(&setup)?.display().to_string()));
+        }
+        host.write_config(&env)?;
         host.spawn()?;
         Ok(host)
     }
@@ -204,8 +316,43 @@ impl SshdHost {
         Ok(())
     }
 
-    fn write_config(&self) -> anyhow::Result<()> {
+    /// `<dir>/bin`: links to every system executable not hidden, then the extra tools.
+    fn tool_dir(&self, setup: &HostSetup) -> anyhow::Result<PathBuf> {
+        let bin = self.dir.path().join("bin");
+        fs::create_dir(&bin)?;
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))?;
+        for dir in SYSTEM_PATH {
+            let Ok(entries) = fs::read_dir(dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let link = bin.join(&name);
+                if setup.hidden.iter().any(|h| name == h.as_str()) || link.symlink_metadata().is_ok()
+                {
+                    continue;
+                }
+                std::os::unix::fs::symlink(e.path(), &link)
+                    .with_context(|| format!("linking {}", link.display()))?;
+            }
+        }
+        for (name, script) in &setup.extra {
+            let path = bin.join(name);
+            let _ = fs::remove_file(&path);
+            write_mode(&path, format!("#!/bin/sh\n{script}").as_bytes(), 0o755)?;
+        }
+        Ok(bin)
+    }
+
+    fn write_config(&self, env: &[(String, String)]) -> anyhow::Result<()> {
         let d = self.dir.path().display();
+        // One line: sshd keeps the first SetEnv directive it reads.
+        let set_env = if env.is_empty() {
+            String::new()
+        } else {
+            let vars: Vec<String> = env.iter().map(|(k, v)| format!("\"{k}={v}\"")).collect();
+            format!("SetEnv {}\n", vars.join(" "))
+        };
         let config = format!(
             "ListenAddress {addr}:{port}\n\
              HostKey {d}/host_ed25519\n\
@@ -220,7 +367,8 @@ impl SshdHost {
              MaxSessions 64\n\
              LoginGraceTime 30\n\
              PrintMotd no\n\
-             LogLevel VERBOSE\n",
+             LogLevel VERBOSE\n\
+             {set_env}",
             addr = self.address,
             port = self.port,
         );
