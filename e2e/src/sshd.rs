@@ -201,6 +201,9 @@ pub struct SshdHost {
     admin_private: Arc<Zeroizing<Vec<u8>>>,
     host_public: String,
     users: Mutex<Vec<String>>,
+    // The sessions' PATH directory when the host differs from this machine; outside `dir`, whose
+    // parents build users cannot traverse.
+    tools: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for SshdHost {
@@ -283,11 +286,14 @@ impl SshdHost {
             admin_private: Arc::new(Zeroizing::new(admin.private_openssh.as_bytes().to_vec())),
             host_public: String::new(),
             users: Mutex::new(Vec::new()),
+            tools: None,
         };
         host.new_host_key()?;
         let mut env = setup.env.clone();
         if setup.changes_path() {
-            env.push(("PATH".into(), host.tool_dir(&setup)?.display().to_string()));
+            let tools = tool_dir(&setup)?;
+            env.push(("PATH".into(), tools.path().display().to_string()));
+            host.tools = Some(tools);
         }
         host.write_config(&env)?;
         host.spawn()?;
@@ -314,34 +320,6 @@ impl SshdHost {
             parts.next().unwrap_or_default()
         );
         Ok(())
-    }
-
-    /// `<dir>/bin`: links to every system executable not hidden, then the extra tools.
-    fn tool_dir(&self, setup: &HostSetup) -> anyhow::Result<PathBuf> {
-        let bin = self.dir.path().join("bin");
-        fs::create_dir(&bin)?;
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755))?;
-        for dir in SYSTEM_PATH {
-            let Ok(entries) = fs::read_dir(dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let name = e.file_name();
-                let link = bin.join(&name);
-                if setup.hidden.iter().any(|h| name == h.as_str()) || link.symlink_metadata().is_ok()
-                {
-                    continue;
-                }
-                std::os::unix::fs::symlink(e.path(), &link)
-                    .with_context(|| format!("linking {}", link.display()))?;
-            }
-        }
-        for (name, script) in &setup.extra {
-            let path = bin.join(name);
-            let _ = fs::remove_file(&path);
-            write_mode(&path, format!("#!/bin/sh\n{script}").as_bytes(), 0o755)?;
-        }
-        Ok(bin)
     }
 
     fn write_config(&self, env: &[(String, String)]) -> anyhow::Result<()> {
@@ -553,6 +531,36 @@ impl Drop for SshdHost {
             remove_user(&user);
         }
     }
+}
+
+/// A directory every user can search holding links to every system executable not hidden, then
+/// the extra tools.
+fn tool_dir(setup: &HostSetup) -> anyhow::Result<tempfile::TempDir> {
+    let bin = tempfile::Builder::new()
+        .prefix("mpc-e2e-path-")
+        .tempdir_in("/tmp")
+        .context("creating a PATH directory in /tmp")?;
+    fs::set_permissions(bin.path(), fs::Permissions::from_mode(0o755))?;
+    for dir in SYSTEM_PATH {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = bin.path().join(&name);
+            if setup.hidden.iter().any(|h| name == h.as_str()) || link.symlink_metadata().is_ok() {
+                continue;
+            }
+            std::os::unix::fs::symlink(e.path(), &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    for (name, script) in &setup.extra {
+        let path = bin.path().join(name);
+        let _ = fs::remove_file(&path);
+        write_mode(&path, format!("#!/bin/sh\n{script}").as_bytes(), 0o755)?;
+    }
+    Ok(bin)
 }
 
 /// Parent pid of every process, from `/proc`.

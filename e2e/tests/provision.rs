@@ -512,12 +512,15 @@ async fn restorecon_relabels_ssh_only_on_selinux_hosts() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     // (SELinux enabled?, restorecon exit code) -> expected calls, provisioning succeeds?
-    for (selinux, restorecon_exit, relabels, ok) in [
+    for (i, (selinux, restorecon_exit, relabels, ok)) in [
         (Some(0), 0, true, true),
         (Some(1), 0, false, true),
         (None, 0, false, true),
         (Some(0), 1, true, false),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let log = logs.path().join(format!("{selinux:?}-{restorecon_exit}"));
         let mut setup = HostSetup::default().with_tool(
             "restorecon",
@@ -535,7 +538,8 @@ async fn restorecon_relabels_ssh_only_on_selinux_hosts() {
         let name = unique_name("selinux");
         let user = user_of(&name);
         host.track_user(&user);
-        let target = host.target("selinux-host");
+        // One id per host: each has its own host key.
+        let target = host.target(&format!("selinux-host-{i}"));
         let result = p.provision(&target, &request(&name, &[])).await;
         let calls: Vec<String> = read_log(&log)
             .into_iter()
@@ -658,12 +662,15 @@ async fn slice_caps_are_skipped_cleanly_without_systemd() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     // systemctl present but systemd not running (a container), and no systemctl at all.
-    for setup in [
+    for (i, setup) in [
         HostSetup::default().with_tool("systemctl", &systemctl("offline", &log)),
         HostSetup::default().without("systemctl"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let host = SshdHost::start_with(setup).unwrap();
-        let target = host.target("no-systemd");
+        let target = host.target(&format!("no-systemd-{i}"));
         let name = unique_name("noslice");
         let user = user_of(&name);
         host.track_user(&user);
