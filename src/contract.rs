@@ -117,7 +117,10 @@ mod tests {
     /// The Go scripts' own pipeline, run by bash as they run it.
     fn go_user_name(taskrun_name: &str, namespace: &str) -> String {
         let out = std::process::Command::new("bash")
-            .args(["-c", r#"printf 'u-%s' "$(echo "$TASKRUN_NAME$NAMESPACE" | md5sum | cut -b-28)""#])
+            .args([
+                "-c",
+                r#"printf 'u-%s' "$(echo "$TASKRUN_NAME$NAMESPACE" | md5sum | cut -b-28)""#,
+            ])
             .env("TASKRUN_NAME", taskrun_name)
             .env("NAMESPACE", namespace)
             .output()

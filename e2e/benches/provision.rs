@@ -106,7 +106,9 @@ async fn run() -> anyhow::Result<()> {
         let warm = unique_name("bench-warm");
         let user = mpc::contract::remote_user_name(&warm, "bench");
         host.track_user(&user);
-        let p = provisioner.provision(&target, &req(&warm, &sudo, settings)).await?;
+        let p = provisioner
+            .provision(&target, &req(&warm, &sudo, settings))
+            .await?;
         client.store_key(p.private_key.as_bytes()).await?;
         provisioner.deprovision(&target, &user).await?;
 
@@ -116,7 +118,9 @@ async fn run() -> anyhow::Result<()> {
             let user = mpc::contract::remote_user_name(&name, "bench");
             host.track_user(&user);
             let t = Instant::now();
-            let p = provisioner.provision(&target, &req(&name, &sudo, settings)).await?;
+            let p = provisioner
+                .provision(&target, &req(&name, &sudo, settings))
+                .await?;
             client.store_key(p.private_key.as_bytes()).await?;
             prov.push(t.elapsed());
             let t = Instant::now();

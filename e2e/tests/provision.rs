@@ -406,7 +406,10 @@ async fn sweep_removes_only_old_stale_users_and_keeps_live_and_young_ones() {
     assert_eq!(removed_sorted, expected);
     assert!(user_exists(&users[0]));
     assert!(!user_exists(&users[1]) && !user_exists(&users[2]));
-    assert!(user_exists(&users[3]) && user_exists(&users[4]), "young users stay");
+    assert!(
+        user_exists(&users[3]) && user_exists(&users[4]),
+        "young users stay"
+    );
     for u in [&users[0], &users[3], &users[4]] {
         p.deprovision(&target, u).await.unwrap();
     }
@@ -547,7 +550,11 @@ async fn restorecon_relabels_ssh_only_on_selinux_hosts() {
             .collect();
         let case = format!("selinux {selinux:?}, restorecon exits {restorecon_exit}");
         if relabels {
-            assert_eq!(calls, [format!("restorecon -FRv -- /home/{user}/.ssh")], "{case}");
+            assert_eq!(
+                calls,
+                [format!("restorecon -FRv -- /home/{user}/.ssh")],
+                "{case}"
+            );
         } else {
             assert!(calls.is_empty(), "{case}: {calls:?}");
         }
@@ -624,7 +631,7 @@ async fn slice_caps_are_written_where_systemd_runs_and_removed_at_cleanup() {
     let file = PathBuf::from(format!(
         "/etc/systemd/system/user-{uid}.slice.d/50-mpc-{user}.conf"
     ));
-    assert_eq!(drop_ins(&user), [file.clone()]);
+    assert_eq!(drop_ins(&user), std::slice::from_ref(&file));
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(
         text.ends_with("\n[Slice]\nMemoryMax=8G\nCPUQuota=200%\n"),

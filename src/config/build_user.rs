@@ -254,8 +254,20 @@ mod tests {
             );
         }
         for bad in [
-            "", "0", "08G", "8g", "8GB", "8 G", "-1G", "0%", "101%", "50.5%", "infinity",
-            "1234567890123456", "8G\nCPUQuota=1%", "%",
+            "",
+            "0",
+            "08G",
+            "8g",
+            "8GB",
+            "8 G",
+            "-1G",
+            "0%",
+            "101%",
+            "50.5%",
+            "infinity",
+            "1234567890123456",
+            "8G\nCPUQuota=1%",
+            "%",
         ] {
             assert!(MemoryMax::parse(bad).is_err(), "{bad:?}");
         }
@@ -265,7 +277,9 @@ mod tests {
     fn cpu_quota_values() {
         assert_eq!(CpuQuota::parse("200%").map(CpuQuota::percent), Ok(200));
         assert_eq!(CpuQuota::parse("1%").map(CpuQuota::percent), Ok(1));
-        for bad in ["", "200", "0%", "02%", "+5%", "1.5%", "102401%", "-1%", "2 00%"] {
+        for bad in [
+            "", "200", "0%", "02%", "+5%", "1.5%", "102401%", "-1%", "2 00%",
+        ] {
             assert!(CpuQuota::parse(bad).is_err(), "{bad:?}");
         }
     }
@@ -275,16 +289,27 @@ mod tests {
         let fields = [("key-type", "dsa"), ("cpu-quota", "fast")];
         let get = |f: &str| fields.iter().find(|(k, _)| *k == f).map(|(_, v)| *v);
         let mut errors = Vec::new();
-        let r = BuildUserSettings::parse(get, |f, v, m| errors.push((f.to_owned(), v.to_owned(), m)));
+        let r =
+            BuildUserSettings::parse(get, |f, v, m| errors.push((f.to_owned(), v.to_owned(), m)));
         assert!(r.is_err());
-        let named: Vec<_> = errors.iter().map(|(f, v, _)| (f.as_str(), v.as_str())).collect();
+        let named: Vec<_> = errors
+            .iter()
+            .map(|(f, v, _)| (f.as_str(), v.as_str()))
+            .collect();
         assert_eq!(named, [("key-type", "dsa"), ("cpu-quota", "fast")]);
 
-        let fields = [("key-type", "rsa"), ("memory-max", "8G"), ("cpu-quota", "400%")];
+        let fields = [
+            ("key-type", "rsa"),
+            ("memory-max", "8G"),
+            ("cpu-quota", "400%"),
+        ];
         let get = |f: &str| fields.iter().find(|(k, _)| *k == f).map(|(_, v)| *v);
         let s = BuildUserSettings::parse(get, |_, _, m| panic!("{m}")).unwrap();
         assert!(s.has_slice());
-        assert_eq!(s.describe(), "key-type rsa-3072, memory-max 8G, cpu-quota 400%");
+        assert_eq!(
+            s.describe(),
+            "key-type rsa-3072, memory-max 8G, cpu-quota 400%"
+        );
         assert!(!BuildUserSettings::DEFAULT.has_slice());
     }
 }

@@ -581,20 +581,20 @@ pub fn parse(data: &ConfigData) -> Parsed {
                         .insert(platform.clone(), build_user);
                 }
                 match (kind, pool) {
-                (DynKind::Dynamic, _) => {
-                    cfg.dynamic.insert(platform, d);
-                }
-                (DynKind::Pool, Some((concurrency, max_age, min_instances))) => {
-                    cfg.pools.insert(
-                        platform,
-                        DynamicPool {
-                            instance: d,
-                            concurrency,
-                            max_age,
-                            min_instances,
-                        },
-                    );
-                }
+                    (DynKind::Dynamic, _) => {
+                        cfg.dynamic.insert(platform, d);
+                    }
+                    (DynKind::Pool, Some((concurrency, max_age, min_instances))) => {
+                        cfg.pools.insert(
+                            platform,
+                            DynamicPool {
+                                instance: d,
+                                concurrency,
+                                max_age,
+                                min_instances,
+                            },
+                        );
+                    }
                     (DynKind::Pool, None) => unreachable!("pool fields are parsed for pools"),
                 }
             }
@@ -1086,7 +1086,11 @@ fn parse_host(
     let build_user = BuildUserSettings::parse(
         |field| f.get(field).copied(),
         |field, value, message| {
-            sink.error(&key(field), Some(value), format!("{message}; host disabled"))
+            sink.error(
+                &key(field),
+                Some(value),
+                format!("{message}; host disabled"),
+            )
         },
     );
     match (ok, platform, address, user, secret, concurrency, build_user) {

@@ -125,7 +125,12 @@ fn render_build_users(out: &mut String, config: &HostConfig) {
     }
     let _ = writeln!(out, "build users: {default}, no slice, except:");
     for (p, s) in &b.platforms {
-        let _ = writeln!(out, "  dynamic.{}.*: {}", label_value(p.as_str()), s.describe());
+        let _ = writeln!(
+            out,
+            "  dynamic.{}.*: {}",
+            label_value(p.as_str()),
+            s.describe()
+        );
     }
     for (name, s) in &b.hosts {
         let _ = writeln!(out, "  host.{name}.*: {}", s.describe());

@@ -579,7 +579,10 @@ fn build_user_keys_disable_only_their_own_host_or_platform() {
         ],
     );
     d.extend(dynamic_keys("linux-amd64"));
-    for (name, extra) in [("fips", ("key-type", "rsa-2048")), ("fine", ("memory-max", "6G"))] {
+    for (name, extra) in [
+        ("fips", ("key-type", "rsa-2048")),
+        ("fine", ("memory-max", "6G")),
+    ] {
         for (f, v) in [
             ("address", "10.0.0.9"),
             ("platform", "linux/s390x"),
@@ -601,7 +604,11 @@ fn build_user_keys_disable_only_their_own_host_or_platform() {
     let e = errors_for(&parsed, "dynamic.linux-amd64.memory-max");
     assert_eq!(e.len(), 1, "{:#?}", parsed.diagnostics);
     assert_eq!(e[0].value.as_deref(), Some("lots"));
-    assert!(e[0].message.contains("not a memory size"), "{}", e[0].message);
+    assert!(
+        e[0].message.contains("not a memory size"),
+        "{}",
+        e[0].message
+    );
     assert!(matches!(
         c.resolve(&p("linux/amd64")),
         Strategy::Disabled(r) if r.contains("dynamic.linux-amd64.memory-max")

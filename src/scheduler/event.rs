@@ -4,8 +4,8 @@ use super::ids::{OpId, Uid};
 use super::snapshot::InstanceRecord;
 use super::time::Time;
 use crate::config::HostConfig;
-use crate::provision::HostUser;
 use crate::platform::Platform;
+use crate::provision::HostUser;
 
 /// Something that happened. Feed each one to [`Scheduler::handle`](super::Scheduler::handle) with
 /// the current time. Every event may be delivered more than once; duplicates are ignored.

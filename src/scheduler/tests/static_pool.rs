@@ -426,7 +426,11 @@ fn host_sweep_removes_only_unowned_users_past_the_grace_period() {
         otp: "t".into(),
     });
     let grace = Policy::mpc().host_user_grace;
-    assert_eq!(grace, Duration::from_secs(24 * 60 * 60), "Go's host cleanup waits a day");
+    assert_eq!(
+        grace,
+        Duration::from_secs(24 * 60 * 60),
+        "Go's host cleanup waits a day"
+    );
     let old = Some(grace + Duration::from_secs(1));
     let owned = crate::contract::remote_user_name("a", "ns");
     let stale = crate::contract::remote_user_name("gone", "ns");
