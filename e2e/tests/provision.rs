@@ -35,6 +35,14 @@ fn with_settings<'a>(name: &'a str, settings: &'a BuildUserSettings) -> Provisio
     }
 }
 
+/// A fresh TaskRun name on `host` and its user, removed when the host is dropped.
+fn new_user(host: &SshdHost, prefix: &str) -> (String, String) {
+    let name = unique_name(prefix);
+    let user = user_of(&name);
+    host.track_user(&user);
+    (name, user)
+}
+
 fn user_of(name: &str) -> String {
     mpc::contract::remote_user_name(name, "tenant-e2e")
 }
@@ -49,9 +57,7 @@ async fn provision_login_then_deprovision_leaves_nothing() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("static-1");
-    let name = unique_name("build");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "build");
 
     let got = p.provision(&target, &request(&name, &[])).await.unwrap();
     assert_eq!(got.user, user);
@@ -107,9 +113,7 @@ async fn provisioning_twice_leaves_one_user_with_only_the_new_key() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("static-1");
-    let name = unique_name("retry");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "retry");
 
     let first = p.provision(&target, &request(&name, &[])).await.unwrap();
     let second = p.provision(&target, &request(&name, &[])).await.unwrap();
@@ -300,9 +304,7 @@ async fn sudo_commands_allow_exactly_the_listed_commands() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("sudo-host");
-    let name = unique_name("sudo");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "sudo");
     let sudo = vec!["/usr/bin/id".to_owned(), "/usr/bin/true".to_owned()];
     let got = p.provision(&target, &request(&name, &sudo)).await.unwrap();
     let file = format!("/etc/sudoers.d/{user}");
@@ -460,9 +462,7 @@ async fn a_host_without_podman_is_refused_before_any_change() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("no-podman");
-    let name = unique_name("nopodman");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "nopodman");
     let err = p
         .provision(&target, &request(&name, &[]))
         .await
@@ -538,9 +538,7 @@ async fn restorecon_relabels_ssh_only_on_selinux_hosts() {
             None => setup.without("selinuxenabled"),
         };
         let host = SshdHost::start_with(setup).unwrap();
-        let name = unique_name("selinux");
-        let user = user_of(&name);
-        host.track_user(&user);
+        let (name, user) = new_user(&host, "selinux");
         // One id per host: each has its own host key.
         let target = host.target(&format!("selinux-host-{i}"));
         let result = p.provision(&target, &request(&name, &[])).await;
@@ -615,9 +613,7 @@ async fn slice_caps_are_written_where_systemd_runs_and_removed_at_cleanup() {
         cpu_quota: Some(CpuQuota::parse("200%").unwrap()),
         ..BuildUserSettings::DEFAULT
     };
-    let name = unique_name("slice");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "slice");
     let got = p
         .provision(&target, &with_settings(&name, &capped))
         .await
@@ -678,9 +674,7 @@ async fn slice_caps_are_skipped_cleanly_without_systemd() {
     {
         let host = SshdHost::start_with(setup).unwrap();
         let target = host.target(&format!("no-systemd-{i}"));
-        let name = unique_name("noslice");
-        let user = user_of(&name);
-        host.track_user(&user);
+        let (name, user) = new_user(&host, "noslice");
         let got = p
             .provision(&target, &with_settings(&name, &capped))
             .await
@@ -704,9 +698,7 @@ async fn rsa_keys_for_fips_hosts_log_in() {
         key_type: KeyType::Rsa { bits: 3072 },
         ..BuildUserSettings::DEFAULT
     };
-    let name = unique_name("fips");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "fips");
     let got = p
         .provision(&target, &with_settings(&name, &rsa))
         .await

@@ -171,35 +171,36 @@ impl BuildUserSettings {
         mut error: impl FnMut(&str, &str, String),
     ) -> Result<Self, ()> {
         let mut ok = true;
-        let mut s = Self::DEFAULT;
-        if let Some(v) = get("key-type") {
-            match KeyType::parse(v) {
-                Ok(k) => s.key_type = k,
-                Err(e) => {
-                    error("key-type", v, e);
-                    ok = false;
-                }
-            }
+        let key_type = field(&get, &mut error, &mut ok, "key-type", KeyType::parse);
+        let memory_max = field(&get, &mut error, &mut ok, "memory-max", MemoryMax::parse);
+        let cpu_quota = field(&get, &mut error, &mut ok, "cpu-quota", CpuQuota::parse);
+        if !ok {
+            return Err(());
         }
-        if let Some(v) = get("memory-max") {
-            match MemoryMax::parse(v) {
-                Ok(m) => s.memory_max = Some(m),
-                Err(e) => {
-                    error("memory-max", v, e);
-                    ok = false;
-                }
-            }
+        Ok(Self {
+            key_type: key_type.unwrap_or_default(),
+            memory_max,
+            cpu_quota,
+        })
+    }
+}
+
+/// `get(name)` parsed by `parse`; a bad value is reported through `error` and clears `ok`.
+fn field<'v, T>(
+    get: &impl Fn(&str) -> Option<&'v str>,
+    error: &mut impl FnMut(&str, &str, String),
+    ok: &mut bool,
+    name: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Option<T> {
+    let v = get(name)?;
+    match parse(v) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            error(name, v, e);
+            *ok = false;
+            None
         }
-        if let Some(v) = get("cpu-quota") {
-            match CpuQuota::parse(v) {
-                Ok(c) => s.cpu_quota = Some(c),
-                Err(e) => {
-                    error("cpu-quota", v, e);
-                    ok = false;
-                }
-            }
-        }
-        if ok { Ok(s) } else { Err(()) }
     }
 }
 
