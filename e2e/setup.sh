@@ -5,6 +5,7 @@
 #   - prometheus (for promtool: lints our /metrics exposition, unit-tests the alerts)
 #   - kubectl >= 1.27 (renders the kustomizations, drives the test API server); installed from the
 #     distribution if it has none, which must then be recent enough
+#   - podman (provisioning requires podman on build hosts)
 #   - a Python venv with moto[server] (the EC2 emulator)
 # Fails, naming what is missing, when a tool is still missing or too old afterwards.
 # Prints the moto venv path at the end. Honours MPC_E2E_HOME (default ~/.cache/mpc-e2e).
@@ -33,6 +34,7 @@ if ! command -v kubectl >/dev/null 2>&1; then
   # `kubectl` where the Kubernetes apt repository is configured, else the distribution's package.
   if apt-cache show kubectl >/dev/null 2>&1; then missing+=(kubectl); else missing+=(kubernetes-client); fi
 fi
+command -v podman >/dev/null 2>&1 || missing+=(podman)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -58,7 +60,7 @@ fi
 # Everything must be there now; say exactly what is not.
 problems=()
 has_sshd || problems+=("sshd (package openssh-server)")
-for tool in ssh curl rsync promtool visudo kubectl; do
+for tool in ssh curl rsync promtool visudo kubectl podman; do
   command -v "$tool" >/dev/null 2>&1 || problems+=("$tool")
 done
 [ -x "$venv/bin/moto_server" ] || problems+=("moto_server in $venv")

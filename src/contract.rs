@@ -73,13 +73,16 @@ pub fn secret_name(taskrun_name: &str) -> String {
     format!("{SECRET_PREFIX}{taskrun_name}")
 }
 
-/// The per-TaskRun remote user: `u-` + the first 28 hex digits of md5(name + namespace).
+/// The per-TaskRun remote user: `u-` + the first 28 hex digits of md5(name + namespace + "\n").
 ///
-/// Kept bit-for-bit with the Go controller so existing host cleanup jobs recognise our users.
+/// Bit-for-bit what the Go controller's provision and cleanup scripts compute with
+/// `echo "$TASKRUN_NAME$NAMESPACE" | md5sum | cut -b-28` (the newline is `echo`'s), so each
+/// implementation recognises and cleans up the other's users.
 pub fn remote_user_name(taskrun_name: &str, namespace: &str) -> String {
     let mut h = Md5::new();
     h.update(taskrun_name.as_bytes());
     h.update(namespace.as_bytes());
+    h.update(b"\n");
     let digest = h.finalize();
     // Hand-rolled hex: this runs once per allocation and the generic encoder dominated it.
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -92,6 +95,16 @@ pub fn remote_user_name(taskrun_name: &str, namespace: &str) -> String {
     user
 }
 
+/// Is `name` a per-TaskRun user ([`remote_user_name`]'s shape: `u-` + 28 lowercase hex digits)?
+/// Only such users are ever removed from a host.
+pub fn is_remote_user_name(name: &str) -> bool {
+    name.strip_prefix("u-").is_some_and(|h| {
+        h.len() == 28
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// `taskRunID` tag value: `<namespace>:<name>`.
 pub fn taskrun_id(namespace: &str, name: &str) -> String {
     format!("{namespace}:{name}")
@@ -101,16 +114,49 @@ pub fn taskrun_id(namespace: &str, name: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The Go scripts' own pipeline, run by bash as they run it.
+    fn go_user_name(taskrun_name: &str, namespace: &str) -> String {
+        let out = std::process::Command::new("bash")
+            .args([
+                "-c",
+                r#"printf 'u-%s' "$(echo "$TASKRUN_NAME$NAMESPACE" | md5sum | cut -b-28)""#,
+            ])
+            .env("TASKRUN_NAME", taskrun_name)
+            .env("NAMESPACE", namespace)
+            .output()
+            .expect("running bash, md5sum and cut (coreutils)");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     #[test]
-    fn user_name_matches_go_controller() {
-        // md5("build-1" + "tenant") computed independently with coreutils md5sum.
-        let u = remote_user_name("build-1", "tenant");
-        assert_eq!(u.len(), 30);
-        assert!(u.starts_with("u-"));
-        assert_eq!(
-            u,
-            format!("u-{}", &"b4b4c7ca2eb9cd86cf07ca4b15a129fe"[..28])
-        );
+    fn user_name_matches_the_go_scripts_pipeline() {
+        let long_name = format!("{}.{}", "a".repeat(120), "0-9".repeat(40));
+        let cases = [
+            ("build-1", "tenant"),
+            // Valid but unusual: dots, leading digits, a one-letter namespace, maximum lengths.
+            ("my-app.on-push.7f3c9-build-container", "x"),
+            ("0", "0-tenant"),
+            ("a.b.c", &"n".repeat(63)),
+            (long_name.as_str(), "rhtap-build-tenant"),
+            ("a--b", "ns-1"),
+        ];
+        for (name, ns) in cases {
+            let ours = remote_user_name(name, ns);
+            assert_eq!(ours, go_user_name(name, ns), "{name:?} in {ns:?}");
+            assert!(is_remote_user_name(&ours), "{ours}");
+        }
+        // Name and namespace are concatenated, as in the scripts.
+        assert_eq!(remote_user_name("ab", "c"), remote_user_name("a", "bc"));
+    }
+
+    #[test]
+    fn remote_user_names_are_recognised_strictly() {
+        assert!(is_remote_user_name("u-0123456789abcdef0123456789ab"));
+        assert!(!is_remote_user_name("u-0123456789ABCDEF0123456789ab"));
+        assert!(!is_remote_user_name("u-0123456789abcdef0123456789abc"));
+        assert!(!is_remote_user_name("u-short"));
+        assert!(!is_remote_user_name("root"));
     }
 
     #[test]

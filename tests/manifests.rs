@@ -807,8 +807,8 @@ fn exported_families() -> BTreeSet<String> {
     let cloud = mpc::cloud::metrics::CloudMetrics::new(&r).unwrap();
     // Labelled families appear once a series exists.
     cloud.calls(mpc::cloud::Operation::RunInstances, "success");
-    cloud.instances("linux-arm64", mpc::cloud::InstanceState::Running);
-    cloud.orphans_terminated("linux-arm64");
+    cloud.instances("linux-arm64", mpc::scheduler::InstanceState::Running);
+    cloud.terminations("linux-arm64", "orphan: no TaskRun owns it");
     cloud.spot_fallbacks("linux-arm64");
     cloud.launches("linux-arm64");
     let text = mpc::metrics::encode(&r)

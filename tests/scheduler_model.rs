@@ -8,14 +8,15 @@
 //!
 //! `MODEL_CASES=20000` searches deeper; `MODEL_TRACE=1` prints every command, event and action.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use mpc::config::{ConfigData, HostConfig};
 use mpc::platform::Platform;
+use mpc::provision::HostUser;
 use mpc::scheduler::{
-    Action, Event, InstanceRecord, InstanceState, OpId, Ownership, Policy, ProbeResult, Scheduler,
-    SecretData, SecretKind, Snapshot, TaskRunRecord, TaskRunSpec, Time,
+    Action, Event, InstanceRecord, InstanceState, OpId, Ownership, Policy, ProbeResult, RemoteUser,
+    Scheduler, SecretData, SecretKind, Snapshot, TaskRunRecord, TaskRunSpec, Time,
 };
 use proptest::prelude::*;
 
@@ -193,7 +194,8 @@ struct World {
     sched: Scheduler,
     now: Time,
     taskruns: BTreeMap<String, WTaskRun>,
-    users: BTreeMap<String, BTreeSet<String>>,
+    /// Users on each host, with when they were created.
+    users: BTreeMap<String, BTreeMap<String, Time>>,
     instances: BTreeMap<String, WInstance>,
     tokens: BTreeMap<String, String>,
     pending: Vec<Pending>,
@@ -204,7 +206,10 @@ struct World {
 }
 
 impl World {
-    fn new(policy: Policy) -> Self {
+    fn new(mut policy: Policy) -> Self {
+        // Quiescing spans hours of virtual time, not the default day: a shorter grace lets its
+        // sweeps reach what failed provisioning left behind.
+        policy.host_user_grace = Duration::from_secs(30 * 60);
         let cfgs = configs();
         let sched = Scheduler::new(cfgs[0].clone(), policy.clone());
         let mut w = World {
@@ -356,11 +361,22 @@ impl World {
                     host: host.name().to_owned(),
                 });
             }
-            Action::Deprovision { op, user, host } => self.pending.push(Pending::Deprovision {
-                op,
-                user: user.name(),
-                host: host.name().to_owned(),
-            }),
+            Action::Deprovision { op, user, host } => {
+                if let RemoteUser::Named(name) = &user {
+                    // A sweep's: never a user younger than the grace period.
+                    let created = self.users.get(host.name()).and_then(|u| u.get(name));
+                    assert!(
+                        created.is_none_or(|c| *c + self.policy.host_user_grace <= self.now),
+                        "swept {name} created at {created:?}, now {}",
+                        self.now
+                    );
+                }
+                self.pending.push(Pending::Deprovision {
+                    op,
+                    user: user.name(),
+                    host: host.name().to_owned(),
+                })
+            }
             Action::Launch {
                 op,
                 platform,
@@ -432,7 +448,12 @@ impl World {
                 let ok = ok && !gone;
                 if !gone && (ok || self.next.is_multiple_of(2)) {
                     // Failures may leave a half-made user behind.
-                    self.users.entry(host.clone()).or_default().insert(user);
+                    let now = self.now;
+                    self.users
+                        .entry(host.clone())
+                        .or_default()
+                        .entry(user)
+                        .or_insert(now);
                 }
                 self.next += 1;
                 if ok {
@@ -646,11 +667,18 @@ impl World {
             .flat_map(|p| p.hosts.iter().map(|h| h.name.clone()))
             .collect();
         for h in hosts {
-            let users = self.users.get(&h).cloned().unwrap_or_default();
-            self.send(Event::HostUsersListed {
-                host: h,
-                users: users.into_iter().collect(),
-            });
+            let now = self.now;
+            let users = self
+                .users
+                .get(&h)
+                .into_iter()
+                .flatten()
+                .map(|(name, created)| HostUser {
+                    name: name.clone(),
+                    age: Some(now.since(*created)),
+                })
+                .collect();
+            self.send(Event::HostUsersListed { host: h, users });
         }
     }
 
@@ -762,7 +790,7 @@ impl World {
             if self.taskruns.is_empty()
                 && self.pending.is_empty()
                 && self.instances.values().all(|i| !i.alive)
-                && self.users.values().all(BTreeSet::is_empty)
+                && self.users.values().all(BTreeMap::is_empty)
             {
                 return;
             }

@@ -11,9 +11,14 @@
 //! dropping the host kills their processes and deletes them. Dropping also kills sshd with all its
 //! session processes and removes the host's directory.
 //!
-//! Needs root (sshd, useradd). Override the binary with `MPC_E2E_SSHD`; directories live under
-//! `$MPC_E2E_HOME/sshd` (default `~/.cache/mpc-e2e/sshd`), whose parents must not be group- or
-//! world-writable (sshd's `StrictModes` checks the admin key's path).
+//! A host can stand for a machine that lacks some tools or has others ([`HostSetup`]): its
+//! sessions then get `PATH` set (sshd's `SetEnv`) to a directory of links to this machine's
+//! executables minus the hidden ones, plus the host's own scripts.
+//!
+//! Needs root (sshd, useradd) and what `e2e/setup.sh` installs (openssh-server, podman, sudo);
+//! a missing one fails the test with a message saying so. Override the binary with `MPC_E2E_SSHD`;
+//! directories live under `$MPC_E2E_HOME/sshd` (default `~/.cache/mpc-e2e/sshd`), whose parents
+//! must not be group- or world-writable (sshd's `StrictModes` checks the admin key's path).
 
 use std::collections::HashMap;
 use std::fs;
@@ -28,6 +33,40 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use mpc::provision::{HostKeyTrust, Target, Zeroizing, keys};
+
+/// Directories sshd puts on a root session's `PATH` (Debian's default).
+const SYSTEM_PATH: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// Where `name` is on this machine's system `PATH`, if anywhere.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    SYSTEM_PATH
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// Fails unless every tool in `names` is installed on this machine, saying how to get it.
+pub fn require_tools(names: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| find_tool(n).is_none())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} not installed on this machine: run e2e/setup.sh",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
 
 /// A random number from the process's hash seed (no extra dependency needed for test names).
 fn random_u64() -> u64 {
@@ -94,6 +133,66 @@ pub fn remove_user(user: &str) {
     ] {
         let _ = fs::remove_file(f);
     }
+    for dir in slice_drop_in_dirs() {
+        let _ = fs::remove_file(dir.join(format!("50-mpc-{user}.conf")));
+        let _ = fs::remove_dir(dir);
+    }
+}
+
+/// The `user-<uid>.slice.d` drop-in directories under `/etc/systemd/system`.
+pub fn slice_drop_in_dirs() -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir("/etc/systemd/system") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with("user-") && n.ends_with(".slice.d"))
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// How a host differs from this machine.
+#[derive(Debug, Clone, Default)]
+pub struct HostSetup {
+    /// Listen on this loopback address instead of a random 127.0.0.x.
+    pub address: Option<Ipv4Addr>,
+    /// Listen on this port (22: what a controller reaches with nothing but the configured
+    /// address, as in production) instead of a free one.
+    pub port: Option<u16>,
+    /// Executables the host's sessions cannot find, as if not installed.
+    pub hidden: Vec<String>,
+    /// Executables only this host has: name and `sh` script (without the `#!` line).
+    pub extra: Vec<(String, String)>,
+    /// Environment of the host's sessions (sshd's `SetEnv`), e.g. `HOME` to pick the admin's
+    /// shell startup file.
+    pub env: Vec<(String, String)>,
+}
+
+impl HostSetup {
+    /// A host without `name`.
+    pub fn without(mut self, name: &str) -> Self {
+        self.hidden.push(name.to_owned());
+        self
+    }
+
+    /// A host with its own `name`, running `script`.
+    pub fn with_tool(mut self, name: &str, script: &str) -> Self {
+        self.extra.push((name.to_owned(), script.to_owned()));
+        self
+    }
+
+    fn changes_path(&self) -> bool {
+        !self.hidden.is_empty() || !self.extra.is_empty()
+    }
+
+    /// Hidden or replaced: whether this machine has it does not matter.
+    fn overrides(&self, name: &str) -> bool {
+        self.hidden.iter().any(|h| h == name) || self.extra.iter().any(|(n, _)| n == name)
+    }
 }
 
 /// A running sshd on loopback, stopped and cleaned up on drop.
@@ -105,6 +204,9 @@ pub struct SshdHost {
     admin_private: Arc<Zeroizing<Vec<u8>>>,
     host_public: String,
     users: Mutex<Vec<String>>,
+    // The sessions' PATH directory when the host differs from this machine; outside `dir`, whose
+    // parents build users cannot traverse.
+    tools: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for SshdHost {
@@ -135,32 +237,40 @@ fn free_port(addr: Ipv4Addr) -> anyhow::Result<u16> {
 }
 
 impl SshdHost {
-    /// Starts sshd on a random 127.0.0.x address and free port with a fresh host key.
+    /// Starts sshd on a random 127.0.0.x address and free port with a fresh host key, for a
+    /// machine like this one.
     pub fn start() -> anyhow::Result<Self> {
-        Self::start_on(None)
+        Self::start_with(HostSetup::default())
     }
 
-    /// Starts sshd on port 22 of a free random 127.0.0.x address: what a controller reaches with
-    /// nothing but the configured address, as in production.
+    /// Starts sshd on port 22 of a free random 127.0.0.x address.
     pub fn start_on_port_22() -> anyhow::Result<Self> {
-        Self::start_on(Some(22))
+        Self::start_with(HostSetup {
+            port: Some(22),
+            ..HostSetup::default()
+        })
     }
 
     /// Starts sshd on `address:port` (an address a cloud emulator hands an instance, say).
     pub fn start_at(address: Ipv4Addr, port: u16) -> anyhow::Result<Self> {
-        Self::start_with(Some((address, port)), None)
+        Self::start_with(HostSetup {
+            address: Some(address),
+            port: Some(port),
+            ..HostSetup::default()
+        })
     }
 
-    fn start_on(fixed_port: Option<u16>) -> anyhow::Result<Self> {
-        Self::start_with(None, fixed_port)
-    }
-
-    fn start_with(at: Option<(Ipv4Addr, u16)>, fixed_port: Option<u16>) -> anyhow::Result<Self> {
+    /// Starts sshd for a host set up as `setup` says.
+    pub fn start_with(setup: HostSetup) -> anyhow::Result<Self> {
         if !sshd_binary().exists() {
             bail!(
                 "{} not found: run e2e/setup.sh (installs openssh-server)",
                 sshd_binary().display()
             );
+        }
+        // Provisioning refuses hosts without podman; a machine without it is not set up.
+        if !setup.overrides("podman") {
+            require_tools(&["podman"])?;
         }
         // sshd refuses to start without its privilege-separation directory.
         let _ = fs::create_dir_all("/run/sshd");
@@ -184,17 +294,19 @@ impl SshdHost {
             format!("{}\n", admin.public_openssh).as_bytes(),
             0o600,
         )?;
-        let (address, port) = match fixed_port {
-            _ if at.is_some() => at.expect("checked"),
-            None => {
-                let address = Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
-                (address, free_port(address)?)
+        let random = || Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
+        let (address, port) = match (setup.address, setup.port) {
+            (Some(a), Some(p)) => (a, p),
+            (Some(a), None) => (a, free_port(a)?),
+            (None, None) => {
+                let a = random();
+                (a, free_port(a)?)
             }
-            Some(port) => (0..64)
-                .map(|_| Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8))
-                .find(|a| TcpListener::bind((*a, port)).is_ok())
-                .map(|a| (a, port))
-                .with_context(|| format!("no free 127.0.0.x address with port {port} free"))?,
+            (None, Some(p)) => (0..64)
+                .map(|_| random())
+                .find(|a| TcpListener::bind((*a, p)).is_ok())
+                .map(|a| (a, p))
+                .with_context(|| format!("no free 127.0.0.x address with port {p} free"))?,
         };
         let mut host = Self {
             address,
@@ -204,9 +316,16 @@ impl SshdHost {
             admin_private: Arc::new(Zeroizing::new(admin.private_openssh.as_bytes().to_vec())),
             host_public: String::new(),
             users: Mutex::new(Vec::new()),
+            tools: None,
         };
         host.new_host_key()?;
-        host.write_config()?;
+        let mut env = setup.env.clone();
+        if setup.changes_path() {
+            let tools = tool_dir(&setup)?;
+            env.push(("PATH".into(), tools.path().display().to_string()));
+            host.tools = Some(tools);
+        }
+        host.write_config(&env)?;
         host.spawn()?;
         Ok(host)
     }
@@ -233,8 +352,15 @@ impl SshdHost {
         Ok(())
     }
 
-    fn write_config(&self) -> anyhow::Result<()> {
+    fn write_config(&self, env: &[(String, String)]) -> anyhow::Result<()> {
         let d = self.dir.path().display();
+        // One line: sshd keeps the first SetEnv directive it reads.
+        let set_env = if env.is_empty() {
+            String::new()
+        } else {
+            let vars: Vec<String> = env.iter().map(|(k, v)| format!("\"{k}={v}\"")).collect();
+            format!("SetEnv {}\n", vars.join(" "))
+        };
         let config = format!(
             "ListenAddress {addr}:{port}\n\
              HostKey {d}/host_ed25519\n\
@@ -249,7 +375,8 @@ impl SshdHost {
              MaxSessions 64\n\
              LoginGraceTime 30\n\
              PrintMotd no\n\
-             LogLevel VERBOSE\n",
+             LogLevel VERBOSE\n\
+             {set_env}",
             addr = self.address,
             port = self.port,
         );
@@ -434,6 +561,36 @@ impl Drop for SshdHost {
             remove_user(&user);
         }
     }
+}
+
+/// A directory every user can search holding links to every system executable not hidden, then
+/// the extra tools.
+fn tool_dir(setup: &HostSetup) -> anyhow::Result<tempfile::TempDir> {
+    let bin = tempfile::Builder::new()
+        .prefix("mpc-e2e-path-")
+        .tempdir_in("/tmp")
+        .context("creating a PATH directory in /tmp")?;
+    fs::set_permissions(bin.path(), fs::Permissions::from_mode(0o755))?;
+    for dir in SYSTEM_PATH {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = bin.path().join(&name);
+            if setup.hidden.iter().any(|h| name == h.as_str()) || link.symlink_metadata().is_ok() {
+                continue;
+            }
+            std::os::unix::fs::symlink(e.path(), &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    for (name, script) in &setup.extra {
+        let path = bin.path().join(name);
+        let _ = fs::remove_file(&path);
+        write_mode(&path, format!("#!/bin/sh\n{script}").as_bytes(), 0o755)?;
+    }
+    Ok(bin)
 }
 
 /// Parent pid of every process, from `/proc`.

@@ -6,8 +6,7 @@
 //! Every test starts its own moto and proxy on random loopback ports, so tests run in parallel.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant, SystemTime};
 
 use std::collections::BTreeSet;
@@ -16,6 +15,7 @@ use std::sync::Arc;
 use aws_sdk_ec2::types::InstanceAttributeName;
 use e2e::ec2_proxy::{Ec2Proxy, Fault};
 use e2e::moto::{Fixture, Moto, test_credentials};
+use e2e::sshd::{HostSetup, SshdHost};
 use mpc::cloud::aws::{AwsCloud, AwsOptions};
 use mpc::cloud::launch::{Market, client_token, tags};
 use mpc::cloud::metrics::CloudMetrics;
@@ -656,59 +656,6 @@ async fn max_instances_counting_includes_pending_instances() {
     );
 }
 
-/// A minimal real sshd bound to `ip` on a random port (no logins needed: readiness only).
-struct Sshd {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_sshd(ip: Ipv4Addr) -> Sshd {
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("host_key");
-    let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let port = std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let cfg = dir.path().join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "ListenAddress {ip}:{port}\nHostKey {}\nPidFile none\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nAuthorizedKeysFile none\n",
-            key.display()
-        ),
-    )
-    .unwrap();
-    let sshd = std::env::var("MPC_E2E_SSHD").unwrap_or_else(|_| "/usr/sbin/sshd".into());
-    let child = Command::new(sshd)
-        .args(["-D", "-e", "-f"])
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Sshd {
-        child,
-        addr: SocketAddr::new(IpAddr::V4(ip), port),
-        _dir: dir,
-    }
-}
-
 #[tokio::test]
 async fn pending_then_running_then_ssh_ready_on_a_loopback_instance() {
     let h = harness_with(|_| {}, true).await;
@@ -724,8 +671,12 @@ async fn pending_then_running_then_ssh_ready_on_a_loopback_instance() {
     let ip: Ipv4Addr = address.parse().unwrap();
     assert!(ip.is_loopback(), "{address}");
     assert_eq!(launched.public_ip, None);
-    let sshd = start_sshd(ip);
-    let resolver = LoopbackMap::new().with_loopback_port(sshd.addr.port());
+    let sshd = SshdHost::start_with(HostSetup {
+        address: Some(ip),
+        ..HostSetup::default()
+    })
+    .unwrap();
+    let resolver = LoopbackMap::new().with_loopback_port(sshd.port());
 
     let start = Instant::now();
     let mut states = Vec::new();

@@ -79,6 +79,7 @@ async fn provisioned_key_reaches_the_build_step_through_the_otp_server_once() {
                 taskrun_name: &name,
                 namespace: "tenant-a",
                 sudo_commands: &[],
+                settings: &mpc::config::BuildUserSettings::DEFAULT,
             },
         )
         .await

@@ -1,9 +1,13 @@
 //! Provisioning against real OpenSSH servers on loopback: users are created, logged into with the
-//! generated key, and removed without a trace; host failures come back as typed errors.
+//! generated key, and removed without a trace; host failures come back as typed errors. Hosts
+//! that lack a tool (or have one this machine lacks: SELinux and systemd stand-ins that record
+//! their calls) are set up through the host's `PATH` ([`HostSetup`]).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::sshd::{SshdHost, unique_name, user_exists};
+use e2e::sshd::{HostSetup, SshdHost, require_tools, slice_drop_in_dirs, unique_name, user_exists};
+use mpc::config::{BuildUserSettings, CpuQuota, KeyType, MemoryMax};
 use mpc::provision::{Blame, ProvisionError, ProvisionRequest, Provisioner, SshOptions};
 
 fn provisioner(state: &tempfile::TempDir) -> Provisioner {
@@ -13,12 +17,30 @@ fn provisioner(state: &tempfile::TempDir) -> Provisioner {
     Provisioner::new(opts).expect("provisioner")
 }
 
+static DEFAULT: BuildUserSettings = BuildUserSettings::DEFAULT;
+
 fn request<'a>(name: &'a str, sudo: &'a [String]) -> ProvisionRequest<'a> {
     ProvisionRequest {
         taskrun_name: name,
         namespace: "tenant-e2e",
         sudo_commands: sudo,
+        settings: &DEFAULT,
     }
+}
+
+fn with_settings<'a>(name: &'a str, settings: &'a BuildUserSettings) -> ProvisionRequest<'a> {
+    ProvisionRequest {
+        settings,
+        ..request(name, &[])
+    }
+}
+
+/// A fresh TaskRun name on `host` and its user, removed when the host is dropped.
+fn new_user(host: &SshdHost, prefix: &str) -> (String, String) {
+    let name = unique_name(prefix);
+    let user = user_of(&name);
+    host.track_user(&user);
+    (name, user)
 }
 
 fn user_of(name: &str) -> String {
@@ -35,9 +57,7 @@ async fn provision_login_then_deprovision_leaves_nothing() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("static-1");
-    let name = unique_name("build");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "build");
 
     let got = p.provision(&target, &request(&name, &[])).await.unwrap();
     assert_eq!(got.user, user);
@@ -93,9 +113,7 @@ async fn provisioning_twice_leaves_one_user_with_only_the_new_key() {
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("static-1");
-    let name = unique_name("retry");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "retry");
 
     let first = p.provision(&target, &request(&name, &[])).await.unwrap();
     let second = p.provision(&target, &request(&name, &[])).await.unwrap();
@@ -281,17 +299,12 @@ async fn auth_refused_is_typed() {
 
 #[tokio::test]
 async fn sudo_commands_allow_exactly_the_listed_commands() {
-    if !std::path::Path::new("/usr/sbin/visudo").exists() {
-        eprintln!("sudo is not installed; skipping");
-        return;
-    }
+    require_tools(&["visudo", "sudo"]).unwrap();
     let host = SshdHost::start().unwrap();
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("sudo-host");
-    let name = unique_name("sudo");
-    let user = user_of(&name);
-    host.track_user(&user);
+    let (name, user) = new_user(&host, "sudo");
     let sudo = vec!["/usr/bin/id".to_owned(), "/usr/bin/true".to_owned()];
     let got = p.provision(&target, &request(&name, &sudo)).await.unwrap();
     let file = format!("/etc/sudoers.d/{user}");
@@ -328,36 +341,374 @@ async fn sudo_commands_allow_exactly_the_listed_commands() {
     assert!(!user_exists(&user));
 }
 
+/// Sets `path`'s modification time `secs` seconds into the past.
+fn age_file(path: &str, secs: u64) {
+    let st = std::process::Command::new("touch")
+        .args(["-m", "-d", &format!("@{}", now_secs() - secs), path])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 #[tokio::test]
-async fn sweep_removes_stale_users_and_keeps_live_ones() {
+async fn sweep_removes_only_old_stale_users_and_keeps_live_and_young_ones() {
+    const DAY: u64 = 24 * 60 * 60;
     let host = SshdHost::start().unwrap();
     let state = tempfile::tempdir().unwrap();
     let p = provisioner(&state);
     let target = host.target("swept");
-    let names: Vec<String> = (0..3).map(|i| unique_name(&format!("sweep{i}"))).collect();
+    let names: Vec<String> = (0..5).map(|i| unique_name(&format!("sweep{i}"))).collect();
     let users: Vec<String> = names.iter().map(|n| user_of(n)).collect();
     for (n, u) in names.iter().zip(&users) {
         host.track_user(u);
         p.provision(&target, &request(n, &[])).await.unwrap();
     }
-    // Other tests share this machine's passwd: treat every user but our two stale ones as live.
-    let stale = [users[1].clone(), users[2].clone()];
+    // 0: live and old; 1, 2: stale and old (as the Go cleanup measures: the home's mtime);
+    // 3: stale but young; 4: stale, no home (aged by its shadow entry: today, so young).
+    for u in &users[..3] {
+        age_file(&format!("/home/{u}"), 2 * DAY);
+    }
+    std::fs::remove_dir_all(format!("/home/{}", users[4])).unwrap();
+
+    let listed = p.list_build_users(&target).await.unwrap();
+    let age = |u: &str| {
+        listed
+            .iter()
+            .find(|l| l.name == u)
+            .unwrap_or_else(|| panic!("{u} not listed in {listed:?}"))
+            .age
+            .unwrap()
+    };
+    for u in &users[..3] {
+        let a = age(u).as_secs();
+        assert!((2 * DAY..2 * DAY + 60).contains(&a), "{u}: {a}");
+    }
+    assert!(age(&users[3]) < Duration::from_secs(60));
+    assert!(age(&users[4]) < Duration::from_secs(DAY));
+
+    // Other tests share this machine's passwd: treat every user but ours as live.
+    let stale = &users[1..];
     let removed = p
-        .sweep(&target, |u| !stale.contains(&u.to_owned()))
+        .sweep(&target, Duration::from_secs(DAY), |u| {
+            !stale.contains(&u.to_owned())
+        })
         .await
         .unwrap();
     let mut removed_sorted = removed.clone();
     removed_sorted.sort();
-    let mut expected = stale.to_vec();
+    let mut expected = users[1..3].to_vec();
     expected.sort();
     assert_eq!(removed_sorted, expected);
     assert!(user_exists(&users[0]));
     assert!(!user_exists(&users[1]) && !user_exists(&users[2]));
-    let listed = p.list_build_users(&target).await.unwrap();
-    assert!(listed.contains(&users[0]));
-    p.deprovision(&target, &users[0]).await.unwrap();
+    assert!(
+        user_exists(&users[3]) && user_exists(&users[4]),
+        "young users stay"
+    );
+    for u in [&users[0], &users[3], &users[4]] {
+        p.deprovision(&target, u).await.unwrap();
+    }
 
     // Never deletes an account that is not a build user.
     let err = p.deprovision(&target, "root").await.unwrap_err();
     assert!(matches!(err, ProvisionError::InvalidRequest(_)));
+}
+
+#[tokio::test]
+async fn users_the_go_controller_made_are_cleaned_up() {
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("switched");
+    // The Go provision script's own naming and user creation, run on the host.
+    let name = unique_name("go-made");
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            r#"u=u-$(echo "$TASKRUN_NAME$NAMESPACE" | md5sum | cut -b-28) && useradd -m "$u" && echo "$u""#,
+        ])
+        .env("TASKRUN_NAME", &name)
+        .env("NAMESPACE", "tenant-e2e")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let go_user = stdout(&out);
+    host.track_user(&go_user);
+    assert_eq!(go_user, user_of(&name));
+    assert!(
+        p.list_build_users(&target)
+            .await
+            .unwrap()
+            .iter()
+            .any(|u| u.name == go_user)
+    );
+    p.deprovision_taskrun(&target, &name, "tenant-e2e")
+        .await
+        .unwrap();
+    assert!(!user_exists(&go_user));
+    assert!(!Path::new(&format!("/home/{go_user}")).exists());
+}
+
+#[tokio::test]
+async fn a_host_without_podman_is_refused_before_any_change() {
+    let host = SshdHost::start_with(HostSetup::default().without("podman")).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("no-podman");
+    let (name, user) = new_user(&host, "nopodman");
+    let err = p
+        .provision(&target, &request(&name, &[]))
+        .await
+        .unwrap_err();
+    match &err {
+        ProvisionError::CommandFailed {
+            exit_code,
+            stderr_tail,
+            ..
+        } => {
+            assert_eq!(*exit_code, Some(69));
+            assert!(
+                stderr_tail.contains("podman is not installed on this host")
+                    && stderr_tail.contains("dnf install -y podman"),
+                "{stderr_tail}"
+            );
+        }
+        other => panic!("expected CommandFailed, got {other:?}"),
+    }
+    assert_eq!(err.blame(), Blame::Host, "another host may have it");
+    assert!(!user_exists(&user), "nothing was created");
+
+    // The same machine with podman: provisioned.
+    let with = SshdHost::start().unwrap();
+    with.track_user(&user);
+    let t = with.target("with-podman");
+    p.provision(&t, &request(&name, &[])).await.unwrap();
+    p.deprovision(&t, &user).await.unwrap();
+}
+
+/// A stand-in for a host tool that appends its name and arguments to `log` and exits with `code`.
+fn recording_tool(name: &str, log: &Path, code: i32) -> String {
+    format!(
+        "printf '%s\\n' \"{name} $*\" >> '{}'\nexit {code}\n",
+        log.display()
+    )
+}
+
+fn read_log(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn restorecon_relabels_ssh_only_on_selinux_hosts() {
+    let logs = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    // (SELinux enabled?, restorecon exit code) -> expected calls, provisioning succeeds?
+    for (i, (selinux, restorecon_exit, relabels, ok)) in [
+        (Some(0), 0, true, true),
+        (Some(1), 0, false, true),
+        (None, 0, false, true),
+        (Some(0), 1, true, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let log = logs.path().join(format!("{selinux:?}-{restorecon_exit}"));
+        let mut setup = HostSetup::default().with_tool(
+            "restorecon",
+            &recording_tool("restorecon", &log, restorecon_exit),
+        );
+        setup = match selinux {
+            Some(code) => setup.with_tool(
+                "selinuxenabled",
+                &recording_tool("selinuxenabled", &log, code),
+            ),
+            // This machine has no SELinux: without selinuxenabled, /sys/fs/selinux decides.
+            None => setup.without("selinuxenabled"),
+        };
+        let host = SshdHost::start_with(setup).unwrap();
+        let (name, user) = new_user(&host, "selinux");
+        // One id per host: each has its own host key.
+        let target = host.target(&format!("selinux-host-{i}"));
+        let result = p.provision(&target, &request(&name, &[])).await;
+        let calls: Vec<String> = read_log(&log)
+            .into_iter()
+            .filter(|l| l.starts_with("restorecon"))
+            .collect();
+        let case = format!("selinux {selinux:?}, restorecon exits {restorecon_exit}");
+        if relabels {
+            assert_eq!(
+                calls,
+                [format!("restorecon -FRv -- /home/{user}/.ssh")],
+                "{case}"
+            );
+        } else {
+            assert!(calls.is_empty(), "{case}: {calls:?}");
+        }
+        match result {
+            Ok(got) if ok => {
+                let out = host.ssh_as(&user, &got.private_key, "true").unwrap();
+                assert!(out.status.success(), "{case}: {out:?}");
+            }
+            Err(ProvisionError::CommandFailed {
+                exit_code: Some(75),
+                stderr_tail,
+                ..
+            }) if !ok => assert!(stderr_tail.contains("restorecon -FRv"), "{stderr_tail}"),
+            other => panic!("{case}: {other:?}"),
+        }
+        p.deprovision(&target, &user).await.unwrap();
+    }
+    // Without restorecon at all: nothing to run, provisioning works.
+    let host = SshdHost::start_with(HostSetup::default().without("restorecon")).unwrap();
+    let name = unique_name("no-restorecon");
+    host.track_user(&user_of(&name));
+    let target = host.target("plain-host");
+    p.provision(&target, &request(&name, &[])).await.unwrap();
+    p.deprovision(&target, &user_of(&name)).await.unwrap();
+}
+
+/// A `systemctl` that reports `state` and records `daemon-reload`s in `log`.
+fn systemctl(state: &str, log: &Path) -> String {
+    format!(
+        "case $1 in\n  is-system-running) echo {state}; [ {state} = running ] ;;\n  \
+         daemon-reload) echo daemon-reload >> '{}' ;;\n  *) exit 1 ;;\nesac\n",
+        log.display()
+    )
+}
+
+/// Every slice drop-in of `user` on this machine.
+fn drop_ins(user: &str) -> Vec<PathBuf> {
+    slice_drop_in_dirs()
+        .into_iter()
+        .map(|d| d.join(format!("50-mpc-{user}.conf")))
+        .filter(|f| f.exists())
+        .collect()
+}
+
+#[tokio::test]
+async fn slice_caps_are_written_where_systemd_runs_and_removed_at_cleanup() {
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("systemctl");
+    let host = SshdHost::start_with(
+        HostSetup::default().with_tool("systemctl", &systemctl("running", &log)),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("systemd-host");
+    let capped = BuildUserSettings {
+        memory_max: Some(MemoryMax::parse("8G").unwrap()),
+        cpu_quota: Some(CpuQuota::parse("200%").unwrap()),
+        ..BuildUserSettings::DEFAULT
+    };
+    let (name, user) = new_user(&host, "slice");
+    let got = p
+        .provision(&target, &with_settings(&name, &capped))
+        .await
+        .unwrap();
+    let uid = stdout(
+        &std::process::Command::new("id")
+            .args(["-u", &user])
+            .output()
+            .unwrap(),
+    );
+    let file = PathBuf::from(format!(
+        "/etc/systemd/system/user-{uid}.slice.d/50-mpc-{user}.conf"
+    ));
+    assert_eq!(drop_ins(&user), std::slice::from_ref(&file));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.ends_with("\n[Slice]\nMemoryMax=8G\nCPUQuota=200%\n"),
+        "{text}"
+    );
+    assert_eq!(read_log(&log), ["daemon-reload"]);
+    let out = host.ssh_as(&user, &got.private_key, "id -un").unwrap();
+    assert_eq!(stdout(&out), user, "{out:?}");
+
+    // Re-provisioned without caps: the drop-in goes, systemd reloads.
+    p.provision(&target, &request(&name, &[])).await.unwrap();
+    assert!(drop_ins(&user).is_empty());
+    assert_eq!(read_log(&log).len(), 2);
+    p.provision(&target, &with_settings(&name, &capped))
+        .await
+        .unwrap();
+    assert_eq!(drop_ins(&user).len(), 1);
+
+    // Cleanup removes it with the user, and its directory.
+    p.deprovision(&target, &user).await.unwrap();
+    assert!(!user_exists(&user));
+    assert!(drop_ins(&user).is_empty());
+    assert!(!file.parent().unwrap().exists());
+    assert_eq!(read_log(&log).len(), 4);
+}
+
+#[tokio::test]
+async fn slice_caps_are_skipped_cleanly_without_systemd() {
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("systemctl");
+    let capped = BuildUserSettings {
+        memory_max: Some(MemoryMax::parse("75%").unwrap()),
+        ..BuildUserSettings::DEFAULT
+    };
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    // systemctl present but systemd not running (a container), and no systemctl at all.
+    for (i, setup) in [
+        HostSetup::default().with_tool("systemctl", &systemctl("offline", &log)),
+        HostSetup::default().without("systemctl"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let host = SshdHost::start_with(setup).unwrap();
+        let target = host.target(&format!("no-systemd-{i}"));
+        let (name, user) = new_user(&host, "noslice");
+        let got = p
+            .provision(&target, &with_settings(&name, &capped))
+            .await
+            .unwrap();
+        assert!(drop_ins(&user).is_empty());
+        let out = host.ssh_as(&user, &got.private_key, "id -un").unwrap();
+        assert_eq!(stdout(&out), user, "{out:?}");
+        p.deprovision(&target, &user).await.unwrap();
+        assert!(!user_exists(&user));
+    }
+    assert!(read_log(&log).is_empty(), "no reload without systemd");
+}
+
+#[tokio::test]
+async fn rsa_keys_for_fips_hosts_log_in() {
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("fips-host");
+    let rsa = BuildUserSettings {
+        key_type: KeyType::Rsa { bits: 3072 },
+        ..BuildUserSettings::DEFAULT
+    };
+    let (name, user) = new_user(&host, "fips");
+    let got = p
+        .provision(&target, &with_settings(&name, &rsa))
+        .await
+        .unwrap();
+    assert!(got.public_key.starts_with("ssh-rsa "), "{}", got.public_key);
+    let out = host
+        .ssh_as(&user, &got.private_key, "cat ~/.ssh/authorized_keys")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", host.log());
+    assert_eq!(stdout(&out), got.public_key.trim());
+    assert!(host.log().contains("RSA SHA256:"), "sshd saw an RSA key");
+    p.deprovision(&target, &user).await.unwrap();
 }

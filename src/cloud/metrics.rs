@@ -126,7 +126,7 @@ impl CloudMetrics {
                     .filter(|i| i.state == state && i.ownership == owner)
                     .count();
                 self.instances
-                    .with_label_values(&[platform, state.as_str(), owner_label(owner)])
+                    .with_label_values(&[&go_label(platform), state.as_str(), owner_label(owner)])
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
@@ -135,19 +135,23 @@ impl CloudMetrics {
     /// Counts a termination requested for `reason`.
     pub(crate) fn terminated(&self, platform: &str, reason: &str) {
         self.terminations
-            .with_label_values(&[platform, reason])
+            .with_label_values(&[&go_label(platform), reason])
             .inc();
     }
 
     /// Counts a spot launch that fell back to on-demand.
     pub(crate) fn spot_fallback(&self, platform: &str) {
-        self.spot_fallbacks.with_label_values(&[platform]).inc();
+        self.spot_fallbacks
+            .with_label_values(&[&go_label(platform)])
+            .inc();
     }
 
     /// Counts a launch (`adopted` when an earlier try's instance was found).
     pub(crate) fn launched(&self, platform: &str, adopted: bool) {
         let result = if adopted { "adopted" } else { "launched" };
-        self.launches.with_label_values(&[platform, result]).inc();
+        self.launches
+            .with_label_values(&[&go_label(platform), result])
+            .inc();
     }
 
     /// Calls counted so far for an operation and outcome label (`success` or an error class).
@@ -161,7 +165,7 @@ impl CloudMetrics {
             .iter()
             .map(|o| {
                 self.instances
-                    .with_label_values(&[platform, state.as_str(), owner_label(*o)])
+                    .with_label_values(&[&go_label(platform), state.as_str(), owner_label(*o)])
                     .get()
             })
             .sum()
@@ -173,7 +177,7 @@ impl CloudMetrics {
             .iter()
             .map(|s| {
                 self.instances
-                    .with_label_values(&[platform, s.as_str(), owner_label(owner)])
+                    .with_label_values(&[&go_label(platform), s.as_str(), owner_label(owner)])
                     .get()
             })
             .sum()
@@ -182,23 +186,25 @@ impl CloudMetrics {
     /// Terminations requested for a platform and reason.
     pub fn terminations(&self, platform: &str, reason: &str) -> u64 {
         self.terminations
-            .with_label_values(&[platform, reason])
+            .with_label_values(&[&go_label(platform), reason])
             .get()
     }
 
     /// Spot fallbacks for a platform.
     pub fn spot_fallbacks(&self, platform: &str) -> u64 {
-        self.spot_fallbacks.with_label_values(&[platform]).get()
+        self.spot_fallbacks
+            .with_label_values(&[&go_label(platform)])
+            .get()
     }
 
     /// Launches of a platform: `(launched, adopted)`.
     pub fn launches(&self, platform: &str) -> (u64, u64) {
         (
             self.launches
-                .with_label_values(&[platform, "launched"])
+                .with_label_values(&[&go_label(platform), "launched"])
                 .get(),
             self.launches
-                .with_label_values(&[platform, "adopted"])
+                .with_label_values(&[&go_label(platform), "adopted"])
                 .get(),
         )
     }
@@ -234,4 +240,10 @@ mod tests {
             "double registration is refused"
         );
     }
+}
+
+/// The `platform` label in the Go controller's form (`linux-arm64`), whichever form callers pass,
+/// so cloud series join the scheduler's and the config's.
+fn go_label(platform: &str) -> String {
+    crate::platform::label_value(platform)
 }

@@ -4,6 +4,7 @@
 //! and the bad value, and a bad entry disables only its own host or platform (recorded in
 //! [`HostConfig::disabled`] so TaskRuns for it get an error secret that says why).
 
+mod build_user;
 mod configmap;
 mod report;
 pub mod values;
@@ -12,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+pub use build_user::{BuildUserSettings, BuildUsers, CpuQuota, KeyType, MemoryMax};
 pub use configmap::{ConfigMapError, read_configmap_yaml};
 pub use report::{PlatformSummary, render_report};
 
@@ -246,6 +248,8 @@ pub struct HostConfig {
     pub reject_unknown_platforms: bool,
     /// URL of the OTP server's `/otp` endpoint as seen from build pods.
     pub otp_server_url: Option<String>,
+    /// How build users are set up (key type, slice caps) per static host and dynamic platform.
+    pub build_users: BuildUsers,
 }
 
 impl HostConfig {
@@ -570,23 +574,30 @@ pub fn parse(data: &ConfigData) -> Parsed {
             &mut sink,
         );
         match parsed {
-            Some((d, pool)) => match (kind, pool) {
-                (DynKind::Dynamic, _) => {
-                    cfg.dynamic.insert(platform, d);
+            Some((d, pool, build_user)) => {
+                if build_user != BuildUserSettings::DEFAULT {
+                    cfg.build_users
+                        .platforms
+                        .insert(platform.clone(), build_user);
                 }
-                (DynKind::Pool, Some((concurrency, max_age, min_instances))) => {
-                    cfg.pools.insert(
-                        platform,
-                        DynamicPool {
-                            instance: d,
-                            concurrency,
-                            max_age,
-                            min_instances,
-                        },
-                    );
+                match (kind, pool) {
+                    (DynKind::Dynamic, _) => {
+                        cfg.dynamic.insert(platform, d);
+                    }
+                    (DynKind::Pool, Some((concurrency, max_age, min_instances))) => {
+                        cfg.pools.insert(
+                            platform,
+                            DynamicPool {
+                                instance: d,
+                                concurrency,
+                                max_age,
+                                min_instances,
+                            },
+                        );
+                    }
+                    (DynKind::Pool, None) => unreachable!("pool fields are parsed for pools"),
                 }
-                (DynKind::Pool, None) => unreachable!("pool fields are parsed for pools"),
-            },
+            }
             None => {
                 let reason = first_error_since(&sink, before)
                     .map(|d| {
@@ -615,11 +626,17 @@ pub fn parse(data: &ConfigData) -> Parsed {
 
     // Static hosts.
     let mut by_platform: BTreeMap<Platform, Vec<StaticHost>> = BTreeMap::new();
+    let mut host_build_users: BTreeMap<String, BuildUserSettings> = BTreeMap::new();
     let mut broken_static: BTreeMap<Platform, String> = BTreeMap::new();
     for (name, fields) in &host_groups {
         let before = sink.0.len();
         match parse_host(name, fields, &mut sink) {
-            Ok(h) => by_platform.entry(h.platform.clone()).or_default().push(h),
+            Ok((h, build_user)) => {
+                if build_user != BuildUserSettings::DEFAULT {
+                    host_build_users.insert(h.name.clone(), build_user);
+                }
+                by_platform.entry(h.platform.clone()).or_default().push(h);
+            }
             Err(Some(p)) => {
                 if let Some(d) = first_error_since(&sink, before) {
                     broken_static.entry(p).or_insert_with(|| d.to_string());
@@ -641,6 +658,11 @@ pub fn parse(data: &ConfigData) -> Parsed {
             continue;
         }
         broken_static.remove(&p);
+        for h in &hosts {
+            if let Some(b) = host_build_users.remove(&h.name) {
+                cfg.build_users.hosts.insert(h.name.clone(), b);
+            }
+        }
         cfg.static_pools
             .insert(p.clone(), StaticPool { platform: p, hosts });
     }
@@ -675,12 +697,12 @@ fn parse_dynamic(
     kind: DynKind,
     global_tag: Option<&str>,
     sink: &mut Sink,
-) -> Option<(DynamicPlatform, Option<PoolFields>)> {
+) -> Option<(DynamicPlatform, Option<PoolFields>, BuildUserSettings)> {
     let mut ok = true;
     let key = |field: &str| format!("{prefix}.{field}");
 
     for (field, value) in f {
-        if !DYNAMIC_FIELDS.contains(field) {
+        if !DYNAMIC_FIELDS.contains(field) && !build_user::FIELDS.contains(field) {
             sink.warn(
                 &key(field),
                 Some(value),
@@ -890,6 +912,11 @@ fn parse_dynamic(
             HostKeyPolicy::TrustOnFirstUse
         }
     };
+    let build_user = BuildUserSettings::parse(
+        |field| f.get(field).copied(),
+        |field, value, message| sink.error(&key(field), Some(value), message),
+    );
+    ok &= build_user.is_ok();
     if security_group.is_some() && security_group_id.is_some() {
         sink.warn(
             &key("security-group"),
@@ -958,6 +985,7 @@ fn parse_dynamic(
             host_key_policy,
         },
         pool,
+        build_user.ok()?,
     ))
 }
 
@@ -967,11 +995,11 @@ fn parse_host(
     name: &str,
     f: &BTreeMap<&str, &str>,
     sink: &mut Sink,
-) -> Result<StaticHost, Option<Platform>> {
+) -> Result<(StaticHost, BuildUserSettings), Option<Platform>> {
     let key = |field: &str| format!("host.{name}.{field}");
     let mut ok = true;
     for (field, value) in f {
-        if !HOST_FIELDS.contains(field) {
+        if !HOST_FIELDS.contains(field) && !build_user::FIELDS.contains(field) {
             sink.warn(
                 &key(field),
                 Some(value),
@@ -1055,9 +1083,27 @@ fn parse_host(
             }
         },
     };
-    match (ok, platform, address, user, secret, concurrency) {
-        (true, Some(platform), Some(address), Some(user), Some(secret), Some(concurrency)) => {
-            Ok(StaticHost {
+    let build_user = BuildUserSettings::parse(
+        |field| f.get(field).copied(),
+        |field, value, message| {
+            sink.error(
+                &key(field),
+                Some(value),
+                format!("{message}; host disabled"),
+            )
+        },
+    );
+    match (ok, platform, address, user, secret, concurrency, build_user) {
+        (
+            true,
+            Some(platform),
+            Some(address),
+            Some(user),
+            Some(secret),
+            Some(concurrency),
+            Ok(build_user),
+        ) => Ok((
+            StaticHost {
                 name: name.to_owned(),
                 address,
                 user,
@@ -1065,8 +1111,9 @@ fn parse_host(
                 secret,
                 concurrency,
                 host_key,
-            })
-        }
+            },
+            build_user,
+        )),
         (_, platform, ..) => Err(platform),
     }
 }

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use super::{HostConfig, Parsed, Severity, Strategy};
-use crate::platform::Platform;
+use super::{BuildUserSettings, HostConfig, Parsed, Severity, Strategy};
+use crate::platform::{Platform, label_value};
 
 /// One platform's strategy and capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +104,7 @@ pub fn render_report(source: &str, parsed: &Parsed) -> String {
             r.capacity
         );
     }
+    render_build_users(&mut out, &parsed.config);
     for (sev, title) in [(Severity::Warning, "warnings"), (Severity::Error, "errors")] {
         let items: Vec<_> = parsed.of(sev).collect();
         let _ = writeln!(out, "{title}: {}", items.len());
@@ -112,4 +113,26 @@ pub fn render_report(source: &str, parsed: &Parsed) -> String {
         }
     }
     out
+}
+
+/// The build-user setup (key type, slice caps) wherever it differs from the default.
+fn render_build_users(out: &mut String, config: &HostConfig) {
+    let b = &config.build_users;
+    let default = BuildUserSettings::DEFAULT.describe();
+    if b.hosts.is_empty() && b.platforms.is_empty() {
+        let _ = writeln!(out, "build users: {default}, no slice, everywhere");
+        return;
+    }
+    let _ = writeln!(out, "build users: {default}, no slice, except:");
+    for (p, s) in &b.platforms {
+        let _ = writeln!(
+            out,
+            "  dynamic.{}.*: {}",
+            label_value(p.as_str()),
+            s.describe()
+        );
+    }
+    for (name, s) in &b.hosts {
+        let _ = writeln!(out, "  host.{name}.*: {}", s.describe());
+    }
 }

@@ -114,6 +114,21 @@ fn production_like_fixture_parses_cleanly() {
     let ppc = &c.static_pools[&p("linux/ppc64le")];
     assert_eq!(ppc.hosts[0].name, "ppc64le.static.1", "dotted host names");
     assert!(matches!(c.resolve(&p("linux/s390x")), Strategy::Static(_)));
+    let fips = c.build_users.for_static_host("s390x-static-2");
+    assert_eq!(fips.key_type, KeyType::Rsa { bits: 3072 });
+    assert_eq!(fips.memory_max.as_ref().map(MemoryMax::as_str), Some("15G"));
+    assert_eq!(fips.cpu_quota, None);
+    assert_eq!(
+        c.build_users.for_static_host("s390x-static-1"),
+        &BuildUserSettings::DEFAULT
+    );
+    let shared = c.build_users.for_platform(&p("linux-pool/arm64"));
+    assert_eq!(shared.key_type, KeyType::Ed25519);
+    assert_eq!(shared.cpu_quota.map(CpuQuota::percent), Some(400));
+    assert_eq!(
+        c.build_users.for_platform(&p("linux/arm64")),
+        &BuildUserSettings::DEFAULT
+    );
     assert!(matches!(c.resolve(&p("linux/x86_64")), Strategy::Local));
     assert!(matches!(c.resolve(&p("linux/riscv64")), Strategy::Unknown));
     // key-name missing on nothing here; the only warnings are the ones we expect none of.
@@ -536,7 +551,94 @@ fn report_lists_strategies_and_capacity() {
         "{out}"
     );
     assert!(out.contains("kubernetes.io/arch=amd64"), "{out}");
+    assert!(
+        out.contains(
+            "build users: key-type ed25519, no slice, except:\n  \
+             dynamic.linux-pool-arm64.*: key-type ed25519, memory-max 14G, cpu-quota 400%\n  \
+             host.s390x-static-2.*: key-type rsa-3072, memory-max 15G\n"
+        ),
+        "{out}"
+    );
     assert!(out.contains("errors: 0"), "{out}");
+    let plain = render_report("dev.yaml", &fixture("dev-like.yaml"));
+    assert!(
+        plain.contains("build users: key-type ed25519, no slice, everywhere\n"),
+        "{plain}"
+    );
+}
+
+#[test]
+fn build_user_keys_disable_only_their_own_host_or_platform() {
+    let mut d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64,linux/amd64"),
+            ("dynamic.linux-arm64.key-type", "rsa-4096"),
+            ("dynamic.linux-arm64.cpu-quota", "150%"),
+            ("dynamic.linux-amd64.memory-max", "lots"),
+        ],
+    );
+    d.extend(dynamic_keys("linux-amd64"));
+    for (name, extra) in [
+        ("fips", ("key-type", "rsa-2048")),
+        ("fine", ("memory-max", "6G")),
+    ] {
+        for (f, v) in [
+            ("address", "10.0.0.9"),
+            ("platform", "linux/s390x"),
+            ("user", "root"),
+            ("secret", "key"),
+            ("concurrency", "2"),
+            extra,
+        ] {
+            d.insert(format!("host.{name}.{f}"), v.to_owned());
+        }
+    }
+    let parsed = parse(&d);
+    let c = &parsed.config;
+    let arm = c.build_users.for_platform(&p("linux/arm64"));
+    assert_eq!(arm.key_type, KeyType::Rsa { bits: 4096 });
+    assert_eq!(arm.cpu_quota.map(CpuQuota::percent), Some(150));
+    assert!(matches!(c.resolve(&p("linux/arm64")), Strategy::Dynamic(_)));
+
+    let e = errors_for(&parsed, "dynamic.linux-amd64.memory-max");
+    assert_eq!(e.len(), 1, "{:#?}", parsed.diagnostics);
+    assert_eq!(e[0].value.as_deref(), Some("lots"));
+    assert!(
+        e[0].message.contains("not a memory size"),
+        "{}",
+        e[0].message
+    );
+    assert!(matches!(
+        c.resolve(&p("linux/amd64")),
+        Strategy::Disabled(r) if r.contains("dynamic.linux-amd64.memory-max")
+    ));
+
+    let e = errors_for(&parsed, "host.fips.key-type");
+    assert_eq!(e.len(), 1, "{:#?}", parsed.diagnostics);
+    assert_eq!(e[0].value.as_deref(), Some("rsa-2048"));
+    assert!(e[0].message.ends_with("host disabled"), "{}", e[0].message);
+    let s390 = &c.static_pools[&p("linux/s390x")];
+    assert_eq!(s390.hosts.len(), 1);
+    assert_eq!(s390.hosts[0].name, "fine");
+    assert_eq!(
+        c.build_users
+            .for_static_host("fine")
+            .memory_max
+            .as_ref()
+            .map(MemoryMax::as_str),
+        Some("6G")
+    );
+    assert!(!c.build_users.hosts.contains_key("fips"));
+    // Known keys: no "unknown field" warnings.
+    assert!(
+        !parsed
+            .diagnostics
+            .iter()
+            .any(|d| d.message.contains("unknown field")),
+        "{:#?}",
+        parsed.diagnostics
+    );
 }
 
 #[test]

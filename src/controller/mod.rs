@@ -309,6 +309,7 @@ impl Controller {
             known_hosts: Arc::new(execute::ssh::KnownHosts::new(
                 args.known_hosts_config_map.clone(),
             )),
+            config: config.clone(),
             cloud: Arc::new(execute::cloud::CloudExec::new(
                 cluster_id_checked.clone(),
                 args.ec2_endpoint.clone(),

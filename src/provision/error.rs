@@ -71,6 +71,16 @@ pub enum ProvisionError {
         /// The last part of stderr.
         stderr_tail: String,
     },
+    /// A remote command succeeded but its output was not what the script prints.
+    #[error("{operation} on host {host} printed unexpected output: {detail}")]
+    UnexpectedOutput {
+        /// Host id.
+        host: String,
+        /// What was running.
+        operation: &'static str,
+        /// What was wrong with it.
+        detail: String,
+    },
     /// The request was refused before anything was sent.
     #[error("invalid provisioning request: {0}")]
     InvalidRequest(String),
@@ -86,7 +96,8 @@ impl ProvisionError {
             Self::Unreachable { .. }
             | Self::AuthRefused { .. }
             | Self::HostKeyMismatch { .. }
-            | Self::Timeout { .. } => Blame::Host,
+            | Self::Timeout { .. }
+            | Self::UnexpectedOutput { .. } => Blame::Host,
             Self::CommandFailed { exit_code, .. } => match *exit_code {
                 Some(EXIT_BAD_REQUEST) => Blame::Request,
                 Some(EXIT_UNAVAILABLE) | Some(_) | None => Blame::Host,

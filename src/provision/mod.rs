@@ -1,12 +1,14 @@
 //! SSH provisioning of per-TaskRun build users on remote hosts, and their cleanup (design §6).
 //!
 //! The controller connects as the host's admin over a multiplexed `openssh` master per host
-//! ([`Connections`]), generates an ed25519 key pair in-process ([`keys`]), and sends one constant
-//! script per operation with every value passed as a quoted positional parameter ([`quote`],
-//! [`scripts`]). The private key never reaches the host: the caller hands it to the OTP server.
+//! ([`Connections`]), generates the build user's key pair in-process ([`keys`]: ed25519, or RSA
+//! for FIPS hosts), and sends one constant script per operation with every value passed as a
+//! quoted positional parameter ([`quote`], [`scripts`]). The private key never reaches the host:
+//! the caller hands it to the OTP server.
 //!
 //! This module takes the admin key as bytes and knows nothing about Kubernetes; the caller reads
-//! Secrets and config.
+//! Secrets and config. What a host's build users get (key type, slice caps) comes from the config
+//! ([`crate::config::BuildUsers`]) through [`ProvisionRequest::settings`].
 
 mod connection;
 mod error;
@@ -15,7 +17,11 @@ pub mod quote;
 pub mod scripts;
 mod target;
 
+use std::time::Duration;
+
 pub use zeroize::Zeroizing;
+
+pub use crate::config::BuildUserSettings;
 
 pub use connection::{Connections, SshOptions};
 pub use error::{Blame, ProvisionError};
@@ -31,6 +37,27 @@ pub struct ProvisionRequest<'a> {
     pub namespace: &'a str,
     /// Commands the user may run with `sudo` (from `dynamic.<p>.sudo-commands`); empty for none.
     pub sudo_commands: &'a [String],
+    /// Key type and slice caps, as the config says for the host or platform
+    /// (`HostConfig::build_users`).
+    pub settings: &'a BuildUserSettings,
+}
+
+/// A build user found on a host by [`Provisioner::list_build_users`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostUser {
+    /// `u-<28 hex>`.
+    pub name: String,
+    /// How old the user is at least, on the host's clock: since its home directory last changed
+    /// (else since its shadow entry's day); `None` when neither exists. See
+    /// [`scripts::parse_user_listing`].
+    pub age: Option<Duration>,
+}
+
+impl HostUser {
+    /// Known to be at least `grace` old: the only users a sweep may remove.
+    pub fn older_than(&self, grace: Duration) -> bool {
+        self.age.is_some_and(|a| a >= grace)
+    }
 }
 
 /// A provisioned build user, with the private key the build step will fetch through the OTP server.
@@ -98,14 +125,32 @@ impl Provisioner {
             crate::config::values::sudo_commands(&req.sudo_commands.join(","))
                 .map_err(|e| ProvisionError::InvalidRequest(format!("sudo-commands: {e}")))?
         };
-        let pair = keys::generate(&format!("mpc:{user}"))
-            .map_err(|e| ProvisionError::Local(e.to_string()))?;
+        let started = std::time::Instant::now();
+        let key_type = req.settings.key_type;
+        let comment = format!("mpc:{user}");
+        let pair = match key_type {
+            keys::KeyType::Ed25519 => keys::generate_as(key_type, &comment),
+            // Tens to hundreds of milliseconds of CPU: keep it off the async workers.
+            keys::KeyType::Rsa { .. } => {
+                tokio::task::spawn_blocking(move || keys::generate_as(key_type, &comment))
+                    .await
+                    .map_err(|e| ProvisionError::Local(format!("key generation task: {e}")))?
+            }
+        }
+        .map_err(|e| ProvisionError::Local(e.to_string()))?;
         let sudoers = scripts::sudoers_file(&user, &sudo_commands);
         let limits = scripts::limits_file(&user, &self.limits);
-        let started = std::time::Instant::now();
+        let slice = scripts::slice_drop_in(&user, req.settings);
         self.connections
             .run(target, "provision", |prefix| {
-                scripts::provision_command(prefix, &user, &pair.public_openssh, &sudoers, &limits)
+                scripts::provision_command(
+                    prefix,
+                    &user,
+                    &pair.public_openssh,
+                    &sudoers,
+                    &limits,
+                    &slice,
+                )
             })
             .await?;
         tracing::info!(
@@ -114,6 +159,8 @@ impl Provisioner {
             taskrun = req.taskrun_name,
             namespace = req.namespace,
             sudo = !sudo_commands.is_empty(),
+            key_type = %key_type,
+            slice = !slice.is_empty(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "build user provisioned"
         );
@@ -127,7 +174,7 @@ impl Provisioner {
     }
 
     /// Removes `user` from `target`: kills its processes, deletes the account, its home, and the
-    /// sudoers and limits files. Succeeds when the user is already gone.
+    /// sudoers, limits and slice files. Succeeds when the user is already gone.
     pub async fn deprovision(&self, target: &Target, user: &str) -> Result<(), ProvisionError> {
         self.remove_users(target, &[user]).await
     }
@@ -144,7 +191,10 @@ impl Provisioner {
     }
 
     async fn remove_users(&self, target: &Target, users: &[&str]) -> Result<(), ProvisionError> {
-        if let Some(bad) = users.iter().find(|u| !scripts::is_build_user(u)) {
+        if let Some(bad) = users
+            .iter()
+            .find(|u| !crate::contract::is_remote_user_name(u))
+        {
             return Err(ProvisionError::InvalidRequest(format!(
                 "{bad:?} is not a build user (u- followed by 28 hex digits); refusing to delete it"
             )));
@@ -167,29 +217,39 @@ impl Provisioner {
         Ok(())
     }
 
-    /// The build users (`u-<28 hex>`) present on `target`.
-    pub async fn list_build_users(&self, target: &Target) -> Result<Vec<String>, ProvisionError> {
+    /// The build users (`u-<28 hex>`) present on `target`, with their ages (one SSH command).
+    pub async fn list_build_users(&self, target: &Target) -> Result<Vec<HostUser>, ProvisionError> {
+        const OPERATION: &str = "list users";
         let out = self
             .connections
-            .run(target, "list users", |_| Ok("getent passwd".to_owned()))
+            .run(target, OPERATION, scripts::list_users_command)
             .await?;
-        Ok(scripts::build_users_in_passwd(&String::from_utf8_lossy(
-            &out.stdout,
-        )))
+        scripts::parse_user_listing(&String::from_utf8_lossy(&out.stdout)).map_err(|detail| {
+            ProvisionError::UnexpectedOutput {
+                host: target.id.clone(),
+                operation: OPERATION,
+                detail,
+            }
+        })
     }
 
-    /// Removes every build user on `target` for which `is_live` is false (users of allocations the
-    /// caller no longer owns); returns the users removed. For a set: `|u| live.contains(u)`.
+    /// Removes every build user on `target` that is known to be at least `grace` old and for
+    /// which `is_live` is false (users of allocations the caller no longer owns); returns the
+    /// users removed. For a set: `|u| live.contains(u)`. Younger users may belong to an
+    /// allocation whose result the caller has not seen yet (or to the other implementation during
+    /// a switch), so they are left alone, as by the scheduler's sweep.
     pub async fn sweep(
         &self,
         target: &Target,
+        grace: Duration,
         is_live: impl Fn(&str) -> bool,
     ) -> Result<Vec<String>, ProvisionError> {
         let stale: Vec<String> = self
             .list_build_users(target)
             .await?
             .into_iter()
-            .filter(|u| !is_live(u))
+            .filter(|u| u.older_than(grace) && !is_live(&u.name))
+            .map(|u| u.name)
             .collect();
         let refs: Vec<&str> = stale.iter().map(String::as_str).collect();
         self.remove_users(target, &refs).await?;

@@ -5,7 +5,13 @@
 //! `sysexits.h` so the caller can tell a bad request (65) from a host that lacks a tool (69) or
 //! failed (75).
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::HostUser;
 use super::quote::{NulInArgument, sh_command};
+use crate::config::BuildUserSettings;
+use crate::contract::is_remote_user_name;
 
 /// Exit code: the host rejected data derived from the request (e.g. visudo refused the rule).
 pub const EXIT_BAD_REQUEST: i32 = 65;
@@ -17,19 +23,47 @@ pub const EXIT_TEMPFAIL: i32 = 75;
 /// `$0` of provisioning scripts (shows in `ps` on the host while they run).
 pub const SCRIPT_NAME: &str = "mpc-provision";
 
+/// Shell function shared by the scripts: is systemd the host's init, able to take unit changes?
+/// Asked through `systemctl` (not `/run/systemd/system`) so only a host whose manager answers counts.
+macro_rules! systemd_running_fn {
+    () => {
+        r#"systemd_running() {
+  command -v systemctl >/dev/null 2>&1 || return 1
+  case $(systemctl is-system-running 2>/dev/null) in
+    running|degraded|starting|initializing|maintenance|stopping) return 0 ;;
+  esac
+  return 1
+}
+"#
+    };
+}
+
 /// Creates or refreshes one build user. Arguments: user, authorized_keys line, sudoers text (empty:
-/// none), limits text (empty: none).
+/// none), limits text (empty: none), slice drop-in text (empty: none; see [`slice_drop_in`]).
 ///
 /// Files inside the user's home are written as the user (setpriv/runuser), so a user who replaced
-/// `~/.ssh` with a symlink during an earlier attempt cannot make root write elsewhere.
-pub const PROVISION: &str = r#"set -u
+/// `~/.ssh` with a symlink during an earlier attempt cannot make root write elsewhere. Steps the
+/// Go controller's provisioning also takes, each skipped where the host lacks the tool: podman
+/// must exist (exit 69 otherwise), `restorecon -FRv ~/.ssh` on SELinux hosts, and the slice
+/// drop-in where systemd runs.
+pub const PROVISION: &str = concat!(
+    r#"set -u
 umask 022
-user=$1 key=$2 sudoers=$3 limits=$4
+user=$1 key=$2 sudoers=$3 limits=$4 slice=$5
 home=/home/$user
 fail() { code=$1; shift; printf 'mpc-provision: %s\n' "$*" >&2; exit "$code"; }
 for tool in id useradd; do
   command -v "$tool" >/dev/null 2>&1 || fail 69 "$tool is not installed"
 done
+# Builds run their containers with podman on the host. The Go controller's provisioning ran
+# 'dnf install podman' every time; we check instead of changing the host's packages.
+command -v podman >/dev/null 2>&1 ||
+  fail 69 "podman is not installed on this host: install it (e.g. dnf install -y podman); builds run their containers with it"
+"#,
+    systemd_running_fn!(),
+    r#"selinux_enabled() {
+  if command -v selinuxenabled >/dev/null 2>&1; then selinuxenabled; else [ -e /sys/fs/selinux/enforce ]; fi
+}
 if ! id -u "$user" >/dev/null 2>&1; then
   # A home left behind by an interrupted cleanup must not be inherited by the new account.
   rm -rf -- "$home"
@@ -68,6 +102,10 @@ mkdir -p "$1/.ssh" "$1/build" && chmod 0700 "$1/.ssh" &&
 printf "%s\n" "$2" > "$1/.ssh/authorized_keys.new" &&
 mv -f "$1/.ssh/authorized_keys.new" "$1/.ssh/authorized_keys"' mpc-user "$home" "$key" ||
   fail 75 "writing $home/.ssh/authorized_keys as $user failed"
+# On SELinux hosts the new files may carry a label sshd may not read: without this, logins fail.
+if command -v restorecon >/dev/null 2>&1 && selinux_enabled; then
+  out=$(restorecon -FRv -- "$home/.ssh" 2>&1) || fail 75 "restorecon -FRv $home/.ssh failed: $out"
+fi
 dir=/etc/security/limits.d
 if [ -n "$limits" ] && [ -d "$dir" ]; then
   { printf '%s\n' "$limits" > "$dir/.$user.tmp" && mv -f "$dir/.$user.tmp" "$dir/$user.conf"; } ||
@@ -90,12 +128,41 @@ if [ -n "$sudoers" ]; then
 else
   rm -f -- "$dir/$user"
 fi
-"#;
+# Resource caps: a drop-in for user-<uid>.slice, which holds every session and service of the
+# user. Its name carries the user so cleanup finds it without the uid. Written where systemd runs.
+reload=
+for f in /etc/systemd/system/user-*.slice.d/50-mpc-"$user".conf; do
+  [ -e "$f" ] || continue
+  rm -f -- "$f"
+  rmdir -- "${f%/*}" 2>/dev/null
+  reload=1
+done
+systemd=
+if [ -n "$slice$reload" ] && systemd_running; then systemd=1; fi
+if [ -n "$slice" ] && [ -n "$systemd" ]; then
+  uid=$(id -u "$user") || fail 75 "user $user vanished while being provisioned"
+  dir=/etc/systemd/system/user-$uid.slice.d
+  # A drop-in of a deleted user whose uid this one reuses.
+  rm -f -- "$dir"/50-mpc-u-*.conf
+  { mkdir -p -- "$dir" && printf '%s\n' "$slice" > "$dir/.50-mpc-$user.tmp" &&
+    mv -f -- "$dir/.50-mpc-$user.tmp" "$dir/50-mpc-$user.conf"; } ||
+    fail 75 "writing $dir/50-mpc-$user.conf failed"
+  reload=1
+fi
+if [ -n "$reload" ] && [ -n "$systemd" ]; then
+  out=$(systemctl daemon-reload 2>&1) || fail 75 "systemctl daemon-reload failed: $out"
+fi
+"#
+);
 
 /// Removes build users and everything provisioning created for them. Arguments: the users.
 /// A user already gone is not an error.
-pub const DEPROVISION: &str = r#"set -u
+pub const DEPROVISION: &str = concat!(
+    r#"set -u
 fail() { code=$1; shift; printf 'mpc-deprovision: %s\n' "$*" >&2; exit "$code"; }
+"#,
+    systemd_running_fn!(),
+    r#"reload=
 for user in "$@"; do
   tries=0
   while id -u "$user" >/dev/null 2>&1; do
@@ -128,8 +195,40 @@ for user in "$@"; do
     "/etc/security/limits.d/$user.conf" "/etc/security/limits.d/.$user.tmp" \
     "/var/mail/$user" "/var/spool/mail/$user" \
     "/var/spool/cron/crontabs/$user" "/var/spool/cron/$user"
+  for f in /etc/systemd/system/user-*.slice.d/50-mpc-"$user".conf \
+    /etc/systemd/system/user-*.slice.d/.50-mpc-"$user".tmp; do
+    [ -e "$f" ] || continue
+    rm -f -- "$f"
+    rmdir -- "${f%/*}" 2>/dev/null
+    reload=1
+  done
 done
+# The drop-ins are gone whatever happens here; a failed reload only leaves systemd's memory of
+# them until the next one, not worth failing (and retrying) the cleanup for.
+if [ -n "$reload" ] && systemd_running; then
+  systemctl daemon-reload >/dev/null 2>&1 || true
+fi
+"#
+);
+
+/// Lists the build users with what their age is measured by. No arguments. Output, one item a
+/// line: `now <host epoch seconds>`, `user <name>` per build user, `home <name> <mtime>` per
+/// existing home directory, `shadow <name>:<day of last password change>` per shadow entry
+/// ([`parse_user_listing`] reads it). Runs as root for the shadow entries.
+pub const LIST_USERS: &str = r#"set -u
+now=$(date +%s) || exit 75
+printf 'now %s\n' "$now"
+users=$(getent passwd | cut -d: -f1 | grep -xE 'u-[0-9a-f]{28}')
+[ -n "$users" ] || exit 0
+printf 'user %s\n' $users
+# One stat for every home directory; a missing one only prints an error.
+cd /home 2>/dev/null && stat -c 'home %n %Y' -- $users 2>/dev/null
+getent shadow $users 2>/dev/null | cut -d: -f1,3 | sed 's/^/shadow /'
+exit 0
 "#;
+
+/// `$0` of the listing script.
+pub const LIST_USERS_NAME: &str = "mpc-list-users";
 
 /// `$0` of cleanup scripts.
 pub const DEPROVISION_NAME: &str = "mpc-deprovision";
@@ -207,6 +306,25 @@ pub fn sudoers_file(user: &str, commands: &[String]) -> String {
     )
 }
 
+/// The drop-in for the user's slice (`user-<uid>.slice`) capping memory and CPU as `settings`
+/// say; empty when they set no cap. Values are validated by the config parser.
+pub fn slice_drop_in(user: &str, settings: &BuildUserSettings) -> String {
+    if !settings.has_slice() {
+        return String::new();
+    }
+    let mut text = format!(
+        "# Build user {user}: written by the build-host broker, removed with the user.\n[Slice]"
+    );
+    if let Some(m) = &settings.memory_max {
+        text.push_str("\nMemoryMax=");
+        text.push_str(m.as_str());
+    }
+    if let Some(c) = settings.cpu_quota {
+        text.push_str(&format!("\nCPUQuota={}%", c.percent()));
+    }
+    text
+}
+
 /// The full command line that provisions `user`.
 pub fn provision_command(
     prefix: &[&str],
@@ -214,12 +332,13 @@ pub fn provision_command(
     authorized_key: &str,
     sudoers: &str,
     limits: &str,
+    slice: &str,
 ) -> Result<String, NulInArgument> {
     sh_command(
         prefix,
         PROVISION,
         SCRIPT_NAME,
-        &[user, authorized_key, sudoers, limits],
+        &[user, authorized_key, sudoers, limits, slice],
     )
 }
 
@@ -228,23 +347,65 @@ pub fn deprovision_command(prefix: &[&str], users: &[&str]) -> Result<String, Nu
     sh_command(prefix, DEPROVISION, DEPROVISION_NAME, users)
 }
 
-/// Is `name` one of our per-TaskRun users (`u-` + 28 lowercase hex digits)?
-pub fn is_build_user(name: &str) -> bool {
-    name.strip_prefix("u-").is_some_and(|h| {
-        h.len() == 28
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+/// The full command line that lists build users.
+pub fn list_users_command(prefix: &[&str]) -> Result<String, NulInArgument> {
+    sh_command(prefix, LIST_USERS, LIST_USERS_NAME, &[])
 }
 
-/// Build users in `getent passwd` output.
-pub fn build_users_in_passwd(passwd: &str) -> Vec<String> {
-    passwd
-        .lines()
-        .filter_map(|l| l.split(':').next())
-        .filter(|u| is_build_user(u))
-        .map(str::to_owned)
-        .collect()
+/// Reads [`LIST_USERS`] output: the build users, sorted, each with its age on the host's clock
+/// (so the controller's clock does not matter): since its home directory last changed (what the
+/// Go controller's host cleanup measures), or, for a user without a home, since the end of the day
+/// its shadow entry last changed (`useradd` sets it); else unknown. Neither exceeds the user's
+/// real age, so a grace period on them never removes a younger user. Other lines are ignored (a
+/// chatty login shell); a listing without its `now` line is an error.
+pub fn parse_user_listing(out: &str) -> Result<Vec<HostUser>, String> {
+    const DAY: u64 = 24 * 60 * 60;
+    let mut now = None;
+    // name -> (home mtime, shadow day)
+    let mut users: BTreeMap<&str, (Option<u64>, Option<u64>)> = BTreeMap::new();
+    for line in out.lines() {
+        let Some((kind, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        match kind {
+            "now" => {
+                now = Some(
+                    rest.trim()
+                        .parse::<u64>()
+                        .map_err(|_| format!("bad clock line {line:?}"))?,
+                );
+            }
+            "user" if is_remote_user_name(rest) => {
+                users.entry(rest).or_default();
+            }
+            "home" => {
+                if let Some((name, t)) = rest.split_once(' ')
+                    && let (Some(u), Ok(t)) = (users.get_mut(name), t.trim().parse())
+                {
+                    u.0 = Some(t);
+                }
+            }
+            "shadow" => {
+                if let Some((name, day)) = rest.split_once(':')
+                    && let (Some(u), Ok(day)) = (users.get_mut(name), day.trim().parse::<u64>())
+                {
+                    u.1 = Some(day);
+                }
+            }
+            _ => {}
+        }
+    }
+    let now = now.ok_or_else(|| "the listing has no `now` line".to_owned())?;
+    Ok(users
+        .into_iter()
+        .map(|(name, (home, day))| {
+            let since = home.or_else(|| day.map(|d| d.saturating_add(1).saturating_mul(DAY)));
+            HostUser {
+                name: name.to_owned(),
+                age: since.map(|t| Duration::from_secs(now.saturating_sub(t))),
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -255,7 +416,7 @@ mod tests {
 
     #[test]
     fn scripts_parse_in_the_system_shell() {
-        for script in [PROVISION, DEPROVISION] {
+        for script in [PROVISION, DEPROVISION, LIST_USERS] {
             let out = std::process::Command::new("sh")
                 .args(["-n", "-c", script])
                 .output()
@@ -266,6 +427,68 @@ mod tests {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+    }
+
+    #[test]
+    fn slice_drop_in_text() {
+        use crate::config::{BuildUserSettings, CpuQuota, MemoryMax};
+        assert_eq!(slice_drop_in("u-1", &BuildUserSettings::DEFAULT), "");
+        let both = BuildUserSettings {
+            memory_max: Some(MemoryMax::parse("8G").unwrap()),
+            cpu_quota: Some(CpuQuota::parse("250%").unwrap()),
+            ..BuildUserSettings::DEFAULT
+        };
+        assert_eq!(
+            slice_drop_in("u-1", &both),
+            "# Build user u-1: written by the build-host broker, removed with the user.\n\
+             [Slice]\nMemoryMax=8G\nCPUQuota=250%"
+        );
+        let cpu_only = BuildUserSettings {
+            memory_max: None,
+            ..both
+        };
+        assert!(slice_drop_in("u-1", &cpu_only).ends_with("[Slice]\nCPUQuota=250%"));
+    }
+
+    #[test]
+    fn user_listing_gives_ages_on_the_host_clock() {
+        let a = "u-0123456789abcdef0123456789ab";
+        let b = "u-1111111111111111111111111111";
+        let c = "u-2222222222222222222222222222";
+        let d = "u-3333333333333333333333333333";
+        let out = format!(
+            "Welcome to the build host\n\
+             now 1700000000\n\
+             user {b}\nuser {a}\nuser {c}\nuser {d}\n\
+             user u-NOTHEX\nuser root\n\
+             home {a} 1699990000\n\
+             home {b} 1700000100\n\
+             home u-9999999999999999999999999999 1\n\
+             shadow {a}:19000\n\
+             shadow {c}:19674\n\
+             shadow {d}:\n"
+        );
+        let users = parse_user_listing(&out).unwrap();
+        let got: Vec<(&str, Option<u64>)> = users
+            .iter()
+            .map(|u| (u.name.as_str(), u.age.map(|a| a.as_secs())))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                // The home directory's mtime wins over the shadow day.
+                (a, Some(10_000)),
+                // A home touched after `now` (clock steps): age zero, never negative.
+                (b, Some(0)),
+                // No home: from the end of the shadow entry's day (19674 = 2023-11-13).
+                (c, Some(1_700_000_000 - 19_675 * 86_400)),
+                // Neither: unknown.
+                (d, None),
+            ]
+        );
+        assert_eq!(parse_user_listing("now 5\n").unwrap(), []);
+        assert!(parse_user_listing(&format!("user {a}\n")).is_err());
+        assert!(parse_user_listing("now soon\n").is_err());
     }
 
     #[test]
@@ -287,20 +510,6 @@ mod tests {
         assert_eq!(limits_file("u-1", &unlimited), "u-1 - core unlimited");
     }
 
-    #[test]
-    fn build_users_are_recognised_strictly() {
-        let passwd = "root:x:0:0::/root:/bin/bash\n\
-                      u-0123456789abcdef0123456789ab:x:1001:1001::/home/u:/bin/bash\n\
-                      u-0123456789ABCDEF0123456789ab:x:1002:1002::/home/u:/bin/bash\n\
-                      u-short:x:1003:1003::/home/u:/bin/bash\n";
-        assert_eq!(
-            build_users_in_passwd(passwd),
-            ["u-0123456789abcdef0123456789ab"]
-        );
-        assert!(!is_build_user("root"));
-        assert!(!is_build_user("u-0123456789abcdef0123456789abc"));
-    }
-
     proptest! {
         /// Hostile TaskRun names and namespaces, sudo commands and keys: whatever survives
         /// validation reaches the remote shell as exactly the intended words.
@@ -312,17 +521,22 @@ mod tests {
             comment in "[^\\x00]{0,30}",
         ) {
             let user = crate::contract::remote_user_name(&name, &namespace);
-            prop_assert!(is_build_user(&user));
+            prop_assert!(is_remote_user_name(&user));
             let commands = crate::config::values::sudo_commands(&sudo).unwrap_or_default();
             let sudoers = sudoers_file(&user, &commands);
             let limits = limits_file(&user, &default_limits());
+            let slice = slice_drop_in(&user, &crate::config::BuildUserSettings {
+                memory_max: crate::config::MemoryMax::parse("8G").ok(),
+                ..crate::config::BuildUserSettings::DEFAULT
+            });
             let key = format!("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB2a {comment}");
-            let line = provision_command(&["sudo", "-n"], &user, &key, &sudoers, &limits).unwrap();
+            let line =
+                provision_command(&["sudo", "-n"], &user, &key, &sudoers, &limits, &slice).unwrap();
             let words = tokenize(&line).map_err(TestCaseError::fail)?;
             prop_assert_eq!(
                 words,
                 vec!["sudo".to_owned(), "-n".into(), "sh".into(), "-c".into(), PROVISION.into(),
-                     SCRIPT_NAME.into(), user.clone(), key, sudoers, limits]
+                     SCRIPT_NAME.into(), user.clone(), key, sudoers, limits, slice]
             );
         }
 

@@ -5,6 +5,7 @@ use super::snapshot::{InstanceRecord, InstanceState};
 use super::time::Time;
 use crate::config::HostConfig;
 use crate::platform::Platform;
+use crate::provision::HostUser;
 
 /// Something that happened. Feed each one to [`Scheduler::handle`](super::Scheduler::handle) with
 /// the current time. Every event may be delivered more than once; duplicates are ignored.
@@ -104,13 +105,15 @@ pub enum Event {
         /// The instances.
         instances: Vec<InstanceRecord>,
     },
-    /// Periodic sweep: the `u-*` users present on a static host. Users no allocation owns are
-    /// removed.
+    /// Periodic sweep: the build users present on a static host
+    /// ([`Provisioner::list_build_users`](crate::provision::Provisioner::list_build_users)). Users
+    /// no allocation owns and known to be older than [`Policy::host_user_grace`](super::Policy)
+    /// are removed.
     HostUsersListed {
         /// Static host name.
         host: String,
-        /// User names found.
-        users: Vec<String>,
+        /// Users found, with their ages.
+        users: Vec<HostUser>,
     },
     /// A new valid configuration replaced the old one. Applies to new work only.
     ConfigReplaced(Box<HostConfig>),

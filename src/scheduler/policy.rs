@@ -28,6 +28,9 @@ pub struct HostBackoff {
     pub max: Duration,
 }
 
+/// Default [`Policy::host_user_grace`]: a day, as the Go controller's host cleanup.
+const HOST_USER_GRACE: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Scheduler tunables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -62,6 +65,10 @@ pub struct Policy {
     pub cleanup_attempts: u32,
     /// Delay between cleanup attempts (deprovision, terminate); doubles per attempt up to 5 min.
     pub cleanup_backoff: Duration,
+    /// The host sweep removes only build users at least this old: younger ones may belong to an
+    /// allocation whose result is still on its way, or to the Go controller during a switch (its
+    /// own host cleanup waits a day too).
+    pub host_user_grace: Duration,
 }
 
 impl Policy {
@@ -85,6 +92,7 @@ impl Policy {
             orphan_grace: Duration::from_secs(10 * 60),
             cleanup_attempts: 5,
             cleanup_backoff: Duration::from_secs(5),
+            host_user_grace: HOST_USER_GRACE,
         }
     }
 
@@ -108,6 +116,7 @@ impl Policy {
             orphan_grace: Duration::from_secs(10 * 60),
             cleanup_attempts: 3,
             cleanup_backoff: Duration::from_secs(5),
+            host_user_grace: HOST_USER_GRACE,
         }
     }
 }

@@ -103,7 +103,12 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn on_host_users(&mut self, host: &str, users: &[String], out: &mut Vec<Action>) {
+    pub(super) fn on_host_users(
+        &mut self,
+        host: &str,
+        users: &[crate::provision::HostUser],
+        out: &mut Vec<Action>,
+    ) {
         let Some(&hid) = self.host_ids.get(host) else {
             return;
         };
@@ -132,12 +137,18 @@ impl Scheduler {
             }
         }
         let p = self.hosts[hid as usize].platform;
+        let grace = self.policy.host_user_grace;
         for user in users {
-            if user.starts_with("u-") && !keep.contains(user) {
+            // Only our users' shape, and only old ones: a young one may be an allocation whose
+            // result is still on its way, or the Go controller's during a switch.
+            if crate::contract::is_remote_user_name(&user.name)
+                && user.older_than(grace)
+                && !keep.contains(&user.name)
+            {
                 self.deprovision(
                     None,
                     p,
-                    RemoteUser::Named(user.clone()),
+                    RemoteUser::Named(user.name.clone()),
                     HostRef::Static(def.clone()),
                     out,
                 );

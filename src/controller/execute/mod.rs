@@ -73,6 +73,8 @@ pub struct Context {
     pub keys: Arc<dyn KeyStore>,
     pub provisioner: Arc<Provisioner>,
     pub known_hosts: Arc<ssh::KnownHosts>,
+    /// The served host-config (build-user settings are read from it at use time).
+    pub config: crate::config_source::ConfigSource,
     pub cloud: Arc<cloud::CloudExec>,
     pub recorder: ::kube::runtime::events::Recorder,
     pub metrics: ControllerMetrics,

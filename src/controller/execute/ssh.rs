@@ -57,10 +57,17 @@ pub async fn provision(
 ) -> Result<String, String> {
     let target = target(ctx, host).await?;
     let _permit = ctx.limits.ssh.acquire().await;
+    // Key type and slice caps as the host-config says now for the host or platform.
+    let config = ctx.config.current().unwrap_or_default();
+    let settings = match host {
+        HostRef::Static(h) => config.build_users.for_static_host(&h.name),
+        HostRef::Instance { template, .. } => config.build_users.for_platform(&template.platform),
+    };
     let req = ProvisionRequest {
         taskrun_name: taskrun.name(),
         namespace: taskrun.namespace(),
         sudo_commands: sudo_commands(host),
+        settings,
     };
     let provisioned = ctx
         .provisioner

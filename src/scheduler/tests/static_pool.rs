@@ -1,5 +1,7 @@
 //! Static host pools: the Go controller's scenarios plus health, fairness and cancellation.
 
+use std::time::Duration;
+
 use super::*;
 
 const P: &str = "linux/s390x";
@@ -417,22 +419,47 @@ fn namespaces_are_served_round_robin_fifo_within() {
     assert_eq!(order, vec!["b0", "q0", "b1", "b2"]);
 }
 
+fn listed(name: &str, age: Option<Duration>) -> crate::provision::HostUser {
+    crate::provision::HostUser {
+        name: name.to_owned(),
+        age,
+    }
+}
+
 #[test]
-fn host_sweep_removes_only_unowned_users() {
+fn host_sweep_removes_only_unowned_users_past_the_grace_period() {
     let mut h = H::new(&static_pairs(&[("h1", 2)]));
     let op = provision_op(&h.submit("ns", "a", P), "a");
     h.send(Event::Provisioned {
         op,
         otp: "t".into(),
     });
+    let grace = Policy::mpc().host_user_grace;
+    assert_eq!(
+        grace,
+        Duration::from_secs(24 * 60 * 60),
+        "Go's host cleanup waits a day"
+    );
+    let old = Some(grace + Duration::from_secs(1));
     let owned = crate::contract::remote_user_name("a", "ns");
+    let stale = crate::contract::remote_user_name("gone", "ns");
+    let young = crate::contract::remote_user_name("go-made", "ns");
+    let unknown = crate::contract::remote_user_name("no-home", "ns");
     let a = h.send(Event::HostUsersListed {
         host: "h1".into(),
-        users: vec![owned.clone(), "u-stale0123".into(), "root".into()],
+        users: vec![
+            listed(&owned, old),
+            listed(&stale, Some(grace)),
+            listed(&young, Some(grace - Duration::from_secs(1))),
+            listed(&unknown, None),
+            // Not our shape: never touched, however old.
+            listed("u-stale0123", old),
+            listed("root", old),
+        ],
     });
     let d = deprovisions(&a);
-    assert_eq!(d.len(), 1);
-    assert_eq!(d[0].1, "u-stale0123");
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!((d[0].1.as_str(), d[0].2.as_str()), (stale.as_str(), "h1"));
 }
 
 #[test]
