@@ -441,7 +441,7 @@ fn otp_server_is_one_writer_on_its_own_volume_without_an_api_token() {
     );
     // Design: the TTL is a safety net that outlasts any pod start (24 h).
     assert_eq!(
-        mpc::otp::parse_duration(&f["ttl"]).unwrap().as_secs(),
+        mpc::duration::parse_nonzero(&f["ttl"]).unwrap().as_secs(),
         24 * 3600
     );
 }

@@ -210,6 +210,12 @@ impl CloudMetrics {
     }
 }
 
+/// The `platform` label in the Go controller's form (`linux-arm64`), whichever form callers pass,
+/// so cloud series join the scheduler's and the config's.
+fn go_label(platform: &str) -> String {
+    crate::platform::label_value(platform)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,10 +246,4 @@ mod tests {
             "double registration is refused"
         );
     }
-}
-
-/// The `platform` label in the Go controller's form (`linux-arm64`), whichever form callers pass,
-/// so cloud series join the scheduler's and the config's.
-fn go_label(platform: &str) -> String {
-    crate::platform::label_value(platform)
 }

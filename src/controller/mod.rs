@@ -160,11 +160,24 @@ impl KeyStore for OtpKeys {
         key: &'a [u8],
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
-            self.0
-                .store_key_for(owner, request, rearm, key)
-                .await
-                .map(|t| t.as_str().to_owned())
-                .map_err(|e| e.to_string())
+            match self.0.store_key_for(owner, request, rearm, key).await {
+                Ok(t) => Ok(t.as_str().to_owned()),
+                // The mounted token is unknown or expired: a fresh token (the secret is replaced
+                // with it; a pod that already mounted the old one fails and Tekton retries).
+                Err(e)
+                    if rearm.is_some()
+                        && e.status()
+                            .is_some_and(|s| s.as_u16() == 404 || s.as_u16() == 410) =>
+                {
+                    tracing::warn!(%owner, error = %e, "re-arm refused; storing under a fresh token");
+                    self.0
+                        .store_key_for(owner, request, None, key)
+                        .await
+                        .map(|t| t.as_str().to_owned())
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            }
         })
     }
 

@@ -82,32 +82,6 @@ pub enum OtpError {
     Config(String),
 }
 
-/// Parses `500ms`, `30s`, `15m`, `1h` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, ""), |i| s.split_at(i));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 30s, 15m, 1h)"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        other => {
-            return Err(format!(
-                "unknown duration unit {other:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    if d.is_zero() {
-        return Err("duration must be positive".into());
-    }
-    Ok(d)
-}
-
 /// `mpc otp-server` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OtpServerArgs {
@@ -141,30 +115,30 @@ pub struct OtpServerArgs {
     )]
     pub store_token_file: PathBuf,
     /// How long a stored key stays redeemable, and a used one re-armable.
-    #[arg(long, env = "MPC_OTP_TTL", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, env = "MPC_OTP_TTL", default_value = "24h", value_parser = crate::duration::parse_nonzero)]
     pub ttl: Duration,
     /// How long a redeem of a used token waits for its owner to re-arm it. Tekton starts a retry
     /// pod as soon as an attempt fails, while the controller still has to see the failure,
     /// provision a fresh key over SSH (a cold connection may take its 15 s connect timeout, and
     /// the executor retries) and re-arm: 90 s covers that with room, and a build whose re-arm is
     /// not coming still fails within a minute and a half.
-    #[arg(long, env = "MPC_OTP_REARM_WAIT", default_value = "90s", value_parser = parse_duration)]
+    #[arg(long, env = "MPC_OTP_REARM_WAIT", default_value = "90s", value_parser = crate::duration::parse_nonzero)]
     pub rearm_wait: Duration,
     /// Most redeems waiting for a re-arm at once (each holds a connection); more are answered 503
     /// at once. Retries arrive one pod per failed attempt, so this is far above normal need.
     #[arg(long, env = "MPC_OTP_MAX_HELD_REDEEMS", default_value_t = 256)]
     pub max_held_redeems: usize,
     /// How often expired entries are purged.
-    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    #[arg(long, default_value = "1m", value_parser = crate::duration::parse_nonzero)]
     pub purge_interval: Duration,
     /// Largest private key accepted, in bytes.
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_key_bytes: usize,
     /// Longest time a request may take.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub request_timeout: Duration,
     /// How often the certificate files are checked for changes.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub cert_reload_interval: Duration,
 }
 
@@ -425,21 +399,5 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
-        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("1d").is_err());
-        assert!(parse_duration("x").is_err());
     }
 }
