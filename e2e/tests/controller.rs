@@ -760,3 +760,49 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_keys_are_read_at_use_time_and_a_missing_one_is_named() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    let key = p.hosts[0].sshd.admin_key();
+    // The host's admin-key Secret is gone: the error names it.
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(p.client.clone(), e2e::product::NS);
+    secrets
+        .delete("h1-admin", &Default::default())
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    p.create_taskrun("tenant-a", "nokey", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    let s = secret_with(&p, "tenant-a", "nokey", "error").await;
+    assert!(
+        s["error"].contains("multi-platform-controller/h1-admin"),
+        "{}",
+        s["error"]
+    );
+    // Created again, and then rotated to a wrong key and back: each takes effect without a
+    // restart.
+    p.put_secret(e2e::product::NS, "h1-admin", &[("id_rsa", b"not a key")])
+        .await
+        .unwrap();
+    p.create_taskrun("tenant-a", "badkey", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    secret_with(&p, "tenant-a", "badkey", "error").await;
+    p.put_secret(e2e::product::NS, "h1-admin", &[("id_rsa", key.as_slice())])
+        .await
+        .unwrap();
+    p.create_taskrun("tenant-a", "goodkey", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    p.hosts[0]
+        .sshd
+        .track_user(&contract::remote_user_name("goodkey", "tenant-a"));
+    secret_with(&p, "tenant-a", "goodkey", "otp").await;
+    build(&p, "tenant-a", "goodkey").await;
+    assert_clean(&p, &[("tenant-a", "goodkey")]).await;
+}

@@ -239,7 +239,7 @@ mod tests {
             "multi_platform_controller_cloud_api_latency_seconds_count{operation=\"RunInstances\"} 2"
         ));
         assert!(text.contains(
-            "multi_platform_controller_cloud_instances{owner=\"foreign\",platform=\"linux/arm64\",state=\"stopped\"} 0"
+            "multi_platform_controller_cloud_instances{owner=\"foreign\",platform=\"linux-arm64\",state=\"stopped\"} 0"
         ), "{text}");
         assert!(
             CloudMetrics::new(&r).is_err(),
