@@ -50,10 +50,7 @@ async fn cleaned_up(p: &Product, ns: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     p.create_taskrun("tenant-a", "build-1", "linux/arm64", json!({}))
         .await
         .unwrap();
@@ -106,8 +103,7 @@ async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[]).await;
     p.create_taskrun("tenant-a", "local-1", "linux/amd64", json!({}))
         .await
         .unwrap();
@@ -143,6 +139,24 @@ async fn local_platform_gets_localhost_and_the_build_runs_in_the_pod() {
             .then_some(())
     })
     .await;
+}
+
+/// The product with one controller replica `c1`, ready.
+async fn running(hosts: &[(&str, u32)]) -> Product {
+    let mut p = Product::start(e2e::mpc_binary!(), hosts).await.unwrap();
+    p.start_controller("c1").await.unwrap();
+    p
+}
+
+/// Creates a `linux/arm64` TaskRun that mounts the secret; its build user is removed from the
+/// machine when the first host stops, whatever the test's outcome.
+async fn submit(p: &Product, ns: &str, name: &str) {
+    p.create_taskrun(ns, name, "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    if let Some(h) = p.hosts.first() {
+        h.sshd.track_user(&contract::remote_user_name(name, ns));
+    }
 }
 
 /// Nothing left behind: no secret of ours, no finalizer of ours, no build user for `names`.
@@ -192,10 +206,7 @@ async fn holding(p: &Product, names: &[(&str, &str)]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_slot_five_taskruns_two_namespaces_fair_order_each_served_on_release() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     let all = [
         ("tenant-a", "a1"),
         ("tenant-a", "a2"),
@@ -254,10 +265,7 @@ async fn one_slot_five_taskruns_two_namespaces_fair_order_each_served_on_release
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_never_mounts_the_secret_is_released_without_a_host() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     // A referenced Task (as show-sbom: takes PLATFORM, mounts nothing): the webhook cannot tell
     // at CREATE, the controller learns it from the resolved spec.
     p.api
@@ -300,12 +308,7 @@ async fn a_task_that_never_mounts_the_secret_is_released_without_a_host() {
         assert!(!user_exists(&contract::remote_user_name(name, "tenant-a")));
     }
     // The host was never taken: a mounting TaskRun gets it at once.
-    p.create_taskrun("tenant-a", "build-1", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("build-1", "tenant-a"));
+    submit(&p, "tenant-a", "build-1").await;
     secret_with(&p, "tenant-a", "build-1", "otp").await;
     build(&p, "tenant-a", "build-1").await;
     assert_clean(&p, &[("tenant-a", "build-1")]).await;
@@ -313,10 +316,7 @@ async fn a_task_that_never_mounts_the_secret_is_released_without_a_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     let user = contract::remote_user_name("doomed", "tenant-a");
     p.hosts[0].sshd.track_user(&user);
     // A frozen host: the provisioning hangs in its SSH connection.
@@ -351,12 +351,7 @@ async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
     );
     assert!(p.secret("tenant-a", "doomed").await.is_none());
     // The slot is free again.
-    p.create_taskrun("tenant-a", "next", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("next", "tenant-a"));
+    submit(&p, "tenant-a", "next").await;
     secret_with(&p, "tenant-a", "next", "otp").await;
     build(&p, "tenant-a", "next").await;
     assert_clean(&p, &[("tenant-a", "next")]).await;
@@ -364,10 +359,7 @@ async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_and_recreated_with_the_same_name_is_a_new_taskrun() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     let user = contract::remote_user_name("same", "tenant-a");
     p.hosts[0].sshd.track_user(&user);
     let first = p
@@ -418,12 +410,7 @@ async fn kill_9_mid_provision_then_restart_recovers_and_serves() {
     p.controllers[c1].kill();
     p.hosts[0].sshd.thaw();
     // Another TaskRun arrives while no controller runs: it waits for the slot.
-    p.create_taskrun("tenant-b", "later", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("later", "tenant-b"));
+    submit(&p, "tenant-b", "later").await;
     p.start_controller("c1-restarted").await.unwrap();
     secret_with(&p, "tenant-a", "survivor", "otp").await;
     let names = [("tenant-a", "survivor"), ("tenant-b", "later")];
@@ -458,12 +445,7 @@ async fn two_replicas_one_lease_the_survivor_takes_over() {
             }
         })
         .await;
-    p.create_taskrun("tenant-a", "one", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("one", "tenant-a"));
+    submit(&p, "tenant-a", "one").await;
     secret_with(&p, "tenant-a", "one", "otp").await;
     // The leader dies without releasing; the other takes over within the Lease duration.
     p.controllers[leading].kill();
@@ -473,12 +455,7 @@ async fn two_replicas_one_lease_the_survivor_takes_over() {
     })
     .await;
     assert!(took_over.elapsed() < Duration::from_secs(15));
-    p.create_taskrun("tenant-b", "two", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("two", "tenant-b"));
+    submit(&p, "tenant-b", "two").await;
     secret_with(&p, "tenant-b", "two", "otp").await;
     let names = [("tenant-a", "one"), ("tenant-b", "two")];
     build(&p, "tenant-a", "one").await;
@@ -502,10 +479,7 @@ async fn two_replicas_one_lease_the_survivor_takes_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_conflicts_errors_dropped_watches_compaction_and_a_restart() {
     use e2e::apiserver::faults::{RequestMatch, Verb};
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     let names = [("tenant-a", "f1"), ("tenant-b", "f2"), ("tenant-a", "f3")];
     for (ns, name) in names {
         p.hosts[0]
@@ -546,12 +520,7 @@ async fn learned_host_keys_survive_restarts_and_a_replaced_key_is_refused() {
         .await
         .unwrap();
     let c1 = p.start_controller("c1").await.unwrap();
-    p.create_taskrun("tenant-a", "k1", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("k1", "tenant-a"));
+    submit(&p, "tenant-a", "k1").await;
     secret_with(&p, "tenant-a", "k1", "otp").await;
     build(&p, "tenant-a", "k1").await;
     assert_clean(&p, &[("tenant-a", "k1")]).await;
@@ -580,10 +549,7 @@ async fn learned_host_keys_survive_restarts_and_a_replaced_key_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_pod_that_mounted_the_used_token_redeems_the_fresh_key() {
-    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
-        .await
-        .unwrap();
-    p.start_controller("c1").await.unwrap();
+    let p = running(&[("h1", 1)]).await;
     p.create_taskrun(
         "tenant-a",
         "flaky",
@@ -796,12 +762,7 @@ async fn admin_keys_are_read_at_use_time_and_a_missing_one_is_named() {
     p.put_secret(e2e::product::NS, "h1-admin", &[("id_rsa", key.as_slice())])
         .await
         .unwrap();
-    p.create_taskrun("tenant-a", "goodkey", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.hosts[0]
-        .sshd
-        .track_user(&contract::remote_user_name("goodkey", "tenant-a"));
+    submit(&p, "tenant-a", "goodkey").await;
     secret_with(&p, "tenant-a", "goodkey", "otp").await;
     build(&p, "tenant-a", "goodkey").await;
     assert_clean(&p, &[("tenant-a", "goodkey")]).await;
