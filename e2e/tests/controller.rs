@@ -767,3 +767,88 @@ async fn admin_keys_are_read_at_use_time_and_a_missing_one_is_named() {
     build(&p, "tenant-a", "goodkey").await;
     assert_clean(&p, &[("tenant-a", "goodkey")]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taskrun_the_go_controller_allocated_is_adopted_and_cleaned_up() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    // Before the switch: the Go controller allocated h1 to this TaskRun (its labels, finalizer,
+    // annotation, user and secret), and no webhook of ours marked it.
+    let tr = p
+        .create_taskrun("tenant-a", "go-built", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    let uid = tr["metadata"]["uid"].as_str().unwrap().to_owned();
+    let user = contract::remote_user_name("go-built", "tenant-a");
+    p.hosts[0].sshd.track_user(&user);
+    let state = tempfile::tempdir().unwrap();
+    let go =
+        mpc::provision::Provisioner::new(mpc::provision::SshOptions::new(state.path())).unwrap();
+    let settings = mpc::config::BuildUserSettings::DEFAULT;
+    let made = go
+        .provision(
+            &p.hosts[0].sshd.target("h1"),
+            &mpc::provision::ProvisionRequest {
+                taskrun_name: "go-built",
+                namespace: "tenant-a",
+                sudo_commands: &[],
+                settings: &settings,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.user, user, "the Go controller's user name");
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+        p.client.clone(),
+        "tenant-a",
+        &e2e::tekton::taskrun_resource(),
+    );
+    api.patch(
+        "go-built",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {
+            "labels": {contract::TARGET_PLATFORM_LABEL: "linux-arm64", contract::ASSIGNED_HOST_LABEL: "h1"},
+            "annotations": {contract::ALLOCATION_START_TIME_ANNOTATION: "1700000000"},
+            "finalizers": [FINALIZER]
+        }})),
+    )
+    .await
+    .unwrap();
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(p.client.clone(), "tenant-a");
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "multi-platform-ssh-go-built",
+                     "labels": {contract::MULTI_PLATFORM_SECRET_LABEL: "true"},
+                     "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun",
+                                          "name": "go-built", "uid": uid}]},
+        "stringData": {"otp": "go-token", "otp-server": "https://go-otp/otp", "otp-ca": "",
+                       "host": made.login, "user-dir": made.home}
+    }))
+    .unwrap();
+    secrets.create(&Default::default(), &secret).await.unwrap();
+
+    p.start_controller("c1").await.unwrap();
+    // The adopted allocation holds h1's only slot: a new TaskRun waits.
+    submit(&p, "tenant-b", "after").await;
+    p.wait(
+        T,
+        "the new TaskRun queued behind the adopted one",
+        || async {
+            p.taskrun("tenant-b", "after")
+                .await
+                .filter(|t| label(t, contract::WAITING_FOR_PLATFORM_LABEL) == Some("linux-arm64"))
+        },
+    )
+    .await;
+    assert!(p.secret("tenant-b", "after").await.is_none());
+    // The Go-era build ends: its user, secret and finalizer go, and the slot is handed over.
+    p.tekton
+        .finish("tenant-a", "go-built", Outcome::Succeeded)
+        .await
+        .unwrap();
+    assert_clean(&p, &[("tenant-a", "go-built")]).await;
+    secret_with(&p, "tenant-b", "after", "otp").await;
+    build(&p, "tenant-b", "after").await;
+    assert_clean(&p, &[("tenant-b", "after")]).await;
+}
