@@ -158,11 +158,7 @@ impl Elector {
         let transitions = spec.lease_transitions.unwrap_or(0);
         let mut next = match decide(&holder, &self.identity, SystemTime::now()) {
             Decision::Follow => return Ok(false),
-            Decision::Renew => {
-                let mut l = self.claim(spec.acquire_time.clone(), transitions);
-                l.spec.as_mut().expect("set").acquire_time = spec.acquire_time;
-                l
-            }
+            Decision::Renew => self.claim(spec.acquire_time.clone(), transitions),
             Decision::Acquire => self.claim(None, transitions + 1),
         };
         next.metadata.resource_version = current.metadata.resource_version.clone();
