@@ -658,6 +658,7 @@ const STORED: &str = "multi_platform_controller_otp_stored";
 const REPLAYED: &str = "multi_platform_controller_otp_store_replayed";
 const PENDING: &str = "multi_platform_controller_otp_pending";
 const HELD: &str = "multi_platform_controller_otp_held";
+const ENTRIES: &str = "multi_platform_controller_otp_entries";
 
 fn hold_count(outcome: &str) -> String {
     format!("multi_platform_controller_otp_hold_duration_seconds_count{{outcome=\"{outcome}\"}}")
@@ -834,7 +835,10 @@ async fn revoke_deletes_an_owners_entries_and_releases_held_redeems() {
         .store_key_for("uid-w", "p1", None, b"K3")
         .await
         .unwrap();
+    assert_eq!(server.metric(ENTRIES), 3.0);
     assert_eq!(client.redeem(t1.as_str()).await.unwrap().as_slice(), b"K1");
+    // A redeemed key leaves a tombstone until its owner is revoked.
+    assert_eq!(server.metric(ENTRIES), 3.0);
     let held = {
         let (c, t) = (client.clone(), t1.as_str().to_owned());
         tokio::spawn(async move { c.redeem(&t).await })
@@ -860,6 +864,7 @@ async fn revoke_deletes_an_owners_entries_and_releases_held_redeems() {
     assert!(!e.is_retryable());
     assert_eq!(server.metric("multi_platform_controller_otp_revoked"), 2.0);
     assert_eq!(server.metric(PENDING), 1.0);
+    assert_eq!(server.metric(ENTRIES), 1.0);
 
     // Durable: after a crash the owner is still revoked and its entries gone; others untouched.
     server.kill9();
@@ -871,9 +876,13 @@ async fn revoke_deletes_an_owners_entries_and_releases_held_redeems() {
         .unwrap_err();
     assert_eq!(rejected_status(&e), 410, "{e}");
     assert_eq!(client.revoke("uid-v").await.unwrap(), 0);
+    // Counted from the file at start.
+    assert_eq!(server.metric(ENTRIES), 1.0);
     let e = client.redeem(t2.as_str()).await.unwrap_err();
     assert_eq!(rejected_status(&e), 404, "{e}");
     assert_eq!(client.redeem(t3.as_str()).await.unwrap().as_slice(), b"K3");
+    assert_eq!(client.revoke("uid-w").await.unwrap(), 1);
+    assert_eq!(server.metric(ENTRIES), 0.0);
 
     // Bad requests say what is wrong.
     let url = |q: &str| format!("https://127.0.0.1:{}/revoke{q}", server.port);

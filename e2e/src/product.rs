@@ -532,6 +532,16 @@ impl Product {
         }
     }
 
+    /// Entries in the OTP server's store (waiting keys and tombstones of redeemed ones), from its
+    /// `otp_entries` gauge; `None` when the server does not answer.
+    pub async fn otp_entries(&self) -> Option<u64> {
+        let text = self.otp.metrics().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix("multi_platform_controller_otp_entries "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
     /// The learned host keys the controller keeps (ConfigMap `mpc-known-hosts`).
     pub async fn known_hosts(&self) -> BTreeMap<String, String> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), NS);

@@ -105,6 +105,25 @@ pub fn user_exists(user: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Sets the modification time of `user`'s home `secs` seconds into the past: the age by which
+/// build users are listed (as the Go cleanup measures it).
+pub fn age_home(user: &str, secs: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    let st = Command::new("touch")
+        .args([
+            "-m",
+            "-d",
+            &format!("@{}", now - secs),
+            &format!("/home/{user}"),
+        ])
+        .status()
+        .expect("touch");
+    assert!(st.success(), "aging /home/{user}");
+}
+
 /// Kills `user`'s processes and deletes it with everything provisioning creates; ignores a user
 /// that does not exist.
 pub fn remove_user(user: &str) {

@@ -91,11 +91,7 @@ async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
     );
     assert_eq!(run.outcome, Outcome::Succeeded);
 
-    cleaned_up(&p, "tenant-a", "build-1").await;
-    p.wait(T, "the build user removed from the host", || async {
-        (!user_exists(&user)).then_some(())
-    })
-    .await;
+    assert_clean(&p, &[("tenant-a", "build-1")]).await;
     // The token was redeemed once; it never works again.
     let again = p.otp_redeem(&s["otp"]).await;
     assert!(again.is_err(), "a redeemed token redeemed again");
@@ -159,8 +155,15 @@ async fn submit(p: &Product, ns: &str, name: &str) {
     }
 }
 
-/// Nothing left behind: no secret of ours, no finalizer of ours, no build user for `names`.
+/// Nothing left behind at the end of a scenario: [`released`] for `names`, and no entry in the
+/// OTP store (every ended TaskRun's keys revoked, tombstones included).
 async fn assert_clean(p: &Product, names: &[(&str, &str)]) {
+    released(p, names).await;
+    otp_store_empty(p).await;
+}
+
+/// No secret of ours, no finalizer of ours, no build user for `names`.
+async fn released(p: &Product, names: &[(&str, &str)]) {
     for (ns, name) in names {
         cleaned_up(p, ns, name).await;
         let user = contract::remote_user_name(name, ns);
@@ -171,6 +174,14 @@ async fn assert_clean(p: &Product, names: &[(&str, &str)]) {
         )
         .await;
     }
+}
+
+/// Every ended TaskRun's OTP entries were revoked (tombstones of redeemed keys included).
+async fn otp_store_empty(p: &Product) {
+    p.wait(T, "an empty OTP store", || async {
+        (p.otp_entries().await == Some(0)).then_some(())
+    })
+    .await;
 }
 
 /// Runs the steps of a started TaskRun (its build reaches the host) and reports success.
@@ -705,7 +716,9 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
     assert!(t.values().any(|v| v == "e2e-cluster"), "cluster tag: {t:?}");
 
     build(&p, "tenant-a", "dyn-1").await;
+    // The instance is terminated, not deprovisioned: its user goes with it.
     cleaned_up(&p, "tenant-a", "dyn-1").await;
+    otp_store_empty(&p).await;
     p.wait(T, "the instance terminated", || async {
         let d = ec2
             .describe_instances()
@@ -847,8 +860,47 @@ async fn a_taskrun_the_go_controller_allocated_is_adopted_and_cleaned_up() {
         .finish("tenant-a", "go-built", Outcome::Succeeded)
         .await
         .unwrap();
-    assert_clean(&p, &[("tenant-a", "go-built")]).await;
+    released(&p, &[("tenant-a", "go-built")]).await;
     secret_with(&p, "tenant-b", "after", "otp").await;
     build(&p, "tenant-b", "after").await;
     assert_clean(&p, &[("tenant-b", "after")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_user_sweep_removes_old_users_no_allocation_owns() {
+    const DAY: u64 = 24 * 60 * 60;
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 2)])
+        .await
+        .unwrap();
+    p.controller_flags = vec!["--host-user-sweep-interval".into(), "1s".into()];
+    p.start_controller("c1").await.unwrap();
+    // A live allocation whose user is old (a long build) is never swept.
+    submit(&p, "tenant-a", "long").await;
+    secret_with(&p, "tenant-a", "long", "otp").await;
+    let live = contract::remote_user_name("long", "tenant-a");
+    e2e::sshd::age_home(&live, 2 * DAY);
+    // Leftovers nothing owns: an old one (a crash, or the Go controller's) and a young one (an
+    // allocation whose result may still be on its way).
+    let stale = contract::remote_user_name(&e2e::sshd::unique_name("crashed"), "tenant-a");
+    let young = contract::remote_user_name(&e2e::sshd::unique_name("recent"), "tenant-a");
+    for u in [&stale, &young] {
+        p.hosts[0].sshd.track_user(u);
+        let st = std::process::Command::new("useradd")
+            .args(["-m", u])
+            .status()
+            .unwrap();
+        assert!(st.success(), "useradd {u}");
+    }
+    e2e::sshd::age_home(&stale, 2 * DAY);
+    p.wait(T, "the old leftover user removed", || async {
+        (!user_exists(&stale)).then_some(())
+    })
+    .await;
+    // Sweeps keep running every second: the owned and the young user stay.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(user_exists(&live), "{}", p.logs());
+    assert!(user_exists(&young), "{}", p.logs());
+    build(&p, "tenant-a", "long").await;
+    assert_clean(&p, &[("tenant-a", "long")]).await;
+    e2e::sshd::remove_user(&young);
 }

@@ -80,14 +80,24 @@ struct Term {
     lanes: Lanes<Job>,
 }
 
+/// How often each periodic task of a term runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Intervals {
+    /// The safety-net scan for TaskRuns the webhook missed.
+    pub adopt: Duration,
+    /// Listing each dynamic platform's instances.
+    pub instances: Duration,
+    /// Listing the build users of each static host.
+    pub host_users: Duration,
+}
+
 /// Everything the loop owns.
 pub struct Driver {
     base: Context,
     policy: Policy,
     /// The served config, for the safety-net scan.
     config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    adopt_every: Duration,
-    list_every: Duration,
+    every: Intervals,
     index: HashMap<String, Entry>,
     memo: MountMemo,
     /// UIDs seen since the watch's last `Init` (a relist in progress).
@@ -122,16 +132,14 @@ impl Driver {
         policy: Policy,
         inputs_tx: mpsc::Sender<Input>,
         config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-        adopt_every: Duration,
-        list_every: Duration,
+        every: Intervals,
     ) -> Self {
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         Driver {
             base,
             policy,
             config_rx,
-            adopt_every,
-            list_every,
+            every,
             index: HashMap::new(),
             memo: MountMemo::default(),
             relist: None,
@@ -480,13 +488,19 @@ impl Driver {
         tokio::spawn(super::adopt::run(
             ctx.clone(),
             self.config_rx.clone(),
-            self.adopt_every,
+            self.every.adopt,
         ));
         tokio::spawn(execute::cloud::sweep(
             ctx.clone(),
             self.config_rx.clone(),
             self.inputs_tx.clone(),
-            self.list_every,
+            self.every.instances,
+        ));
+        tokio::spawn(execute::ssh::list_host_users(
+            ctx.clone(),
+            self.config_rx.clone(),
+            self.inputs_tx.clone(),
+            self.every.host_users,
         ));
         self.term = Some(Term {
             id,

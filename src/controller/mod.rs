@@ -143,6 +143,10 @@ pub struct ControllerArgs {
     /// behind its back, other clusters' instances counted against `max-instances`).
     #[arg(long, env = "MPC_INSTANCE_LIST_INTERVAL", default_value = "60s", value_parser = crate::duration::parse_nonzero)]
     pub instance_list_interval: Duration,
+    /// How often the leader lists the build users of each static host; users no allocation owns
+    /// that are older than a day are removed (leftovers of a crash or of the Go controller).
+    #[arg(long, env = "MPC_HOST_USER_SWEEP_INTERVAL", default_value = "10m", value_parser = crate::duration::parse_nonzero)]
+    pub host_user_sweep_interval: Duration,
     /// EC2 endpoint override (an EC2-compatible cloud).
     #[arg(long, env = "MPC_EC2_ENDPOINT")]
     pub ec2_endpoint: Option<String>,
@@ -341,8 +345,11 @@ impl Controller {
             Policy::mpc(),
             tx.clone(),
             config.subscribe(),
-            args.adopt_interval,
-            args.instance_list_interval,
+            driver::Intervals {
+                adopt: args.adopt_interval,
+                instances: args.instance_list_interval,
+                host_users: args.host_user_sweep_interval,
+            },
         );
         tasks.spawn(driver.run(rx));
         tasks.spawn(driver::watch_taskruns(

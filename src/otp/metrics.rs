@@ -62,6 +62,9 @@ pub struct OtpMetrics {
     pub rejected: IntCounterVec,
     /// Entries waiting to be redeemed (exact after each purge, tracked in between).
     pub pending: IntGauge,
+    /// Entries in the store, tombstones of redeemed keys included (exact after each purge,
+    /// tracked in between): zero once every owner is revoked, so a leak shows here.
+    pub entries: IntGauge,
     /// Request latency by endpoint, seconds.
     pub duration: HistogramVec,
 }
@@ -129,6 +132,10 @@ impl OtpMetrics {
             rejected.with_label_values(&[r]);
         }
         let pending = gauge("otp_pending", "Stored keys waiting to be redeemed.");
+        let entries = gauge(
+            "otp_entries",
+            "Entries in the store, including tombstones of redeemed keys.",
+        );
         let held = gauge(
             "otp_held",
             "Redeems of a used token waiting for its re-arm (a TaskRun retry attempt).",
@@ -159,6 +166,7 @@ impl OtpMetrics {
             hold_duration,
             rejected,
             pending,
+            entries,
             duration,
         }
     }

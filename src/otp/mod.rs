@@ -235,6 +235,7 @@ impl RunningServer {
         let purged = store.purge().await?;
         metrics.expired.inc_by(purged.expired);
         metrics.pending.set(purged.pending as i64);
+        metrics.entries.set(purged.entries as i64);
 
         let cert = ReloadingCert::load(CertPaths::in_dir(&args.tls_dir))?;
         let tls = cert.server_config(&[b"h2", b"http/1.1"]);
@@ -363,6 +364,7 @@ async fn purge_loop(
             Ok(p) => {
                 metrics.expired.inc_by(p.expired);
                 metrics.pending.set(p.pending as i64);
+                metrics.entries.set(p.entries as i64);
                 if p.expired > 0 || p.tombstones > 0 || p.owners > 0 {
                     tracing::info!(
                         expired = p.expired,

@@ -366,6 +366,7 @@ async fn store_key_inner(
                 Stored::Created => {
                     m.stored.inc();
                     m.pending.inc();
+                    m.entries.inc();
                     (StatusCode::CREATED, "created")
                 }
                 Stored::Replayed => {
@@ -457,6 +458,7 @@ async fn revoke_inner(state: &AppState, uri: &Uri) -> Response {
             let m = &state.metrics;
             m.revoked.inc_by(r.hashes.len() as u64);
             m.pending.sub(r.pending as i64);
+            m.entries.sub(r.hashes.len() as i64);
             for h in &r.hashes {
                 state.holds.wake(h, Wake::Revoked);
             }

@@ -398,6 +398,8 @@ pub struct Purged {
     pub owners: u64,
     /// Entries still waiting after the purge.
     pub pending: u64,
+    /// Entries kept (waiting keys and redeemed tombstones).
+    pub entries: u64,
 }
 
 /// Storage failures (the request may be retried).
@@ -776,7 +778,10 @@ fn apply_purge(t: &mut Tables<'_>, now: u64) -> Result<Purged, StoreError> {
                 }
                 doomed.push((k.value().to_vec(), e.owner));
             }
-            Some(e) => purged.pending += u64::from(e.sealed.is_some()),
+            Some(e) => {
+                purged.entries += 1;
+                purged.pending += u64::from(e.sealed.is_some());
+            }
             None => {
                 tracing::warn!("dropping an undecodable OTP entry");
                 doomed.push((k.value().to_vec(), None));
@@ -1094,7 +1099,8 @@ mod tests {
                 expired: 1,
                 tombstones: 1,
                 owners: 0,
-                pending: 0
+                pending: 0,
+                entries: 0
             }
         );
         assert_eq!(h.redeem(t).await, Err(Refusal::Unknown));
@@ -1208,7 +1214,8 @@ mod tests {
                 expired: 0,
                 tombstones: 1,
                 owners: 1,
-                pending: 0
+                pending: 0,
+                entries: 0
             }
         );
         assert_eq!(

@@ -233,32 +233,6 @@ impl Provisioner {
         })
     }
 
-    /// Removes every build user on `target` that is known to be at least `grace` old and for
-    /// which `is_live` is false (users of allocations the caller no longer owns); returns the
-    /// users removed. For a set: `|u| live.contains(u)`. Younger users may belong to an
-    /// allocation whose result the caller has not seen yet (or to the other implementation during
-    /// a switch), so they are left alone, as by the scheduler's sweep.
-    pub async fn sweep(
-        &self,
-        target: &Target,
-        grace: Duration,
-        is_live: impl Fn(&str) -> bool,
-    ) -> Result<Vec<String>, ProvisionError> {
-        let stale: Vec<String> = self
-            .list_build_users(target)
-            .await?
-            .into_iter()
-            .filter(|u| u.older_than(grace) && !is_live(&u.name))
-            .map(|u| u.name)
-            .collect();
-        let refs: Vec<&str> = stale.iter().map(String::as_str).collect();
-        self.remove_users(target, &refs).await?;
-        if !stale.is_empty() {
-            tracing::info!(host = %target.id, removed = stale.len(), "swept stale build users");
-        }
-        Ok(stale)
-    }
-
     /// Drops the connection to `id` and its trust-on-first-use record (call when an instance is
     /// terminated, so its id never matches a different machine's key).
     pub async fn forget_host(&self, id: &str) {

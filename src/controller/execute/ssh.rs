@@ -3,13 +3,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{Context, kube as k8s};
+use tokio::sync::mpsc;
+
+use crate::config::{HostConfig, StaticHost};
+use crate::controller::driver::Input;
 use crate::provision::{ProvisionRequest, Target, Zeroizing};
-use crate::scheduler::{HostRef, RemoteUser, TaskRunRef};
+use crate::scheduler::{Event, HostRef, RemoteUser, TaskRunRef};
 
 /// The admin login for a host, with its key read now from the host's Secret (`id_rsa`).
 async fn target(ctx: &Context, host: &HostRef) -> Result<Target, String> {
@@ -112,6 +117,60 @@ pub async fn deprovision(ctx: &Context, user: &RemoteUser, host: &HostRef) -> Re
         .deprovision(&target, &user.name())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Lists the build users of every static host every `every` and feeds them to the loop, which
+/// removes the old ones no allocation owns (design §7). A host that cannot be listed is skipped
+/// until the next round; the term's end stops it.
+pub async fn list_host_users(
+    ctx: Context,
+    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
+    tx: mpsc::Sender<Input>,
+    every: Duration,
+) {
+    loop {
+        tokio::select! {
+            () = ctx.cancel.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let current = config.borrow().clone();
+        let Some(cfg) = current else { continue };
+        let hosts: BTreeMap<&str, &StaticHost> = cfg
+            .static_pools
+            .values()
+            .flat_map(|p| &p.hosts)
+            .map(|h| (h.name.as_str(), h))
+            .collect();
+        for host in hosts.into_values() {
+            let listed = async {
+                let target = target(&ctx, &HostRef::Static(Arc::new(host.clone()))).await?;
+                let _permit = ctx.limits.ssh.acquire().await;
+                ctx.provisioner
+                    .list_build_users(&target)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            let users = tokio::select! {
+                () = ctx.cancel.cancelled() => return,
+                r = listed => r,
+            };
+            match users {
+                Ok(users) => {
+                    let ev = Event::HostUsersListed {
+                        host: host.name.clone(),
+                        users,
+                    };
+                    if tx.send(Input::Sweep(ev)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    ctx.metrics.failed("list_host_users");
+                    tracing::warn!(host = %host.name, %error, "listing build users failed");
+                }
+            }
+        }
+    }
 }
 
 /// Host keys of static hosts learned on first use, kept in a ConfigMap of the controller's
