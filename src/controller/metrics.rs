@@ -173,7 +173,7 @@ impl ControllerMetrics {
     /// Records one scheduler measurement.
     pub fn observe(&self, o: &Observation) {
         match o {
-            Observation::Waited { platform, wait } => self
+            Observation::Waited { platform, wait, .. } => self
                 .wait_time
                 .with_label_values(&[&platform.label_value()])
                 .observe(wait.as_secs_f64()),

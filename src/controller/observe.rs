@@ -244,6 +244,24 @@ pub fn record(tr: &TaskRun, spec: Option<&TaskRunSpec>) -> Option<TaskRunRecord>
     Some(rec)
 }
 
+/// What recovery keeps of a watched TaskRun, given what [`observe`] made of it: its record and
+/// whether its Secret must be read ([`secret_matters`]); `None` when recovery has nothing to
+/// rebuild for it (ignored, undecided, or done without our finalizer).
+pub fn recovery_entry(tr: &TaskRun, observed: &Observed) -> Option<(TaskRunRecord, bool)> {
+    match observed {
+        Observed::Active { spec, .. } => {
+            let rec = record(tr, Some(spec))?;
+            let matters = secret_matters(&rec, tr);
+            Some((rec, matters))
+        }
+        Observed::Done {
+            tracked_only: false,
+            ..
+        } => Some((record(tr, None)?, false)),
+        Observed::Done { .. } | Observed::Ignore | Observed::Undecided { .. } => None,
+    }
+}
+
 /// Whether recovery must look the TaskRun's Secret up to know its state: it is live and not
 /// merely queued (a queued TaskRun has no secret; a finished one gets its secret deleted anyway).
 pub fn secret_matters(rec: &TaskRunRecord, tr: &TaskRun) -> bool {
@@ -395,6 +413,33 @@ mod tests {
         let mut x = base();
         x["spec"]["params"] = serde_json::json!([]);
         assert_eq!(platform(&tr(x)), None);
+    }
+
+    #[test]
+    fn recovery_keeps_live_and_finalizing_taskruns_only() {
+        let mut memo = MountMemo::default();
+        let mut v = base();
+        v["status"]["taskSpec"] = resolved(true);
+        // Queued: rebuilt, no Secret to read.
+        v["metadata"]["labels"][contract::WAITING_FOR_PLATFORM_LABEL] = "linux-arm64".into();
+        let t = tr(v.clone());
+        let (rec, matters) = recovery_entry(&t, &observe(&t, &mut memo)).unwrap();
+        assert!(!rec.finished && !matters);
+        // Placed: its Secret says whether it was served.
+        v["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove(contract::WAITING_FOR_PLATFORM_LABEL);
+        let t = tr(v.clone());
+        assert!(recovery_entry(&t, &observe(&t, &mut memo)).unwrap().1);
+        // Finished with our finalizer: cleanup is due. Without it: nothing to rebuild.
+        v["status"]["conditions"] = serde_json::json!([{"type": "Succeeded", "status": "True"}]);
+        let t = tr(v.clone());
+        let (rec, matters) = recovery_entry(&t, &observe(&t, &mut memo)).unwrap();
+        assert!(rec.finished && !matters);
+        v["metadata"]["finalizers"] = serde_json::json!([]);
+        let t = tr(v);
+        assert_eq!(recovery_entry(&t, &observe(&t, &mut memo)), None);
     }
 
     #[test]

@@ -264,12 +264,14 @@ impl SecretData {
 /// A measurement (design §8 metric names in the variant docs).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Observation {
-    /// `wait_time`: time queued for capacity.
+    /// `wait_time`: time queued for capacity, observed as the waiter leaves the queue.
     Waited {
         /// Platform.
         platform: Arc<Platform>,
         /// Duration.
         wait: Duration,
+        /// Who left the queue (the order of these is the queue's service order).
+        taskrun: TaskRunRef,
     },
     /// `host_allocation_time`: from allocation start to the secret.
     Allocated {

@@ -327,10 +327,11 @@ impl Scheduler {
 
     /// Time spent queued, observed when a waiter leaves the queue.
     pub(super) fn observe_wait(&mut self, key: Key, out: &mut Vec<Action>) {
-        if let Some(t) = self.taskruns.get(key) {
+        if let (Some(t), Some(taskrun)) = (self.taskruns.get(key), self.taskrun_ref(key)) {
             out.push(Action::Observe(Observation::Waited {
                 platform: self.platforms[t.platform as usize].platform.clone(),
                 wait: self.now.since(t.queued),
+                taskrun,
             }));
         }
     }

@@ -61,6 +61,8 @@ impl Scheduler {
             }
         }
         let mut waiters = Vec::new();
+        // Live TaskRuns that had a secret: still gated ones are un-gated once it stands.
+        let mut with_secret = Vec::new();
         for rec in records {
             let uid = Uid::new(&rec.uid);
             if self.by_uid.get(&uid, &self.taskruns).is_some() {
@@ -100,6 +102,9 @@ impl Scheduler {
             if rec.finished {
                 self.recover_finished(key, rec, &listed, &pool_members, out);
                 continue;
+            }
+            if rec.secret.is_some() {
+                with_secret.push(key);
             }
             if let Err(e) = parsed {
                 match rec.secret {
@@ -144,9 +149,32 @@ impl Scheduler {
             let retry = self.failures(key) > 0;
             self.admit(key, retry, out);
         }
+        for key in with_secret {
+            self.ungate_served(key, out);
+        }
         for p in 0..self.platforms.len() as PlatformId {
             self.pump(p, out);
             self.ensure_warm(p, out);
+        }
+    }
+
+    /// A recovered TaskRun still gated although its secret stands (the crash came between the
+    /// secret and the un-gating): un-gated now, or it would wait forever. One whose secret is
+    /// being replaced is un-gated with the new secret.
+    fn ungate_served(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        let stands = match &t.state {
+            State::Failed | State::Local => true,
+            State::OnHost { phase, .. } | State::OnInstance { phase, .. } => {
+                matches!(phase, Phase::Ready(_))
+            }
+            State::Waiting { .. } | State::Cleanup { .. } => false,
+        };
+        if stands && std::mem::take(&mut t.gated) {
+            let taskrun = self.taskrun_ref(key).expect("tracked");
+            out.push(Action::Ungate { taskrun });
         }
     }
 
