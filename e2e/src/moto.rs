@@ -234,10 +234,11 @@ impl Moto {
             .await
     }
 
-    /// Like [`Self::fixture`], in a VPC `127.0.0.0/16` with subnet `127.0.1.0/24`: instances get
-    /// loopback private addresses and no public one.
-    pub async fn loopback_subnet(&self, region: &str) -> Result<Fixture, MotoError> {
-        self.fixture_in(region, "127.0.0.0/16", "127.0.1.0/24")
+    /// Like [`Self::fixture`], in a VPC `127.0.0.0/16` with subnet `127.0.<n>.0/24`: instances get
+    /// loopback private addresses (moto hands out `127.0.<n>.4` first, then counts up) and no
+    /// public one. Tests that run at once and listen on those addresses pick different `n`.
+    pub async fn loopback_subnet(&self, region: &str, n: u8) -> Result<Fixture, MotoError> {
+        self.fixture_in(region, "127.0.0.0/16", &format!("127.0.{n}.0/24"))
             .await
     }
 

@@ -221,6 +221,7 @@ pub struct SshdHost {
     dir: tempfile::TempDir,
     child: Option<Child>,
     admin_private: Arc<Zeroizing<Vec<u8>>>,
+    admin_public: String,
     host_public: String,
     users: Mutex<Vec<String>>,
     // The sessions' PATH directory when the host differs from this machine; outside `dir`, whose
@@ -333,6 +334,7 @@ impl SshdHost {
             dir,
             child: None,
             admin_private: Arc::new(Zeroizing::new(admin.private_openssh.as_bytes().to_vec())),
+            admin_public: admin.public_openssh.clone(),
             host_public: String::new(),
             users: Mutex::new(Vec::new()),
             tools: None,
@@ -459,6 +461,17 @@ impl SshdHost {
     /// The admin (root) private key.
     pub fn admin_key(&self) -> Arc<Zeroizing<Vec<u8>>> {
         Arc::clone(&self.admin_private)
+    }
+
+    /// Lets `other`'s admin key log in here too, as the instances of one cloud template share the
+    /// template's key pair.
+    pub fn trust_admin_of(&self, other: &SshdHost) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("admin_keys/root"))?;
+        writeln!(f, "{}", other.admin_public)?;
+        Ok(())
     }
 
     /// A provisioning target for this host, trusted on first use under `id`.

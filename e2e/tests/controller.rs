@@ -614,17 +614,29 @@ async fn a_retry_pod_that_mounted_the_used_token_redeems_the_fresh_key() {
     assert_clean(&p, &[("tenant-a", "flaky")]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamic_platform_launches_probes_provisions_and_terminates() {
+/// The product with a cloud platform `linux/arm64` on moto (`kind`: `dynamic` or `dynamic-pool`,
+/// with `extra` keys), a real sshd answering at each of the first `instances` addresses moto
+/// hands out in loopback subnet `127.0.<subnet>.0/24`, and one controller replica.
+async fn on_moto(
+    subnet: u8,
+    kind: &str,
+    extra: &[(&str, &str)],
+    instances: u8,
+    flags: &[&str],
+) -> (Product, e2e::moto::Moto, Vec<e2e::sshd::SshdHost>) {
     use e2e::moto::{self, Moto};
     let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
     let moto = Moto::start().await.unwrap();
-    let fx = moto.loopback_subnet("us-east-1").await.unwrap();
-    // moto gives the first instance of the loopback subnet 127.0.1.4: a real sshd answers there.
-    let instance_host =
-        e2e::sshd::SshdHost::start_at(std::net::Ipv4Addr::new(127, 0, 1, 4), 22).unwrap();
-    let user = contract::remote_user_name("dyn-1", "tenant-a");
-    instance_host.track_user(&user);
+    let fx = moto.loopback_subnet("us-east-1", subnet).await.unwrap();
+    let hosts: Vec<_> = (0..instances)
+        .map(|i| {
+            let at = std::net::Ipv4Addr::new(127, 0, subnet, 4 + i);
+            e2e::sshd::SshdHost::start_at(at, 22).unwrap()
+        })
+        .collect();
+    for h in &hosts[1..] {
+        h.trust_admin_of(&hosts[0]).unwrap();
+    }
     p.put_secret(
         e2e::product::NS,
         "aws-account",
@@ -638,7 +650,7 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
     p.put_secret(
         e2e::product::NS,
         "aws-ssh-key",
-        &[("id_rsa", instance_host.admin_key().as_slice())],
+        &[("id_rsa", hosts[0].admin_key().as_slice())],
     )
     .await
     .unwrap();
@@ -654,13 +666,71 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
         ("user", "root"),
         ("max-instances", "2"),
         ("instance-tag", "e2e-dynamic"),
-    ] {
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    {
         cfg.push((format!("dynamic.linux-arm64.{k}"), v.to_owned()));
     }
-    cfg.push(("dynamic-platforms".into(), "linux/arm64".into()));
+    cfg.push((format!("{kind}-platforms"), "linux/arm64".into()));
     p.set_config(&cfg).await.unwrap();
     p.controller_flags = vec!["--ec2-endpoint".into(), moto.endpoint()];
+    p.controller_flags
+        .extend(flags.iter().map(|f| (*f).to_owned()));
     p.start_controller("c1").await.unwrap();
+    (p, moto, hosts)
+}
+
+/// The EC2 state of instance `id`.
+async fn instance_state(moto: &e2e::moto::Moto, id: &str) -> Option<String> {
+    let d = moto
+        .ec2("us-east-1")
+        .describe_instances()
+        .instance_ids(id)
+        .send()
+        .await
+        .ok()?;
+    Some(
+        d.reservations()
+            .first()?
+            .instances()
+            .first()?
+            .state()?
+            .name()?
+            .as_str()
+            .to_owned(),
+    )
+}
+
+/// Waits until instance `id` is terminated (or shutting down).
+async fn terminated(p: &Product, moto: &e2e::moto::Moto, id: &str) {
+    p.wait(T, &format!("instance {id} terminated"), || async {
+        let s = instance_state(moto, id).await?;
+        (s == "terminated" || s == "shutting-down").then_some(())
+    })
+    .await;
+}
+
+/// The instance a TaskRun was given: its `assigned-host` label, as the Go controller writes for
+/// dynamic platforms (which also carry the `cloud-instance-id` annotation) and pools.
+async fn instance_of(p: &Product, ns: &str, name: &str) -> String {
+    let tr = p.taskrun(ns, name).await.unwrap();
+    let id = label(&tr, contract::ASSIGNED_HOST_LABEL)
+        .expect("assigned-host")
+        .to_owned();
+    assert!(id.starts_with("i-"), "{id}");
+    if let Some(a) = tr["metadata"]["annotations"][contract::CLOUD_INSTANCE_ID_ANNOTATION].as_str()
+    {
+        assert_eq!(a, id);
+    }
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_platform_launches_probes_provisions_and_terminates() {
+    let (p, moto, hosts) = on_moto(1, "dynamic", &[], 1, &[]).await;
+    let user = contract::remote_user_name("dyn-1", "tenant-a");
+    hosts[0].track_user(&user);
 
     p.create_taskrun("tenant-a", "dyn-1", "linux/arm64", json!({}))
         .await
@@ -678,12 +748,10 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
         .await;
     assert!(s.contains_key("otp"), "{s:?}\n{}", p.logs());
     assert_eq!(s["host"], format!("{user}@127.0.1.4"));
+    let id = instance_of(&p, "tenant-a", "dyn-1").await;
     let tr = p.taskrun("tenant-a", "dyn-1").await.unwrap();
-    let id = tr["metadata"]["annotations"][contract::CLOUD_INSTANCE_ID_ANNOTATION]
-        .as_str()
-        .expect("cloud-instance-id")
-        .to_owned();
-    assert_eq!(label(&tr, contract::ASSIGNED_HOST_LABEL), Some(id.as_str()));
+    let annotated = &tr["metadata"]["annotations"][contract::CLOUD_INSTANCE_ID_ANNOTATION];
+    assert_eq!(annotated.as_str(), Some(id.as_str()));
     let ec2 = moto.ec2("us-east-1");
     let tags = |d: aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
         d.reservations()
@@ -719,25 +787,7 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
     // The instance is terminated, not deprovisioned: its user goes with it.
     cleaned_up(&p, "tenant-a", "dyn-1").await;
     otp_store_empty(&p).await;
-    p.wait(T, "the instance terminated", || async {
-        let d = ec2
-            .describe_instances()
-            .instance_ids(&id)
-            .send()
-            .await
-            .ok()?;
-        let state = d
-            .reservations()
-            .first()?
-            .instances()
-            .first()?
-            .state()?
-            .name()?
-            .as_str()
-            .to_owned();
-        (state == "terminated" || state == "shutting-down").then_some(())
-    })
-    .await;
+    terminated(&p, &moto, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -903,4 +953,61 @@ async fn the_host_user_sweep_removes_old_users_no_allocation_owns() {
     build(&p, "tenant-a", "long").await;
     assert_clean(&p, &[("tenant-a", "long")]).await;
     e2e::sshd::remove_user(&young);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_pool_reuses_an_instance_then_reaps_it_when_idle() {
+    let pool = [("concurrency", "2"), ("max-age", "60")];
+    let (p, moto, hosts) =
+        on_moto(2, "dynamic-pool", &pool, 2, &["--pool-idle-timeout", "3s"]).await;
+    let names = [
+        ("tenant-a", "pool-1"),
+        ("tenant-b", "pool-2"),
+        ("tenant-a", "pool-3"),
+    ];
+    for (ns, name) in names {
+        for h in &hosts {
+            h.track_user(&contract::remote_user_name(name, ns));
+        }
+    }
+    // The first TaskRun launches an instance and is provisioned on it.
+    p.create_taskrun("tenant-a", "pool-1", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    secret_with(&p, "tenant-a", "pool-1", "otp").await;
+    let id = instance_of(&p, "tenant-a", "pool-1").await;
+    // A second one shares it (concurrency 2): no second launch.
+    p.create_taskrun("tenant-b", "pool-2", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    let s2 = secret_with(&p, "tenant-b", "pool-2", "otp").await;
+    assert_eq!(instance_of(&p, "tenant-b", "pool-2").await, id);
+    let user2 = contract::remote_user_name("pool-2", "tenant-b");
+    assert_eq!(s2["host"], format!("{user2}@127.0.2.4"));
+    build(&p, "tenant-a", "pool-1").await;
+    build(&p, "tenant-b", "pool-2").await;
+    // Its users are removed, the instance stays for the next TaskRun, which reuses it.
+    released(&p, &[("tenant-a", "pool-1"), ("tenant-b", "pool-2")]).await;
+    assert_eq!(instance_state(&moto, &id).await.as_deref(), Some("running"));
+    p.create_taskrun("tenant-a", "pool-3", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    secret_with(&p, "tenant-a", "pool-3", "otp").await;
+    assert_eq!(instance_of(&p, "tenant-a", "pool-3").await, id);
+    build(&p, "tenant-a", "pool-3").await;
+    assert_clean(&p, &[("tenant-a", "pool-3")]).await;
+    // Idle past the timeout: reaped. Only one instance was ever launched.
+    terminated(&p, &moto, &id).await;
+    let all = moto
+        .ec2("us-east-1")
+        .describe_instances()
+        .send()
+        .await
+        .unwrap();
+    let launched = all
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .count();
+    assert_eq!(launched, 1, "{}", p.logs());
 }

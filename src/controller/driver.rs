@@ -255,24 +255,28 @@ impl Driver {
         if !tr.is_gated() {
             self.ungating.remove(uid);
         }
-        match observe::observe(tr, &mut self.memo) {
-            Observed::Ignore => {
+        let observed = observe::observe(tr, &mut self.memo);
+        // What recovery would rebuild from this TaskRun: the same reading the model test uses.
+        match observe::recovery_entry(tr, &observed) {
+            Some((record, secret_matters)) => {
+                self.index.insert(
+                    uid.to_owned(),
+                    Entry {
+                        record,
+                        secret_matters,
+                    },
+                );
+            }
+            None => {
                 self.index.remove(uid);
             }
+        }
+        match observed {
+            Observed::Ignore => {}
             Observed::Active {
                 spec,
                 needs_finalizer,
             } => {
-                if let Some(record) = observe::record(tr, Some(&spec)) {
-                    let secret_matters = observe::secret_matters(&record, tr);
-                    self.index.insert(
-                        uid.to_owned(),
-                        Entry {
-                            record,
-                            secret_matters,
-                        },
-                    );
-                }
                 if needs_finalizer
                     && self.is_remote(&spec.platform)
                     && self.finalizing.insert(uid.to_owned())
@@ -287,24 +291,12 @@ impl Driver {
                 ungate,
                 ..
             } => {
-                if tracked_only {
-                    self.index.remove(uid);
-                } else if let Some(record) = observe::record(tr, None) {
-                    self.index.insert(
-                        uid.to_owned(),
-                        Entry {
-                            record,
-                            secret_matters: false,
-                        },
-                    );
-                }
                 if ungate {
                     self.ungate(ns, name, uid);
                 }
                 self.done(ns, name, uid, tracked_only);
             }
             Observed::Undecided { ungate } => {
-                self.index.remove(uid);
                 if ungate {
                     self.ungate(ns, name, uid);
                 }

@@ -147,6 +147,10 @@ pub struct ControllerArgs {
     /// that are older than a day are removed (leftovers of a crash or of the Go controller).
     #[arg(long, env = "MPC_HOST_USER_SWEEP_INTERVAL", default_value = "10m", value_parser = crate::duration::parse_nonzero)]
     pub host_user_sweep_interval: Duration,
+    /// How long a dynamic pool instance may sit without a TaskRun before it is terminated;
+    /// `min-instances` are kept regardless.
+    #[arg(long, env = "MPC_POOL_IDLE_TIMEOUT", default_value = "10m", value_parser = crate::duration::parse_nonzero)]
+    pub pool_idle_timeout: Duration,
     /// EC2 endpoint override (an EC2-compatible cloud).
     #[arg(long, env = "MPC_EC2_ENDPOINT")]
     pub ec2_endpoint: Option<String>,
@@ -342,7 +346,10 @@ impl Controller {
         let (tx, rx) = mpsc::channel(1024);
         let driver = Driver::new(
             ctx.clone(),
-            Policy::mpc(),
+            Policy {
+                pool_idle_timeout: Some(args.pool_idle_timeout),
+                ..Policy::mpc()
+            },
             tx.clone(),
             config.subscribe(),
             driver::Intervals {

@@ -259,6 +259,10 @@ pub async fn write_secret(
     let name = tr.secret_name();
     let pp = PostParams::default();
     loop {
+        // Conditional on the TaskRun's UID, as every write about it: a late write for a TaskRun
+        // that is gone must not replace the secret of a namesake created since. (A TaskRun
+        // deleted after this check leaves a secret its ownerReference lets the GC delete.)
+        current(ctx, tr).await?;
         let created = retrying(ctx, "create secret", || api.create(&pp, &desired)).await;
         match created {
             Ok(Ok(_)) => return Ok(()),
