@@ -152,6 +152,9 @@ pub struct Product {
     pub hosts: Vec<BuildHost>,
     /// Extra flags for every controller started from now on.
     pub controller_flags: Vec<String>,
+    /// `--cluster-id` of controllers started from now on; `None` leaves it unset, so the
+    /// controller reads the `kube-system` namespace's UID as a cluster does.
+    pub cluster_id: Option<String>,
     mpc: PathBuf,
     webhook_certs: PathBuf,
     webhook_port: u16,
@@ -231,6 +234,7 @@ impl Product {
             controllers: Vec::new(),
             hosts: Vec::new(),
             controller_flags: Vec::new(),
+            cluster_id: Some("e2e-cluster".into()),
             mpc: mpc.to_owned(),
             webhook_certs,
             webhook_port,
@@ -370,7 +374,6 @@ impl Product {
             .arg(otp_dir.join("ca.pem"))
             .arg("--otp-store-token-file")
             .arg(otp_dir.join("store-token"))
-            .args(["--cluster-id", "e2e-cluster"])
             .args(["--identity", identity])
             .args(["--lease-duration", "3s", "--lease-renew-deadline", "2s"])
             .args(["--lease-retry-period", "300ms", "--adopt-interval", "2s"])
@@ -382,6 +385,9 @@ impl Product {
             .args(["--admin-addr", &admin.to_string()])
             .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"])
             .args(&self.controller_flags);
+        if let Some(id) = &self.cluster_id {
+            cmd.args(["--cluster-id", id]);
+        }
         let log = self.dir.path().join(format!("controller-{identity}.log"));
         let mut p = Proc::spawn(cmd, log, admin, identity)?;
         if webhook_port == self.webhook_port {

@@ -1,0 +1,82 @@
+//! The request log: every resource request as an audit log records it (user, verb, API group,
+//! resource and subresource, namespace, name), so a test can hold one client's requests against
+//! the RBAC rules it is deployed with. There is no authentication: the bearer token a client sends
+//! is its user name here, so clients given different kubeconfigs
+//! ([`ApiServer::kubeconfig_yaml_as`](super::ApiServer::kubeconfig_yaml_as)) tell apart.
+
+use std::sync::Mutex;
+
+use super::faults::Verb;
+
+/// One resource request.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Request {
+    /// The bearer token, or `system:anonymous` without one.
+    pub user: String,
+    pub verb: Verb,
+    /// API group (`""` for core).
+    pub group: String,
+    /// Plural resource (`taskruns`).
+    pub resource: String,
+    /// Subresource (`status`).
+    pub subresource: Option<String>,
+    /// `None` for cluster-scoped requests and requests across all namespaces.
+    pub namespace: Option<String>,
+    /// `None` for collection requests (list, watch of all, create).
+    pub name: Option<String>,
+}
+
+impl Request {
+    /// `resource` or `resource/subresource`, as RBAC rules name it.
+    pub fn rbac_resource(&self) -> String {
+        match &self.subresource {
+            Some(s) => format!("{}/{s}", self.resource),
+            None => self.resource.clone(),
+        }
+    }
+}
+
+/// The user of a request that sent no bearer token.
+pub const ANONYMOUS: &str = "system:anonymous";
+
+/// The log of one server.
+#[derive(Debug, Default)]
+pub struct RequestLog(Mutex<Vec<Request>>);
+
+impl RequestLog {
+    pub(crate) fn record(&self, r: Request) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn all(&self) -> Vec<Request> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The requests of one user.
+    pub fn of(&self, user: &str) -> Vec<Request> {
+        self.all().into_iter().filter(|r| r.user == user).collect()
+    }
+}
+
+/// The user a request's `Authorization` header names.
+pub(crate) fn user_of(authorization: Option<&str>) -> String {
+    authorization
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map_or_else(|| ANONYMOUS.to_owned(), str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_token_names_the_user() {
+        assert_eq!(user_of(Some("Bearer mpc-controller")), "mpc-controller");
+        assert_eq!(user_of(Some("Basic eDp5")), ANONYMOUS);
+        assert_eq!(user_of(Some("Bearer ")), ANONYMOUS);
+        assert_eq!(user_of(None), ANONYMOUS);
+    }
+}

@@ -1,0 +1,178 @@
+//! `e2e try`, as a person uses it: the real command starts the product and prints a kubeconfig;
+//! the usual kubectl commands, typed as in the README, create a namespace and a ConfigMap, apply
+//! the example TaskRun, watch its Secret appear, describe it, list events and delete it; the
+//! Secret and the finalizer go; Ctrl-C stops everything and the command exits cleanly.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use e2e::apiserver::testing::eventually;
+use e2e::kubectl::Kubectl;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const T: Duration = Duration::from_secs(60);
+
+/// Reads lines until one starts with `prefix`; returns the rest of it.
+async fn line_starting<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+    prefix: &str,
+    seen: &mut String,
+) -> Option<String> {
+    while let Some(l) = lines.next_line().await.ok()? {
+        seen.push_str(&l);
+        seen.push('\n');
+        if let Some(rest) = l.strip_prefix(prefix) {
+            return Some(rest.to_owned());
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e"))
+        .arg("try")
+        .arg("--mpc")
+        .arg(e2e::mpc_binary!())
+        .stdout(Stdio::piped())
+        .stderr(log.reopen().unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("e2e try starts");
+    let stderr = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    let kubeconfig = tokio::time::timeout(
+        Duration::from_secs(120),
+        line_starting(&mut lines, "kubeconfig: ", &mut printed),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no kubeconfig line in 120 s:\n{printed}\n{}", stderr()))
+    .unwrap_or_else(|| panic!("e2e try ended early:\n{printed}\n{}", stderr()));
+    let example = line_starting(&mut lines, "example TaskRun: ", &mut printed)
+        .await
+        .expect("the example's path");
+    assert!(
+        line_starting(&mut lines, "ready", &mut printed)
+            .await
+            .is_some(),
+        "{printed}"
+    );
+    // What it says to run names the same files.
+    assert!(
+        printed.contains(&format!("export KUBECONFIG={kubeconfig}")),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("kubectl apply -n demo -f {example}")),
+        "{printed}"
+    );
+    let example = PathBuf::from(example);
+    assert!(example.is_file(), "{}", example.display());
+
+    let k = Kubectl::new(std::path::Path::new(&kubeconfig));
+    let out = k.ok(&["create", "namespace", "demo"]).await;
+    assert_eq!(out.trim(), "namespace/demo created");
+    let out = k
+        .ok(&[
+            "create",
+            "configmap",
+            "notes",
+            "-n",
+            "demo",
+            "--from-literal=owner=me",
+        ])
+        .await;
+    assert_eq!(out.trim(), "configmap/notes created");
+
+    // The Secret appears on a watch started before the TaskRun.
+    let mut watch = k
+        .command(&["get", "secrets", "-n", "demo", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut watched = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let ex = example.to_str().unwrap();
+    let out = k.ok(&["apply", "-n", "demo", "-f", ex]).await;
+    assert_eq!(out.trim(), "taskrun.tekton.dev/try-build created");
+    let secret = "multi-platform-ssh-try-build";
+    let mut seen = String::new();
+    tokio::time::timeout(T, async {
+        while let Some(l) = watched.next_line().await.unwrap() {
+            seen.push_str(&l);
+            if l.trim() == format!("secret/{secret}") {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the watch never showed {secret}: {seen:?}\n{}", stderr()));
+    drop(watch);
+
+    // The secret carries a host and a token; the TaskRun names its host.
+    let data = k.json(&["get", "secret", secret, "-n", "demo"]).await;
+    for key in ["host", "otp", "otp-server", "otp-ca", "user-dir"] {
+        assert!(data["data"][key].is_string(), "{key}: {data}");
+    }
+    let host = eventually(T, "the TaskRun labelled with its host", || async {
+        let tr = k.json(&["get", "taskrun", "try-build", "-n", "demo"]).await;
+        tr["metadata"]["labels"][mpc::contract::ASSIGNED_HOST_LABEL]
+            .as_str()
+            .map(str::to_owned)
+    })
+    .await;
+    assert_eq!(host, "host-1");
+    let described = k
+        .ok(&["describe", "taskrun", "try-build", "-n", "demo"])
+        .await;
+    assert!(described.contains("try-build"), "{described}");
+    assert!(
+        described.contains(&format!("{}=host-1", mpc::contract::ASSIGNED_HOST_LABEL)),
+        "{described}"
+    );
+    let events = k.ok(&["events", "-n", "demo"]).await;
+    assert!(
+        events.contains("taskrun/try-build") || events.contains("TaskRun/try-build"),
+        "{events}"
+    );
+
+    // Deleting waits for the controller's cleanup (its finalizer), then the Secret is gone.
+    let out = k
+        .ok(&[
+            "delete",
+            "taskrun",
+            "try-build",
+            "-n",
+            "demo",
+            "--timeout=60s",
+        ])
+        .await;
+    assert_eq!(out.trim(), "taskrun.tekton.dev \"try-build\" deleted");
+    eventually(T, "the secret deleted", || async {
+        let o = k.run(&["get", "secret", secret, "-n", "demo"], None).await;
+        (!o.ok && o.stderr.contains("NotFound")).then_some(())
+    })
+    .await;
+
+    // Ctrl-C: a clean exit.
+    let pid = child.id().expect("running").to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("e2e try exits within 30 s of Ctrl-C")
+        .unwrap();
+    assert!(status.success(), "{status}\n{}", stderr());
+    assert!(
+        !std::path::Path::new(&kubeconfig).exists(),
+        "the kubeconfig is removed with the rest"
+    );
+}
