@@ -470,53 +470,6 @@ fn rule(g: &str, res: &str, names: &str, verbs: &str) -> (String, String, String
 }
 
 #[test]
-fn rbac_grants_the_controller_exactly_its_verbs() {
-    let o = Staged::new().render("manifests");
-    assert_eq!(
-        rules(&o["ClusterRole/multi-platform-controller"]),
-        BTreeSet::from([
-            rule("tekton.dev", "taskruns", "", "get,list,watch,patch"),
-            rule("", "secrets", "", "get,create,update,delete"),
-            rule("", "events", "", "create,patch"),
-            rule("events.k8s.io", "events", "", "create,patch"),
-            rule("", "namespaces", "kube-system", "get"),
-        ])
-    );
-    assert_eq!(
-        rules(&o["Role/multi-platform-controller"]),
-        BTreeSet::from([
-            rule("", "configmaps", "", "get,list,watch"),
-            rule("", "configmaps", "", "create"),
-            rule("", "configmaps", "mpc-known-hosts", "update"),
-            rule("coordination.k8s.io", "leases", "", "create"),
-            rule(
-                "coordination.k8s.io",
-                "leases",
-                "multi-platform-controller",
-                "get,update"
-            ),
-        ])
-    );
-    for (binding, role) in [
-        ("ClusterRoleBinding", "ClusterRole"),
-        ("RoleBinding", "Role"),
-    ] {
-        let b = &o[&format!("{binding}/multi-platform-controller")];
-        assert_eq!(s(&b["roleRef"]["kind"]), role);
-        assert_eq!(s(&b["roleRef"]["name"]), "multi-platform-controller");
-        let subject = &seq(&b["subjects"])[0];
-        assert_eq!(
-            (
-                s(&subject["kind"]),
-                s(&subject["name"]),
-                s(&subject["namespace"])
-            ),
-            ("ServiceAccount", "multi-platform-controller", NAMESPACE)
-        );
-    }
-}
-
-#[test]
 fn no_kustomization_lets_anyone_list_or_watch_secrets_cluster_wide() {
     let staged = Staged::new();
     let mut cluster_roles = 0;

@@ -176,7 +176,8 @@ async fn try_it(
     out.flush()?;
     drop(out);
     wait_for_stop().await?;
-    tracing::info!("stopping");
+    tracing::info!("stopping: deleting TaskRuns so the controller removes their build users");
+    remove_taskruns(&product.client, std::time::Duration::from_secs(30)).await;
     for c in &mut product.controllers {
         c.terminate(std::time::Duration::from_secs(10));
     }
@@ -212,4 +213,45 @@ async fn wait_for_stop() -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+/// Deletes every TaskRun and waits (up to `limit`) until they are gone: the controller's finalizer
+/// holds each until its build user is removed from the host.
+async fn remove_taskruns(client: &kube::Client, limit: std::time::Duration) {
+    use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &e2e::tekton::taskrun_resource());
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let left = match api.list(&ListParams::default()).await {
+            Ok(l) => l.items,
+            Err(error) => {
+                tracing::warn!(%error, "listing TaskRuns");
+                return;
+            }
+        };
+        if left.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                left = left.len(),
+                "TaskRuns still held by their finalizer; their build users may remain"
+            );
+            return;
+        }
+        for tr in &left {
+            if tr.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let (Some(ns), Some(name)) = (&tr.metadata.namespace, &tr.metadata.name) else {
+                continue;
+            };
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), ns, &e2e::tekton::taskrun_resource());
+            if let Err(error) = api.delete(name, &DeleteParams::default()).await {
+                tracing::warn!(%error, taskrun = %name, "deleting");
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

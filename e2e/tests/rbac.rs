@@ -1,7 +1,9 @@
 //! The RBAC the manifests grant is what the controller calls: the real `mpc controller` runs
 //! through every path that talks to the API (startup without `--cluster-id`, config watch and a
 //! config change, the Lease, static TaskRuns end to end on two hosts so the known-hosts ConfigMap is
-//! created and then updated, events, the adopt scan, a graceful stop), the test API server logs
+//! created and then updated, a third that waits and replaces a stale Secret, a local TaskRun,
+//! repeated Events from a host nothing answers on, the adopt scan, a graceful stop), the test API
+//! server logs
 //! each of its requests, and each is held against the ClusterRole and Role rendered by
 //! `kubectl kustomize manifests`. Every request must be allowed (namespaced rules only in the
 //! controller's namespace) and every granted verb used, or listed below with why it cannot be.
@@ -182,7 +184,22 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
         .await
         .unwrap();
     p.cluster_id = None;
+    // A host nothing answers on: provisioning fails, and the same Event repeats (a patch).
+    let mut cfg = p.base_config();
+    for (k, v) in [
+        ("address", "127.0.3.252"),
+        ("user", "root"),
+        ("platform", "linux/s390x"),
+        ("secret", "h1-admin"),
+        ("concurrency", "1"),
+    ] {
+        cfg.push((format!("host.dead.{k}"), v.to_owned()));
+    }
+    p.set_config(&cfg).await.unwrap();
     p.start_controller("c1").await.unwrap();
+    p.create_taskrun("tenant-a", "rbac-dead", "linux/s390x", json!({}))
+        .await
+        .unwrap();
 
     // Two builds at once take both hosts: the first host key learned creates the known-hosts
     // ConfigMap, the second updates it.
@@ -201,6 +218,22 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
         })
         .await;
     }
+    // A third waits for a host (an Event); a stale Secret of its name, left by an earlier TaskRun
+    // of that name, is replaced when it gets one.
+    p.put_secret(
+        "tenant-a",
+        &contract::secret_name("rbac-3"),
+        &[("stale", b"1".as_slice())],
+    )
+    .await
+    .unwrap();
+    p.create_taskrun("tenant-a", "rbac-3", "linux/arm64", json!({}))
+        .await
+        .unwrap();
+    for h in &p.hosts {
+        h.sshd
+            .track_user(&contract::remote_user_name("rbac-3", "tenant-a"));
+    }
     p.wait(T, "both host keys learned", || async {
         (p.known_hosts().await.len() >= 2).then_some(())
     })
@@ -208,6 +241,13 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
     for (ns, name) in names {
         build_and_clean(&p, ns, name).await;
     }
+    p.wait(T, "rbac-3's secret", || async {
+        p.secret("tenant-a", "rbac-3")
+            .await
+            .filter(|s| s.contains_key("otp"))
+    })
+    .await;
+    build_and_clean(&p, "tenant-a", "rbac-3").await;
     // A config change reaches the controller through its watch.
     let mut cfg = p.base_config();
     for (k, v) in &mut cfg {
@@ -297,6 +337,8 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
     // What the scenario had to reach.
     for must in [
         "get core/namespaces ns=(cluster) name=kube-system",
+        "update core/secrets ns=tenant-a name=multi-platform-ssh-rbac-3",
+        "patch events.k8s.io/events ns=tenant-a name=-",
         "update core/configmaps ns=multi-platform-controller name=mpc-known-hosts",
         "create core/configmaps ns=multi-platform-controller name=-",
     ] {

@@ -1,7 +1,8 @@
 //! `e2e try`, as a person uses it: the real command starts the product and prints a kubeconfig;
 //! the usual kubectl commands, typed as in the README, create a namespace and a ConfigMap, apply
-//! the example TaskRun, watch its Secret appear, describe it, list events and delete it; the
-//! Secret and the finalizer go; Ctrl-C stops everything and the command exits cleanly.
+//! the example TaskRun, watch its Secret appear, describe it, see a second one wait (events), delete
+//! the first; its Secret and build user go and the second gets the host; Ctrl-C cleans up the
+//! second, stops everything, and the command exits cleanly.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -29,8 +30,27 @@ async fn line_starting<R: tokio::io::AsyncBufRead + Unpin>(
     None
 }
 
+/// Removes the build users of the test's TaskRuns if the test stops early (the product's own
+/// cleanup does not run when its process is killed).
+struct Users(Vec<String>);
+
+impl Drop for Users {
+    fn drop(&mut self) {
+        for u in &self.0 {
+            if e2e::sshd::user_exists(u) {
+                e2e::sshd::remove_user(u);
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
+    let _users = Users(
+        ["demo", "demo2"]
+            .map(|ns| mpc::contract::remote_user_name("try-build", ns))
+            .to_vec(),
+    );
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e"))
         .arg("try")
@@ -133,13 +153,30 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
         described.contains(&format!("{}=host-1", mpc::contract::ASSIGNED_HOST_LABEL)),
         "{described}"
     );
-    let events = k.ok(&["events", "-n", "demo"]).await;
+    // The same TaskRun in another namespace waits for the only host: an Event says so, which
+    // `kubectl events` and `describe` show.
+    assert_eq!(
+        k.ok(&["create", "namespace", "demo2"]).await.trim(),
+        "namespace/demo2 created"
+    );
+    let out = k.ok(&["apply", "-n", "demo2", "-f", ex]).await;
+    assert_eq!(out.trim(), "taskrun.tekton.dev/try-build created");
+    let events = eventually(T, "the WaitingForHost event", || async {
+        let e = k.ok(&["events", "-n", "demo2"]).await;
+        e.contains("WaitingForHost").then_some(e)
+    })
+    .await;
     assert!(
-        events.contains("taskrun/try-build") || events.contains("TaskRun/try-build"),
+        events.contains("TaskRun/try-build") || events.contains("taskrun/try-build"),
         "{events}"
     );
+    let described = k
+        .ok(&["describe", "taskrun", "try-build", "-n", "demo2"])
+        .await;
+    assert!(described.contains("WaitingForHost"), "{described}");
 
-    // Deleting waits for the controller's cleanup (its finalizer), then the Secret is gone.
+    // Deleting waits for the controller's cleanup (its finalizer); the Secret goes, and the host
+    // passes to the waiting TaskRun.
     let out = k
         .ok(&[
             "delete",
@@ -156,6 +193,20 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
         (!o.ok && o.stderr.contains("NotFound")).then_some(())
     })
     .await;
+    let first_user = mpc::contract::remote_user_name("try-build", "demo");
+    eventually(T, "the first build user removed", || async {
+        (!e2e::sshd::user_exists(&first_user)).then_some(())
+    })
+    .await;
+    eventually(T, "the waiting TaskRun's secret", || async {
+        k.run(&["get", "secret", secret, "-n", "demo2"], None)
+            .await
+            .ok
+            .then_some(())
+    })
+    .await;
+    let waiting_user = mpc::contract::remote_user_name("try-build", "demo2");
+    assert!(e2e::sshd::user_exists(&waiting_user));
 
     // Ctrl-C: a clean exit.
     let pid = child.id().expect("running").to_string();
@@ -171,6 +222,12 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
         .expect("e2e try exits within 30 s of Ctrl-C")
         .unwrap();
     assert!(status.success(), "{status}\n{}", stderr());
+    // Stopping deleted the TaskRun still holding the host, so its build user is gone too.
+    assert!(
+        !e2e::sshd::user_exists(&waiting_user),
+        "{waiting_user} left on the machine\n{}",
+        stderr()
+    );
     assert!(
         !std::path::Path::new(&kubeconfig).exists(),
         "the kubeconfig is removed with the rest"
