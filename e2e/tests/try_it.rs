@@ -30,13 +30,31 @@ async fn line_starting<R: tokio::io::AsyncBufRead + Unpin>(
     None
 }
 
-/// Removes the build users of the test's TaskRuns if the test stops early (the product's own
-/// cleanup does not run when its process is killed).
-struct Users(Vec<String>);
+/// If the test stops early: stops `e2e try` with SIGTERM (its own cleanup: a SIGKILL would leave
+/// its controller, OTP server and sshd running), then removes the test's build users.
+struct Guard {
+    pid: Option<u32>,
+    users: Vec<String>,
+}
 
-impl Drop for Users {
+impl Drop for Guard {
     fn drop(&mut self) {
-        for u in &self.0 {
+        if let Some(pid) = self.pid {
+            let pid = pid.to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status();
+            // Gone, or a zombie this test has not reaped yet.
+            for _ in 0..400 {
+                let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|st| st.rsplit(") ").next().is_some_and(|r| !r.starts_with('Z')));
+                if !alive {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        for u in &self.users {
             if e2e::sshd::user_exists(u) {
                 e2e::sshd::remove_user(u);
             }
@@ -46,11 +64,6 @@ impl Drop for Users {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
-    let _users = Users(
-        ["demo", "demo2"]
-            .map(|ns| mpc::contract::remote_user_name("try-build", ns))
-            .to_vec(),
-    );
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e"))
         .arg("try")
@@ -58,9 +71,14 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
         .arg(e2e::mpc_binary!())
         .stdout(Stdio::piped())
         .stderr(log.reopen().unwrap())
-        .kill_on_drop(true)
         .spawn()
         .expect("e2e try starts");
+    let mut guard = Guard {
+        pid: child.id(),
+        users: ["demo", "demo2"]
+            .map(|ns| mpc::contract::remote_user_name("try-build", ns))
+            .to_vec(),
+    };
     let stderr = || std::fs::read_to_string(log.path()).unwrap_or_default();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut printed = String::new();
@@ -221,6 +239,7 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
         .await
         .expect("e2e try exits within 30 s of Ctrl-C")
         .unwrap();
+    guard.pid = None;
     assert!(status.success(), "{status}\n{}", stderr());
     // Stopping deleted the TaskRun still holding the host, so its build user is gone too.
     assert!(
