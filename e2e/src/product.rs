@@ -538,6 +538,86 @@ impl Product {
         }
     }
 
+    /// Runs a started TaskRun's steps on this machine (its build reaches the host); panics with
+    /// the output and every log unless they exit 0.
+    pub async fn build(&self, ns: &str, name: &str) {
+        let run = self
+            .tekton
+            .run_steps(ns, name, crate::tekton::RunOptions::default())
+            .await
+            .expect("running the steps");
+        assert_eq!(
+            run.exit_code,
+            0,
+            "{ns}/{name}: {}\n{}\n{}",
+            run.stdout,
+            run.stderr,
+            self.logs()
+        );
+    }
+
+    /// Waits until the TaskRun is cleaned up: no secret, no finalizer of ours.
+    pub async fn cleaned_up(&self, ns: &str, name: &str) {
+        let what = format!("cleanup of {ns}/{name}");
+        self.wait(Duration::from_secs(60), &what, || async {
+            let ours = |t: &Value| {
+                t["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|x| x == mpc::contract::FINALIZER))
+            };
+            let gone = self.taskrun(ns, name).await.is_none_or(|t| !ours(&t));
+            (gone && self.secret(ns, name).await.is_none()).then_some(())
+        })
+        .await;
+    }
+
+    /// Stores moto's AWS credentials (Secret `aws-account`) and `ssh_key` (Secret
+    /// `aws-ssh-key`), and returns the host-config entries of dynamic `platform` in `fx`'s subnet:
+    /// at most two instances tagged `tag`, user root.
+    pub async fn moto_platform(
+        &self,
+        fx: &crate::moto::Fixture,
+        platform: &str,
+        ssh_key: &[u8],
+        tag: &str,
+    ) -> anyhow::Result<ConfigPairs> {
+        use crate::moto::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+        self.put_secret(
+            NS,
+            "aws-account",
+            &[
+                ("access-key-id", ACCESS_KEY_ID.as_bytes()),
+                ("secret-access-key", SECRET_ACCESS_KEY.as_bytes()),
+            ],
+        )
+        .await?;
+        self.put_secret(NS, "aws-ssh-key", &[("id_rsa", ssh_key)])
+            .await?;
+        let (ami, instance_type) = if platform.ends_with("arm64") {
+            (fx.arm64_ami.as_str(), "t4g.micro")
+        } else {
+            (fx.ami.as_str(), "m5.large")
+        };
+        let key = platform.replace('/', "-");
+        let mut cfg: ConfigPairs = [
+            ("type", "aws"),
+            ("region", fx.region.as_str()),
+            ("ami", ami),
+            ("instance-type", instance_type),
+            ("aws-secret", "aws-account"),
+            ("ssh-secret", "aws-ssh-key"),
+            ("subnet-id", fx.subnet_id.as_str()),
+            ("user", "root"),
+            ("max-instances", "2"),
+            ("instance-tag", tag),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("dynamic.{key}.{k}"), v.to_owned()))
+        .collect();
+        cfg.push(("dynamic-platforms".into(), platform.to_owned()));
+        Ok(cfg)
+    }
+
     /// The learned host keys the controller keeps (ConfigMap `mpc-known-hosts`).
     pub async fn known_hosts(&self) -> BTreeMap<String, String> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), NS);
@@ -589,7 +669,9 @@ rsync -e "$SSH" "$HOME/source.txt" "$(cat /ssh/host):$(cat /ssh/user-dir)/"
 $SSH "$(cat /ssh/host)" 'echo "built-by=$(whoami) in=$(pwd) source=$(cat source.txt)"'
 "#;
 
-fn static_host(name: &str, address: &str, concurrency: u32, platform: &str) -> ConfigPairs {
+/// host-config entries of static host `name` at `address` (user root, admin key in Secret
+/// `<name>-admin`).
+pub fn static_host(name: &str, address: &str, concurrency: u32, platform: &str) -> ConfigPairs {
     [
         ("address", address.to_owned()),
         ("user", "root".to_owned()),

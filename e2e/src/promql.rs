@@ -49,22 +49,6 @@ enum Tok {
     Comma,
 }
 
-/// Binary operators, set operators and modifiers: never metric names.
-const KEYWORDS: [&str; 13] = [
-    "and",
-    "or",
-    "unless",
-    "bool",
-    "offset",
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "inf",
-    "nan",
-];
 /// Keywords followed by a parenthesised list of label names.
 const LABEL_LISTS: [&str; 6] = [
     "by",
@@ -74,6 +58,8 @@ const LABEL_LISTS: [&str; 6] = [
     "group_left",
     "group_right",
 ];
+/// Set operators, modifiers and literals: never metric names either.
+const KEYWORDS: [&str; 7] = ["and", "or", "unless", "bool", "offset", "inf", "nan"];
 
 fn tokenize(expr: &str) -> Result<Vec<(usize, Tok)>, PromqlError> {
     let b = expr.as_bytes();

@@ -9,10 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use e2e::moto::{self, Moto};
-use e2e::product::{NS, Product};
+use e2e::moto::Moto;
+use e2e::product::{NS, Product, static_host};
 use e2e::promql::{self, Family, Uses};
-use e2e::tekton::RunOptions;
 use mpc::contract;
 use serde_json::{Value, json};
 
@@ -202,19 +201,6 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
     let fx = moto.loopback_subnet("us-east-1").await.unwrap();
     p.put_secret(
         NS,
-        "aws-account",
-        &[
-            ("access-key-id", moto::ACCESS_KEY_ID.as_bytes()),
-            ("secret-access-key", moto::SECRET_ACCESS_KEY.as_bytes()),
-        ],
-    )
-    .await
-    .unwrap();
-    p.put_secret(NS, "aws-ssh-key", &[("id_rsa", b"unused".as_slice())])
-        .await
-        .unwrap();
-    p.put_secret(
-        NS,
         "dead-admin",
         &[("id_rsa", p.hosts[0].sshd.admin_key().as_slice())],
     )
@@ -222,29 +208,12 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
     .unwrap();
     let mut cfg = p.base_config();
     // 127.0.0.0/8 is all loopback; nothing listens on this address.
-    for (k, v) in [
-        ("address", "127.0.3.251"),
-        ("user", "root"),
-        ("platform", "linux/s390x"),
-        ("secret", "dead-admin"),
-        ("concurrency", "1"),
-    ] {
-        cfg.push((format!("host.dead.{k}"), v.to_owned()));
-    }
-    for (k, v) in [
-        ("type", "aws"),
-        ("region", "us-east-1"),
-        ("ami", fx.ami.as_str()),
-        ("instance-type", "m5.large"),
-        ("aws-secret", "aws-account"),
-        ("ssh-secret", "aws-ssh-key"),
-        ("subnet-id", fx.subnet_id.as_str()),
-        ("max-instances", "2"),
-        ("instance-tag", "e2e-monitoring"),
-    ] {
-        cfg.push((format!("dynamic.linux-ppc64le.{k}"), v.to_owned()));
-    }
-    cfg.push(("dynamic-platforms".into(), "linux/ppc64le".into()));
+    cfg.extend(static_host("dead", "127.0.3.251", 1, "linux/s390x"));
+    cfg.extend(
+        p.moto_platform(&fx, "linux/ppc64le", b"unused", "e2e-monitoring")
+            .await
+            .unwrap(),
+    );
     p.set_config(&cfg).await.unwrap();
     p.controller_flags = vec![
         "--ec2-endpoint".into(),
@@ -294,19 +263,7 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
             p.secret(ns, name).await.filter(|s| s.contains_key("otp"))
         })
         .await;
-        let run = p
-            .tekton
-            .run_steps(ns, name, RunOptions::default())
-            .await
-            .unwrap();
-        assert_eq!(
-            run.exit_code,
-            0,
-            "{}\n{}\n{}",
-            run.stdout,
-            run.stderr,
-            p.logs()
-        );
+        p.build(ns, name).await;
     }
     // The instance is launched, then its TaskRun goes away: it is terminated.
     p.wait(Duration::from_secs(90), "cloud-1's instance", || async {
@@ -346,6 +303,18 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
         }
     }
     assert!(all.is_empty(), "{}", all.join("\n"));
+    // Per-platform series carry Go's label value (`linux-arm64`), as dashboards built on Go's
+    // series select them.
+    let text = p.controllers[0].metrics().await;
+    let values: BTreeSet<&str> = text
+        .match_indices("platform=\"")
+        .map(|(i, m)| {
+            let rest = &text[i + m.len()..];
+            &rest[..rest.find('"').unwrap_or(rest.len())]
+        })
+        .collect();
+    assert!(values.contains("linux-arm64"), "{values:?}");
+    assert!(values.iter().all(|v| !v.contains('/')), "{values:?}");
     // The checker is not vacuous: a misspelt family and a label no series has are refused.
     let bad = promql::uses(&format!(
         "sum by (tenant) ({}wait_times_bucket) + {}leader{{zone=\"a\"}}",

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use e2e::apiserver::KUBECONFIG_USER;
 use e2e::apiserver::audit::Request;
-use e2e::product::{NS, Product};
-use e2e::tekton::RunOptions;
+use e2e::product::{NS, Product, static_host};
 use mpc::contract;
 use serde_json::{Value, json};
 
@@ -153,28 +152,8 @@ fn describe(r: &Request) -> String {
 
 /// Runs a static TaskRun's build and waits for its cleanup.
 async fn build_and_clean(p: &Product, ns: &str, name: &str) {
-    let run = p
-        .tekton
-        .run_steps(ns, name, RunOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(
-        run.exit_code,
-        0,
-        "{}\n{}\n{}",
-        run.stdout,
-        run.stderr,
-        p.logs()
-    );
-    p.wait(T, &format!("cleanup of {ns}/{name}"), || async {
-        let gone = p.taskrun(ns, name).await.is_none_or(|t| {
-            !t["metadata"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| f.iter().any(|x| x == contract::FINALIZER))
-        });
-        (gone && p.secret(ns, name).await.is_none()).then_some(())
-    })
-    .await;
+    p.build(ns, name).await;
+    p.cleaned_up(ns, name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,15 +167,11 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
     // TaskRun's ProvisioningFailed Event repeats (a patch of its series).
     let mut cfg = p.base_config();
     for (host, address) in [("dead1", "127.0.3.252"), ("dead2", "127.0.3.253")] {
-        for (k, v) in [
-            ("address", address),
-            ("user", "root"),
-            ("platform", "linux/s390x"),
-            ("secret", "h1-admin"),
-            ("concurrency", "1"),
-        ] {
-            cfg.push((format!("host.{host}.{k}"), v.to_owned()));
-        }
+        let key = p.hosts[0].sshd.admin_key();
+        p.put_secret(NS, &format!("{host}-admin"), &[("id_rsa", key.as_slice())])
+            .await
+            .unwrap();
+        cfg.extend(static_host(host, address, 1, "linux/s390x"));
     }
     p.set_config(&cfg).await.unwrap();
     p.start_controller("c1").await.unwrap();
