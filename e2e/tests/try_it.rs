@@ -62,6 +62,43 @@ impl Drop for Guard {
     }
 }
 
+/// A `kubectl get -w` running in the background.
+fn watch(k: &Kubectl, args: &[&str]) -> tokio::process::Child {
+    k.command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl runs")
+}
+
+/// Reads the watch's lines until one satisfies `wanted`; returns its first line (the header of
+/// a table). The watch ends with it.
+async fn watched(
+    mut w: tokio::process::Child,
+    wanted: impl Fn(&str) -> bool,
+    stderr: &dyn Fn() -> String,
+) -> String {
+    let mut lines = BufReader::new(w.stdout.take().expect("piped")).lines();
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(T, async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            let hit = wanted(&l);
+            seen.push(l);
+            if hit {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        found == Ok(true),
+        "the watch never showed it: {seen:#?}\n{}",
+        stderr()
+    );
+    seen.swap_remove(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
     let log = tempfile::NamedTempFile::new().unwrap();
@@ -125,30 +162,33 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
         .await;
     assert_eq!(out.trim(), "configmap/notes created");
 
-    // The Secret appears on a watch started before the TaskRun.
-    let mut watch = k
-        .command(&["get", "secrets", "-n", "demo", "-w", "-o", "name"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut watched = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // Watches started before the TaskRun: the README's on TaskRuns, with the host as a column,
+    // and one on Secrets.
+    let label = mpc::contract::ASSIGNED_HOST_LABEL;
+    let taskruns = watch(&k, &["get", "taskruns", "-n", "demo", "-w", "-L", label]);
+    let secrets = watch(&k, &["get", "secrets", "-n", "demo", "-w", "-o", "name"]);
     let ex = example.to_str().unwrap();
     let out = k.ok(&["apply", "-n", "demo", "-f", ex]).await;
     assert_eq!(out.trim(), "taskrun.tekton.dev/try-build created");
     let secret = "multi-platform-ssh-try-build";
-    let mut seen = String::new();
-    tokio::time::timeout(T, async {
-        while let Some(l) = watched.next_line().await.unwrap() {
-            seen.push_str(&l);
-            if l.trim() == format!("secret/{secret}") {
-                return;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("the watch never showed {secret}: {seen:?}\n{}", stderr()));
-    drop(watch);
+    watched(secrets, |l| l.trim() == format!("secret/{secret}"), &stderr).await;
+    let header = watched(
+        taskruns,
+        |l| l.contains("try-build") && l.trim_end().ends_with(" host-1"),
+        &stderr,
+    )
+    .await;
+    assert!(
+        header.starts_with("NAME") && header.contains("ASSIGNED-HOST"),
+        "{header}"
+    );
+    let yaml = k
+        .ok(&["get", "secret", "-n", "demo", secret, "-o", "yaml"])
+        .await;
+    assert!(
+        yaml.contains("otp-server:") && yaml.contains("kind: Secret"),
+        "{yaml}"
+    );
 
     // The secret carries a host and a token; the TaskRun names its host.
     let data = k.json(&["get", "secret", secret, "-n", "demo"]).await;

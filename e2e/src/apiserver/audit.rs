@@ -4,6 +4,7 @@
 //! is its user name here, so clients given different kubeconfigs
 //! ([`ApiServer::kubeconfig_yaml_as`](super::ApiServer::kubeconfig_yaml_as)) tell apart.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use super::faults::Verb;
@@ -39,23 +40,32 @@ impl Request {
 /// The user of a request that sent no bearer token.
 pub const ANONYMOUS: &str = "system:anonymous";
 
-/// The log of one server.
+/// The log of one server: each distinct request with how often it came (memory stays bounded by
+/// the distinct requests, not their number, so long runs and benchmarks can keep it on).
 #[derive(Debug, Default)]
-pub struct RequestLog(Mutex<Vec<Request>>);
+pub struct RequestLog(Mutex<HashMap<Request, u64>>);
 
 impl RequestLog {
     pub(crate) fn record(&self, r: Request) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(r)
+            .or_default() += 1;
     }
 
-    /// Every request so far, in arrival order.
-    pub fn all(&self) -> Vec<Request> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Every distinct request so far, with its count.
+    pub fn all(&self) -> BTreeMap<Request, u64> {
+        let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().map(|(r, n)| (r.clone(), *n)).collect()
     }
 
-    /// The requests of one user.
-    pub fn of(&self, user: &str) -> Vec<Request> {
-        self.all().into_iter().filter(|r| r.user == user).collect()
+    /// The requests of one user, with their counts.
+    pub fn of(&self, user: &str) -> BTreeMap<Request, u64> {
+        let mut all = self.all();
+        all.retain(|r, _| r.user == user);
+        all
     }
 }
 
@@ -71,6 +81,28 @@ pub(crate) fn user_of(authorization: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_counted_per_user() {
+        let log = RequestLog::default();
+        let r = |user: &str| Request {
+            user: user.into(),
+            verb: Verb::Get,
+            group: String::new(),
+            resource: "configmaps".into(),
+            subresource: None,
+            namespace: Some("ns".into()),
+            name: Some("a".into()),
+        };
+        log.record(r("mpc"));
+        log.record(r("mpc"));
+        log.record(r("kubectl"));
+        assert_eq!(
+            log.of("mpc").into_iter().collect::<Vec<_>>(),
+            [(r("mpc"), 2)]
+        );
+        assert_eq!(log.all().len(), 2);
+    }
 
     #[test]
     fn the_bearer_token_names_the_user() {
