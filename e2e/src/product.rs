@@ -64,6 +64,9 @@ impl Proc {
             .create(true)
             .append(true)
             .open(&log)?;
+        // Its own process group: a terminal's Ctrl-C reaches the harness (which stops the product
+        // in order, see `e2e try`), not every process at once.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.stdout(Stdio::null())
             .stderr(file)
             .env("MPC_LOG", "info,mpc=debug,kube=warn");

@@ -26,6 +26,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -392,9 +393,11 @@ impl SshdHost {
             .create(true)
             .append(true)
             .open(self.dir.path().join("sshd.log"))?;
+        // Its own process group, so a terminal's Ctrl-C to the harness does not stop it first.
         let child = Command::new(sshd_binary())
             .args(["-D", "-e", "-f"])
             .arg(self.dir.path().join("sshd_config"))
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

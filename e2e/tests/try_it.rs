@@ -102,7 +102,9 @@ async fn watched(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
     let log = tempfile::NamedTempFile::new().unwrap();
+    // Its own process group, as a terminal runs it: Ctrl-C goes to the whole group.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e"))
+        .process_group(0)
         .arg("try")
         .arg("--mpc")
         .arg(e2e::mpc_binary!())
@@ -266,11 +268,12 @@ async fn try_starts_the_product_for_kubectl_as_typed_and_stops_on_ctrl_c() {
     let waiting_user = mpc::contract::remote_user_name("try-build", "demo2");
     assert!(e2e::sshd::user_exists(&waiting_user));
 
-    // Ctrl-C: a clean exit.
-    let pid = child.id().expect("running").to_string();
+    // Ctrl-C in its terminal (SIGINT to its process group): the product stops in order, and the
+    // command exits cleanly.
+    let group = format!("-{}", child.id().expect("running"));
     assert!(
         std::process::Command::new("kill")
-            .args(["-INT", &pid])
+            .args(["-INT", "--", &group])
             .status()
             .unwrap()
             .success()

@@ -340,7 +340,7 @@ impl ApiServer {
         kube::Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
     }
 
-    /// Every resource request served so far, by user.
+    /// Every distinct resource request served so far (with its count), by user.
     pub fn requests(&self) -> &audit::RequestLog {
         &self.shared.requests
     }
