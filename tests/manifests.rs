@@ -1,7 +1,8 @@
 //! The deployment renders with the real `kubectl kustomize` (base, the three certificate routes,
 //! the example installation, monitoring), and the rendered objects hang together: names, ports,
 //! mounted paths, RBAC, NetworkPolicies, certificates. The alerts pass their `promtool test rules`
-//! cases and name only metric families the components export (or the controller is to export).
+//! cases; the Grafana dashboard ships as a sidecar-labelled ConfigMap and is well formed. (Their
+//! metric names are checked against the running binaries in e2e/tests/monitoring.rs.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -469,53 +470,6 @@ fn rule(g: &str, res: &str, names: &str, verbs: &str) -> (String, String, String
 }
 
 #[test]
-fn rbac_grants_the_controller_exactly_its_verbs() {
-    let o = Staged::new().render("manifests");
-    assert_eq!(
-        rules(&o["ClusterRole/multi-platform-controller"]),
-        BTreeSet::from([
-            rule("tekton.dev", "taskruns", "", "get,list,watch,patch"),
-            rule("", "secrets", "", "get,create,update,delete"),
-            rule("", "events", "", "create,patch"),
-            rule("events.k8s.io", "events", "", "create,patch"),
-            rule("", "namespaces", "kube-system", "get"),
-        ])
-    );
-    assert_eq!(
-        rules(&o["Role/multi-platform-controller"]),
-        BTreeSet::from([
-            rule("", "configmaps", "", "get,list,watch"),
-            rule("", "configmaps", "", "create"),
-            rule("", "configmaps", "mpc-known-hosts", "update"),
-            rule("coordination.k8s.io", "leases", "", "create"),
-            rule(
-                "coordination.k8s.io",
-                "leases",
-                "multi-platform-controller",
-                "get,update"
-            ),
-        ])
-    );
-    for (binding, role) in [
-        ("ClusterRoleBinding", "ClusterRole"),
-        ("RoleBinding", "Role"),
-    ] {
-        let b = &o[&format!("{binding}/multi-platform-controller")];
-        assert_eq!(s(&b["roleRef"]["kind"]), role);
-        assert_eq!(s(&b["roleRef"]["name"]), "multi-platform-controller");
-        let subject = &seq(&b["subjects"])[0];
-        assert_eq!(
-            (
-                s(&subject["kind"]),
-                s(&subject["name"]),
-                s(&subject["namespace"])
-            ),
-            ("ServiceAccount", "multi-platform-controller", NAMESPACE)
-        );
-    }
-}
-
-#[test]
 fn no_kustomization_lets_anyone_list_or_watch_secrets_cluster_wide() {
     let staged = Staged::new();
     let mut cluster_roles = 0;
@@ -779,46 +733,6 @@ fn example_installation_is_complete_and_its_host_config_valid() {
     assert!(!parsed.config.local.is_empty());
 }
 
-/// Metric families the controller is to export (design §8 and the scheduler's own); until it
-/// exports them, alerts may name these besides what the components' registries hold.
-const CONTROLLER_FAMILIES: [&str; 15] = [
-    "leader",
-    "queue_length",
-    "queue_oldest_seconds",
-    "actions_in_flight",
-    "action_failures",
-    "host_allocation_time",
-    "wait_time",
-    "task_run_time",
-    "provisioning_failures",
-    "provisioning_successes",
-    "cleanup_failures",
-    "host_allocation_failures",
-    "platform_pool_size",
-    "running_tasks",
-    "waiting_tasks",
-];
-
-/// Families the webhook, config, cloud and OTP metrics export today, read from their registries.
-fn exported_families() -> BTreeSet<String> {
-    let r = prometheus::Registry::new();
-    mpc::server::webhook::WebhookMetrics::register(&r).unwrap();
-    mpc::config_source::ConfigMetrics::register(&r).unwrap();
-    let cloud = mpc::cloud::metrics::CloudMetrics::new(&r).unwrap();
-    // Labelled families appear once a series exists.
-    cloud.calls(mpc::cloud::Operation::RunInstances, "success");
-    cloud.instances("linux-arm64", mpc::scheduler::InstanceState::Running);
-    cloud.terminations("linux-arm64", "orphan: no TaskRun owns it");
-    cloud.spot_fallbacks("linux-arm64");
-    cloud.launches("linux-arm64");
-    let text = mpc::metrics::encode(&r)
-        + &mpc::metrics::encode(&mpc::otp::metrics::OtpMetrics::new().registry);
-    text.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Fills in `exp_annotations` of expected alerts from the rules, with `{{ $labels.x }}` taken
 /// from `exp_labels`.
 fn fill_annotations(tests: &mut Value, annotations: &BTreeMap<String, Mapping>) {
@@ -872,7 +786,7 @@ fn monitoring_scrapes_both_components_and_every_alert_passes_its_promtool_cases(
     let staged = Staged::new();
     let base = staged.render("manifests");
     let o = staged.render("manifests/monitoring");
-    assert_eq!(kinds(&o), ["PrometheusRule", "ServiceMonitor"]);
+    assert_eq!(kinds(&o), ["ConfigMap", "PrometheusRule", "ServiceMonitor"]);
 
     // The ServiceMonitor selects both Services by the label it uses as `job`, and scrapes their
     // metrics port, which is each pod's admin port.
@@ -898,9 +812,10 @@ fn monitoring_scrapes_both_components_and_every_alert_passes_its_promtool_cases(
         assert_eq!(s(&sp["targetPort"]), "admin", "{dep}");
     }
 
+    // Every metric an alert names is checked against what the running binaries export in
+    // e2e/tests/monitoring.rs.
     let rules = o["PrometheusRule/multi-platform-controller"]["spec"].clone();
     let mut annotations = BTreeMap::new();
-    let exported = exported_families();
     for group in seq(&rules["groups"]) {
         for r in seq(&group["rules"]) {
             let alert = s(&r["alert"]).to_owned();
@@ -908,19 +823,6 @@ fn monitoring_scrapes_both_components_and_every_alert_passes_its_promtool_cases(
             assert!(["warning", "critical"].contains(&severity), "{alert}");
             for a in ["summary", "description"] {
                 assert!(r["annotations"][a].is_string(), "{alert} lacks {a}");
-            }
-            // Every family an alert names exists (or is one the controller is to export).
-            let expr = s(&r["expr"]);
-            for (i, _) in expr.match_indices(mpc::metrics::PREFIX) {
-                let name: String = expr[i..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                let short = &name[mpc::metrics::PREFIX.len()..];
-                assert!(
-                    exported.contains(&name) || CONTROLLER_FAMILIES.contains(&short),
-                    "{alert} uses {name}, which nothing exports"
-                );
             }
             annotations.insert(alert, r["annotations"].as_mapping().unwrap().clone());
         }
@@ -960,4 +862,85 @@ fn monitoring_scrapes_both_components_and_every_alert_passes_its_promtool_cases(
     .unwrap();
     promtool_ok(&["check", "rules", "rules.yaml"], dir.path());
     promtool_ok(&["test", "rules", "alerts.test.yaml"], dir.path());
+}
+
+/// Every panel of a dashboard, rows' collapsed panels included.
+fn dashboard_panels(d: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().into_iter().flatten() {
+        out.push(p);
+        out.extend(p["panels"].as_array().into_iter().flatten());
+    }
+    out
+}
+
+#[test]
+fn grafana_dashboard_ships_to_the_sidecar_and_is_well_formed() {
+    let o = Staged::new().render("manifests/monitoring");
+    let cm = &o["ConfigMap/multi-platform-controller-dashboard"];
+    assert_eq!(s(&cm["metadata"]["labels"]["grafana_dashboard"]), "1");
+    let file = "grafana-dashboard.json";
+    let text = std::fs::read_to_string(repo().join("manifests/monitoring").join(file)).unwrap();
+    assert_eq!(s(&cm["data"][file]), text, "the ConfigMap carries the file");
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(!d["uid"].as_str().unwrap_or_default().is_empty());
+    assert!(!d["title"].as_str().unwrap_or_default().is_empty());
+
+    // One datasource variable, of Prometheus type, that every panel and query uses.
+    let vars = d["templating"]["list"].as_array().unwrap();
+    let ds: Vec<_> = vars.iter().filter(|v| v["type"] == "datasource").collect();
+    assert_eq!(ds.len(), 1, "{vars:?}");
+    assert_eq!(ds[0]["query"], "prometheus");
+    let uid = format!("${{{}}}", s_json(&ds[0]["name"]));
+    for v in vars.iter().filter(|v| v["type"] == "query") {
+        assert_eq!(
+            v["datasource"]["uid"],
+            uid.as_str(),
+            "variable {}",
+            v["name"]
+        );
+    }
+
+    let mut ids = BTreeSet::new();
+    let mut cells = BTreeSet::new();
+    for p in dashboard_panels(&d) {
+        let title = s_json(&p["title"]);
+        let id = p["id"].as_u64().unwrap_or_else(|| panic!("{title}: no id"));
+        assert!(ids.insert(id), "panel id {id} used twice ({title})");
+        // Panels stay on the 24-column grid and do not overlap.
+        let g = &p["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"].map(|k| g[k].as_u64().unwrap());
+        assert!(w > 0 && h > 0 && x + w <= 24, "{title}: {g}");
+        for cx in x..x + w {
+            for cy in y..y + h {
+                assert!(
+                    cells.insert((cx, cy)),
+                    "{title} overlaps another panel at {cx},{cy}"
+                );
+            }
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        assert!(
+            !s_json(&p["description"]).is_empty(),
+            "{title}: no description"
+        );
+        assert_eq!(p["datasource"]["uid"], uid.as_str(), "{title}");
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no queries");
+        let mut refs = BTreeSet::new();
+        for t in targets {
+            assert!(refs.insert(s_json(&t["refId"])), "{title}: refId twice");
+            assert_eq!(t["datasource"]["uid"], uid.as_str(), "{title}");
+            assert!(
+                !s_json(&t["expr"]).trim().is_empty(),
+                "{title}: empty query"
+            );
+        }
+    }
+}
+
+fn s_json(v: &serde_json::Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("not a string: {v}"))
 }

@@ -8,5 +8,6 @@ pub mod ec2_proxy;
 pub mod kubectl;
 pub mod moto;
 pub mod product;
+pub mod promql;
 pub mod sshd;
 pub mod tekton;

@@ -64,6 +64,9 @@ impl Proc {
             .create(true)
             .append(true)
             .open(&log)?;
+        // Its own process group: a terminal's Ctrl-C reaches the harness (which stops the product
+        // in order, see `e2e try`), not every process at once.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.stdout(Stdio::null())
             .stderr(file)
             .env("MPC_LOG", "info,mpc=debug,kube=warn");
@@ -152,6 +155,9 @@ pub struct Product {
     pub hosts: Vec<BuildHost>,
     /// Extra flags for every controller started from now on.
     pub controller_flags: Vec<String>,
+    /// `--cluster-id` of controllers started from now on; `None` leaves it unset, so the
+    /// controller reads the `kube-system` namespace's UID as a cluster does.
+    pub cluster_id: Option<String>,
     mpc: PathBuf,
     webhook_certs: PathBuf,
     webhook_port: u16,
@@ -231,6 +237,7 @@ impl Product {
             controllers: Vec::new(),
             hosts: Vec::new(),
             controller_flags: Vec::new(),
+            cluster_id: Some("e2e-cluster".into()),
             mpc: mpc.to_owned(),
             webhook_certs,
             webhook_port,
@@ -370,7 +377,6 @@ impl Product {
             .arg(otp_dir.join("ca.pem"))
             .arg("--otp-store-token-file")
             .arg(otp_dir.join("store-token"))
-            .args(["--cluster-id", "e2e-cluster"])
             .args(["--identity", identity])
             .args(["--lease-duration", "3s", "--lease-renew-deadline", "2s"])
             .args(["--lease-retry-period", "300ms", "--adopt-interval", "2s"])
@@ -382,6 +388,9 @@ impl Product {
             .args(["--admin-addr", &admin.to_string()])
             .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"])
             .args(&self.controller_flags);
+        if let Some(id) = &self.cluster_id {
+            cmd.args(["--cluster-id", id]);
+        }
         let log = self.dir.path().join(format!("controller-{identity}.log"));
         let mut p = Proc::spawn(cmd, log, admin, identity)?;
         if webhook_port == self.webhook_port {
@@ -542,6 +551,86 @@ impl Product {
             .map(|v| v as u64)
     }
 
+    /// Runs a started TaskRun's steps on this machine (its build reaches the host); panics with
+    /// the output and every log unless they exit 0.
+    pub async fn build(&self, ns: &str, name: &str) {
+        let run = self
+            .tekton
+            .run_steps(ns, name, crate::tekton::RunOptions::default())
+            .await
+            .expect("running the steps");
+        assert_eq!(
+            run.exit_code,
+            0,
+            "{ns}/{name}: {}\n{}\n{}",
+            run.stdout,
+            run.stderr,
+            self.logs()
+        );
+    }
+
+    /// Waits until the TaskRun is cleaned up: no secret, no finalizer of ours.
+    pub async fn cleaned_up(&self, ns: &str, name: &str) {
+        let what = format!("cleanup of {ns}/{name}");
+        self.wait(Duration::from_secs(60), &what, || async {
+            let ours = |t: &Value| {
+                t["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|x| x == mpc::contract::FINALIZER))
+            };
+            let gone = self.taskrun(ns, name).await.is_none_or(|t| !ours(&t));
+            (gone && self.secret(ns, name).await.is_none()).then_some(())
+        })
+        .await;
+    }
+
+    /// Stores moto's AWS credentials (Secret `aws-account`) and `ssh_key` (Secret
+    /// `aws-ssh-key`), and returns the host-config entries of dynamic `platform` in `fx`'s subnet:
+    /// at most two instances tagged `tag`, user root.
+    pub async fn moto_platform(
+        &self,
+        fx: &crate::moto::Fixture,
+        platform: &str,
+        ssh_key: &[u8],
+        tag: &str,
+    ) -> anyhow::Result<ConfigPairs> {
+        use crate::moto::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+        self.put_secret(
+            NS,
+            "aws-account",
+            &[
+                ("access-key-id", ACCESS_KEY_ID.as_bytes()),
+                ("secret-access-key", SECRET_ACCESS_KEY.as_bytes()),
+            ],
+        )
+        .await?;
+        self.put_secret(NS, "aws-ssh-key", &[("id_rsa", ssh_key)])
+            .await?;
+        let (ami, instance_type) = if platform.ends_with("arm64") {
+            (fx.arm64_ami.as_str(), "t4g.micro")
+        } else {
+            (fx.ami.as_str(), "m5.large")
+        };
+        let key = platform.replace('/', "-");
+        let mut cfg: ConfigPairs = [
+            ("type", "aws"),
+            ("region", fx.region.as_str()),
+            ("ami", ami),
+            ("instance-type", instance_type),
+            ("aws-secret", "aws-account"),
+            ("ssh-secret", "aws-ssh-key"),
+            ("subnet-id", fx.subnet_id.as_str()),
+            ("user", "root"),
+            ("max-instances", "2"),
+            ("instance-tag", tag),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("dynamic.{key}.{k}"), v.to_owned()))
+        .collect();
+        cfg.push(("dynamic-platforms".into(), platform.to_owned()));
+        Ok(cfg)
+    }
+
     /// The learned host keys the controller keeps (ConfigMap `mpc-known-hosts`).
     pub async fn known_hosts(&self) -> BTreeMap<String, String> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), NS);
@@ -593,7 +682,9 @@ rsync -e "$SSH" "$HOME/source.txt" "$(cat /ssh/host):$(cat /ssh/user-dir)/"
 $SSH "$(cat /ssh/host)" 'echo "built-by=$(whoami) in=$(pwd) source=$(cat source.txt)"'
 "#;
 
-fn static_host(name: &str, address: &str, concurrency: u32, platform: &str) -> ConfigPairs {
+/// host-config entries of static host `name` at `address` (user root, admin key in Secret
+/// `<name>-admin`).
+pub fn static_host(name: &str, address: &str, concurrency: u32, platform: &str) -> ConfigPairs {
     [
         ("address", address.to_owned()),
         ("user", "root".to_owned()),

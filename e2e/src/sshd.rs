@@ -26,6 +26,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -382,6 +383,19 @@ impl SshdHost {
             let vars: Vec<String> = env.iter().map(|(k, v)| format!("\"{k}={v}\"")).collect();
             format!("SetEnv {}\n", vars.join(" "))
         };
+        // The admin's sessions get a home of their own unless the setup picks one: this machine's
+        // root startup files (a version manager's rehash that leaves a stale lock when a session
+        // is killed, stalling every later login) are not the build host under test.
+        let mut admin_env = env.to_vec();
+        if !env.iter().any(|(k, _)| k == "HOME") {
+            let home = self.dir.path().join("admin-home");
+            fs::create_dir_all(&home)?;
+            admin_env.push(("HOME".into(), home.display().to_string()));
+        }
+        let admin_vars: Vec<String> = admin_env
+            .iter()
+            .map(|(k, v)| format!("\"{k}={v}\""))
+            .collect();
         let config = format!(
             "ListenAddress {addr}:{port}\n\
              HostKey {d}/host_ed25519\n\
@@ -397,9 +411,12 @@ impl SshdHost {
              LoginGraceTime 30\n\
              PrintMotd no\n\
              LogLevel VERBOSE\n\
-             {set_env}",
+             {set_env}\
+             Match User root\n\
+             \x20 SetEnv {admin_vars}\n",
             addr = self.address,
             port = self.port,
+            admin_vars = admin_vars.join(" "),
         );
         write_mode(
             &self.dir.path().join("sshd_config"),
@@ -413,9 +430,11 @@ impl SshdHost {
             .create(true)
             .append(true)
             .open(self.dir.path().join("sshd.log"))?;
+        // Its own process group, so a terminal's Ctrl-C to the harness does not stop it first.
         let child = Command::new(sshd_binary())
             .args(["-D", "-e", "-f"])
             .arg(self.dir.path().join("sshd_config"))
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -59,7 +59,7 @@ async fn harness_with(tune: impl FnOnce(&mut AwsOptions), loopback: bool) -> Har
     let moto = Moto::start().await.expect("moto starts");
     let proxy = Ec2Proxy::start(moto.addr()).await.expect("proxy starts");
     let fx = if loopback {
-        moto.loopback_subnet(REGION, 1).await
+        moto.loopback_subnet(REGION, 4).await
     } else {
         moto.fixture(REGION).await
     }

@@ -35,19 +35,6 @@ async fn secret_with(
     .await
 }
 
-/// Waits until the TaskRun is cleaned up: no secret, no finalizer of ours.
-async fn cleaned_up(p: &Product, ns: &str, name: &str) {
-    let what = format!("cleanup of {ns}/{name}");
-    p.wait(T, &what, || async {
-        let tr = p.taskrun(ns, name).await;
-        let gone = tr
-            .as_ref()
-            .is_none_or(|t| !finalizers(t).iter().any(|f| f == FINALIZER));
-        (gone && p.secret(ns, name).await.is_none()).then_some(())
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_host_end_to_end_as_the_build_user_then_everything_is_gone() {
     let p = running(&[("h1", 1)]).await;
@@ -165,7 +152,7 @@ async fn assert_clean(p: &Product, names: &[(&str, &str)]) {
 /// No secret of ours, no finalizer of ours, no build user for `names`.
 async fn released(p: &Product, names: &[(&str, &str)]) {
     for (ns, name) in names {
-        cleaned_up(p, ns, name).await;
+        p.cleaned_up(ns, name).await;
         let user = contract::remote_user_name(name, ns);
         p.wait(
             T,
@@ -182,23 +169,6 @@ async fn otp_store_empty(p: &Product) {
         (p.otp_entries().await == Some(0)).then_some(())
     })
     .await;
-}
-
-/// Runs the steps of a started TaskRun (its build reaches the host) and reports success.
-async fn build(p: &Product, ns: &str, name: &str) {
-    let run = p
-        .tekton
-        .run_steps(ns, name, RunOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(
-        run.exit_code,
-        0,
-        "{ns}/{name}: {}\n{}\n{}",
-        run.stdout,
-        run.stderr,
-        p.logs()
-    );
 }
 
 /// TaskRuns of `names` that hold a remote secret now.
@@ -255,7 +225,7 @@ async fn one_slot_five_taskruns_two_namespaces_fair_order_each_served_on_release
             }
         }
         let (ns, name) = next.split_once('/').unwrap();
-        build(&p, ns, name).await;
+        p.build(ns, name).await;
         order.push(next);
     }
     // FIFO per namespace, round-robin across namespaces.
@@ -321,7 +291,7 @@ async fn a_task_that_never_mounts_the_secret_is_released_without_a_host() {
     // The host was never taken: a mounting TaskRun gets it at once.
     submit(&p, "tenant-a", "build-1").await;
     secret_with(&p, "tenant-a", "build-1", "otp").await;
-    build(&p, "tenant-a", "build-1").await;
+    p.build("tenant-a", "build-1").await;
     assert_clean(&p, &[("tenant-a", "build-1")]).await;
 }
 
@@ -364,7 +334,7 @@ async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
     // The slot is free again.
     submit(&p, "tenant-a", "next").await;
     secret_with(&p, "tenant-a", "next", "otp").await;
-    build(&p, "tenant-a", "next").await;
+    p.build("tenant-a", "next").await;
     assert_clean(&p, &[("tenant-a", "next")]).await;
 }
 
@@ -396,7 +366,7 @@ async fn deleted_and_recreated_with_the_same_name_is_a_new_taskrun() {
         })
         .await;
     assert_ne!(s1["otp"], s2["otp"]);
-    build(&p, "tenant-a", "same").await;
+    p.build("tenant-a", "same").await;
     assert_clean(&p, &[("tenant-a", "same")]).await;
 }
 
@@ -426,9 +396,9 @@ async fn kill_9_mid_provision_then_restart_recovers_and_serves() {
     secret_with(&p, "tenant-a", "survivor", "otp").await;
     let names = [("tenant-a", "survivor"), ("tenant-b", "later")];
     assert_eq!(holding(&p, &names).await, ["tenant-a/survivor"]);
-    build(&p, "tenant-a", "survivor").await;
+    p.build("tenant-a", "survivor").await;
     secret_with(&p, "tenant-b", "later", "otp").await;
-    build(&p, "tenant-b", "later").await;
+    p.build("tenant-b", "later").await;
     assert_clean(&p, &names).await;
 }
 
@@ -469,8 +439,8 @@ async fn two_replicas_one_lease_the_survivor_takes_over() {
     submit(&p, "tenant-b", "two").await;
     secret_with(&p, "tenant-b", "two", "otp").await;
     let names = [("tenant-a", "one"), ("tenant-b", "two")];
-    build(&p, "tenant-a", "one").await;
-    build(&p, "tenant-b", "two").await;
+    p.build("tenant-a", "one").await;
+    p.build("tenant-b", "two").await;
     assert_clean(&p, &names).await;
     // Graceful shutdown releases the Lease: a new replica leads at once.
     assert!(p.controllers[other].terminate(Duration::from_secs(20)));
@@ -508,7 +478,7 @@ async fn api_conflicts_errors_dropped_watches_compaction_and_a_restart() {
         .await
         .unwrap();
     p.api.drop_watches();
-    build(&p, "tenant-a", "f1").await;
+    p.build("tenant-a", "f1").await;
     secret_with(&p, "tenant-b", "f2", "otp").await;
     // Compacted history: the controller's watch resumes with 410 and relists.
     p.api.compact();
@@ -517,11 +487,11 @@ async fn api_conflicts_errors_dropped_watches_compaction_and_a_restart() {
         .await
         .unwrap();
     faults.fail_next(RequestMatch::on(Verb::Patch, "taskruns"), 500, 2);
-    build(&p, "tenant-b", "f2").await;
+    p.build("tenant-b", "f2").await;
     secret_with(&p, "tenant-a", "f3", "otp").await;
     // The API server restarts (history compacted) while f3 builds.
     p.api.restart(true).await.unwrap();
-    build(&p, "tenant-a", "f3").await;
+    p.build("tenant-a", "f3").await;
     assert_clean(&p, &names).await;
 }
 
@@ -533,7 +503,7 @@ async fn learned_host_keys_survive_restarts_and_a_replaced_key_is_refused() {
     let c1 = p.start_controller("c1").await.unwrap();
     submit(&p, "tenant-a", "k1").await;
     secret_with(&p, "tenant-a", "k1", "otp").await;
-    build(&p, "tenant-a", "k1").await;
+    p.build("tenant-a", "k1").await;
     assert_clean(&p, &[("tenant-a", "k1")]).await;
     let stored = p.known_hosts().await;
     assert!(
@@ -624,7 +594,7 @@ async fn on_moto(
     instances: u8,
     flags: &[&str],
 ) -> (Product, e2e::moto::Moto, Vec<e2e::sshd::SshdHost>) {
-    use e2e::moto::{self, Moto};
+    use e2e::moto::Moto;
     let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
     let moto = Moto::start().await.unwrap();
     let fx = moto.loopback_subnet("us-east-1", subnet).await.unwrap();
@@ -637,42 +607,23 @@ async fn on_moto(
     for h in &hosts[1..] {
         h.trust_admin_of(&hosts[0]).unwrap();
     }
-    p.put_secret(
-        e2e::product::NS,
-        "aws-account",
-        &[
-            ("access-key-id", moto::ACCESS_KEY_ID.as_bytes()),
-            ("secret-access-key", moto::SECRET_ACCESS_KEY.as_bytes()),
-        ],
-    )
-    .await
-    .unwrap();
-    p.put_secret(
-        e2e::product::NS,
-        "aws-ssh-key",
-        &[("id_rsa", hosts[0].admin_key().as_slice())],
-    )
-    .await
-    .unwrap();
     let mut cfg = p.base_config();
-    for (k, v) in [
-        ("type", "aws"),
-        ("region", "us-east-1"),
-        ("ami", fx.arm64_ami.as_str()),
-        ("instance-type", "t4g.micro"),
-        ("aws-secret", "aws-account"),
-        ("ssh-secret", "aws-ssh-key"),
-        ("subnet-id", fx.subnet_id.as_str()),
-        ("user", "root"),
-        ("max-instances", "2"),
-        ("instance-tag", "e2e-dynamic"),
-    ]
-    .into_iter()
-    .chain(extra.iter().copied())
-    {
-        cfg.push((format!("dynamic.linux-arm64.{k}"), v.to_owned()));
+    let cloud = p
+        .moto_platform(&fx, "linux/arm64", &hosts[0].admin_key(), "e2e-dynamic")
+        .await
+        .unwrap();
+    for (k, v) in cloud {
+        // The same template keys serve a dynamic platform and a pool.
+        let k = if k == "dynamic-platforms" {
+            format!("{kind}-platforms")
+        } else {
+            k
+        };
+        cfg.push((k, v));
     }
-    cfg.push((format!("{kind}-platforms"), "linux/arm64".into()));
+    for (k, v) in extra {
+        cfg.push((format!("dynamic.linux-arm64.{k}"), (*v).to_owned()));
+    }
     p.set_config(&cfg).await.unwrap();
     p.controller_flags = vec!["--ec2-endpoint".into(), moto.endpoint()];
     p.controller_flags
@@ -783,9 +734,9 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
     );
     assert!(t.values().any(|v| v == "e2e-cluster"), "cluster tag: {t:?}");
 
-    build(&p, "tenant-a", "dyn-1").await;
+    p.build("tenant-a", "dyn-1").await;
     // The instance is terminated, not deprovisioned: its user goes with it.
-    cleaned_up(&p, "tenant-a", "dyn-1").await;
+    p.cleaned_up("tenant-a", "dyn-1").await;
     otp_store_empty(&p).await;
     terminated(&p, &moto, &id).await;
 }
@@ -827,7 +778,7 @@ async fn admin_keys_are_read_at_use_time_and_a_missing_one_is_named() {
         .unwrap();
     submit(&p, "tenant-a", "goodkey").await;
     secret_with(&p, "tenant-a", "goodkey", "otp").await;
-    build(&p, "tenant-a", "goodkey").await;
+    p.build("tenant-a", "goodkey").await;
     assert_clean(&p, &[("tenant-a", "goodkey")]).await;
 }
 
@@ -912,7 +863,7 @@ async fn a_taskrun_the_go_controller_allocated_is_adopted_and_cleaned_up() {
         .unwrap();
     released(&p, &[("tenant-a", "go-built")]).await;
     secret_with(&p, "tenant-b", "after", "otp").await;
-    build(&p, "tenant-b", "after").await;
+    p.build("tenant-b", "after").await;
     assert_clean(&p, &[("tenant-b", "after")]).await;
 }
 
@@ -950,7 +901,7 @@ async fn the_host_user_sweep_removes_old_users_no_allocation_owns() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(user_exists(&live), "{}", p.logs());
     assert!(user_exists(&young), "{}", p.logs());
-    build(&p, "tenant-a", "long").await;
+    p.build("tenant-a", "long").await;
     assert_clean(&p, &[("tenant-a", "long")]).await;
     e2e::sshd::remove_user(&young);
 }
@@ -984,8 +935,8 @@ async fn dynamic_pool_reuses_an_instance_then_reaps_it_when_idle() {
     assert_eq!(instance_of(&p, "tenant-b", "pool-2").await, id);
     let user2 = contract::remote_user_name("pool-2", "tenant-b");
     assert_eq!(s2["host"], format!("{user2}@127.0.2.4"));
-    build(&p, "tenant-a", "pool-1").await;
-    build(&p, "tenant-b", "pool-2").await;
+    p.build("tenant-a", "pool-1").await;
+    p.build("tenant-b", "pool-2").await;
     // Its users are removed, the instance stays for the next TaskRun, which reuses it.
     released(&p, &[("tenant-a", "pool-1"), ("tenant-b", "pool-2")]).await;
     assert_eq!(instance_state(&moto, &id).await.as_deref(), Some("running"));
@@ -994,7 +945,7 @@ async fn dynamic_pool_reuses_an_instance_then_reaps_it_when_idle() {
         .unwrap();
     secret_with(&p, "tenant-a", "pool-3", "otp").await;
     assert_eq!(instance_of(&p, "tenant-a", "pool-3").await, id);
-    build(&p, "tenant-a", "pool-3").await;
+    p.build("tenant-a", "pool-3").await;
     assert_clean(&p, &[("tenant-a", "pool-3")]).await;
     // Idle past the timeout: reaped. Only one instance was ever launched.
     terminated(&p, &moto, &id).await;

@@ -678,3 +678,14 @@ async fn rsa_keys_for_fips_hosts_log_in() {
     assert!(host.log().contains("RSA SHA256:"), "sshd saw an RSA key");
     p.deprovision(&target, &user).await.unwrap();
 }
+
+#[test]
+fn admin_sessions_have_a_home_of_their_own() {
+    let host = SshdHost::start().unwrap();
+    let admin = String::from_utf8(host.admin_key().to_vec()).unwrap();
+    let out = host.ssh_as("root", &admin, "echo $HOME").unwrap();
+    let home = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(out.status.success(), "{out:?}");
+    assert!(home.ends_with("/admin-home"), "{home}");
+    assert_ne!(home, "/root");
+}

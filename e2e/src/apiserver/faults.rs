@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::status::ApiError;
 
 /// Request verbs, as Kubernetes names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Verb {
     /// GET of one object.
     Get,

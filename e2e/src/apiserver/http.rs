@@ -212,6 +212,19 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         namespace: namespace.clone(),
         name: name.clone(),
     };
+    shared.requests.record(super::audit::Request {
+        user: super::audit::user_of(
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+        ),
+        verb,
+        group: group.to_owned(),
+        resource: def.plural.clone(),
+        subresource: sub.clone(),
+        namespace: namespace.clone(),
+        name: name.clone(),
+    });
     let (delay, fault) = shared.faults.check(&facts);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;

@@ -5,6 +5,7 @@
 //! Test infrastructure only.
 
 mod admission;
+pub mod audit;
 pub mod cel;
 mod controllers;
 pub mod faults;
@@ -102,6 +103,7 @@ pub(crate) struct Shared {
     pub(crate) registry: RwLock<Registry>,
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
     pub(crate) faults: Faults,
+    pub(crate) requests: audit::RequestLog,
     pub(crate) watch_kill: Mutex<CancellationToken>,
     pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
     pub(crate) opts: Options,
@@ -180,6 +182,11 @@ impl std::fmt::Debug for ApiServer {
     }
 }
 
+/// The user (bearer token) of [`ApiServer::kubeconfig_yaml`] and [`ApiServer::kubeconfig_path`].
+pub const KUBECONFIG_USER: &str = "e2e-test-token";
+/// The user of [`ApiServer::client`].
+pub const HARNESS_USER: &str = "e2e-harness";
+
 /// The built-in Tekton CRDs (`tekton.dev` TaskRun and Task, `v1` stored, `v1beta1` served).
 pub const TEKTON_CRDS: &str = include_str!("../../crds/tekton.yaml");
 
@@ -227,6 +234,7 @@ impl ApiServer {
             registry: RwLock::new(Registry::with_builtins()),
             changed,
             faults: Faults::default(),
+            requests: audit::RequestLog::default(),
             watch_kill: Mutex::new(CancellationToken::new()),
             services: Mutex::new(HashMap::new()),
             opts,
@@ -299,12 +307,18 @@ impl ApiServer {
         &self.ca_pem
     }
 
-    /// A kubeconfig for this server (TLS, CA embedded, namespace `default`).
+    /// A kubeconfig for this server (TLS, CA embedded, namespace `default`) with the user
+    /// [`KUBECONFIG_USER`]: the one [`ApiServer::kubeconfig_path`] holds.
     pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig_yaml_as(KUBECONFIG_USER)
+    }
+
+    /// Like [`ApiServer::kubeconfig_yaml`], whose bearer token names `user` in the request log.
+    pub fn kubeconfig_yaml_as(&self, user: &str) -> String {
         use base64::Engine;
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: default\ncurrent-context: e2e\nusers:\n- name: e2e\n  user:\n    token: e2e-test-token\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: default\ncurrent-context: e2e\nusers:\n- name: e2e\n  user:\n    token: {user}\n",
             self.url()
         )
     }
@@ -314,15 +328,21 @@ impl ApiServer {
         self.dir.path().join("kubeconfig")
     }
 
-    /// A kube-rs client for this server.
+    /// A kube-rs client for this server, as the user [`HARNESS_USER`] (so the request log tells
+    /// the harness's own requests from those of processes given [`ApiServer::kubeconfig_path`]).
     pub async fn client(&self) -> Result<kube::Client, Error> {
-        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml())
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml_as(HARNESS_USER))
             .map_err(|e| Error::Kube(e.to_string()))?;
         let cfg =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|e| Error::Kube(e.to_string()))?;
         kube::Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
+    }
+
+    /// Every distinct resource request served so far (with its count), by user.
+    pub fn requests(&self) -> &audit::RequestLog {
+        &self.shared.requests
     }
 
     /// Fault injection rules.
