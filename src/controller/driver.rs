@@ -191,6 +191,7 @@ impl Driver {
         match input {
             Input::TaskRuns(ev) => self.on_watch(*ev),
             Input::Config(cfg) => {
+                self.base.metrics.configured(cfg.platforms());
                 self.config = Some(cfg.clone());
                 self.feed(Event::ConfigReplaced(Box::new((*cfg).clone())));
             }

@@ -12,6 +12,7 @@ use prometheus::{
 };
 
 use crate::metrics::name;
+use crate::platform::Platform;
 use crate::scheduler::{Gauges, Observation, Time};
 
 /// Go's buckets for allocation and wait times.
@@ -204,6 +205,27 @@ impl ControllerMetrics {
         }
     }
 
+    /// Creates the per-platform series of every configured platform at zero, as the Go controller
+    /// does when it first sees a platform: a rate or `increase()` then counts the first failure
+    /// too, and a dashboard lists the platform before anything happened on it.
+    pub fn configured<'a>(&self, platforms: impl IntoIterator<Item = &'a Platform>) {
+        for p in platforms {
+            let value = p.label_value();
+            let l = [value.as_str()];
+            for h in [&self.allocation_time, &self.wait_time, &self.task_run_time] {
+                h.with_label_values(&l);
+            }
+            for c in [
+                &self.provisioning_failures,
+                &self.provisioning_successes,
+                &self.cleanup_failures,
+                &self.host_allocation_failures,
+            ] {
+                c.with_label_values(&l);
+            }
+        }
+    }
+
     /// Sets the ledger gauges from a pass over the scheduler; series of platforms or namespaces
     /// that emptied are reset to zero.
     pub fn set_gauges(&self, g: &Gauges, now: Time) {
@@ -263,5 +285,31 @@ impl ControllerMetrics {
     /// An action of `kind` failed.
     pub fn failed(&self, kind: &str) {
         self.action_failures.with_label_values(&[kind]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_platforms_have_their_series_at_zero_before_anything_happens() {
+        let registry = Registry::new();
+        let m = ControllerMetrics::register(&registry).unwrap();
+        let text = crate::metrics::encode(&registry);
+        assert!(!text.contains("linux-arm64"), "{text}");
+        m.configured([&Platform::parse("linux/arm64").unwrap()]);
+        let text = crate::metrics::encode(&registry);
+        for series in [
+            "multi_platform_controller_provisioning_failures{platform=\"linux-arm64\"} 0",
+            "multi_platform_controller_provisioning_successes{platform=\"linux-arm64\"} 0",
+            "multi_platform_controller_cleanup_failures{platform=\"linux-arm64\"} 0",
+            "multi_platform_controller_host_allocation_failures{platform=\"linux-arm64\"} 0",
+            "multi_platform_controller_wait_time_count{platform=\"linux-arm64\"} 0",
+            "multi_platform_controller_host_allocation_time_count{platform=\"linux-arm64\"} 0",
+            "multi_platform_controller_task_run_time_count{platform=\"linux-arm64\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
+        }
     }
 }
