@@ -880,11 +880,13 @@ impl Scheduler {
         i.probe_op = None;
         match result {
             ProbeResult::Pending | ProbeResult::Booting { .. } => {
+                let mut period = self.policy.probe_every;
                 if let ProbeResult::Booting { address } = result {
                     i.address = Some(address.into());
+                    period = self.policy.ssh_probe_every.or(period);
                 }
                 i.probes += 1;
-                let every = match self.policy.probe_every {
+                let every = match period {
                     Some(d) => d.min(i.template.check_interval),
                     None => i.template.check_interval,
                 };

@@ -100,6 +100,42 @@ fn max_instances_counts_booting_and_terminating_instances() {
 }
 
 #[test]
+fn an_instance_running_with_an_address_is_probed_every_second_until_ssh_answers() {
+    let mut h = H::new(&dynamic_pairs(2, None));
+    let l = launches(&h.submit("ns", "a", P))[0].0;
+    h.send(Event::Launched {
+        op: l,
+        instance_id: "i-1".into(),
+    });
+    let p = probes(&h.wait(20))[0].0;
+    // Not running yet: the next probe in 5 s.
+    h.send(Event::Probed {
+        op: p,
+        result: ProbeResult::Pending,
+    });
+    assert!(probes(&h.wait(4)).is_empty());
+    let p = probes(&h.wait(1))[0].0;
+    // Running with an address, its SSH daemon not up yet: every second.
+    h.send(Event::Probed {
+        op: p,
+        result: ProbeResult::Booting {
+            address: "192.0.2.1".into(),
+        },
+    });
+    let p = probes(&h.wait(1))[0].0;
+    let a = h.send(Event::Probed {
+        op: p,
+        result: ProbeResult::Reachable {
+            address: "192.0.2.1".into(),
+        },
+    });
+    assert!(
+        a.iter().any(|x| matches!(x, Action::Provision { .. })),
+        "{a:?}"
+    );
+}
+
+#[test]
 fn allocation_timeout_gives_an_error_secret_and_terminates() {
     let mut h = H::new(&dynamic_pairs(2, None));
     let l = launches(&h.submit("ns", "a", P))[0].0;
