@@ -191,7 +191,9 @@ impl Scheduler {
         let message = messages::waiting(&ps.platform, ahead);
         let failed = failed_hosts(t);
         if let Some(t) = self.taskruns.get_mut(key) {
-            t.recorded = false;
+            // The waiting label is a placement too: an error secret must clear it, or a
+            // restart (which reads no secret of a TaskRun labelled waiting) serves it again.
+            t.recorded = true;
         }
         out.push(Action::Record {
             taskrun: taskrun.clone(),

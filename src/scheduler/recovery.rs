@@ -90,7 +90,7 @@ impl Scheduler {
                 platform: p,
                 retries: rec.retries,
                 gated: rec.gated,
-                recorded: rec.assigned_host.is_some() || rec.instance_id.is_some(),
+                recorded: allocated(rec) || rec.waiting,
                 // A secret a pod may have mounted already: its token is re-armed, not replaced.
                 rearm: rec.secret == Some(SecretKind::Remote),
                 since: rec.since,
@@ -130,8 +130,11 @@ impl Scheduler {
                 }
                 // Not allocated (a remote secret without an allocation is stale: replaced).
                 _ => {
-                    // Starting over: the old allocation labels no longer hold.
-                    self.clear_placement(key, out);
+                    // Starting over: the old allocation labels no longer hold (a waiting label
+                    // is rewritten or cleared by what admission makes of it).
+                    if allocated(rec) {
+                        self.clear_placement(key, out);
+                    }
                     waiters.push(key)
                 }
             }
@@ -346,6 +349,8 @@ impl Scheduler {
             if let Some(i) = self.instances.get_mut(inst) {
                 i.attached.push(key);
                 i.used = true;
+                // A pool's `assigned-host` is written once the instance was reachable.
+                i.booted = true;
             }
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };
@@ -574,4 +579,9 @@ fn id_of(s: &Scheduler, inst: Key) -> Arc<str> {
         .get(inst)
         .and_then(|i| i.id.clone())
         .unwrap_or_else(|| "".into())
+}
+
+/// The record's labels name a host or instance.
+fn allocated(rec: &TaskRunRecord) -> bool {
+    rec.assigned_host.is_some() || rec.instance_id.is_some()
 }

@@ -104,6 +104,33 @@ fn platform_removed_from_config_fails_its_waiters_with_a_reason() {
     );
 }
 
+/// Found by the model test: a failed waiter kept its `waiting-for-platform` label, so a
+/// restart (which reads no secret of a waiting TaskRun) queued it again and served it a second
+/// secret in the same attempt.
+#[test]
+fn a_failing_waiter_loses_its_waiting_label_before_its_error_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    h.submit("ns", "a", "linux/s390x");
+    let a = h.submit("ns", "b", "linux/s390x");
+    assert_eq!(
+        records(&a, "b")[0].waiting_for_platform.as_deref(),
+        Some("linux-s390x")
+    );
+    let a = h.send(Event::ConfigReplaced(Box::new(config(&static_pairs(&[])))));
+    error_of(&a, "b");
+    let cleared = a.iter().position(|x| {
+        matches!(x, Action::Record { taskrun, placement } if taskrun.name() == "b"
+            && *placement == Placement::default())
+    });
+    let secret = a
+        .iter()
+        .position(|x| matches!(x, Action::WriteSecret { taskrun, .. } if taskrun.name() == "b"));
+    assert!(
+        cleared.is_some_and(|c| secret.is_some_and(|s| c < s)),
+        "labels cleared before the error secret: {a:#?}"
+    );
+}
+
 #[test]
 fn platform_becoming_local_serves_its_waiters_in_pods() {
     let mut h = H::new(&static_pairs(&[("h1", 1)]));
