@@ -16,6 +16,7 @@
 //! TaskRun and a remote one logs in as the TaskRun's user on a live host that holds that user.
 //! After the random phase the world quiesces and must end clean, every served TaskRun un-gated.
 //!
+//! The runs are reproducible: a fixed seed unless `PROPTEST_RNG_SEED=<n>` picks another.
 //! `MODEL_CASES=20000` searches deeper; `MODEL_TRACE=1` prints every command, event and action.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -32,7 +33,7 @@ use mpc::platform::Platform;
 use mpc::provision::HostUser;
 use mpc::scheduler::{
     Action, Event, InstanceRecord, InstanceState, Observation, OpId, Ownership, Policy,
-    ProbeResult, RemoteUser, Scheduler, SecretData, Snapshot, TaskRunRef, Time, Uid,
+    ProbeResult, RemoteUser, Scheduler, SecretData, SecretKind, Snapshot, TaskRunRef, Time, Uid,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -296,10 +297,17 @@ impl Allocations {
         if self.0.get(uid).map(String::as_str) == Some(host) {
             return Ok(());
         }
-        let held = self.0.values().filter(|h| *h == host).count() as u32;
-        if held >= limit {
+        let held: Vec<&str> = self
+            .0
+            .iter()
+            .filter(|(_, h)| *h == host)
+            .map(|(u, _)| u.as_str())
+            .collect();
+        if held.len() as u32 >= limit {
             return Err(format!(
-                "{host} over its concurrency {limit}: {held} held + {uid}"
+                "{host} over its concurrency {limit}: {} held ({}) + {uid}",
+                held.len(),
+                held.join(", ")
             ));
         }
         self.0.insert(uid.to_owned(), host.to_owned());
@@ -1230,7 +1238,15 @@ impl World {
                 .as_str()
                 .or(annotations[contract::CLOUD_INSTANCE_ID_ANNOTATION].as_str())
                 .filter(|h| *h != contract::LOCALHOST && !h.is_empty());
-            if let (false, Some(h)) = (t.done, held) {
+            // A localhost or error secret settles a TaskRun whatever its labels say: its pod
+            // never logs into the host. Labels can lag the secret: a TaskRun whose provisioning
+            // failed as its platform turned local gets the localhost secret before the
+            // `localhost` label, and a crash between the two leaves the old host's name.
+            let settled = self
+                .secret_of(&t.reference())
+                .and_then(patch::secret_kind)
+                .is_some_and(|k| matches!(k, SecretKind::Localhost | SecretKind::Error));
+            if let (false, false, Some(h)) = (t.done, settled, held) {
                 self.alloc.0.insert(uid.clone(), h.to_owned());
             }
         }
@@ -1519,6 +1535,23 @@ fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// The seed when `PROPTEST_RNG_SEED` names none: a run (CI's) explores the same cases every
+/// time, so it cannot fail on a seed no one saw; other seeds are for deliberate deeper searches.
+const SEED: u64 = 20_261_124;
+
+fn config(default_cases: u32) -> ProptestConfig {
+    // Reads the `PROPTEST_*` variables, `PROPTEST_RNG_SEED` among them.
+    let env = ProptestConfig::default();
+    ProptestConfig {
+        cases: cases(default_cases),
+        rng_seed: match env.rng_seed {
+            proptest::test_runner::RngSeed::Random => proptest::test_runner::RngSeed::Fixed(SEED),
+            seed => seed,
+        },
+        ..env
+    }
+}
+
 fn check(policy: Policy, cmds: &[Cmd]) {
     let mut w = World::new(policy);
     for c in cmds {
@@ -1528,7 +1561,7 @@ fn check(policy: Policy, cmds: &[Cmd]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
+    #![proptest_config(config(96))]
 
     #[test]
     fn invariants_hold_under_random_events(cmds in prop::collection::vec(cmd(), 1..160)) {
@@ -1537,7 +1570,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
+    #![proptest_config(config(24))]
 
     #[test]
     fn go_policy_also_keeps_capacity_invariants(cmds in prop::collection::vec(cmd(), 1..120)) {
