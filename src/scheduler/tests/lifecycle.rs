@@ -131,6 +131,38 @@ fn a_failing_waiter_loses_its_waiting_label_before_its_error_secret() {
     );
 }
 
+/// Found by the model test: a waiter turning local got its localhost secret before its
+/// `localhost` label; a crash between the two left the secret under the waiting label, and the
+/// restart (which reads no secret of a waiting TaskRun) served it again on a host.
+#[test]
+fn a_waiter_turning_local_is_relabelled_before_its_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    h.submit("ns", "a", "linux/s390x");
+    h.submit("ns", "b", "linux/s390x");
+    let mut pairs = static_pairs(&[("h1", 1)]);
+    pairs.push(kv("local-platforms", "linux/s390x"));
+    let a = h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
+    let writes: Vec<&Action> = a
+        .iter()
+        .filter(|x| {
+            matches!(x, Action::Record { taskrun, .. } | Action::WriteSecret { taskrun, .. }
+                if taskrun.name() == "b")
+        })
+        .collect();
+    assert!(
+        matches!(writes[..], [Action::Record { placement, .. }, Action::WriteSecret { secret: SecretData::Localhost, .. }]
+            if placement.assigned_host.as_deref() == Some("localhost")
+                && placement.waiting_for_platform.is_none()),
+        "{writes:#?}"
+    );
+    // A new local TaskRun keeps the Go controller's order: the secret, then the label.
+    let a = h.submit("ns", "c", "linux/s390x");
+    assert!(
+        matches!(a[..], [Action::WriteSecret { .. }, Action::Record { .. }]),
+        "{a:#?}"
+    );
+}
+
 #[test]
 fn platform_becoming_local_serves_its_waiters_in_pods() {
     let mut h = H::new(&static_pairs(&[("h1", 1)]));
