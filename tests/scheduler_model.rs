@@ -33,7 +33,7 @@ use mpc::platform::Platform;
 use mpc::provision::HostUser;
 use mpc::scheduler::{
     Action, Event, InstanceRecord, InstanceState, Observation, OpId, Ownership, Policy,
-    ProbeResult, RemoteUser, Scheduler, SecretData, SecretKind, Snapshot, TaskRunRef, Time, Uid,
+    ProbeResult, RemoteUser, Scheduler, SecretData, Snapshot, TaskRunRef, Time, Uid,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -1234,15 +1234,9 @@ impl World {
                 .as_str()
                 .or(annotations[contract::CLOUD_INSTANCE_ID_ANNOTATION].as_str())
                 .filter(|h| *h != contract::LOCALHOST && !h.is_empty());
-            // A localhost or error secret settles a TaskRun whatever its labels say: its pod
-            // never logs into the host. Labels can lag the secret: a TaskRun whose provisioning
-            // failed as its platform turned local gets the localhost secret before the
-            // `localhost` label, and a crash between the two leaves the old host's name.
-            let settled = self
-                .secret_of(&t.reference())
-                .and_then(patch::secret_kind)
-                .is_some_and(|k| matches!(k, SecretKind::Localhost | SecretKind::Error));
-            if let (false, false, Some(h)) = (t.done, settled, held) {
+            // Counted by label, as the Go controller counts a host's load: a label naming a
+            // host holds a slot there whatever the secret says.
+            if let (false, Some(h)) = (t.done, held) {
                 self.alloc.0.insert(uid.clone(), h.to_owned());
             }
         }

@@ -131,11 +131,12 @@ fn a_failing_waiter_loses_its_waiting_label_before_its_error_secret() {
     );
 }
 
-/// Found by the model test: a waiter turning local got its localhost secret before its
-/// `localhost` label; a crash between the two left the secret under the waiting label, and the
-/// restart (which reads no secret of a waiting TaskRun) served it again on a host.
+/// Found by the model test: a TaskRun turning local got its localhost secret before its
+/// `localhost` label replaced the labels of its earlier placement; a crash between the two left
+/// the secret under a waiting label (the restart, which reads no secret of a waiting TaskRun,
+/// served it again on a host) or under a host's name (counted against that host).
 #[test]
-fn a_waiter_turning_local_is_relabelled_before_its_secret() {
+fn a_taskrun_turning_local_is_relabelled_before_its_secret() {
     let mut h = H::new(&static_pairs(&[("h1", 1)]));
     h.submit("ns", "a", "linux/s390x");
     h.submit("ns", "b", "linux/s390x");
@@ -153,6 +154,27 @@ fn a_waiter_turning_local_is_relabelled_before_its_secret() {
         matches!(writes[..], [Action::Record { placement, .. }, Action::WriteSecret { secret: SecretData::Localhost, .. }]
             if placement.assigned_host.as_deref() == Some("localhost")
                 && placement.waiting_for_platform.is_none()),
+        "{writes:#?}"
+    );
+    // Same for one labelled with a host: found by the model test as a host over its
+    // concurrency (the label of a failed provisioning outlived the crash; the Go controller
+    // counts a host's load by these labels).
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let op = provision_op(&h.submit("ns", "a", "linux/s390x"), "a");
+    let mut pairs = static_pairs(&[]);
+    pairs.push(kv("local-platforms", "linux/s390x"));
+    h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
+    let a = h.send(Event::ProvisionFailed {
+        op,
+        error: "down".into(),
+    });
+    let writes: Vec<&Action> = a
+        .iter()
+        .filter(|x| matches!(x, Action::Record { .. } | Action::WriteSecret { .. }))
+        .collect();
+    assert!(
+        matches!(writes[..], [Action::Record { placement, .. }, Action::WriteSecret { secret: SecretData::Localhost, .. }]
+            if placement.assigned_host.as_deref() == Some("localhost")),
         "{writes:#?}"
     );
     // A new local TaskRun keeps the Go controller's order: the secret, then the label.
