@@ -2067,3 +2067,52 @@ fn a_waiter_turning_local_is_not_served_again_after_a_restart() {
     ];
     check(Policy::mpc(), &cmds);
 }
+
+/// Found by the secret check: an instance handed over to a waiter when its TaskRun finished
+/// during the launch; a restart before the finished TaskRun's finalizer went terminated it as
+/// that one's cleanup, under the new owner's running build.
+#[test]
+fn an_instance_handed_over_survives_its_first_owners_cleanup_after_a_restart() {
+    use Cmd::*;
+    let cmds = vec![
+        Create { platform: 1, ns: 1 },
+        Create { platform: 1, ns: 0 },
+        Create { platform: 1, ns: 1 },
+        Deliver {
+            pick: 2509,
+            ok: true,
+        },
+        Deliver { pick: 0, ok: true },
+        Finish(43669),
+        Kube {
+            pick: 22157,
+            ok: true,
+        },
+        Create { platform: 1, ns: 0 },
+        Advance(30),
+        Deliver {
+            pick: 4758,
+            ok: true,
+        },
+        Deliver { pick: 0, ok: false },
+        Kube {
+            pick: 37534,
+            ok: true,
+        },
+        Deliver {
+            pick: 10370,
+            ok: true,
+        },
+        Create { platform: 0, ns: 1 },
+        Create { platform: 3, ns: 1 },
+        Create { platform: 0, ns: 0 },
+        Create { platform: 0, ns: 0 },
+        Kube {
+            pick: 63312,
+            ok: true,
+        },
+        Restart { flush: true },
+        Create { platform: 0, ns: 0 },
+    ];
+    check(Policy::mpc(), &cmds);
+}

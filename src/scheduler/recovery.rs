@@ -60,6 +60,14 @@ impl Scheduler {
                 claimed.insert(id.clone());
             }
         }
+        // Instances live TaskRuns name: one a finished TaskRun names too was handed over to
+        // the live one (an unused dynamic instance goes to the next waiter) and is not the
+        // finished one's to terminate.
+        let live_named: BTreeSet<String> = records
+            .iter()
+            .filter(|r| !r.finished && !settled(r))
+            .filter_map(|r| r.instance_id.clone())
+            .collect();
         let mut waiters = Vec::new();
         // Live TaskRuns that had a secret: still gated ones are un-gated once it stands.
         let mut with_secret = Vec::new();
@@ -100,7 +108,7 @@ impl Scheduler {
             });
             self.by_uid.insert(key, &self.taskruns);
             if rec.finished {
-                self.recover_finished(key, rec, &listed, &pool_members, out);
+                self.recover_finished(key, rec, &listed, &pool_members, &live_named, out);
                 continue;
             }
             if rec.secret.is_some() {
@@ -430,6 +438,7 @@ impl Scheduler {
         rec: &TaskRunRecord,
         listed: &BTreeMap<&str, &InstanceRecord>,
         pool_members: &BTreeMap<String, Key>,
+        live_named: &BTreeSet<String>,
         out: &mut Vec<Action>,
     ) {
         if let Some(t) = self.taskruns.get_mut(key) {
@@ -440,7 +449,10 @@ impl Scheduler {
         }
         let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
         let mut pending = 0;
-        if let Some(id) = &self.annotated_instance(key, rec, listed, out) {
+        let annotated = self.annotated_instance(key, rec, listed, out);
+        if annotated.as_ref().is_some_and(|id| live_named.contains(id)) {
+            // Handed over, never used by this one: nothing of it to clean.
+        } else if let Some(id) = &annotated {
             let l = listed.get(id.as_str()).copied();
             let template = match l {
                 Some(l) => self.dynamic_template(&l.platform),

@@ -246,3 +246,29 @@ fn a_failed_probe_of_a_recovered_pool_instance_spares_its_running_build() {
     assert_eq!(deprovisions(&done)[0].2, "i-p");
     assert_eq!(terminates(&done)[0].1, "i-p");
 }
+
+/// Found by the model test: a dynamic instance handed over to a waiter when its TaskRun finished
+/// during the launch is named by both TaskRuns; a restart before the finished one's finalizer
+/// was removed terminated it as that one's cleanup, under the running build of the other.
+#[test]
+fn an_instance_handed_over_is_not_terminated_with_its_first_owners_cleanup() {
+    let mut first = rec("a", "linux/arm64");
+    first.finished = true;
+    first.instance_id = Some("i-1".into());
+    first.assigned_host = Some("i-1".into());
+    let mut second = rec("b", "linux/arm64");
+    second.instance_id = Some("i-1".into());
+    second.assigned_host = Some("i-1".into());
+    second.secret = Some(SecretKind::Remote);
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![first, second],
+            instances: vec![instance("i-1", Some("uid-ns-b"), START - 60)],
+        },
+    );
+    assert!(terminates(&out).is_empty(), "{out:#?}");
+    assert_eq!(finalized(&out), vec!["a"]);
+    // b's cleanup terminates it.
+    assert_eq!(terminates(&h.done("ns", "b"))[0].1, "i-1");
+}
