@@ -16,6 +16,7 @@
 //! TaskRun and a remote one logs in as the TaskRun's user on a live host that holds that user.
 //! After the random phase the world quiesces and must end clean, every served TaskRun un-gated.
 //!
+//! The runs are reproducible: a fixed seed unless `PROPTEST_RNG_SEED=<n>` picks another.
 //! `MODEL_CASES=20000` searches deeper; `MODEL_TRACE=1` prints every command, event and action.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -296,10 +297,17 @@ impl Allocations {
         if self.0.get(uid).map(String::as_str) == Some(host) {
             return Ok(());
         }
-        let held = self.0.values().filter(|h| *h == host).count() as u32;
-        if held >= limit {
+        let held: Vec<&str> = self
+            .0
+            .iter()
+            .filter(|(_, h)| *h == host)
+            .map(|(u, _)| u.as_str())
+            .collect();
+        if held.len() as u32 >= limit {
             return Err(format!(
-                "{host} over its concurrency {limit}: {held} held + {uid}"
+                "{host} over its concurrency {limit}: {} held ({}) + {uid}",
+                held.len(),
+                held.join(", ")
             ));
         }
         self.0.insert(uid.to_owned(), host.to_owned());
@@ -424,9 +432,6 @@ struct World {
     /// A TaskRun being created: its waiting record, if any, starts its fairness tracking.
     creating: Option<String>,
     mutant: Option<Mutant>,
-    /// Probes of a running, booted instance may fail too (off: they fail only while it boots
-    /// or once it is gone; see the open finding below).
-    flaky_probes: bool,
     next: u64,
 }
 
@@ -484,7 +489,6 @@ impl World {
             fair: fair.then(Fairness::default),
             creating: None,
             mutant,
-            flaky_probes: false,
             next: 0,
         };
         let mut out = Vec::new();
@@ -624,11 +628,9 @@ impl World {
                     .unwrap_or_else(|| panic!("secret for a TaskRun that is gone: {uid}"));
                 assert!(!t.done, "secret written after the TaskRun finished: {uid}");
                 let attempt = t.retries();
-                // A second remote secret would replace a token the pod may hold. A localhost or
-                // error secret is rewritten after a restart that cannot tell it exists (a
-                // TaskRun still labelled waiting is not looked up): same content, harmless.
+                // A second secret would replace what the pod may have mounted.
                 assert!(
-                    t.written != Some(attempt) || !matches!(secret, SecretData::Remote { .. }),
+                    t.written != Some(attempt),
                     "two secrets in one attempt: {uid}"
                 );
                 t.written = Some(attempt);
@@ -1060,13 +1062,10 @@ impl World {
                 }
             }
             Pending::Probe { op, id } => {
+                // Fails when gone, and at random (a transient SSH failure) whether booting or
+                // booted.
                 let result = match self.instances.get(&id) {
-                    Some(i)
-                        if i.alive
-                            && (ok
-                                || (!self.flaky_probes
-                                    && self.now >= i.launched_at + Duration::from_secs(30))) =>
-                    {
+                    Some(i) if i.alive && ok => {
                         if self.now >= i.launched_at + Duration::from_secs(30) {
                             ProbeResult::Reachable {
                                 address: format!("addr-{id}"),
@@ -1235,6 +1234,8 @@ impl World {
                 .as_str()
                 .or(annotations[contract::CLOUD_INSTANCE_ID_ANNOTATION].as_str())
                 .filter(|h| *h != contract::LOCALHOST && !h.is_empty());
+            // Counted by label, as the Go controller counts a host's load: a label naming a
+            // host holds a slot there whatever the secret says.
             if let (false, Some(h)) = (t.done, held) {
                 self.alloc.0.insert(uid.clone(), h.to_owned());
             }
@@ -1524,6 +1525,23 @@ fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// The seed when `PROPTEST_RNG_SEED` names none: a run (CI's) explores the same cases every
+/// time, so it cannot fail on a seed no one saw; other seeds are for deliberate deeper searches.
+const SEED: u64 = 20_261_124;
+
+fn config(default_cases: u32) -> ProptestConfig {
+    // Reads the `PROPTEST_*` variables, `PROPTEST_RNG_SEED` among them.
+    let env = ProptestConfig::default();
+    ProptestConfig {
+        cases: cases(default_cases),
+        rng_seed: match env.rng_seed {
+            proptest::test_runner::RngSeed::Random => proptest::test_runner::RngSeed::Fixed(SEED),
+            seed => seed,
+        },
+        ..env
+    }
+}
+
 fn check(policy: Policy, cmds: &[Cmd]) {
     let mut w = World::new(policy);
     for c in cmds {
@@ -1533,7 +1551,7 @@ fn check(policy: Policy, cmds: &[Cmd]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
+    #![proptest_config(config(96))]
 
     #[test]
     fn invariants_hold_under_random_events(cmds in prop::collection::vec(cmd(), 1..160)) {
@@ -1542,7 +1560,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
+    #![proptest_config(config(24))]
 
     #[test]
     fn go_policy_also_keeps_capacity_invariants(cmds in prop::collection::vec(cmd(), 1..120)) {
@@ -1823,7 +1841,10 @@ fn requeued_taskruns_never_land_on_a_failing_instance() {
         c(0, 0),
         d(38536, false),
     ];
-    check(Policy::mpc(), &cmds);
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
 }
 
 /// Found by the secret check: a local TaskRun (no finalizer) finished and was pruned while its
@@ -1858,16 +1879,17 @@ fn a_late_secret_write_never_replaces_the_secret_of_a_namesake() {
         },
         c(0, 0),
     ];
-    check(Policy::mpc(), &cmds);
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
 }
 
-/// Open finding of the secret check, left for the scheduler's owner: after a restart, a pool
-/// instance with a served, running build is adopted as booting and probed; one failed probe (a
-/// transient SSH failure) makes it a failed instance and it is terminated under the running
-/// build, whose secret then names a dead host. Runs with probes of booted instances failing.
+/// Found by the secret check: after a restart, a pool instance with a served, running build was
+/// adopted as booting and probed; one failed probe (a transient SSH failure) made it a failed
+/// instance, terminated under the running build, whose secret then named a dead host.
 #[test]
-#[ignore = "open: a recovered pool instance with a running build is terminated after one failed probe"]
-fn open_a_failed_probe_after_recovery_terminates_a_running_build() {
+fn a_failed_probe_after_recovery_spares_a_running_build() {
     use Cmd::*;
     let c = |platform, ns| Create { platform, ns };
     let d = |pick, ok| Deliver { pick, ok };
@@ -1917,12 +1939,7 @@ fn open_a_failed_probe_after_recovery_terminates_a_running_build() {
         d(2173, false),
         c(0, 0),
     ];
-    let mut w = World::new(Policy::mpc());
-    w.flaky_probes = true;
-    for c in &cmds {
-        w.run(c);
-    }
-    w.quiesce();
+    check(Policy::mpc(), &cmds);
 }
 
 /// Found by the gating check: a crash between the secret and the un-gating (the secret landed,
@@ -1932,5 +1949,170 @@ fn a_crash_between_the_secret_and_the_ungating_still_ungates() {
     use Cmd::*;
     // An unknown platform's error secret, then its un-gate; the crash lands only the first.
     let cmds = vec![Create { platform: 4, ns: 1 }, Restart { flush: true }];
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
+}
+
+/// Found by the secret check: a waiter that failed kept its `waiting-for-platform` label; a
+/// restart, which reads no secret of a TaskRun labelled waiting, queued it again and served it a
+/// remote secret over its error secret.
+#[test]
+fn a_failed_waiter_is_not_served_again_after_a_restart() {
+    use Cmd::*;
+    let c = |platform, ns| Create { platform, ns };
+    let d = |pick, ok| Deliver { pick, ok };
+    let cmds = vec![
+        c(4, 0),
+        c(2, 0),
+        Config(1),
+        c(2, 0),
+        c(2, 0),
+        Restart { flush: true },
+        Kube { pick: 0, ok: true },
+        d(0, false),
+        c(1, 0),
+        Restart { flush: true },
+        Restart { flush: true },
+        Advance(30),
+        d(4172, true),
+        d(14335, true),
+    ];
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
+}
+
+/// Found by the secret check: a waiter turning local got its localhost secret before its
+/// `localhost` label; a crash between the two left the secret under the waiting label, so the
+/// restart, which reads no secret of a TaskRun labelled waiting, served it on a host over it.
+#[test]
+fn a_waiter_turning_local_is_not_served_again_after_a_restart() {
+    use Cmd::*;
+    let cmds = vec![
+        Create { platform: 0, ns: 1 },
+        Create { platform: 3, ns: 0 },
+        Create { platform: 2, ns: 1 },
+        Create { platform: 0, ns: 0 },
+        Deliver {
+            pick: 26088,
+            ok: true,
+        },
+        Deliver {
+            pick: 2708,
+            ok: true,
+        },
+        Create { platform: 1, ns: 2 },
+        Advance(20),
+        Deliver {
+            pick: 50061,
+            ok: false,
+        },
+        Restart { flush: false },
+        Deliver {
+            pick: 10397,
+            ok: true,
+        },
+        Create { platform: 3, ns: 0 },
+        Advance(20),
+        Kube {
+            pick: 44338,
+            ok: true,
+        },
+        Deliver {
+            pick: 5562,
+            ok: true,
+        },
+        Create { platform: 0, ns: 0 },
+        Deliver {
+            pick: 4464,
+            ok: false,
+        },
+        Kube {
+            pick: 3520,
+            ok: true,
+        },
+        Deliver {
+            pick: 38381,
+            ok: true,
+        },
+        Finish(24511),
+        Finish(3092),
+        Config(2),
+        Create { platform: 0, ns: 0 },
+        Finish(2009),
+        Create { platform: 0, ns: 2 },
+        Retry(0),
+        Retry(0),
+        Create { platform: 0, ns: 0 },
+        Finish(15),
+        Create { platform: 1, ns: 0 },
+        Create { platform: 0, ns: 1 },
+        Kube {
+            pick: 23701,
+            ok: true,
+        },
+        Kube {
+            pick: 52218,
+            ok: true,
+        },
+        Retry(0),
+        Create { platform: 0, ns: 0 },
+        Config(0),
+        Retry(0),
+        Create { platform: 0, ns: 0 },
+        Restart { flush: false },
+    ];
+    check(Policy::mpc(), &cmds);
+}
+
+/// Found by the secret check: an instance handed over to a waiter when its TaskRun finished
+/// during the launch; a restart before the finished TaskRun's finalizer went terminated it as
+/// that one's cleanup, under the new owner's running build.
+#[test]
+fn an_instance_handed_over_survives_its_first_owners_cleanup_after_a_restart() {
+    use Cmd::*;
+    let cmds = vec![
+        Create { platform: 1, ns: 1 },
+        Create { platform: 1, ns: 0 },
+        Create { platform: 1, ns: 1 },
+        Deliver {
+            pick: 2509,
+            ok: true,
+        },
+        Deliver { pick: 0, ok: true },
+        Finish(43669),
+        Kube {
+            pick: 22157,
+            ok: true,
+        },
+        Create { platform: 1, ns: 0 },
+        Advance(30),
+        Deliver {
+            pick: 4758,
+            ok: true,
+        },
+        Deliver { pick: 0, ok: false },
+        Kube {
+            pick: 37534,
+            ok: true,
+        },
+        Deliver {
+            pick: 10370,
+            ok: true,
+        },
+        Create { platform: 0, ns: 1 },
+        Create { platform: 3, ns: 1 },
+        Create { platform: 0, ns: 0 },
+        Create { platform: 0, ns: 0 },
+        Kube {
+            pick: 63312,
+            ok: true,
+        },
+        Restart { flush: true },
+        Create { platform: 0, ns: 0 },
+    ];
     check(Policy::mpc(), &cmds);
 }

@@ -154,6 +154,7 @@ impl Scheduler {
             owner: None,
             attached: Vec::new(),
             used: false,
+            booted: false,
             draining: false,
             overdue: false,
             provision_failures: 0,
@@ -900,6 +901,9 @@ impl Scheduler {
                 self.reindex_instance(inst);
                 self.became_ready(inst, out);
             }
+            ProbeResult::Failed { reason } if i.booted => {
+                self.instance_unhealthy(inst, &reason, out);
+            }
             ProbeResult::Failed { reason } => {
                 self.instance_failed(inst, &reason, true, out);
             }
@@ -950,18 +954,79 @@ impl Scheduler {
         terminate: bool,
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.instances.get(inst) else {
+        let Some(p) = self.instances.get(inst).map(|i| i.platform) else {
             return;
         };
-        let name: Arc<str> = i.id.clone().unwrap_or_else(|| "instance".into());
-        let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
+        let running = self.requeue_waiting(inst, reason, out);
+        let name = self.instance_name(inst);
+        for k in running {
+            out.push(Action::Notify {
+                taskrun: self.taskrun_ref(k),
+                warning: true,
+                reason: "InstanceLost",
+                message: format!("build host {name} stopped while the build ran: {reason}"),
+            });
+        }
+        if let Some(i) = self.instances.get_mut(inst) {
+            i.owner = None;
+        }
+        if terminate {
+            self.terminate(inst, "it failed", out);
+        } else {
+            self.drop_instance(inst, out);
+        }
+        self.capacity_freed(p, out);
+    }
+
+    /// A booted pool instance failed a probe: it takes no new work and its waiting TaskRuns go
+    /// back to the queue (counting a failure), but builds running on it keep it until they
+    /// finish; it is terminated once idle. Terminating it now would kill them, and one failed
+    /// SSH connection does not prove it is gone (a listing or a termination seen outside tells).
+    fn instance_unhealthy(&mut self, inst: Key, reason: &str, out: &mut Vec<Action>) {
+        let Some(i) = self.instances.get_mut(inst) else {
+            return;
+        };
+        // Probed no more: settled like a ready instance from now on.
+        i.state = InstState::Ready;
         let p = i.platform;
+        let running = self.requeue_waiting(inst, reason, out);
+        let name = self.instance_name(inst);
+        out.push(Action::Notify {
+            taskrun: None,
+            warning: true,
+            reason: "InstanceUnhealthy",
+            message: format!(
+                "instance {name} failed a probe ({reason}): it takes no new builds and is \
+                 terminated once its {} running build(s) finish",
+                running.len()
+            ),
+        });
+        self.settle(inst, out);
+        self.capacity_freed(p, out);
+    }
+
+    fn instance_name(&self, inst: Key) -> Arc<str> {
+        self.instances
+            .get(inst)
+            .and_then(|i| i.id.clone())
+            .unwrap_or_else(|| "instance".into())
+    }
+
+    /// Takes an instance out of service: its TaskRuns not running yet go back to the queue,
+    /// first in line, with the instance counted as failed for them. Returns the running ones.
+    fn requeue_waiting(&mut self, inst: Key, reason: &str, out: &mut Vec<Action>) -> Vec<Key> {
+        let Some(i) = self.instances.get(inst) else {
+            return Vec::new();
+        };
+        let name = self.instance_name(inst);
+        let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
         let pool = i.pool.is_some();
         // Out of the index first, so the requeued TaskRuns cannot land on it again.
         if let Some(i) = self.instances.get_mut(inst) {
             i.draining = true;
         }
         self.reindex_instance(inst);
+        let mut running = Vec::new();
         for k in users {
             let Some(t) = self.taskruns.get_mut(k) else {
                 continue;
@@ -983,26 +1048,10 @@ impl Scheduler {
                     }
                     self.enqueue(k, true, out);
                 }
-                Phase::Ready(_) => {
-                    out.push(Action::Notify {
-                        taskrun: self.taskrun_ref(k),
-                        warning: true,
-                        reason: "InstanceLost",
-                        message: format!("build host {name} stopped while the build ran: {reason}"),
-                    });
-                }
+                Phase::Ready(_) => running.push(k),
             }
         }
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.owner = None;
-            i.draining = true;
-        }
-        if terminate {
-            self.terminate(inst, "it failed", out);
-        } else {
-            self.drop_instance(inst, out);
-        }
-        self.capacity_freed(p, out);
+        running
     }
 
     pub(super) fn deadline_due(&mut self, inst: Key, out: &mut Vec<Action>) {

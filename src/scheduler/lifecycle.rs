@@ -81,20 +81,28 @@ impl Scheduler {
         }
         match self.platforms[p as usize].mode.clone() {
             Mode::Local => {
-                if let Some(t) = self.taskruns.get_mut(key) {
-                    t.state = State::Local;
-                    t.recorded = true;
+                let Some(t) = self.taskruns.get_mut(key) else {
+                    return;
+                };
+                t.state = State::Local;
+                // As the Go controller does: `assigned-host=localhost` once the secret exists.
+                // But labels of an earlier placement (waiting, or a host) go first: a crash
+                // between the two writes must not leave a secret under a waiting label, which
+                // recovery reads no secret for (it would serve the TaskRun again).
+                let relabel_first = std::mem::replace(&mut t.recorded, true);
+                let record = self.taskrun_ref(key).map(|taskrun| Action::Record {
+                    taskrun,
+                    placement: Placement {
+                        assigned_host: Some(crate::contract::LOCALHOST.into()),
+                        ..Placement::default()
+                    },
+                });
+                if relabel_first {
+                    out.extend(record.clone());
                 }
                 self.write_secret(key, SecretData::Localhost, out);
-                // As the Go controller does: `assigned-host=localhost` once the secret exists.
-                if let Some(taskrun) = self.taskrun_ref(key) {
-                    out.push(Action::Record {
-                        taskrun,
-                        placement: Placement {
-                            assigned_host: Some(crate::contract::LOCALHOST.into()),
-                            ..Placement::default()
-                        },
-                    });
+                if !relabel_first {
+                    out.extend(record);
                 }
             }
             Mode::Disabled(reason) => {
@@ -191,7 +199,9 @@ impl Scheduler {
         let message = messages::waiting(&ps.platform, ahead);
         let failed = failed_hosts(t);
         if let Some(t) = self.taskruns.get_mut(key) {
-            t.recorded = false;
+            // The waiting label is a placement too: an error secret must clear it, or a
+            // restart (which reads no secret of a TaskRun labelled waiting) serves it again.
+            t.recorded = true;
         }
         out.push(Action::Record {
             taskrun: taskrun.clone(),

@@ -127,8 +127,8 @@ struct TaskRun {
     platform: PlatformId,
     retries: u32,
     gated: bool,
-    /// Its labels name a host or instance (a later outcome without a new placement must
-    /// clear them).
+    /// Its labels name a host or instance, or the platform it waits for (a later outcome
+    /// without a new placement must clear them).
     recorded: bool,
     /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
     rearm: bool,
@@ -256,6 +256,9 @@ struct Instance {
     attached: Vec<Key>,
     /// A user was provisioned on it (never handed to another dynamic TaskRun).
     used: bool,
+    /// Its address was reached before (a recovered instance that holds a recorded allocation):
+    /// a failed probe means unhealthy, not failed to boot.
+    booted: bool,
     draining: bool,
     /// The allocation deadline passed while the launch was in flight.
     overdue: bool,

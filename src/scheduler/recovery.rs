@@ -60,6 +60,14 @@ impl Scheduler {
                 claimed.insert(id.clone());
             }
         }
+        // Instances live TaskRuns name: one a finished TaskRun names too was handed over to
+        // the live one (an unused dynamic instance goes to the next waiter) and is not the
+        // finished one's to terminate.
+        let live_named: BTreeSet<String> = records
+            .iter()
+            .filter(|r| !r.finished && !settled(r))
+            .filter_map(|r| r.instance_id.clone())
+            .collect();
         let mut waiters = Vec::new();
         // Live TaskRuns that had a secret: still gated ones are un-gated once it stands.
         let mut with_secret = Vec::new();
@@ -90,7 +98,7 @@ impl Scheduler {
                 platform: p,
                 retries: rec.retries,
                 gated: rec.gated,
-                recorded: rec.assigned_host.is_some() || rec.instance_id.is_some(),
+                recorded: allocated(rec) || rec.waiting,
                 // A secret a pod may have mounted already: its token is re-armed, not replaced.
                 rearm: rec.secret == Some(SecretKind::Remote),
                 since: rec.since,
@@ -100,7 +108,7 @@ impl Scheduler {
             });
             self.by_uid.insert(key, &self.taskruns);
             if rec.finished {
-                self.recover_finished(key, rec, &listed, &pool_members, out);
+                self.recover_finished(key, rec, &listed, &pool_members, &live_named, out);
                 continue;
             }
             if rec.secret.is_some() {
@@ -130,8 +138,11 @@ impl Scheduler {
                 }
                 // Not allocated (a remote secret without an allocation is stale: replaced).
                 _ => {
-                    // Starting over: the old allocation labels no longer hold.
-                    self.clear_placement(key, out);
+                    // Starting over: the old allocation labels no longer hold (a waiting label
+                    // is rewritten or cleared by what admission makes of it).
+                    if allocated(rec) {
+                        self.clear_placement(key, out);
+                    }
                     waiters.push(key)
                 }
             }
@@ -346,6 +357,8 @@ impl Scheduler {
             if let Some(i) = self.instances.get_mut(inst) {
                 i.attached.push(key);
                 i.used = true;
+                // A pool's `assigned-host` is written once the instance was reachable.
+                i.booted = true;
             }
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };
@@ -425,6 +438,7 @@ impl Scheduler {
         rec: &TaskRunRecord,
         listed: &BTreeMap<&str, &InstanceRecord>,
         pool_members: &BTreeMap<String, Key>,
+        live_named: &BTreeSet<String>,
         out: &mut Vec<Action>,
     ) {
         if let Some(t) = self.taskruns.get_mut(key) {
@@ -435,7 +449,10 @@ impl Scheduler {
         }
         let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
         let mut pending = 0;
-        if let Some(id) = &self.annotated_instance(key, rec, listed, out) {
+        let annotated = self.annotated_instance(key, rec, listed, out);
+        if annotated.as_ref().is_some_and(|id| live_named.contains(id)) {
+            // Handed over, never used by this one: nothing of it to clean.
+        } else if let Some(id) = &annotated {
             let l = listed.get(id.as_str()).copied();
             let template = match l {
                 Some(l) => self.dynamic_template(&l.platform),
@@ -574,4 +591,9 @@ fn id_of(s: &Scheduler, inst: Key) -> Arc<str> {
         .get(inst)
         .and_then(|i| i.id.clone())
         .unwrap_or_else(|| "".into())
+}
+
+/// The record's labels name a host or instance.
+fn allocated(rec: &TaskRunRecord) -> bool {
+    rec.assigned_host.is_some() || rec.instance_id.is_some()
 }

@@ -38,6 +38,8 @@ pub struct TaskRunRecord {
     pub finished: bool,
     /// `assigned-host` label.
     pub assigned_host: Option<String>,
+    /// Labelled `waiting-for-platform`.
+    pub waiting: bool,
     /// `failed-hosts` annotation.
     pub failed_hosts: Vec<String>,
     /// `cloud-instance-id` annotation.
@@ -57,6 +59,7 @@ impl TaskRunRecord {
     ) {
         let nonempty = |v: Option<&String>| v.filter(|s| !s.is_empty()).cloned();
         self.assigned_host = nonempty(labels.get(contract::ASSIGNED_HOST_LABEL));
+        self.waiting = nonempty(labels.get(contract::WAITING_FOR_PLATFORM_LABEL)).is_some();
         self.instance_id = nonempty(annotations.get(contract::CLOUD_INSTANCE_ID_ANNOTATION));
         self.instance_address = nonempty(annotations.get(contract::CLOUD_ADDRESS_ANNOTATION));
         self.failed_hosts = annotations

@@ -104,6 +104,74 @@ fn platform_removed_from_config_fails_its_waiters_with_a_reason() {
     );
 }
 
+/// Found by the model test: a failed waiter kept its `waiting-for-platform` label, so a
+/// restart (which reads no secret of a waiting TaskRun) queued it again and served it a second
+/// secret in the same attempt.
+#[test]
+fn a_failing_waiter_loses_its_waiting_label_before_its_error_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    h.submit("ns", "a", "linux/s390x");
+    let a = h.submit("ns", "b", "linux/s390x");
+    assert_eq!(
+        records(&a, "b")[0].waiting_for_platform.as_deref(),
+        Some("linux-s390x")
+    );
+    let a = h.send(Event::ConfigReplaced(Box::new(config(&static_pairs(&[])))));
+    error_of(&a, "b");
+    let cleared = a.iter().position(|x| {
+        matches!(x, Action::Record { taskrun, placement } if taskrun.name() == "b"
+            && *placement == Placement::default())
+    });
+    let secret = a
+        .iter()
+        .position(|x| matches!(x, Action::WriteSecret { taskrun, .. } if taskrun.name() == "b"));
+    assert!(
+        cleared.is_some_and(|c| secret.is_some_and(|s| c < s)),
+        "labels cleared before the error secret: {a:#?}"
+    );
+}
+
+/// Asserts `name`'s writes in `acts` relabel it `localhost` first, then write its localhost
+/// secret. Found by the model test: with the secret first, a crash between the two left the
+/// secret under a waiting label (the restart, which reads no secret of a waiting TaskRun, served
+/// it again on a host) or under a host's name (counted against that host, as the Go controller
+/// counts a host's load).
+fn relabelled_before_localhost_secret(acts: &[Action], name: &str) {
+    let writes: Vec<&Action> = acts
+        .iter()
+        .filter(|x| {
+            matches!(x, Action::Record { taskrun, .. } | Action::WriteSecret { taskrun, .. }
+                if taskrun.name() == name)
+        })
+        .collect();
+    assert!(
+        matches!(writes[..], [Action::Record { placement, .. }, Action::WriteSecret { secret: SecretData::Localhost, .. }]
+            if placement.assigned_host.as_deref() == Some("localhost")
+                && placement.waiting_for_platform.is_none()),
+        "{writes:#?}"
+    );
+}
+
+#[test]
+fn a_provisioning_taskrun_turning_local_is_relabelled_before_its_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let op = provision_op(&h.submit("ns", "a", "linux/s390x"), "a");
+    let mut pairs = static_pairs(&[]);
+    pairs.push(kv("local-platforms", "linux/s390x"));
+    h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
+    let a = h.send(Event::ProvisionFailed {
+        op,
+        error: "down".into(),
+    });
+    relabelled_before_localhost_secret(&a, "a");
+    // A new local TaskRun keeps the Go controller's order: the secret, then the label.
+    let a = h.submit("ns", "c", "linux/s390x");
+    assert!(
+        matches!(a[..], [Action::WriteSecret { .. }, Action::Record { .. }]),
+        "{a:#?}"
+    );
+}
+
 #[test]
 fn platform_becoming_local_serves_its_waiters_in_pods() {
     let mut h = H::new(&static_pairs(&[("h1", 1)]));
@@ -113,6 +181,7 @@ fn platform_becoming_local_serves_its_waiters_in_pods() {
     pairs.push(kv("local-platforms", "linux/s390x"));
     let a = h.send(Event::ConfigReplaced(Box::new(config(&pairs))));
     assert_eq!(secret(&a, "b"), Some(&SecretData::Localhost));
+    relabelled_before_localhost_secret(&a, "b");
 }
 
 #[test]

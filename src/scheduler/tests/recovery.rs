@@ -186,3 +186,89 @@ fn pool_instances_and_their_taskruns_are_rebuilt() {
     let c = h.submit("ns", "c", "linux/arm64");
     assert!(provisions(&c).is_empty() && launches(&c).is_empty());
 }
+
+/// A waiter recovered under a config that no longer serves its platform fails, and its
+/// `waiting-for-platform` label goes with the error (else the next restart queues it again).
+#[test]
+fn a_recovered_waiter_that_fails_loses_its_waiting_label() {
+    let mut waiting = rec("a", "linux/riscv64");
+    waiting.waiting = true;
+    let (_, out) = start(
+        &static_pairs(&[("h1", 1)]),
+        Snapshot {
+            taskruns: vec![waiting],
+            instances: vec![],
+        },
+    );
+    error_of(&out, "a");
+    assert_eq!(records(&out, "a"), vec![&Placement::default()], "{out:#?}");
+}
+
+/// Found by the model test: after a restart a pool instance with a running build was adopted as
+/// booting and probed, and one failed probe (a transient SSH failure) terminated it under the
+/// build. An instance holding a recorded allocation was reachable before: a failed probe takes
+/// it out of service, its running builds keep it until they finish.
+#[test]
+fn a_failed_probe_of_a_recovered_pool_instance_spares_its_running_build() {
+    let mut a = rec("a", "linux/arm64");
+    a.assigned_host = Some("i-p".into());
+    a.secret = Some(SecretKind::Remote);
+    let mut b = rec("b", "linux/arm64");
+    b.assigned_host = Some("i-p".into());
+    let (mut h, out) = start(
+        &dynamic_pairs(2, Some((3, 600))),
+        Snapshot {
+            taskruns: vec![a, b],
+            instances: vec![instance("i-p", Some("uid-ns-a"), START - 60)],
+        },
+    );
+    assert!(launches(&out).is_empty());
+    let p = probes(&h.wait(0))[0].0;
+    let failed = h.send(Event::Probed {
+        op: p,
+        result: ProbeResult::Failed {
+            reason: "connection reset".into(),
+        },
+    });
+    assert!(terminates(&failed).is_empty(), "{failed:#?}");
+    assert!(secret(&failed, "a").is_none());
+    // b, not provisioned yet, moves to a new instance with i-p counted as failed.
+    assert_eq!(launches(&failed).len(), 1, "{failed:#?}");
+    assert!(provisions(&failed).is_empty());
+    // No new work for i-p: c joins the new instance, booting.
+    let c = h.submit("ns", "c", "linux/arm64");
+    assert!(
+        provisions(&c).is_empty() && launches(&c).is_empty(),
+        "{c:#?}"
+    );
+    // a finishes: its user is removed and the idle instance terminated.
+    let done = h.done("ns", "a");
+    assert_eq!(deprovisions(&done)[0].2, "i-p");
+    assert_eq!(terminates(&done)[0].1, "i-p");
+}
+
+/// Found by the model test: a dynamic instance handed over to a waiter when its TaskRun finished
+/// during the launch is named by both TaskRuns; a restart before the finished one's finalizer
+/// was removed terminated it as that one's cleanup, under the running build of the other.
+#[test]
+fn an_instance_handed_over_is_not_terminated_with_its_first_owners_cleanup() {
+    let mut first = rec("a", "linux/arm64");
+    first.finished = true;
+    first.instance_id = Some("i-1".into());
+    first.assigned_host = Some("i-1".into());
+    let mut second = rec("b", "linux/arm64");
+    second.instance_id = Some("i-1".into());
+    second.assigned_host = Some("i-1".into());
+    second.secret = Some(SecretKind::Remote);
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![first, second],
+            instances: vec![instance("i-1", Some("uid-ns-b"), START - 60)],
+        },
+    );
+    assert!(terminates(&out).is_empty(), "{out:#?}");
+    assert_eq!(finalized(&out), vec!["a"]);
+    // b's cleanup terminates it.
+    assert_eq!(terminates(&h.done("ns", "b"))[0].1, "i-1");
+}
