@@ -69,7 +69,11 @@ impl Proc {
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.stdout(Stdio::null())
             .stderr(file)
-            .env("MPC_LOG", "info,mpc=debug,kube=warn");
+            // Benchmarks log less (`MPC_E2E_LOG`), as a production deployment would.
+            .env(
+                "MPC_LOG",
+                std::env::var("MPC_E2E_LOG").unwrap_or_else(|_| "info,mpc=debug,kube=warn".into()),
+            );
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         Ok(Proc {
             child: Some(child),
@@ -105,6 +109,11 @@ impl Proc {
         let _ = c.kill();
         let _ = c.wait();
         false
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// Still running.
