@@ -1,12 +1,13 @@
-//! `mpc simulate` end to end through the real binary.
+//! `mpc-simulate` (the same arguments and run function as `mpc simulate`) end to end through the
+//! real binary.
 
 use std::process::Command;
 
-fn mpc(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mpc"))
+fn simulate(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpc-simulate"))
         .args(args)
         .output()
-        .expect("run mpc");
+        .expect("run mpc-simulate");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -41,8 +42,7 @@ fn row<'a>(out: &'a str, platform: &str, policy: &str) -> Vec<&'a str> {
 fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
     let dir = tempfile::tempdir().unwrap();
     let chart = dir.path().join("day.svg");
-    let (ok, out, err) = mpc(&[
-        "simulate",
+    let (ok, out, err) = simulate(&[
         "--taskruns",
         "600",
         "--seed",
@@ -65,7 +65,7 @@ fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
     // Deterministic for a seed.
-    let (_, again, _) = mpc(&["simulate", "--taskruns", "600", "--seed", "3"]);
+    let (_, again, _) = simulate(&["--taskruns", "600", "--seed", "3"]);
     let table = |s: &str| {
         s.lines()
             .take_while(|l| !l.starts_with("WAIT ="))
@@ -77,8 +77,7 @@ fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
 
 #[test]
 fn csv_trace_on_a_given_config() {
-    let (ok, out, err) = mpc(&[
-        "simulate",
+    let (ok, out, err) = simulate(&[
         "--config",
         &fixture("one-host.yaml"),
         "--workload",
@@ -99,7 +98,7 @@ fn csv_trace_on_a_given_config() {
 
 #[test]
 fn yaml_trace_and_bad_inputs() {
-    let (ok, out, err) = mpc(&["simulate", "--workload", &fixture("small.yaml")]);
+    let (ok, out, err) = simulate(&["--workload", &fixture("small.yaml")]);
     assert!(ok, "{err}");
     assert_eq!(row(&out, "linux-m2xlarge/arm64", "mpc")[1], "1");
     let dir = tempfile::tempdir().unwrap();
@@ -109,13 +108,13 @@ fn yaml_trace_and_bad_inputs() {
         "at,namespace,platform,duration\n0,a,linux/arm64,soon\n",
     )
     .unwrap();
-    let (ok, _, err) = mpc(&["simulate", "--workload", bad.to_str().unwrap()]);
+    let (ok, _, err) = simulate(&["--workload", bad.to_str().unwrap()]);
     assert!(!ok);
     assert!(
         err.contains("bad.csv: line 2: duration \"soon\" is not a number of seconds"),
         "{err}"
     );
-    let (ok, _, err) = mpc(&["simulate", "--config", "/nonexistent/host-config.yaml"]);
+    let (ok, _, err) = simulate(&["--config", "/nonexistent/host-config.yaml"]);
     assert!(!ok);
     assert!(
         err.contains("/nonexistent/host-config.yaml: No such file"),

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use mpc::admission::{self, Decision, IgnoreReason, Reviewed};
-use mpc::config::HostConfig;
-use mpc::contract::{ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL};
+use mpc_core::admission::{self, Decision, IgnoreReason, Reviewed};
+use mpc_core::config::HostConfig;
+use mpc_core::contract::{ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL};
 use serde_json::{Value, json};
 
 const NOW: u64 = 1_732_000_000;
@@ -24,11 +24,11 @@ fn fixture(name: &str) -> Vec<u8> {
 
 fn config_with(overrides: &[(&str, &str)]) -> HostConfig {
     let text = std::fs::read_to_string(fixture_path("host-config.yaml")).unwrap();
-    let (mut data, _) = mpc::config::read_configmap_yaml(&text).unwrap();
+    let (mut data, _) = mpc_core::config::read_configmap_yaml(&text).unwrap();
     for (k, v) in overrides {
         data.insert((*k).to_owned(), (*v).to_owned());
     }
-    mpc::config::parse(&data).config
+    mpc_core::config::parse(&data).config
 }
 
 fn config() -> HostConfig {
