@@ -425,6 +425,22 @@ fn truncated_json_is_an_error_that_says_where() {
     assert!(msg.contains("line"), "{msg}");
 }
 
+/// Found by fuzzing: bytes that are not UTF-8 inside a field the webhook skips (a key of
+/// `request.resource`) were accepted although such a body is not JSON.
+#[test]
+fn invalid_utf8_anywhere_is_an_error_that_says_where() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/admission/invalid-utf8-in-skipped-key.json");
+    let body = std::fs::read(path).unwrap();
+    let err = admission::review(&body, &config(), NOW).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("malformed AdmissionReview: not UTF-8:"), "{msg}");
+    assert!(msg.contains("from index 245"), "{msg}");
+    // The same request with the key made valid is decided.
+    let fixed = String::from_utf8_lossy(&body).into_owned();
+    assert!(admission::review(fixed.as_bytes(), &config(), NOW).is_ok());
+}
+
 #[test]
 fn every_prefix_of_a_request_is_an_error_or_a_decision_never_a_panic() {
     let body =

@@ -53,6 +53,27 @@ fn config_body_holds_on_every_config_fixture() {
     }
 }
 
+/// Every input a fuzzing run found a failure with (`tests/fixtures/fuzz/<target>/`), fixed since.
+#[test]
+fn bodies_hold_on_every_input_fuzzing_found() {
+    let dir = manifest_dir().join("tests/fixtures/fuzz");
+    let mut n = 0;
+    for (target, body) in [
+        ("admission", bodies::admission as fn(&[u8])),
+        ("config", bodies::config),
+    ] {
+        // A target without a directory has had no finding yet.
+        let Ok(entries) = std::fs::read_dir(dir.join(target)) else {
+            continue;
+        };
+        for e in entries {
+            body(&std::fs::read(e.unwrap().path()).unwrap());
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "regression inputs found: {n}");
+}
+
 /// Absent, `null`, or a value.
 fn maybe(inner: impl Strategy<Value = Value> + 'static) -> BoxedStrategy<Option<Value>> {
     prop_oneof![Just(None), Just(Some(Value::Null)), inner.prop_map(Some)].boxed()
