@@ -16,6 +16,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The functional core (the `mpc-core` crate the binary is built on).
+COPY core ./core
 # Every workspace target must exist for cargo to read the manifest.
 COPY benches ./benches
 COPY e2e ./e2e

@@ -11,7 +11,7 @@
 //! connection, 4), MPC_LOAD_CLIENT_THREADS (1), MPC_LOAD_SERVER_THREADS (server runtime worker
 //! threads, default: the binary's own choice).
 
-#[path = "support/compact_json.rs"]
+#[path = "../core/benches/support/compact_json.rs"]
 mod compact_json;
 #[path = "support/proc.rs"]
 mod proc_stats;
@@ -49,7 +49,7 @@ fn free_port() -> u16 {
 
 fn body() -> Bytes {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/admission/taskref-bundle.json");
+        .join("core/tests/fixtures/admission/taskref-bundle.json");
     Bytes::from(compact_json::compact(&std::fs::read(path).unwrap()))
 }
 
@@ -95,8 +95,8 @@ fn start_server(dir: &Path) -> Server {
     .unwrap();
     let certs = dir.join("certs");
     mpc::certs::write_bundle(&bundle, &certs).unwrap();
-    let config =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission/host-config.yaml");
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("core/tests/fixtures/admission/host-config.yaml");
     let webhook = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpc"));

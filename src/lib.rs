@@ -1,23 +1,19 @@
 //! Multi-platform build-host broker for Tekton.
 //!
-//! Functional core (pure, deterministic): [`platform`], [`contract`], [`config`], [`admission`],
-//! [`scheduler`]. Imperative shell: [`server`] (webhook + admin), [`provision`] (SSH), [`otp`],
+//! Functional core (pure, deterministic; the `mpc-core` crate, re-exported here at the same
+//! paths): [`platform`], [`contract`], [`config`], [`admission`], [`scheduler`], [`simulate`].
+//! Imperative shell: [`server`] (webhook + admin), [`controller`], [`provision`] (SSH), [`otp`],
 //! [`cloud`] (EC2), with [`tls`] and [`serve`] shared by the HTTPS servers.
 
-pub mod admission;
+pub use mpc_core::{admission, config, contract, duration, platform, scheduler, simulate};
+
 pub mod certs;
 pub mod cloud;
-pub mod config;
 pub mod config_source;
-pub mod contract;
 pub mod controller;
-pub mod duration;
 pub mod metrics;
 pub mod otp;
-pub mod platform;
 pub mod provision;
-pub mod scheduler;
 pub mod serve;
 pub mod server;
-pub mod simulate;
 pub mod tls;

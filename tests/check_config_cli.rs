@@ -18,7 +18,7 @@ fn check_config(files: &[&str]) -> (Option<i32>, String, String) {
 
 fn fixture(name: &str) -> String {
     format!(
-        "{}/tests/fixtures/configmaps/{name}",
+        "{}/core/tests/fixtures/configmaps/{name}",
         env!("CARGO_MANIFEST_DIR")
     )
 }

@@ -1,124 +1,49 @@
-//! `mpc simulate` end to end through the real binary.
+//! `mpc simulate` through the real `mpc` binary: it is the core's simulation (the same arguments,
+//! the same report), so `mpc-core`'s `tests/simulate_cli.rs` covers its behaviour.
 
 use std::process::Command;
 
-fn mpc(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mpc"))
-        .args(args)
-        .output()
-        .expect("run mpc");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use mpc::simulate::{self, PolicyChoice, SimulateArgs};
 
-fn fixture(name: &str) -> String {
-    format!(
-        "{}/tests/fixtures/workloads/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-/// The row of `platform` for `policy` (the platform name is only on the first policy's row).
-fn row<'a>(out: &'a str, platform: &str, policy: &str) -> Vec<&'a str> {
-    let mut current = "";
-    for line in out.lines() {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        if cols.len() >= 2 && cols[0].contains('/') {
-            current = cols[0];
-        }
-        if current == platform && cols.contains(&policy) {
-            let at = cols.iter().position(|c| *c == policy).unwrap();
-            return cols[at..].to_vec();
-        }
-    }
-    panic!("no {platform} {policy} row in:\n{out}");
+/// The report without its last line (the wall time it took).
+fn without_timing(report: &str) -> &str {
+    let body = report.trim_end_matches('\n');
+    let (body, last) = body.rsplit_once('\n').expect("a multi-line report");
+    assert!(last.starts_with("simulated in "), "{last}");
+    body
 }
 
 #[test]
-fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
+fn mpc_simulate_prints_the_core_report_for_the_same_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let chart = dir.path().join("day.svg");
-    let (ok, out, err) = mpc(&[
-        "simulate",
-        "--taskruns",
-        "600",
-        "--seed",
-        "3",
-        "--chart",
-        chart.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    for p in [
-        "linux/amd64",
-        "linux/s390x",
-        "linux-m2xlarge/arm64",
-        "linux/x86_64",
-    ] {
-        let mpc = row(&out, p, "mpc");
-        let go = row(&out, p, "mpc-go");
-        assert_eq!(mpc[1], go[1], "same trace, same TaskRun count for {p}");
-    }
-    assert!(out.contains("mpc vs mpc-go: p95 wait"), "{out}");
-    let svg = std::fs::read_to_string(&chart).unwrap();
-    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
-    // Deterministic for a seed.
-    let (_, again, _) = mpc(&["simulate", "--taskruns", "600", "--seed", "3"]);
-    let table = |s: &str| {
-        s.lines()
-            .take_while(|l| !l.starts_with("WAIT ="))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    assert_eq!(table(&out), table(&again));
-}
-
-#[test]
-fn csv_trace_on_a_given_config() {
-    let (ok, out, err) = mpc(&[
-        "simulate",
-        "--config",
-        &fixture("one-host.yaml"),
-        "--workload",
-        &fixture("small.csv"),
-        "--policy",
-        "mpc",
-    ]);
-    assert!(ok, "{err}");
-    // Two slots, three 10-minute builds: the third waits for the first to finish.
-    let s390x = row(&out, "linux/s390x", "mpc");
-    assert_eq!(s390x[1], "3");
-    let max = s390x[5];
-    assert!(max.starts_with("10m"), "max wait {max}:\n{out}");
-    // Not configured here: error secrets, counted.
-    assert_eq!(row(&out, "linux/arm64", "mpc").last(), Some(&"2"));
-    assert!(!out.contains("mpc-go"));
-}
-
-#[test]
-fn yaml_trace_and_bad_inputs() {
-    let (ok, out, err) = mpc(&["simulate", "--workload", &fixture("small.yaml")]);
-    assert!(ok, "{err}");
-    assert_eq!(row(&out, "linux-m2xlarge/arm64", "mpc")[1], "1");
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad.csv");
-    std::fs::write(
-        &bad,
-        "at,namespace,platform,duration\n0,a,linux/arm64,soon\n",
-    )
-    .unwrap();
-    let (ok, _, err) = mpc(&["simulate", "--workload", bad.to_str().unwrap()]);
-    assert!(!ok);
+    let out = Command::new(env!("CARGO_BIN_EXE_mpc"))
+        .args(["simulate", "--taskruns", "300", "--seed", "5", "--policy"])
+        .args(["mpc-go", "--chart", chart.to_str().unwrap()])
+        .output()
+        .expect("run mpc");
     assert!(
-        err.contains("bad.csv: line 2: duration \"soon\" is not a number of seconds"),
-        "{err}"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let (ok, _, err) = mpc(&["simulate", "--config", "/nonexistent/host-config.yaml"]);
-    assert!(!ok);
-    assert!(
-        err.contains("/nonexistent/host-config.yaml: No such file"),
-        "{err}"
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let svg = std::fs::read_to_string(&chart).unwrap();
+
+    let args = SimulateArgs {
+        config: None,
+        workload: None,
+        policy: PolicyChoice::MpcGo,
+        seed: 5,
+        taskruns: 300,
+        chart: Some(dir.path().join("core.svg")),
+    };
+    let expected = simulate::output(&args).unwrap();
+    let expected = expected.replace("core.svg", "day.svg");
+    assert_eq!(without_timing(&printed), without_timing(&expected));
+    assert!(printed.contains("mpc-go"), "{printed}");
+    assert_eq!(
+        svg,
+        std::fs::read_to_string(dir.path().join("core.svg")).unwrap()
     );
 }

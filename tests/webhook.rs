@@ -31,7 +31,7 @@ const NAMESPACE: &str = "mpc";
 const SERVER_NAME: &str = "mpc-webhook.mpc.svc";
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("core/tests/fixtures/admission")
 }
 
 fn fixture(name: &str) -> Vec<u8> {

@@ -152,7 +152,7 @@ mod tests {
     use super::*;
 
     fn config() -> HostConfig {
-        let text = include_str!("../../tests/fixtures/admission/host-config.yaml");
+        let text = include_str!("../../core/tests/fixtures/admission/host-config.yaml");
         let (data, _) = crate::config::read_configmap_yaml(text).unwrap();
         crate::config::parse(&data).config
     }

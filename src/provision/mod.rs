@@ -22,6 +22,8 @@ use std::time::Duration;
 pub use zeroize::Zeroizing;
 
 pub use crate::config::BuildUserSettings;
+/// What [`Provisioner::list_build_users`] finds (its ages parsed by [`scripts::parse_user_listing`]).
+pub use crate::scheduler::HostUser;
 
 pub use connection::{Connections, SshOptions};
 pub use error::{Blame, ProvisionError};
@@ -40,24 +42,6 @@ pub struct ProvisionRequest<'a> {
     /// Key type and slice caps, as the config says for the host or platform
     /// (`HostConfig::build_users`).
     pub settings: &'a BuildUserSettings,
-}
-
-/// A build user found on a host by [`Provisioner::list_build_users`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostUser {
-    /// `u-<28 hex>`.
-    pub name: String,
-    /// How old the user is at least, on the host's clock: since its home directory last changed
-    /// (else since its shadow entry's day); `None` when neither exists. See
-    /// [`scripts::parse_user_listing`].
-    pub age: Option<Duration>,
-}
-
-impl HostUser {
-    /// Known to be at least `grace` old: the only users a sweep may remove.
-    pub fn older_than(&self, grace: Duration) -> bool {
-        self.age.is_some_and(|a| a >= grace)
-    }
 }
 
 /// A provisioned build user, with the private key the build step will fetch through the OTP server.

@@ -2,7 +2,7 @@
 //! generated TaskRun shapes (absent, null and present parents; existing terms, labels, finalizers;
 //! every kind of PLATFORM value), checking that each patch applies and is idempotent.
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod bodies;
 
 use std::path::PathBuf;
@@ -10,13 +10,14 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-fn repo() -> PathBuf {
+/// The `mpc-core` package directory; the example installation is one level up.
+fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]
 fn admission_body_holds_on_every_fixture() {
-    let dir = repo().join("tests/fixtures/admission");
+    let dir = manifest_dir().join("tests/fixtures/admission");
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
@@ -36,10 +37,10 @@ fn admission_body_holds_on_every_fixture() {
 #[test]
 fn config_body_holds_on_every_config_fixture() {
     let mut files = vec![
-        repo().join("examples/host-config.yaml"),
-        repo().join("tests/fixtures/admission/host-config.yaml"),
+        manifest_dir().join("../examples/host-config.yaml"),
+        manifest_dir().join("tests/fixtures/admission/host-config.yaml"),
     ];
-    for e in std::fs::read_dir(repo().join("tests/fixtures/configmaps")).unwrap() {
+    for e in std::fs::read_dir(manifest_dir().join("tests/fixtures/configmaps")).unwrap() {
         files.push(e.unwrap().path());
     }
     for f in files {
@@ -50,6 +51,27 @@ fn config_body_holds_on_every_config_fixture() {
             bodies::config(&text[..end]);
         }
     }
+}
+
+/// Every input a fuzzing run found a failure with (`tests/fixtures/fuzz/<target>/`), fixed since.
+#[test]
+fn bodies_hold_on_every_input_fuzzing_found() {
+    let dir = manifest_dir().join("tests/fixtures/fuzz");
+    let mut n = 0;
+    for (target, body) in [
+        ("admission", bodies::admission as fn(&[u8])),
+        ("config", bodies::config),
+    ] {
+        // A target without a directory has had no finding yet.
+        let Ok(entries) = std::fs::read_dir(dir.join(target)) else {
+            continue;
+        };
+        for e in entries {
+            body(&std::fs::read(e.unwrap().path()).unwrap());
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "regression inputs found: {n}");
 }
 
 /// Absent, `null`, or a value.
@@ -242,7 +264,7 @@ proptest! {
         });
         let body = serde_json::to_vec(&review).unwrap();
         // Well-formed objects are always decided, never rejected as malformed.
-        prop_assert!(mpc::admission::review(&body, &mpc::config::HostConfig::default(), 0).is_ok());
+        prop_assert!(mpc_core::admission::review(&body, &mpc_core::config::HostConfig::default(), 0).is_ok());
         bodies::admission(&body);
     }
 }

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use mpc::admission::{self, Decision, IgnoreReason, Reviewed};
-use mpc::config::HostConfig;
-use mpc::contract::{ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL};
+use mpc_core::admission::{self, Decision, IgnoreReason, Reviewed};
+use mpc_core::config::HostConfig;
+use mpc_core::contract::{ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL};
 use serde_json::{Value, json};
 
 const NOW: u64 = 1_732_000_000;
@@ -24,11 +24,11 @@ fn fixture(name: &str) -> Vec<u8> {
 
 fn config_with(overrides: &[(&str, &str)]) -> HostConfig {
     let text = std::fs::read_to_string(fixture_path("host-config.yaml")).unwrap();
-    let (mut data, _) = mpc::config::read_configmap_yaml(&text).unwrap();
+    let (mut data, _) = mpc_core::config::read_configmap_yaml(&text).unwrap();
     for (k, v) in overrides {
         data.insert((*k).to_owned(), (*v).to_owned());
     }
-    mpc::config::parse(&data).config
+    mpc_core::config::parse(&data).config
 }
 
 fn config() -> HostConfig {
@@ -423,6 +423,53 @@ fn truncated_json_is_an_error_that_says_where() {
     assert!(msg.starts_with("malformed AdmissionReview:"), "{msg}");
     assert!(msg.contains("EOF while parsing"), "{msg}");
     assert!(msg.contains("line"), "{msg}");
+}
+
+/// Found by fuzzing: bytes that are not UTF-8 inside a field the webhook skips (a key of
+/// `request.resource`) were accepted although such a body is not JSON.
+#[test]
+fn invalid_utf8_anywhere_is_an_error_that_says_where() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/admission/invalid-utf8-in-skipped-key.json");
+    let body = std::fs::read(path).unwrap();
+    let err = admission::review(&body, &config(), NOW).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("malformed AdmissionReview: not UTF-8:"),
+        "{msg}"
+    );
+    assert!(msg.contains("from index 245"), "{msg}");
+    // The same request with the key made valid is decided.
+    let fixed = String::from_utf8_lossy(&body).into_owned();
+    assert!(admission::review(fixed.as_bytes(), &config(), NOW).is_ok());
+}
+
+/// Found by fuzzing: a lone UTF-16 surrogate escape (`\uDBCC`) is JSON, though not one a
+/// `serde_json::Value` holds. In a field the webhook skips (a step's `workingDir`) the request is
+/// decided as if it were U+FFFD (as the API server's decoder reads it); in a field the webhook
+/// reads, it is an error naming the problem.
+#[test]
+fn lone_surrogate_escape_is_decided_when_skipped_and_an_error_when_read() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/admission/lone-surrogate-in-skipped-string.json");
+    let body = String::from_utf8(std::fs::read(path).unwrap()).unwrap();
+    assert!(body.contains("\\uDBCCpath"));
+    let cfg = config();
+    let lone = admission::review(body.as_bytes(), &cfg, NOW).unwrap();
+    let replaced = body.replace("\\uDBCC", "\\uFFFD");
+    let expected = admission::review(replaced.as_bytes(), &cfg, NOW).unwrap();
+    assert_eq!(lone.decision, expected.decision);
+    assert_eq!(lone.response, expected.response);
+
+    let body = String::from_utf8(fixture("taskref-bundle")).unwrap();
+    let uid = "\"7f3c0001-1b2d-4c6e-9a0f-000000001eef\"";
+    assert!(body.contains(uid));
+    let body = body.replacen(uid, "\"7f3c0001\\uDBCC\"", 1);
+    let msg = admission::review(body.as_bytes(), &cfg, NOW)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.starts_with("malformed AdmissionReview:"), "{msg}");
+    assert!(msg.contains("hex escape at line 5 column 27"), "{msg}");
 }
 
 #[test]

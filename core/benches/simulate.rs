@@ -1,6 +1,6 @@
 //! `mpc simulate` on a 24 h trace of 50,000 TaskRuns, both policies (the default output).
 //!
-//! `cargo bench --bench simulate`
+//! `cargo bench -p mpc-core --bench simulate`
 
 // The `mpc` binary's allocator, so these numbers are the binary's.
 #[global_allocator]
@@ -9,7 +9,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use mpc::simulate::{self, PolicyChoice, workload};
+use mpc_core::simulate::{self, PolicyChoice, workload};
 
 fn benches(c: &mut Criterion) {
     let (config, errors) = simulate::load_config(simulate::EXAMPLE_CONFIG, "example").unwrap();

@@ -3,13 +3,13 @@
 //! TaskRuns and for TaskRuns running on hosts. Realistic names: ~40-character TaskRun names,
 //! UUID uids, 200 namespaces.
 //!
-//! `cargo bench --bench scheduler_memory`
+//! `cargo bench -p mpc-core --bench scheduler_memory`
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use mpc::config::ConfigData;
-use mpc::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunSpec, Time};
+use mpc_core::config::ConfigData;
+use mpc_core::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunSpec, Time};
 
 struct Counting;
 
@@ -37,7 +37,7 @@ static ALLOC: Counting = Counting;
 const N: usize = 100_000;
 const LIMIT: usize = 256;
 
-fn config(hosts: usize, concurrency: u32) -> mpc::config::HostConfig {
+fn config(hosts: usize, concurrency: u32) -> mpc_core::config::HostConfig {
     let mut data = ConfigData::new();
     for i in 0..hosts {
         let h = format!("host.s390x-{i:05}");
@@ -50,7 +50,7 @@ fn config(hosts: usize, concurrency: u32) -> mpc::config::HostConfig {
         data.insert(format!("{h}.secret"), "ssh".into());
         data.insert(format!("{h}.concurrency"), concurrency.to_string());
     }
-    mpc::config::parse(&data).config
+    mpc_core::config::parse(&data).config
 }
 
 fn spec(i: usize) -> TaskRunSpec {
@@ -112,7 +112,7 @@ fn measure(hosts: usize, concurrency: u32, provision: bool) -> (f64, usize) {
 fn main() {
     // `cargo test --benches` runs bench binaries with `--bench` absent: keep that quick.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("scheduler_memory: run with `cargo bench --bench scheduler_memory`");
+        println!("scheduler_memory: run with `cargo bench -p mpc-core --bench scheduler_memory`");
         return;
     }
     let (queued, qb) = measure(1_000, 4, false);

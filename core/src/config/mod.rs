@@ -6,6 +6,7 @@
 
 mod build_user;
 mod configmap;
+mod last_good;
 mod report;
 pub mod values;
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use build_user::{BuildUserSettings, BuildUsers, CpuQuota, KeyType, MemoryMax};
 pub use configmap::{ConfigMapError, read_configmap_yaml};
+pub use last_good::{Merged, keep_last_good};
 pub use report::{PlatformSummary, render_report};
 
 use crate::platform::{Platform, label_value};

@@ -1,11 +1,12 @@
 //! Events: what the controller tells the core. Results of actions echo the action's [`OpId`].
 
+use std::time::Duration;
+
 use super::ids::{OpId, Uid};
 use super::snapshot::{InstanceRecord, InstanceState};
 use super::time::Time;
 use crate::config::HostConfig;
 use crate::platform::Platform;
-use crate::provision::HostUser;
 
 /// Something that happened. Feed each one to [`Scheduler::handle`](super::Scheduler::handle) with
 /// the current time. Every event may be delivered more than once; duplicates are ignored.
@@ -105,8 +106,7 @@ pub enum Event {
         /// The instances.
         instances: Vec<InstanceRecord>,
     },
-    /// Periodic sweep: the build users present on a static host
-    /// ([`Provisioner::list_build_users`](crate::provision::Provisioner::list_build_users)). Users
+    /// Periodic sweep: the build users present on a static host (the shell lists them over SSH). Users
     /// no allocation owns and known to be older than [`Policy::host_user_grace`](super::Policy)
     /// are removed.
     HostUsersListed {
@@ -167,4 +167,21 @@ pub enum ProbeResult {
         /// What the cloud says.
         reason: String,
     },
+}
+
+/// A build user found on a static host by the periodic sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostUser {
+    /// `u-<28 hex>`.
+    pub name: String,
+    /// How old the user is at least, on the host's clock: since its home directory last changed
+    /// (else since its shadow entry's day); `None` when neither exists.
+    pub age: Option<Duration>,
+}
+
+impl HostUser {
+    /// Known to be at least `grace` old: the only users a sweep may remove.
+    pub fn older_than(&self, grace: Duration) -> bool {
+        self.age.is_some_and(|a| a >= grace)
+    }
 }

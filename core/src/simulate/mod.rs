@@ -1,4 +1,4 @@
-//! `mpc simulate`: the real scheduler core on a workload trace, with a virtual clock and a
+//! `mpc simulate` (also the `mpc-simulate` binary of this crate): the real scheduler core on a workload trace, with a virtual clock and a
 //! simulated cluster and cloud answering after seeded-random latencies (SSH provisioning,
 //! instance boot, API calls). No cluster or cloud needed; a 24 h trace runs in about a second.
 //!
@@ -68,7 +68,7 @@ pub enum PolicyChoice {
     MpcGo,
 }
 
-/// `mpc simulate` arguments.
+/// `mpc simulate` / `mpc-simulate` arguments: the one definition both binaries flatten.
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_long_help = TRACE_HELP)]
 pub struct SimulateArgs {
@@ -149,8 +149,14 @@ pub fn run_policies(
         .collect()
 }
 
-/// Runs `mpc simulate`.
+/// Runs `mpc simulate`: prints [`output`].
 pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
+    print!("{}", output(args)?);
+    Ok(())
+}
+
+/// Simulates as `args` say, writes the chart if asked, and returns what `mpc simulate` prints.
+pub fn output(args: &SimulateArgs) -> Result<String, SimulateError> {
     let started = Instant::now();
     let (config, config_name, config_errors) = match &args.config {
         Some(path) => {
@@ -211,8 +217,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
         events,
         args.seed
     ));
-    print!("{text}");
-    Ok(())
+    Ok(text)
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
-pub use event::{Event, ProbeResult, TaskRunSpec};
+pub use event::{Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};
 pub use snapshot::{InstanceRecord, InstanceState, Ownership, SecretKind, Snapshot, TaskRunRecord};

@@ -10,10 +10,10 @@
 //! - Writes about a TaskRun are conditional on its UID (a recreated TaskRun with the same name is
 //!   a different TaskRun).
 //! - Cloud actions ([`Action::Launch`], [`Action::Probe`], [`Action::Terminate`],
-//!   [`Action::Retag`]) run through [`crate::cloud::Runner::run`] with the credentials of the
-//!   template's `aws-secret`; it makes the calls and returns the result event. Listings for
-//!   [`Event::InstancesListed`](super::Event::InstancesListed) and the recovery snapshot come from
-//!   [`crate::cloud::Runner::list`].
+//!   [`Action::Retag`]) run through the shell's cloud runner (`mpc::cloud::Runner::run`) with the
+//!   credentials of the template's `aws-secret`; it makes the calls and returns the result event.
+//!   Listings for [`Event::InstancesListed`](super::Event::InstancesListed) and the recovery
+//!   snapshot come from `mpc::cloud::Runner::list`.
 
 use std::sync::Arc;
 use std::time::Duration;

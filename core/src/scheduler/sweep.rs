@@ -106,7 +106,7 @@ impl Scheduler {
     pub(super) fn on_host_users(
         &mut self,
         host: &str,
-        users: &[crate::provision::HostUser],
+        users: &[super::HostUser],
         out: &mut Vec<Action>,
     ) {
         let Some(&hid) = self.host_ids.get(host) else {

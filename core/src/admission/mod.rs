@@ -89,6 +89,9 @@ impl Decision {
 /// A request the webhook could not read: the server answers HTTP 400 with this message.
 #[derive(Debug, thiserror::Error)]
 pub enum AdmissionError {
+    /// Not UTF-8, so not JSON (RFC 8259), wherever the bad bytes are.
+    #[error("malformed AdmissionReview: not UTF-8: {0}")]
+    NotUtf8(#[from] std::str::Utf8Error),
     /// Not JSON, or JSON of the wrong shape.
     #[error("malformed AdmissionReview: {0}")]
     Json(#[from] serde_json::Error),
@@ -126,11 +129,15 @@ pub struct Reviewed {
 
 /// Reviews one AdmissionReview request. `now_unix` (seconds) stamps `allocation-start-time`.
 pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewed, AdmissionError> {
-    let review = match serde_json::from_slice::<ReviewIn<'_, true>>(body) {
+    // The parser checks the UTF-8 of the strings it reads but not of those it skips (fields the
+    // webhook ignores), so the whole body is checked once here; parsing a `str` then checks no
+    // string twice.
+    let body = std::str::from_utf8(body)?;
+    let review = match serde_json::from_str::<ReviewIn<'_, true>>(body) {
         Ok(r) => r,
         // An object read before `kind`/`operation` that is no TaskRun view (or a malformed
         // body): parse again lazily, which also gives the error for a malformed one.
-        Err(_) => lazy(serde_json::from_slice::<ReviewIn<'_, false>>(body)?),
+        Err(_) => lazy(serde_json::from_str::<ReviewIn<'_, false>>(body)?),
     };
     let api_version = review.api_version.as_deref().unwrap_or("");
     let kind = review.kind.as_deref().unwrap_or("");

@@ -4,7 +4,7 @@
 //! which puts `object` first and costs the parser a second pass. `full_dom/*` parses the same
 //! bytes into a `serde_json::Value` only, as a reference for what a full-DOM approach starts from.
 //!
-//! cargo bench --bench admission
+//! cargo bench -p mpc-core --bench admission
 
 // The `mpc` binary's allocator, so these numbers are the binary's.
 #[global_allocator]
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use mpc::admission::{self, Decision};
+use mpc_core::admission::{self, Decision};
 
 #[path = "support/compact_json.rs"]
 mod compact_json;
@@ -34,12 +34,12 @@ fn sorted_keys(json: &[u8]) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap()
 }
 
-fn config() -> mpc::config::HostConfig {
+fn config() -> mpc_core::config::HostConfig {
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admission/host-config.yaml");
     let (data, _) =
-        mpc::config::read_configmap_yaml(&std::fs::read_to_string(path).unwrap()).unwrap();
-    mpc::config::parse(&data).config
+        mpc_core::config::read_configmap_yaml(&std::fs::read_to_string(path).unwrap()).unwrap();
+    mpc_core::config::parse(&data).config
 }
 
 fn bench(c: &mut Criterion) {

@@ -1,7 +1,7 @@
 //! Scheduler core throughput: 100,000 queued TaskRuns drained through 1,000 static hosts
 //! (concurrency 4), every allocation provisioned, finished and cleaned up.
 //!
-//! `cargo bench --bench scheduler`
+//! `cargo bench -p mpc-core --bench scheduler`
 
 // The `mpc` binary's allocator, so these numbers are the binary's.
 #[global_allocator]
@@ -11,13 +11,13 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use mpc::config::ConfigData;
-use mpc::scheduler::{Action, Event, OpId, Policy, Scheduler, Snapshot, TaskRunSpec, Time};
+use mpc_core::config::ConfigData;
+use mpc_core::scheduler::{Action, Event, OpId, Policy, Scheduler, Snapshot, TaskRunSpec, Time};
 
 const HOSTS: usize = 1000;
 const TASKRUNS: usize = 100_000;
 
-fn config() -> mpc::config::HostConfig {
+fn config() -> mpc_core::config::HostConfig {
     let mut data = ConfigData::new();
     for i in 0..HOSTS {
         let h = format!("host.s390x-{i:04}");
@@ -30,7 +30,7 @@ fn config() -> mpc::config::HostConfig {
         data.insert(format!("{h}.secret"), "ssh".into());
         data.insert(format!("{h}.concurrency"), "4".into());
     }
-    let parsed = mpc::config::parse(&data);
+    let parsed = mpc_core::config::parse(&data);
     assert!(!parsed.has_errors());
     parsed.config
 }
@@ -65,7 +65,7 @@ fn done_event(i: usize) -> Event {
     }
 }
 
-fn queued(cfg: &mpc::config::HostConfig) -> Queued {
+fn queued(cfg: &mpc_core::config::HostConfig) -> Queued {
     let mut sched = Scheduler::new(cfg.clone(), Policy::mpc());
     let now = Time::from_secs(1_700_000_000);
     let mut out = Vec::new();

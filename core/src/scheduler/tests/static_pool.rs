@@ -419,8 +419,8 @@ fn namespaces_are_served_round_robin_fifo_within() {
     assert_eq!(order, vec!["b0", "q0", "b1", "b2"]);
 }
 
-fn listed(name: &str, age: Option<Duration>) -> crate::provision::HostUser {
-    crate::provision::HostUser {
+fn listed(name: &str, age: Option<Duration>) -> crate::scheduler::HostUser {
+    crate::scheduler::HostUser {
         name: name.to_owned(),
         age,
     }

@@ -1,0 +1,123 @@
+//! `mpc-simulate` (the same arguments and run function as `mpc simulate`) end to end through the
+//! real binary.
+
+use std::process::Command;
+
+fn simulate(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpc-simulate"))
+        .args(args)
+        .output()
+        .expect("run mpc-simulate");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/tests/fixtures/workloads/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// The row of `platform` for `policy` (the platform name is only on the first policy's row).
+fn row<'a>(out: &'a str, platform: &str, policy: &str) -> Vec<&'a str> {
+    let mut current = "";
+    for line in out.lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.len() >= 2 && cols[0].contains('/') {
+            current = cols[0];
+        }
+        if current == platform && cols.contains(&policy) {
+            let at = cols.iter().position(|c| *c == policy).unwrap();
+            return cols[at..].to_vec();
+        }
+    }
+    panic!("no {platform} {policy} row in:\n{out}");
+}
+
+#[test]
+fn built_in_day_prints_both_policies_side_by_side_and_writes_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("day.svg");
+    let (ok, out, err) = simulate(&[
+        "--taskruns",
+        "600",
+        "--seed",
+        "3",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    for p in [
+        "linux/amd64",
+        "linux/s390x",
+        "linux-m2xlarge/arm64",
+        "linux/x86_64",
+    ] {
+        let mpc = row(&out, p, "mpc");
+        let go = row(&out, p, "mpc-go");
+        assert_eq!(mpc[1], go[1], "same trace, same TaskRun count for {p}");
+    }
+    assert!(out.contains("mpc vs mpc-go: p95 wait"), "{out}");
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
+    // Deterministic for a seed.
+    let (_, again, _) = simulate(&["--taskruns", "600", "--seed", "3"]);
+    let table = |s: &str| {
+        s.lines()
+            .take_while(|l| !l.starts_with("WAIT ="))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(table(&out), table(&again));
+}
+
+#[test]
+fn csv_trace_on_a_given_config() {
+    let (ok, out, err) = simulate(&[
+        "--config",
+        &fixture("one-host.yaml"),
+        "--workload",
+        &fixture("small.csv"),
+        "--policy",
+        "mpc",
+    ]);
+    assert!(ok, "{err}");
+    // Two slots, three 10-minute builds: the third waits for the first to finish.
+    let s390x = row(&out, "linux/s390x", "mpc");
+    assert_eq!(s390x[1], "3");
+    let max = s390x[5];
+    assert!(max.starts_with("10m"), "max wait {max}:\n{out}");
+    // Not configured here: error secrets, counted.
+    assert_eq!(row(&out, "linux/arm64", "mpc").last(), Some(&"2"));
+    assert!(!out.contains("mpc-go"));
+}
+
+#[test]
+fn yaml_trace_and_bad_inputs() {
+    let (ok, out, err) = simulate(&["--workload", &fixture("small.yaml")]);
+    assert!(ok, "{err}");
+    assert_eq!(row(&out, "linux-m2xlarge/arm64", "mpc")[1], "1");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "at,namespace,platform,duration\n0,a,linux/arm64,soon\n",
+    )
+    .unwrap();
+    let (ok, _, err) = simulate(&["--workload", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("bad.csv: line 2: duration \"soon\" is not a number of seconds"),
+        "{err}"
+    );
+    let (ok, _, err) = simulate(&["--config", "/nonexistent/host-config.yaml"]);
+    assert!(!ok);
+    assert!(
+        err.contains("/nonexistent/host-config.yaml: No such file"),
+        "{err}"
+    );
+}
