@@ -42,8 +42,8 @@ fn main() -> anyhow::Result<()> {
     }
     // SAFETY: as above; the controller's log is read back as JSON lines.
     unsafe { std::env::set_var("MPC_LOG_FORMAT", "json") };
-    let phases = std::env::var("MPC_BENCH")
-        .unwrap_or_else(|_| "latency,handoff,dynamic,throughput".into());
+    let phases =
+        std::env::var("MPC_BENCH").unwrap_or_else(|_| "latency,handoff,dynamic,throughput".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -56,7 +56,8 @@ fn main() -> anyhow::Result<()> {
                 "dynamic" => dynamic(env_num("MPC_BENCH_DYNAMIC_N", 5)).await?,
                 "throughput" => throughput(env_num("MPC_BENCH_N", 1000)).await?,
                 "memory" => {
-                    let sizes = std::env::var("MPC_BENCH_TASKRUNS").unwrap_or_else(|_| "20000".into());
+                    let sizes =
+                        std::env::var("MPC_BENCH_TASKRUNS").unwrap_or_else(|_| "20000".into());
                     for n in sizes.split(',') {
                         memory(n.trim().parse().context("MPC_BENCH_TASKRUNS")?).await?;
                     }
@@ -176,9 +177,7 @@ impl Secrets {
 fn key_of(s: &Secret) -> String {
     let ns = s.metadata.namespace.clone().unwrap_or_default();
     let name = s.metadata.name.clone().unwrap_or_default();
-    let tr = name
-        .strip_prefix(contract::SECRET_PREFIX)
-        .unwrap_or(&name);
+    let tr = name.strip_prefix(contract::SECRET_PREFIX).unwrap_or(&name);
     format!("{ns}/{tr}")
 }
 
@@ -204,7 +203,8 @@ async fn latency(n: usize) -> anyhow::Result<()> {
         let name = format!("lat-{i}");
         track(&p, "tenant-a", &name);
         let t0 = Instant::now();
-        p.create_taskrun("tenant-a", &name, PLATFORM, json!({})).await?;
+        p.create_taskrun("tenant-a", &name, PLATFORM, json!({}))
+            .await?;
         let t1 = secrets
             .wait(&format!("tenant-a/{name}"), false, Duration::from_secs(30))
             .await?;
@@ -212,7 +212,9 @@ async fn latency(n: usize) -> anyhow::Result<()> {
         if i >= 5 {
             times.push(t1 - t0);
         }
-        p.tekton.finish("tenant-a", &name, Outcome::Succeeded).await?;
+        p.tekton
+            .finish("tenant-a", &name, Outcome::Succeeded)
+            .await?;
         secrets
             .wait(&format!("tenant-a/{name}"), true, Duration::from_secs(30))
             .await?;
@@ -250,7 +252,8 @@ async fn handoff(n: usize) -> anyhow::Result<()> {
     let (mut total, mut net) = (Vec::new(), Vec::new());
     let first = "ho-0";
     track(&p, "tenant-a", first);
-    p.create_taskrun("tenant-a", first, PLATFORM, json!({})).await?;
+    p.create_taskrun("tenant-a", first, PLATFORM, json!({}))
+        .await?;
     secrets
         .wait(&format!("tenant-a/{first}"), false, Duration::from_secs(30))
         .await?;
@@ -266,9 +269,15 @@ async fn handoff(n: usize) -> anyhow::Result<()> {
             })
         })
         .await;
-        let holder_ns = if (i - 1) % 2 == 0 { "tenant-a" } else { "tenant-b" };
+        let holder_ns = if (i - 1) % 2 == 0 {
+            "tenant-a"
+        } else {
+            "tenant-b"
+        };
         let t0 = Instant::now();
-        p.tekton.finish(holder_ns, &holder, Outcome::Succeeded).await?;
+        p.tekton
+            .finish(holder_ns, &holder, Outcome::Succeeded)
+            .await?;
         let t1 = secrets
             .wait(&format!("{ns}/{next}"), false, Duration::from_secs(30))
             .await?;
@@ -280,8 +289,14 @@ async fn handoff(n: usize) -> anyhow::Result<()> {
         p.cleaned_up(holder_ns, &holder).await;
         holder = next;
     }
-    println!("handoff: holder finished -> next waiter's secret: {}", summary(&mut total));
-    println!("handoff: the same minus the waiter's provisioning: {}", summary(&mut net));
+    println!(
+        "handoff: holder finished -> next waiter's secret: {}",
+        summary(&mut total)
+    );
+    println!(
+        "handoff: the same minus the waiter's provisioning: {}",
+        summary(&mut net)
+    );
     Ok(())
 }
 
@@ -306,7 +321,8 @@ async fn dynamic(n: usize) -> anyhow::Result<()> {
     let mut times = Vec::new();
     for i in 0..n {
         let name = format!("dyn-{i}");
-        p.create_taskrun("tenant-a", &name, PLATFORM, json!({})).await?;
+        p.create_taskrun("tenant-a", &name, PLATFORM, json!({}))
+            .await?;
         let id = p
             .wait(Duration::from_secs(60), "the instance launched", || async {
                 p.taskrun("tenant-a", &name).await.and_then(|t| {
@@ -328,7 +344,9 @@ async fn dynamic(n: usize) -> anyhow::Result<()> {
             .wait(&format!("tenant-a/{name}"), false, Duration::from_secs(60))
             .await?;
         times.push(t1 - t0);
-        p.tekton.finish("tenant-a", &name, Outcome::Succeeded).await?;
+        p.tekton
+            .finish("tenant-a", &name, Outcome::Succeeded)
+            .await?;
         p.cleaned_up("tenant-a", &name).await;
         println!("  dynamic {name} on {id}: {:.0} ms", ms(t1 - t0));
         drop(host);
@@ -384,7 +402,10 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
         100.0 * ideal.as_secs_f64() / wall.as_secs_f64(),
         secrets.max_holding()
     );
-    println!("throughput: CREATE -> secret (queueing included): {}", summary(&mut waits));
+    println!(
+        "throughput: CREATE -> secret (queueing included): {}",
+        summary(&mut waits)
+    );
     for (what, message) in [
         ("provisioning", "build user provisioned"),
         ("removal", "build users removed"),
@@ -448,10 +469,17 @@ async fn memory(n: usize) -> anyhow::Result<()> {
     let pid = p.controllers[i].pid().context("controller pid")?;
     // Listed and indexed: a new TaskRun is served.
     track(&p, "tenant-a", "probe");
-    p.create_taskrun("tenant-a", "probe", PLATFORM, json!({})).await?;
-    p.wait(Duration::from_secs(300), "the probe TaskRun served", || async {
-        p.secret("tenant-a", "probe").await.filter(|s| s.contains_key("otp"))
-    })
+    p.create_taskrun("tenant-a", "probe", PLATFORM, json!({}))
+        .await?;
+    p.wait(
+        Duration::from_secs(300),
+        "the probe TaskRun served",
+        || async {
+            p.secret("tenant-a", "probe")
+                .await
+                .filter(|s| s.contains_key("otp"))
+        },
+    )
     .await;
     let ready = started.elapsed();
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -462,7 +490,9 @@ async fn memory(n: usize) -> anyhow::Result<()> {
         rss as f64 / 1024.0,
         hwm as f64 / 1024.0
     );
-    p.tekton.finish("tenant-a", "probe", Outcome::Succeeded).await?;
+    p.tekton
+        .finish("tenant-a", "probe", Outcome::Succeeded)
+        .await?;
     p.cleaned_up("tenant-a", "probe").await;
     Ok(())
 }

@@ -17,8 +17,6 @@ pub mod quote;
 pub mod scripts;
 mod target;
 
-use std::time::Duration;
-
 pub use zeroize::Zeroizing;
 
 pub use crate::config::BuildUserSettings;
