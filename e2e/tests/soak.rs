@@ -15,8 +15,9 @@
 //! instance is terminated its sshd stops and the users made on it go with it.
 //!
 //! Checked all along (every ~150 ms): no host (static host, dynamic instance, pool instance) holds
-//! more TaskRuns than its concurrency (a TaskRun holds its `assigned-host` while its remote secret
-//! or its build user exists); never more running+pending instances per platform tag than
+//! more TaskRuns than its concurrency (a TaskRun that has not ended holds its `assigned-host` while
+//! its remote secret or its build user exists; the scheduler hands a slot over when the TaskRun
+//! ends, while its user is still being removed, so those overlaps are counted and reported); never more running+pending instances per platform tag than
 //! `max-instances`; every remote secret names the TaskRun's own build user at the address of the
 //! host its `assigned-host` label names. After every build that succeeded its token is redeemed a
 //! second time, which must fail (no key is handed out twice).
@@ -172,6 +173,9 @@ struct Soak {
     max_held: Mutex<BTreeMap<String, usize>>,
     /// Most running+pending instances seen, per instance tag.
     max_instances: Mutex<BTreeMap<String, usize>>,
+    /// Monitor ticks where a host had more users (ended TaskRuns' included) than its concurrency,
+    /// and the most users over it.
+    overlaps: Mutex<(u64, usize)>,
     /// Second redeems of served tokens (all must fail).
     second_redeems: Mutex<u64>,
     /// The workload is over: faults stop (after a full cycle).
@@ -666,6 +670,7 @@ async fn monitor_loop(s: Arc<Soak>) {
             })
             .collect();
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut present: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut limit_of: BTreeMap<String, (String, usize)> = BTreeMap::new();
         for o in list.items {
             let tr = serde_json::to_value(&o).expect("serialisable");
@@ -712,10 +717,22 @@ async fn monitor_loop(s: Arc<Soak>) {
                 }
             }
             let holds = secret.is_some_and(|x| x.contains_key("otp")) || users.contains(&user);
+            let ended = tekton::is_done(&tr) || tr["metadata"]["deletionTimestamp"].is_string();
             if holds {
-                held.entry(host.to_owned())
-                    .or_default()
-                    .push(format!("{ns}/{name}"));
+                let who = format!("{ns}/{name}");
+                if !ended {
+                    held.entry(host.to_owned()).or_default().push(who.clone());
+                }
+                present.entry(host.to_owned()).or_default().push(who);
+            }
+        }
+        // Users of ended TaskRuns still being removed while their slot already serves the next.
+        for (host, users) in &present {
+            let limit = limit_of[host].1;
+            if users.len() > limit {
+                let mut o = s.overlaps.lock().unwrap();
+                o.0 += 1;
+                o.1 = o.1.max(users.len() - limit);
             }
         }
         for (host, holders) in held {
@@ -908,6 +925,7 @@ async fn start() -> Soak {
         max_held: Mutex::default(),
         max_instances: Mutex::default(),
         second_redeems: Mutex::default(),
+        overlaps: Mutex::default(),
         stop: AtomicBool::new(false),
         done: AtomicBool::new(false),
     }
@@ -1084,9 +1102,33 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
             s.second_redeems.lock().unwrap()
         );
     }
+    let (ticks, worst) = *s.overlaps.lock().unwrap();
+    println!(
+        "soak: monitor ticks with a finished TaskRun's user still on a host whose slot already serves the next: {ticks} (at most {worst} over concurrency)"
+    );
     println!("soak: leftovers {left:?}");
     for r in records.iter().filter(|r| r.done_after.is_none()) {
         println!("soak: not done: {} ({})", r.id, r.outcome);
+    }
+    let mut slow: Vec<&Record> = records.iter().filter(|r| r.done_after.is_some()).collect();
+    slow.sort_by_key(|r| std::cmp::Reverse(r.done_after));
+    for r in slow.iter().take(3) {
+        println!(
+            "soak: slow: {} ({}) done after {:.1} s",
+            r.id,
+            r.outcome,
+            r.done_after.unwrap_or_default().as_secs_f64()
+        );
+    }
+    // What the processes logged about the slowest one.
+    if let Some(r) = slow.first().filter(|r| r.done_after > Some(Duration::from_secs(60))) {
+        let name = r.id.split([' ', '/']).nth(1).unwrap_or_default();
+        let needle = format!("\"{name}\"");
+        for p in s.p.controllers.iter().chain(std::iter::once(&s.p.otp)) {
+            for l in p.log_text().lines().filter(|l| l.contains(&needle)).take(30) {
+                println!("soak: log {}: {l}", p.name);
+            }
+        }
     }
 
     let violations = s.violations.lock().unwrap().clone();
