@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -138,10 +138,9 @@ struct Record {
     done_after: Option<Duration>,
 }
 
-/// An instance as moto lists it.
+/// A live instance as moto lists it.
 #[derive(Debug, Clone)]
 struct Instance {
-    state: String,
     ip: Option<Ipv4Addr>,
     tag: String,
 }
@@ -149,8 +148,8 @@ struct Instance {
 /// The simulated machines behind moto's instances.
 #[derive(Default)]
 struct Cloud {
-    /// Instance id → its sshd while it runs.
-    booted: HashMap<String, SshdHost>,
+    /// Instance id → its sshd while it runs, and its instance tag.
+    booted: HashMap<String, (SshdHost, String)>,
     /// Instance id → private address.
     ip_of: HashMap<String, Ipv4Addr>,
     /// Instance id → build users of TaskRuns assigned to it.
@@ -182,6 +181,12 @@ struct Soak {
     stop: AtomicBool,
     /// The final checks are over: the monitor and the cloud simulation stop.
     done: AtomicBool,
+    began: Instant,
+    /// Local TaskRuns whose secret was still there 10 s after they finished.
+    local_secrets_left: AtomicUsize,
+    /// TaskRuns driven to the end; a progress line every `progress_every`.
+    finished: AtomicUsize,
+    progress_every: usize,
 }
 
 impl Soak {
@@ -271,7 +276,9 @@ async fn wait_secret(
 ) -> Option<BTreeMap<String, String>> {
     while Instant::now() < deadline {
         if let Ok(Some(sec)) = get_secret(s, ns, name).await
-            && ["otp", "host", "error"].iter().any(|k| sec.contains_key(*k))
+            && ["otp", "host", "error"]
+                .iter()
+                .any(|k| sec.contains_key(*k))
         {
             return Some(sec);
         }
@@ -329,12 +336,14 @@ async fn finish(s: &Soak, ns: &str, name: &str, outcome: Outcome) {
 }
 
 /// One attempt of a build that got `secret`: runs the steps; after a success with a key, redeems
-/// the key's token again while the attempt ends, which must fail.
+/// the key's token again while the attempt ends, which must fail (a check pushed on `checks`, so
+/// a redeem waiting for a re-arm does not delay the TaskRun).
 async fn build_attempt(
-    s: &Soak,
+    s: &Arc<Soak>,
     ns: &str,
     name: &str,
     secret: &BTreeMap<String, String>,
+    checks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> &'static str {
     let opts = RunOptions {
         finish: false,
@@ -354,20 +363,17 @@ async fn build_attempt(
             message: why.chars().take(300).collect(),
         }
     };
-    match secret.get("otp").filter(|_| ok) {
-        Some(token) => {
-            let again = s.p.otp_redeem(token);
-            let ended = finish(s, ns, name, outcome);
-            let (again, ()) = tokio::join!(again, ended);
+    if let Some(token) = secret.get("otp").filter(|_| ok) {
+        let (s, token, id) = (s.clone(), token.clone(), format!("{ns}/{name}"));
+        checks.push(tokio::spawn(async move {
+            let again = s.p.otp_redeem(&token).await;
             *s.second_redeems.lock().unwrap() += 1;
             if again.is_ok() {
-                s.violation(format!(
-                    "{ns}/{name}: a served token was redeemed a second time"
-                ));
+                s.violation(format!("{id}: a served token was redeemed a second time"));
             }
-        }
-        None => finish(s, ns, name, outcome).await,
+        }));
     }
+    finish(s, ns, name, outcome).await;
     match (ok, secret.contains_key("error")) {
         (true, _) => "succeeded",
         (false, true) => "error-secret",
@@ -411,6 +417,7 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
         };
     }
     let deadline = start + DONE_BOUND;
+    let mut checks = Vec::new();
     let pause = Duration::from_millis(mix(seed ^ 0xfeed, i as u64) % 1500);
     let outcome: &str = match plan {
         Plan::Cancel { early: true } => {
@@ -459,7 +466,7 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
                     last = "first-attempt-failed";
                     continue;
                 }
-                last = build_attempt(&s, ns, &name, &secret).await;
+                last = build_attempt(&s, ns, &name, &secret, &mut checks).await;
                 if last == "succeeded" {
                     break;
                 }
@@ -471,14 +478,26 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
             }
         }
     };
-    // Done: gone, or finished with no secret and no finalizer of ours.
+    // Done: gone, or finished with no secret and no finalizer of ours. A local TaskRun's secret
+    // (`host: localhost`, owner-referenced, no finalizer) may be left to the garbage collector:
+    // counted, and it must be gone once the TaskRun is pruned (final checks).
     let mut done_after = None;
+    let mut local_left_since: Option<Instant> = None;
     while Instant::now() < deadline {
         let tr = get_taskrun(&s, ns, &name).await;
         let sec = get_secret(&s, ns, &name).await;
         let done = match (tr, sec) {
             (Ok(None), Ok(None)) => true,
             (Ok(Some(tr)), Ok(None)) => tekton::is_done(&tr) && !finalized(&tr),
+            (Ok(Some(tr)), Ok(Some(_))) if strategy == Strategy::Local && tekton::is_done(&tr) => {
+                let since = *local_left_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(10) {
+                    s.local_secrets_left.fetch_add(1, Ordering::Relaxed);
+                    true
+                } else {
+                    false
+                }
+            }
             _ => false,
         };
         if done {
@@ -486,6 +505,22 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Pruned once done, as clusters prune finished TaskRuns.
+    if done_after.is_some() {
+        delete(&s, ns, &name).await;
+    }
+    for c in checks {
+        c.await.expect("second redeem task");
+    }
+    let n = s.finished.fetch_add(1, Ordering::Relaxed) + 1;
+    if n % s.progress_every == 0 {
+        println!(
+            "soak progress: {n} TaskRuns done in {:.0} s; {} violations; faults {:?}",
+            s.began.elapsed().as_secs_f64(),
+            s.violations.lock().unwrap().len(),
+            s.faults.lock().unwrap().values().sum::<u64>()
+        );
     }
     if done_after.is_none() {
         let tr = get_taskrun(&s, ns, &name).await.ok().flatten();
@@ -503,12 +538,19 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
     }
 }
 
-/// Moto's instances by id.
+/// Moto's pending and running instances by id (terminated ones pile up: not listed).
 async fn instances(s: &Soak) -> Option<HashMap<String, Instance>> {
     let out = s
         .moto
         .ec2("us-east-1")
         .describe_instances()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .build(),
+        )
         .send()
         .await
         .ok()?;
@@ -525,21 +567,12 @@ async fn instances(s: &Soak) -> Option<HashMap<String, Instance>> {
         map.insert(
             id.to_owned(),
             Instance {
-                state: i
-                    .state()
-                    .and_then(|st| st.name())
-                    .map(|n| n.as_str().to_owned())
-                    .unwrap_or_default(),
                 ip: i.private_ip_address().and_then(|a| a.parse().ok()),
                 tag,
             },
         );
     }
     Some(map)
-}
-
-fn live(state: &str) -> bool {
-    state == "pending" || state == "running"
 }
 
 /// Boots and retires the machines behind moto's instances; checks `max-instances`.
@@ -551,10 +584,7 @@ async fn cloud_loop(s: Arc<Soak>) {
             continue;
         };
         for (tag, max) in &limits {
-            let n = all
-                .values()
-                .filter(|i| i.tag == *tag && live(&i.state))
-                .count();
+            let n = all.values().filter(|i| i.tag == *tag).count();
             let mut seen = s.max_instances.lock().unwrap();
             let e = seen.entry((*tag).to_owned()).or_default();
             *e = (*e).max(n);
@@ -565,14 +595,10 @@ async fn cloud_loop(s: Arc<Soak>) {
         }
         for (id, inst) in &all {
             let Some(ip) = inst.ip else { continue };
-            let (boot, retire) = {
+            let boot = {
                 let mut c = s.cloud.lock().unwrap();
                 c.ip_of.insert(id.clone(), ip);
-                let known = c.booted.contains_key(id) || c.gone.contains(id);
-                (
-                    live(&inst.state) && !known,
-                    !live(&inst.state) && c.booted.contains_key(id),
-                )
+                !c.booted.contains_key(id) && !c.gone.contains(id)
             };
             if boot {
                 let admin = s.admin.clone();
@@ -588,37 +614,44 @@ async fn cloud_loop(s: Arc<Soak>) {
                 .expect("sshd start task");
                 match host {
                     Ok(h) => {
-                        s.cloud.lock().unwrap().booted.insert(id.clone(), h);
+                        let booted = (h, inst.tag.clone());
+                        s.cloud.lock().unwrap().booted.insert(id.clone(), booted);
                     }
                     Err(e) => s.violation(format!("instance {id} at {ip}: sshd: {e:#}")),
                 }
             }
-            if retire {
-                let (host, users) = {
-                    let mut c = s.cloud.lock().unwrap();
-                    c.gone.insert(id.clone());
-                    (
-                        c.booted.remove(id),
-                        c.users_on.get(id).cloned().unwrap_or_default(),
-                    )
-                };
-                // The machine and its disk go away: its sshd and the users made on it.
-                let lost = tokio::task::spawn_blocking(move || {
-                    drop(host);
-                    let lost = users
-                        .iter()
-                        .filter(|u| e2e::sshd::user_exists(u))
-                        .count();
-                    for u in &users {
-                        e2e::sshd::remove_user(u);
-                    }
-                    lost
-                })
-                .await
-                .expect("instance retire task");
-                if inst.tag == POOL_TAG {
-                    s.cloud.lock().unwrap().pool_users_lost += lost as u64;
+        }
+        let retired: Vec<String> = {
+            let c = s.cloud.lock().unwrap();
+            c.booted
+                .keys()
+                .filter(|id| !all.contains_key(*id))
+                .cloned()
+                .collect()
+        };
+        for id in retired {
+            let (booted, users) = {
+                let mut c = s.cloud.lock().unwrap();
+                c.gone.insert(id.clone());
+                (
+                    c.booted.remove(&id),
+                    c.users_on.get(&id).cloned().unwrap_or_default(),
+                )
+            };
+            let Some((host, tag)) = booted else { continue };
+            // The machine and its disk go away: its sshd and the users made on it.
+            let lost = tokio::task::spawn_blocking(move || {
+                drop(host);
+                let lost = users.iter().filter(|u| e2e::sshd::user_exists(u)).count();
+                for u in &users {
+                    e2e::sshd::remove_user(u);
                 }
+                lost
+            })
+            .await
+            .expect("instance retire task");
+            if tag == POOL_TAG {
+                s.cloud.lock().unwrap().pool_users_lost += lost as u64;
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -650,10 +683,10 @@ async fn monitor_loop(s: Arc<Soak>) {
             continue;
         };
         let Ok(secs) = secrets
-            .list(&ListParams::default().labels(&format!(
-                "{}=true",
-                contract::MULTI_PLATFORM_SECRET_LABEL
-            )))
+            .list(
+                &ListParams::default()
+                    .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL)),
+            )
             .await
         else {
             continue;
@@ -784,7 +817,9 @@ async fn fault_loop(s: Arc<Soak>, every: Duration) {
                 s.count_fault("controller leader kill -9");
                 // Back after the Lease expired: the other replica took over meanwhile.
                 tokio::time::sleep(Duration::from_secs(4)).await;
-                s.p.controllers[i].restart().expect("restarting the controller");
+                s.p.controllers[i]
+                    .restart()
+                    .expect("restarting the controller");
             }
             1 => {
                 faults.fail_next(RequestMatch::on(Verb::Patch, "taskruns"), 409, 5);
@@ -840,7 +875,9 @@ async fn fault_loop(s: Arc<Soak>, every: Duration) {
                 s.p.controllers[i].kill();
                 s.count_fault("controller follower kill -9");
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                s.p.controllers[i].restart().expect("restarting the controller");
+                s.p.controllers[i]
+                    .restart()
+                    .expect("restarting the controller");
             }
         }
         k += 1;
@@ -849,7 +886,7 @@ async fn fault_loop(s: Arc<Soak>, every: Duration) {
 
 /// The product with two replicas, static hosts, and a dynamic and a pool platform on moto behind
 /// the fault proxy.
-async fn start() -> Soak {
+async fn start(progress_every: usize) -> Soak {
     let p = Product::start(e2e::mpc_binary!(), &HOSTS).await.unwrap();
     p.create_namespace("tenant-c").await.unwrap();
     let moto = Moto::start().await.unwrap();
@@ -869,13 +906,20 @@ async fn start() -> Soak {
     )
     .await
     .unwrap();
-    p.put_secret(NS, "instance-key", &[("id_rsa", admin.private().as_slice())])
-        .await
-        .unwrap();
+    p.put_secret(
+        NS,
+        "instance-key",
+        &[("id_rsa", admin.private().as_slice())],
+    )
+    .await
+    .unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(p.client.clone(), NS);
     let current = cms.get(contract::HOST_CONFIG_NAME).await.unwrap();
     let mut cfg: Vec<(String, String)> = current.data.unwrap_or_default().into_iter().collect();
-    for (platform, tag, max) in [(DYNAMIC, DYNAMIC_TAG, DYNAMIC_MAX), (POOL, POOL_TAG, POOL_MAX)] {
+    for (platform, tag, max) in [
+        (DYNAMIC, DYNAMIC_TAG, DYNAMIC_MAX),
+        (POOL, POOL_TAG, POOL_MAX),
+    ] {
         let key = platform.replace('/', "-");
         let max = max.to_string();
         let mut fields = vec![
@@ -928,6 +972,10 @@ async fn start() -> Soak {
         overlaps: Mutex::default(),
         stop: AtomicBool::new(false),
         done: AtomicBool::new(false),
+        began: Instant::now(),
+        local_secrets_left: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
+        progress_every,
     }
 }
 
@@ -945,17 +993,18 @@ async fn leftovers(s: &Soak, names: &[(String, String)]) -> Vec<String> {
     for ns in NAMESPACES {
         match s
             .secrets(ns)
-            .list(&ListParams::default().labels(&format!(
-                "{}=true",
-                contract::MULTI_PLATFORM_SECRET_LABEL
-            )))
+            .list(
+                &ListParams::default()
+                    .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL)),
+            )
             .await
         {
-            Ok(l) => left.extend(
-                l.items
-                    .iter()
-                    .map(|x| format!("secret {ns}/{}", x.metadata.name.clone().unwrap_or_default())),
-            ),
+            Ok(l) => left.extend(l.items.iter().map(|x| {
+                format!(
+                    "secret {ns}/{}",
+                    x.metadata.name.clone().unwrap_or_default()
+                )
+            })),
             Err(e) => left.push(format!("listing secrets: {e}")),
         }
         match s.taskruns(ns).list(&ListParams::default()).await {
@@ -978,8 +1027,8 @@ async fn leftovers(s: &Soak, names: &[(String, String)]) -> Vec<String> {
     match instances(s).await {
         Some(all) => left.extend(
             all.iter()
-                .filter(|(_, i)| live(&i.state) && (i.tag == DYNAMIC_TAG || i.tag == POOL_TAG))
-                .map(|(id, i)| format!("instance {id} ({}) {}", i.tag, i.state)),
+                .filter(|(_, i)| i.tag == DYNAMIC_TAG || i.tag == POOL_TAG)
+                .map(|(id, i)| format!("instance {id} ({}) running", i.tag)),
         ),
         None => left.push("moto did not answer".into()),
     }
@@ -997,7 +1046,7 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
     let every = Duration::from_millis(env_or("SOAK_FAULT_EVERY_MS", 3000));
     let seed = env_or("SOAK_SEED", 1);
     let began = Instant::now();
-    let s = Arc::new(start().await);
+    let s = Arc::new(start((total / 20).max(10)).await);
     let monitor = tokio::spawn(monitor_loop(s.clone()));
     let cloud = tokio::spawn(cloud_loop(s.clone()));
     let chaos = tokio::spawn(fault_loop(s.clone(), every));
@@ -1095,7 +1144,7 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
     {
         let c = s.cloud.lock().unwrap();
         println!(
-            "soak: instances booted {}, retired {}, users on terminated pool instances {}; second redeems refused {}",
+            "soak: instances seen running {}, retired {}, users on terminated pool instances {}; second redeems refused {}",
             c.ip_of.len(),
             c.gone.len(),
             c.pool_users_lost,
@@ -1105,6 +1154,10 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
     let (ticks, worst) = *s.overlaps.lock().unwrap();
     println!(
         "soak: monitor ticks with a finished TaskRun's user still on a host whose slot already serves the next: {ticks} (at most {worst} over concurrency)"
+    );
+    println!(
+        "soak: local TaskRuns whose secret outlived them until pruning (garbage collector): {}",
+        s.local_secrets_left.load(Ordering::Relaxed)
     );
     println!("soak: leftovers {left:?}");
     for r in records.iter().filter(|r| r.done_after.is_none()) {
@@ -1121,11 +1174,19 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
         );
     }
     // What the processes logged about the slowest one.
-    if let Some(r) = slow.first().filter(|r| r.done_after > Some(Duration::from_secs(60))) {
+    if let Some(r) = slow
+        .first()
+        .filter(|r| r.done_after > Some(Duration::from_secs(60)))
+    {
         let name = r.id.split([' ', '/']).nth(1).unwrap_or_default();
         let needle = format!("\"{name}\"");
         for p in s.p.controllers.iter().chain(std::iter::once(&s.p.otp)) {
-            for l in p.log_text().lines().filter(|l| l.contains(&needle)).take(30) {
+            for l in p
+                .log_text()
+                .lines()
+                .filter(|l| l.contains(&needle))
+                .take(30)
+            {
                 println!("soak: log {}: {l}", p.name);
             }
         }
@@ -1139,6 +1200,10 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
         violations.join("\n"),
         s.p.logs()
     );
-    assert_eq!(s.faults.lock().unwrap().len(), FAULT_KINDS, "every kind of fault happened");
+    assert_eq!(
+        s.faults.lock().unwrap().len(),
+        FAULT_KINDS,
+        "every kind of fault happened"
+    );
     assert_eq!(times.len(), total);
 }
