@@ -369,6 +369,23 @@ impl Product {
         Ok(())
     }
 
+    /// Creates the controller-namespace Secret `name` holding moto's test credentials, as the
+    /// `aws-secret` of a dynamic platform names it.
+    pub async fn put_moto_credentials(&self, name: &str) -> anyhow::Result<()> {
+        self.put_secret(
+            NS,
+            name,
+            &[
+                ("access-key-id", crate::moto::ACCESS_KEY_ID.as_bytes()),
+                (
+                    "secret-access-key",
+                    crate::moto::SECRET_ACCESS_KEY.as_bytes(),
+                ),
+            ],
+        )
+        .await
+    }
+
     /// Starts an `mpc controller` replica named `identity` and waits until it is ready; returns
     /// its index.
     pub async fn start_controller(&mut self, identity: &str) -> anyhow::Result<usize> {

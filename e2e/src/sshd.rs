@@ -377,6 +377,15 @@ impl SshdHost {
         };
         host.new_host_key()?;
         let mut env = setup.env.clone();
+        // Root sessions get a HOME of their own unless the test picks one: this machine's root
+        // shell startup files are not the host's (a version manager's rehash hook there takes a
+        // lock that a session killed mid-way leaves behind, stalling every later session).
+        if !env.iter().any(|(k, _)| k == "HOME") {
+            let home = host.dir.path().join("root-home");
+            fs::create_dir(&home)?;
+            fs::set_permissions(&home, fs::Permissions::from_mode(0o700))?;
+            env.push(("HOME".into(), home.display().to_string()));
+        }
         if setup.changes_path() {
             let tools = tool_dir(&setup)?;
             env.push(("PATH".into(), tools.path().display().to_string()));

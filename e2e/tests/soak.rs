@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use e2e::apiserver::faults::{RequestMatch, Verb};
 use e2e::ec2_proxy::{Ec2Proxy, Fault};
-use e2e::moto::{self, Moto};
+use e2e::moto::Moto;
 use e2e::product::{NS, Product};
 use e2e::sshd::{AdminKey, HostSetup, SshdHost};
 use e2e::tekton::{self, Outcome, RunOptions};
@@ -119,7 +119,7 @@ enum Plan {
 impl Plan {
     fn of(seed: u64, i: usize) -> Self {
         let r = mix(seed, i as u64);
-        let early = (r >> 32) % 2 == 0;
+        let early = (r >> 32).is_multiple_of(2);
         match r % 100 {
             0..60 => Self::Build,
             60..75 => Self::Retry,
@@ -514,7 +514,7 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
         c.await.expect("second redeem task");
     }
     let n = s.finished.fetch_add(1, Ordering::Relaxed) + 1;
-    if n % s.progress_every == 0 {
+    if n.is_multiple_of(s.progress_every) {
         println!(
             "soak progress: {n} TaskRuns done in {:.0} s; {} violations; faults {:?}",
             s.began.elapsed().as_secs_f64(),
@@ -800,6 +800,16 @@ async fn leader(s: &Soak) -> Option<usize> {
     None
 }
 
+/// `kill -9` of controller replica `i`, restarted after `down`.
+async fn crash(s: &Soak, i: usize, kind: &'static str, down: Duration) {
+    s.p.controllers[i].kill();
+    s.count_fault(kind);
+    tokio::time::sleep(down).await;
+    s.p.controllers[i]
+        .restart()
+        .expect("restarting the controller");
+}
+
 /// Injects one fault every `every`, cycling through the kinds, until the workload is over and
 /// every kind happened at least once.
 async fn fault_loop(s: Arc<Soak>, every: Duration) {
@@ -813,13 +823,8 @@ async fn fault_loop(s: Arc<Soak>, every: Duration) {
         match k % FAULT_KINDS {
             0 => {
                 let i = leader(&s).await.unwrap_or(0);
-                s.p.controllers[i].kill();
-                s.count_fault("controller leader kill -9");
                 // Back after the Lease expired: the other replica took over meanwhile.
-                tokio::time::sleep(Duration::from_secs(4)).await;
-                s.p.controllers[i]
-                    .restart()
-                    .expect("restarting the controller");
+                crash(&s, i, "controller leader kill -9", Duration::from_secs(4)).await;
             }
             1 => {
                 faults.fail_next(RequestMatch::on(Verb::Patch, "taskruns"), 409, 5);
@@ -872,12 +877,13 @@ async fn fault_loop(s: Arc<Soak>, every: Duration) {
                 let i = (0..s.p.controllers.len())
                     .find(|i| Some(*i) != l)
                     .unwrap_or(0);
-                s.p.controllers[i].kill();
-                s.count_fault("controller follower kill -9");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                s.p.controllers[i]
-                    .restart()
-                    .expect("restarting the controller");
+                crash(
+                    &s,
+                    i,
+                    "controller follower kill -9",
+                    Duration::from_millis(500),
+                )
+                .await;
             }
         }
         k += 1;
@@ -896,16 +902,7 @@ async fn start(progress_every: usize) -> Soak {
         .unwrap();
     let proxy = Ec2Proxy::start(moto.addr()).await.unwrap();
     let admin = AdminKey::generate().unwrap();
-    p.put_secret(
-        NS,
-        "aws-account",
-        &[
-            ("access-key-id", moto::ACCESS_KEY_ID.as_bytes()),
-            ("secret-access-key", moto::SECRET_ACCESS_KEY.as_bytes()),
-        ],
-    )
-    .await
-    .unwrap();
+    p.put_moto_credentials("aws-account").await.unwrap();
     p.put_secret(
         NS,
         "instance-key",

@@ -327,6 +327,38 @@ fn retry_attempt_rearms_the_token_its_pod_already_mounted() {
 }
 
 #[test]
+fn a_retry_that_ends_while_its_key_is_re_armed_still_loses_its_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let op = provision_op(&h.submit("ns", "a", P), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "first".into(),
+    });
+    let mut spec = H::spec("ns", "a", P);
+    spec.retries = 1;
+    let a = h.send(Event::TaskRun(spec));
+    let op2 = provision_op(&a, "a");
+    // The retry fails before the re-provisioning is through (the OTP server was down).
+    let a = h.done("ns", "a");
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::DeleteSecret { taskrun } if taskrun.name() == "a")),
+        "{a:#?}"
+    );
+    let a = h.send(Event::Provisioned {
+        op: op2,
+        otp: "second".into(),
+    });
+    assert!(
+        secret(&a, "a").is_none(),
+        "no secret written for an ended TaskRun"
+    );
+    let d = deprovisions(&a)[0].0;
+    let a = h.send(Event::Deprovisioned { op: d, error: None });
+    assert_eq!(finalized(&a), vec!["a"]);
+}
+
+#[test]
 fn deprovision_failures_are_retried_then_reported_and_the_finalizer_released() {
     let mut h = H::new(&static_pairs(&[("h1", 1)]));
     let op = provision_op(&h.submit("ns", "a", P), "a");
