@@ -377,15 +377,6 @@ impl SshdHost {
         };
         host.new_host_key()?;
         let mut env = setup.env.clone();
-        // Root sessions get a HOME of their own unless the test picks one: this machine's root
-        // shell startup files are not the host's (a version manager's rehash hook there takes a
-        // lock that a session killed mid-way leaves behind, stalling every later session).
-        if !env.iter().any(|(k, _)| k == "HOME") {
-            let home = host.dir.path().join("root-home");
-            fs::create_dir(&home)?;
-            fs::set_permissions(&home, fs::Permissions::from_mode(0o700))?;
-            env.push(("HOME".into(), home.display().to_string()));
-        }
         if setup.changes_path() {
             let tools = tool_dir(&setup)?;
             env.push(("PATH".into(), tools.path().display().to_string()));
@@ -420,9 +411,15 @@ impl SshdHost {
 
     fn write_config(&self, env: &[(String, String)]) -> anyhow::Result<()> {
         let d = self.dir.path().display();
-        // One line: sshd keeps the first SetEnv directive it reads.
+        // One line: sshd keeps the first SetEnv directive it reads. Without one, root sessions get
+        // a HOME of their own: this machine's root shell startup files are not the host's (a
+        // version manager's rehash hook there takes a lock that a session killed mid-way leaves
+        // behind, stalling every later root session).
         let set_env = if env.is_empty() {
-            String::new()
+            let home = self.dir.path().join("root-home");
+            fs::create_dir_all(&home)?;
+            fs::set_permissions(&home, fs::Permissions::from_mode(0o700))?;
+            format!("Match User root\n    SetEnv \"HOME={}\"\n", home.display())
         } else {
             let vars: Vec<String> = env.iter().map(|(k, v)| format!("\"{k}={v}\"")).collect();
             format!("SetEnv {}\n", vars.join(" "))
