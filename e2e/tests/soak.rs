@@ -22,8 +22,9 @@
 //! host its `assigned-host` label names. After every build that succeeded its token is redeemed a
 //! second time, which must fail (no key is handed out twice).
 //!
-//! Bound: every TaskRun is done (finished or deleted, no secret and no finalizer of ours left)
-//! within [`DONE_BOUND`] of its creation. At the end: no build user, no running instance, no secret,
+//! Bound: every TaskRun is done (finished or deleted, no secret and no finalizer of ours left; a
+//! local TaskRun's owner-referenced secret may be left to the garbage collector, counted) within
+//! [`DONE_BOUND`] of its creation, then pruned. At the end: no build user, no running instance, no secret,
 //! no finalizer, no OTP store entry. The summary (faults per kind, outcomes, p50/p99 time to done,
 //! most TaskRuns seen on a host, most instances seen) is printed (`--nocapture`).
 //!
