@@ -155,6 +155,9 @@ struct Cloud {
     ip_of: HashMap<String, Ipv4Addr>,
     /// Instance id → build users of TaskRuns assigned to it.
     users_on: HashMap<String, BTreeSet<String>>,
+    /// Address → build users of remote secrets seen pointing there (a TaskRun may come and go
+    /// between two monitor ticks: its driver saw the secret).
+    users_at: HashMap<String, BTreeSet<String>>,
     /// Instances whose machine went away.
     gone: BTreeSet<String>,
     /// Users still present on a pool instance when it was terminated.
@@ -194,6 +197,21 @@ impl Soak {
     fn violation(&self, v: String) {
         eprintln!("VIOLATION: {v}");
         self.violations.lock().unwrap().push(v);
+    }
+
+    /// Remembers where a remote secret sends its build user.
+    fn saw_secret(&self, secret: &BTreeMap<String, String>) {
+        if let Some((user, addr)) = secret
+            .get("host")
+            .filter(|_| secret.contains_key("otp"))
+            .and_then(|h| h.split_once('@'))
+        {
+            let mut c = self.cloud.lock().unwrap();
+            c.users_at
+                .entry(addr.to_owned())
+                .or_default()
+                .insert(user.to_owned());
+        }
     }
 
     fn count_fault(&self, kind: &'static str) {
@@ -281,6 +299,7 @@ async fn wait_secret(
                 .iter()
                 .any(|k| sec.contains_key(*k))
         {
+            s.saw_secret(&sec);
             return Some(sec);
         }
         match get_taskrun(s, ns, name).await {
@@ -634,10 +653,11 @@ async fn cloud_loop(s: Arc<Soak>) {
             let (booted, users) = {
                 let mut c = s.cloud.lock().unwrap();
                 c.gone.insert(id.clone());
-                (
-                    c.booted.remove(&id),
-                    c.users_on.get(&id).cloned().unwrap_or_default(),
-                )
+                let mut users = c.users_on.get(&id).cloned().unwrap_or_default();
+                if let Some(ip) = c.ip_of.get(&id).map(ToString::to_string) {
+                    users.extend(c.users_at.get(&ip).into_iter().flatten().cloned());
+                }
+                (c.booted.remove(&id), users)
             };
             let Some((host, tag)) = booted else { continue };
             // The machine and its disk go away: its sshd and the users made on it.
@@ -721,6 +741,9 @@ async fn monitor_loop(s: Arc<Soak>) {
             let user = contract::remote_user_name(&name, &ns);
             let platform = label(&tr, contract::TARGET_PLATFORM_LABEL).unwrap_or_default();
             let secret = live_secrets.get(&(ns.clone(), contract::secret_name(&name)));
+            if let Some(sec) = secret {
+                s.saw_secret(sec);
+            }
             let (kind, limit, address) = match static_addr.get(host) {
                 Some(a) => {
                     let c = HOSTS.iter().find(|(n, _)| *n == host).map_or(1, |h| h.1);
