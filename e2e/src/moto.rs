@@ -242,7 +242,9 @@ impl Moto {
             .await
     }
 
-    async fn fixture_in(
+    /// Like [`Self::fixture`] in a VPC of `vpc_cidr` with one subnet of `subnet_cidr` (a loopback
+    /// range gives instances addresses where test sshd hosts can answer).
+    pub async fn fixture_in(
         &self,
         region: &str,
         vpc_cidr: &str,

@@ -45,9 +45,14 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// A child process, killed on drop.
+/// How a [`Proc`] is started, again after a kill if need be.
+type Launcher = Box<dyn Fn() -> std::io::Result<Child> + Send + Sync>;
+
+/// A child process, killed on drop; [`Proc::restart`] starts it again with the same command (same
+/// ports, files and identity), as a supervisor would after a crash.
 pub struct Proc {
-    child: Option<Child>,
+    child: std::sync::Mutex<Option<Child>>,
+    launch: Launcher,
     pub log: PathBuf,
     pub admin: SocketAddr,
     pub name: String,
@@ -55,45 +60,64 @@ pub struct Proc {
 
 impl Proc {
     fn spawn(
-        mut cmd: Command,
+        make: impl Fn() -> Command + Send + Sync + 'static,
         log: PathBuf,
         admin: SocketAddr,
         name: &str,
     ) -> anyhow::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)?;
-        // Its own process group: a terminal's Ctrl-C reaches the harness (which stops the product
-        // in order, see `e2e try`), not every process at once.
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        cmd.stdout(Stdio::null())
-            .stderr(file)
-            // Benchmarks log less (`MPC_E2E_LOG`), as a production deployment would.
-            .env(
-                "MPC_LOG",
-                std::env::var("MPC_E2E_LOG").unwrap_or_else(|_| "info,mpc=debug,kube=warn".into()),
-            );
-        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        let path = log.clone();
+        let launch: Launcher = Box::new(move || {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            let mut cmd = make();
+            // Its own process group: a terminal's Ctrl-C reaches the harness (which stops the
+            // product in order, see `e2e try`), not every process at once.
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            cmd.stdout(Stdio::null())
+                .stderr(file)
+                // Benchmarks log less (`MPC_E2E_LOG`), as a production deployment would.
+                .env(
+                    "MPC_LOG",
+                    std::env::var("MPC_E2E_LOG")
+                        .unwrap_or_else(|_| "info,mpc=debug,kube=warn".into()),
+                );
+            cmd.spawn()
+        });
+        let child = launch().with_context(|| format!("starting {name}"))?;
         Ok(Proc {
-            child: Some(child),
+            child: std::sync::Mutex::new(Some(child)),
+            launch,
             log,
             admin,
             name: name.to_owned(),
         })
     }
 
+    fn take(&self) -> Option<Child> {
+        self.child.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// SIGKILL: no shutdown, no Lease release.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
+    pub fn kill(&self) {
+        if let Some(mut c) = self.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
+    /// Starts the process again with its original command (killing it first if it runs).
+    pub fn restart(&self) -> anyhow::Result<()> {
+        self.kill();
+        let child = (self.launch)().with_context(|| format!("restarting {}", self.name))?;
+        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        Ok(())
+    }
+
     /// SIGTERM, then wait up to `limit` for a graceful exit.
-    pub fn terminate(&mut self, limit: Duration) -> bool {
-        let Some(mut c) = self.child.take() else {
+    pub fn terminate(&self, limit: Duration) -> bool {
+        let Some(mut c) = self.take() else {
             return true;
         };
         let _ = Command::new("kill")
@@ -113,14 +137,27 @@ impl Proc {
 
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.id())
     }
 
     /// Still running.
-    pub fn alive(&mut self) -> bool {
+    pub fn alive(&self) -> bool {
         self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn started(&self) -> bool {
+        self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     /// The process's `/metrics`.
@@ -353,6 +390,23 @@ impl Product {
         Ok(())
     }
 
+    /// Creates the controller-namespace Secret `name` holding moto's test credentials, as the
+    /// `aws-secret` of a dynamic platform names it.
+    pub async fn put_moto_credentials(&self, name: &str) -> anyhow::Result<()> {
+        self.put_secret(
+            NS,
+            name,
+            &[
+                ("access-key-id", crate::moto::ACCESS_KEY_ID.as_bytes()),
+                (
+                    "secret-access-key",
+                    crate::moto::SECRET_ACCESS_KEY.as_bytes(),
+                ),
+            ],
+        )
+        .await
+    }
+
     /// Starts an `mpc controller` replica named `identity` and waits until it is ready; returns
     /// its index.
     pub async fn start_controller(&mut self, identity: &str) -> anyhow::Result<usize> {
@@ -368,7 +422,7 @@ impl Product {
         let webhook_port = if self
             .controllers
             .iter()
-            .any(|c| c.name == "webhook" && c.child.is_some())
+            .any(|c| c.name == "webhook" && c.started())
         {
             free_port()
         } else {
@@ -376,32 +430,39 @@ impl Product {
         };
         let otp_dir = self.dir.path().join("otp");
         let ssh_dir = self.dir.path().join(format!("ssh-{identity}"));
-        let mut cmd = Command::new(&self.mpc);
-        cmd.arg("controller")
-            .arg("--kubeconfig")
-            .arg(self.api.kubeconfig_path())
-            .args(["--namespace", NS])
-            .args(["--otp-url", &format!("https://127.0.0.1:{}", self.otp_port)])
-            .arg("--otp-ca-file")
-            .arg(otp_dir.join("ca.pem"))
-            .arg("--otp-store-token-file")
-            .arg(otp_dir.join("store-token"))
-            .args(["--identity", identity])
-            .args(["--lease-duration", "3s", "--lease-renew-deadline", "2s"])
-            .args(["--lease-retry-period", "300ms", "--adopt-interval", "2s"])
-            .arg("--ssh-state-dir")
-            .arg(&ssh_dir)
-            .arg("--cert-dir")
-            .arg(&self.webhook_certs)
-            .args(["--webhook-addr", &format!("127.0.0.1:{webhook_port}")])
-            .args(["--admin-addr", &admin.to_string()])
-            .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"])
-            .args(&self.controller_flags);
-        if let Some(id) = &self.cluster_id {
-            cmd.args(["--cluster-id", id]);
-        }
+        let (mpc, kubeconfig) = (self.mpc.clone(), self.api.kubeconfig_path());
+        let (otp_port, certs) = (self.otp_port, self.webhook_certs.clone());
+        let (identity_arg, flags) = (identity.to_owned(), self.controller_flags.clone());
+        let cluster_id = self.cluster_id.clone();
+        let make = move || {
+            let mut cmd = Command::new(&mpc);
+            cmd.arg("controller")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["--namespace", NS])
+                .args(["--otp-url", &format!("https://127.0.0.1:{otp_port}")])
+                .arg("--otp-ca-file")
+                .arg(otp_dir.join("ca.pem"))
+                .arg("--otp-store-token-file")
+                .arg(otp_dir.join("store-token"))
+                .args(["--identity", &identity_arg])
+                .args(["--lease-duration", "3s", "--lease-renew-deadline", "2s"])
+                .args(["--lease-retry-period", "300ms", "--adopt-interval", "2s"])
+                .arg("--ssh-state-dir")
+                .arg(&ssh_dir)
+                .arg("--cert-dir")
+                .arg(&certs)
+                .args(["--webhook-addr", &format!("127.0.0.1:{webhook_port}")])
+                .args(["--admin-addr", &admin.to_string()])
+                .args(["--shutdown-delay", "0s", "--reload-interval", "500ms"])
+                .args(&flags);
+            if let Some(id) = &cluster_id {
+                cmd.args(["--cluster-id", id]);
+            }
+            cmd
+        };
         let log = self.dir.path().join(format!("controller-{identity}.log"));
-        let mut p = Proc::spawn(cmd, log, admin, identity)?;
+        let mut p = Proc::spawn(make, log, admin, identity)?;
         if webhook_port == self.webhook_port {
             // Serves the webhook Service; the identity stays in the log file name.
             p.name = "webhook".into();
@@ -411,7 +472,7 @@ impl Product {
     }
 
     /// Waits until controller `i` answers `/readyz` (config and certificate loaded).
-    pub async fn wait_ready(&mut self, i: usize) -> anyhow::Result<()> {
+    pub async fn wait_ready(&self, i: usize) -> anyhow::Result<()> {
         let url = format!("http://{}/readyz", self.controllers[i].admin);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -550,6 +611,18 @@ impl Product {
         }
     }
 
+    /// Restarts the OTP server (SIGKILL, then the same port, store and keys) and waits until it
+    /// listens.
+    pub fn restart_otp(&self) -> anyhow::Result<()> {
+        self.otp.restart()?;
+        otp_listening(&self.otp, self.otp_port)
+    }
+
+    /// Creates namespace `name`.
+    pub async fn create_namespace(&self, name: &str) -> anyhow::Result<()> {
+        create_namespace(&self.client, name).await
+    }
+
     /// Entries in the OTP server's store (waiting keys and tombstones of redeemed ones), from its
     /// `otp_entries` gauge; `None` when the server does not answer.
     pub async fn otp_entries(&self) -> Option<u64> {
@@ -603,16 +676,7 @@ impl Product {
         ssh_key: &[u8],
         tag: &str,
     ) -> anyhow::Result<ConfigPairs> {
-        use crate::moto::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
-        self.put_secret(
-            NS,
-            "aws-account",
-            &[
-                ("access-key-id", ACCESS_KEY_ID.as_bytes()),
-                ("secret-access-key", SECRET_ACCESS_KEY.as_bytes()),
-            ],
-        )
-        .await?;
+        self.put_moto_credentials("aws-account").await?;
         self.put_secret(NS, "aws-ssh-key", &[("id_rsa", ssh_key)])
             .await?;
         let (ami, instance_type) = if platform.ends_with("arm64") {
@@ -726,29 +790,39 @@ fn start_otp(
     admin: SocketAddr,
     log: &Path,
 ) -> anyhow::Result<Proc> {
-    let mut cmd = Command::new(mpc);
-    cmd.arg("otp-server")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &admin.to_string()])
-        .arg("--tls-dir")
-        .arg(dir.join("tls"))
-        .arg("--db")
-        .arg(dir.join("otp.redb"))
-        .arg("--seal-key-file")
-        .arg(dir.join("seal-key"))
-        .arg("--store-token-file")
-        .arg(dir.join("store-token"));
-    let p = Proc::spawn(cmd, log.to_owned(), admin, "otp-server")?;
+    let (mpc, dir_) = (mpc.to_owned(), dir.to_owned());
+    let make = move || {
+        let mut cmd = Command::new(&mpc);
+        cmd.arg("otp-server")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &admin.to_string()])
+            .arg("--tls-dir")
+            .arg(dir_.join("tls"))
+            .arg("--db")
+            .arg(dir_.join("otp.redb"))
+            .arg("--seal-key-file")
+            .arg(dir_.join("seal-key"))
+            .arg("--store-token-file")
+            .arg(dir_.join("store-token"));
+        cmd
+    };
+    let p = Proc::spawn(make, log.to_owned(), admin, "otp-server")?;
+    otp_listening(&p, port)?;
+    Ok(p)
+}
+
+/// Waits until the OTP server accepts connections on `port`.
+fn otp_listening(p: &Proc, port: u16) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
             "otp-server did not listen: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
+            p.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(p)
+    Ok(())
 }
 
 /// Log text without terminal colour codes.

@@ -190,6 +190,41 @@ pub struct HostSetup {
     /// Environment of the host's sessions (sshd's `SetEnv`), e.g. `HOME` to pick the admin's
     /// shell startup file.
     pub env: Vec<(String, String)>,
+    /// The admin key pair, shared by hosts that stand for machines booted from one image (cloud
+    /// instances); default: a fresh one.
+    pub admin_key: Option<AdminKey>,
+}
+
+/// An admin (root) key pair: the private half in OpenSSH format, the public half as an
+/// `authorized_keys` line.
+#[derive(Clone)]
+pub struct AdminKey {
+    private: Arc<Zeroizing<Vec<u8>>>,
+    public: String,
+}
+
+impl std::fmt::Debug for AdminKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminKey")
+            .field("public", &self.public)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminKey {
+    /// A fresh ed25519 key pair.
+    pub fn generate() -> anyhow::Result<Self> {
+        let k = keys::generate("e2e-admin").context("generating the admin key")?;
+        Ok(Self {
+            private: Arc::new(Zeroizing::new(k.private_openssh.as_bytes().to_vec())),
+            public: k.public_openssh,
+        })
+    }
+
+    /// The private key (OpenSSH format), as the admin-key Secret holds it.
+    pub fn private(&self) -> Arc<Zeroizing<Vec<u8>>> {
+        Arc::clone(&self.private)
+    }
 }
 
 impl HostSetup {
@@ -220,9 +255,8 @@ pub struct SshdHost {
     address: Ipv4Addr,
     port: u16,
     dir: tempfile::TempDir,
-    child: Option<Child>,
+    child: Mutex<Option<Child>>,
     admin_private: Arc<Zeroizing<Vec<u8>>>,
-    admin_public: String,
     host_public: String,
     users: Mutex<Vec<String>>,
     // The sessions' PATH directory when the host differs from this machine; outside `dir`, whose
@@ -309,10 +343,13 @@ impl SshdHost {
             fs::Permissions::from_mode(0o755),
         )?;
 
-        let admin = keys::generate("e2e-admin").context("generating the admin key")?;
+        let admin = match &setup.admin_key {
+            Some(k) => k.clone(),
+            None => AdminKey::generate()?,
+        };
         write_mode(
             &dir.path().join("admin_keys/root"),
-            format!("{}\n", admin.public_openssh).as_bytes(),
+            format!("{}\n", admin.public).as_bytes(),
             0o600,
         )?;
         let random = || Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
@@ -333,9 +370,8 @@ impl SshdHost {
             address,
             port,
             dir,
-            child: None,
-            admin_private: Arc::new(Zeroizing::new(admin.private_openssh.as_bytes().to_vec())),
-            admin_public: admin.public_openssh.clone(),
+            child: Mutex::new(None),
+            admin_private: admin.private,
             host_public: String::new(),
             users: Mutex::new(Vec::new()),
             tools: None,
@@ -425,7 +461,11 @@ impl SshdHost {
         )
     }
 
-    fn spawn(&mut self) -> anyhow::Result<()> {
+    fn child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn spawn(&self) -> anyhow::Result<()> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -440,19 +480,19 @@ impl SshdHost {
             .stderr(log)
             .spawn()
             .context("starting sshd")?;
-        self.child = Some(child);
+        *self.child() = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         let addr = SocketAddr::from((self.address, self.port));
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
                 return Ok(());
             }
-            if let Some(status) = self
-                .child
+            let exited = self
+                .child()
                 .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                *self.child() = None;
                 bail!("sshd exited with {status} on start:\n{}", self.log());
             }
             if Instant::now() > deadline {
@@ -480,17 +520,6 @@ impl SshdHost {
     /// The admin (root) private key.
     pub fn admin_key(&self) -> Arc<Zeroizing<Vec<u8>>> {
         Arc::clone(&self.admin_private)
-    }
-
-    /// Lets `other`'s admin key log in here too, as the instances of one cloud template share the
-    /// template's key pair.
-    pub fn trust_admin_of(&self, other: &SshdHost) -> anyhow::Result<()> {
-        use std::io::Write;
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .open(self.dir.path().join("admin_keys/root"))?;
-        writeln!(f, "{}", other.admin_public)?;
-        Ok(())
     }
 
     /// A provisioning target for this host, trusted on first use under `id`.
@@ -573,8 +602,9 @@ impl SshdHost {
     }
 
     /// Kills sshd and every session process it spawned (as if the machine died).
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
+    pub fn kill(&self) {
+        let child = self.child().take();
+        if let Some(mut child) = child {
             kill_tree(child.id());
             let _ = child.wait();
         }
@@ -582,16 +612,23 @@ impl SshdHost {
 
     /// Stops (SIGSTOP) sshd and its sessions: the host hangs, connections stay open.
     pub fn freeze(&self) {
-        if let Some(child) = &self.child {
+        if let Some(child) = &*self.child() {
             signal("-STOP", &descendants(child.id()));
         }
     }
 
     /// Resumes a frozen host.
     pub fn thaw(&self) {
-        if let Some(child) = &self.child {
+        if let Some(child) = &*self.child() {
             signal("-CONT", &descendants(child.id()));
         }
+    }
+
+    /// Starts a killed host again: sshd on the same address and port with the same host key (the
+    /// machine came back).
+    pub fn start_again(&self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn()
     }
 
     /// Starts sshd again on the same address and port, with a new host key if `new_host_key`.

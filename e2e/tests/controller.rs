@@ -598,18 +598,22 @@ async fn on_moto(
     let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
     let moto = Moto::start().await.unwrap();
     let fx = moto.loopback_subnet("us-east-1", subnet).await.unwrap();
+    // The instances of one template share its admin key pair.
+    let admin = e2e::sshd::AdminKey::generate().unwrap();
     let hosts: Vec<_> = (0..instances)
         .map(|i| {
-            let at = std::net::Ipv4Addr::new(127, 0, subnet, 4 + i);
-            e2e::sshd::SshdHost::start_at(at, 22).unwrap()
+            e2e::sshd::SshdHost::start_with(e2e::sshd::HostSetup {
+                address: Some(std::net::Ipv4Addr::new(127, 0, subnet, 4 + i)),
+                port: Some(22),
+                admin_key: Some(admin.clone()),
+                ..Default::default()
+            })
+            .unwrap()
         })
         .collect();
-    for h in &hosts[1..] {
-        h.trust_admin_of(&hosts[0]).unwrap();
-    }
     let mut cfg = p.base_config();
     let cloud = p
-        .moto_platform(&fx, "linux/arm64", &hosts[0].admin_key(), "e2e-dynamic")
+        .moto_platform(&fx, "linux/arm64", &admin.private(), "e2e-dynamic")
         .await
         .unwrap();
     for (k, v) in cloud {

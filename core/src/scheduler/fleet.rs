@@ -282,6 +282,9 @@ impl Scheduler {
         let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
         if let Phase::Ready(at) = phase {
             self.observe_ran(p, at, out);
+        }
+        // Provisioning: a retry's re-provisioning, the first attempt's secret stands.
+        if matches!(phase, Phase::Ready(_) | Phase::Provisioning(_)) {
             self.delete_secret(key, out);
         }
         let Some(i) = self.instances.get(inst) else {

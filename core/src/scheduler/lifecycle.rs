@@ -811,6 +811,8 @@ impl Scheduler {
                         }
                     }
                     Phase::Provisioning(op) => {
+                        // A retry's re-provisioning: the first attempt's secret stands.
+                        self.delete_secret(key, out);
                         if let Some(Op::Provision { compensate, .. }) = self.ops.get_mut(op) {
                             *compensate = true;
                             1

@@ -444,9 +444,9 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             t.state = State::Cleanup { pending: 0 };
         }
-        if rec.secret.is_some() {
-            self.delete_secret(key, out);
-        }
+        // Unconditionally: recovery does not read a finished TaskRun's secret (`rec.secret` is
+        // unknown then), and deleting one that is absent is a no-op.
+        self.delete_secret(key, out);
         let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
         let mut pending = 0;
         let annotated = self.annotated_instance(key, rec, listed, out);

@@ -162,6 +162,30 @@ fn finished_taskruns_are_cleaned_up_then_released() {
 }
 
 #[test]
+fn a_finished_taskruns_secret_is_deleted_though_recovery_did_not_read_it() {
+    // The controller reads no secret for finished TaskRuns (`secret` stays `None`): a leader that
+    // died after the build got its secret left it behind when cleanup waited for evidence of it.
+    let mut b = rec("b", "linux/s390x");
+    b.finished = true;
+    b.assigned_host = Some("h1".into());
+    let (_, out) = start(
+        &static_pairs(&[("h1", 1)]),
+        Snapshot {
+            taskruns: vec![b],
+            instances: vec![],
+        },
+    );
+    let deleted: Vec<String> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeleteSecret { taskrun } => Some(taskrun.name().to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["b"]);
+}
+
+#[test]
 fn pool_instances_and_their_taskruns_are_rebuilt() {
     let mut a = rec("a", "linux/arm64");
     a.assigned_host = Some("i-p".into());

@@ -293,9 +293,9 @@ fn recreated_taskrun_with_the_same_name_is_a_new_allocation() {
     assert_eq!(h.s.gauges().platforms[P].running, 1);
 }
 
-#[test]
-fn retry_attempt_rearms_the_token_its_pod_already_mounted() {
-    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+/// TaskRun `a` got its key (`first`) on a host, then its first attempt failed and Tekton started
+/// the retry: the retry's spec and what the scheduler did on seeing it.
+fn retried(h: &mut H) -> (TaskRunSpec, Vec<Action>) {
     let op = provision_op(&h.submit("ns", "a", P), "a");
     h.send(Event::Provisioned {
         op,
@@ -304,6 +304,13 @@ fn retry_attempt_rearms_the_token_its_pod_already_mounted() {
     let mut spec = H::spec("ns", "a", P);
     spec.retries = 1;
     let a = h.send(Event::TaskRun(spec.clone()));
+    (spec, a)
+}
+
+#[test]
+fn retry_attempt_rearms_the_token_its_pod_already_mounted() {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let (spec, a) = retried(&mut h);
     // The retry's pod already mounted the secret: it is kept, and the new key re-arms its token.
     assert!(
         !a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })),
@@ -324,6 +331,31 @@ fn retry_attempt_rearms_the_token_its_pod_already_mounted() {
     // The same attempt seen again does nothing.
     assert!(h.send(Event::TaskRun(spec)).is_empty());
     assert_eq!(h.s.gauges().platforms[P].running, 1, "still one slot");
+}
+
+#[test]
+fn a_retry_that_ends_while_its_key_is_re_armed_still_loses_its_secret() {
+    let mut h = H::new(&static_pairs(&[("h1", 1)]));
+    let (_, a) = retried(&mut h);
+    let op2 = provision_op(&a, "a");
+    // The retry fails before the re-provisioning is through (the OTP server was down).
+    let a = h.done("ns", "a");
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::DeleteSecret { taskrun } if taskrun.name() == "a")),
+        "{a:#?}"
+    );
+    let a = h.send(Event::Provisioned {
+        op: op2,
+        otp: "second".into(),
+    });
+    assert!(
+        secret(&a, "a").is_none(),
+        "no secret written for an ended TaskRun"
+    );
+    let d = deprovisions(&a)[0].0;
+    let a = h.send(Event::Deprovisioned { op: d, error: None });
+    assert_eq!(finalized(&a), vec!["a"]);
 }
 
 #[test]
