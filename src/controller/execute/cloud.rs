@@ -173,13 +173,8 @@ pub async fn sweep(
     tx: mpsc::Sender<Input>,
     every: Duration,
 ) {
-    loop {
-        tokio::select! {
-            () = ctx.cancel.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        let current = config.borrow().clone();
-        let Some(cfg) = current else { continue };
+    let mut rounds = super::Rounds::new(&ctx, config, every);
+    while let Some(cfg) = rounds.next().await {
         for (platform, t) in templates(&cfg) {
             if let Some(instances) = list(&ctx, &platform, &t).await {
                 let ev = Event::InstancesListed {

@@ -128,13 +128,8 @@ pub async fn list_host_users(
     tx: mpsc::Sender<Input>,
     every: Duration,
 ) {
-    loop {
-        tokio::select! {
-            () = ctx.cancel.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        let current = config.borrow().clone();
-        let Some(cfg) = current else { continue };
+    let mut rounds = super::Rounds::new(&ctx, config, every);
+    while let Some(cfg) = rounds.next().await {
         let hosts: BTreeMap<&str, &StaticHost> = cfg
             .static_pools
             .values()
