@@ -457,31 +457,34 @@ fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-async fn memory(n: usize) -> anyhow::Result<()> {
-    let mut p = Product::start(std::path::Path::new(MPC), &[("h1", 2)]).await?;
-    let p_ref = &p;
-    // Finished TaskRuns the webhook labelled, as a busy cluster keeps them (pruned after days).
-    let loaded = Instant::now();
+/// Creates `n` labelled TaskRuns and finishes them; returns the largest one's JSON size.
+async fn load_finished(p: &Product, n: usize) -> anyhow::Result<usize> {
     let mut sample = 0usize;
-    futures::stream::iter(0..n)
+    let loading = futures::stream::iter(0..n)
         .map(|i| async move {
             let ns = ["tenant-a", "tenant-b"][i % 2];
             let name = format!("old-{i}");
             let extra = json!({"metadata": {
                 "labels": {contract::TARGET_PLATFORM_LABEL: "linux-arm64"},
                 "annotations": {contract::ALLOCATION_START_TIME_ANNOTATION: "1700000000"}}});
-            p_ref.create_taskrun(ns, &name, PLATFORM, extra).await?;
-            let done = p_ref.tekton.finish(ns, &name, Outcome::Succeeded).await?;
+            p.create_taskrun(ns, &name, PLATFORM, extra).await?;
+            finish(p, ns, &name).await?;
+            let done = p.tekton.get(ns, &name).await?;
             anyhow::Ok(serde_json::to_vec(&done)?.len())
         })
-        .buffer_unordered(16)
-        .for_each(|r| {
-            if let Ok(len) = r {
-                sample = sample.max(len);
-            }
-            async {}
-        })
-        .await;
+        .buffer_unordered(16);
+    let mut loading = std::pin::pin!(loading);
+    while let Some(len) = loading.next().await {
+        sample = sample.max(len?);
+    }
+    Ok(sample)
+}
+
+async fn memory(n: usize) -> anyhow::Result<()> {
+    let mut p = Product::start(std::path::Path::new(MPC), &[("h1", 2)]).await?;
+    // Finished TaskRuns the webhook labelled, as a busy cluster keeps them (pruned after days).
+    let loaded = Instant::now();
+    let sample = load_finished(&p, n).await?;
     println!(
         "memory: {n} finished TaskRuns loaded in {:.0} s (largest {sample} bytes as JSON)",
         loaded.elapsed().as_secs_f64()
