@@ -295,22 +295,28 @@ async fn a_task_that_never_mounts_the_secret_is_released_without_a_host() {
     assert_clean(&p, &[("tenant-a", "build-1")]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
-    let p = running(&[("h1", 1)]).await;
-    let user = contract::remote_user_name("doomed", "tenant-a");
+/// Freezes the first host (its provisioning then hangs in the SSH connection), creates the
+/// TaskRun and waits until it is assigned there; returns its build user.
+async fn stuck_provisioning(p: &Product, ns: &str, name: &str) -> String {
+    let user = contract::remote_user_name(name, ns);
     p.hosts[0].sshd.track_user(&user);
-    // A frozen host: the provisioning hangs in its SSH connection.
     p.hosts[0].sshd.freeze();
-    p.create_taskrun("tenant-a", "doomed", "linux/arm64", json!({}))
+    p.create_taskrun(ns, name, "linux/arm64", json!({}))
         .await
         .unwrap();
     p.wait(T, "assigned to h1 (provisioning under way)", || async {
-        p.taskrun("tenant-a", "doomed")
+        p.taskrun(ns, name)
             .await
             .filter(|t| label(t, contract::ASSIGNED_HOST_LABEL) == Some("h1"))
     })
     .await;
+    user
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_mid_provision_removes_the_user_then_the_finalizer() {
+    let p = running(&[("h1", 1)]).await;
+    let user = stuck_provisioning(&p, "tenant-a", "doomed").await;
     p.delete_taskrun("tenant-a", "doomed").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let tr = p.taskrun("tenant-a", "doomed").await.unwrap();
@@ -376,18 +382,7 @@ async fn kill_9_mid_provision_then_restart_recovers_and_serves() {
         .await
         .unwrap();
     let c1 = p.start_controller("c1").await.unwrap();
-    let user = contract::remote_user_name("survivor", "tenant-a");
-    p.hosts[0].sshd.track_user(&user);
-    p.hosts[0].sshd.freeze();
-    p.create_taskrun("tenant-a", "survivor", "linux/arm64", json!({}))
-        .await
-        .unwrap();
-    p.wait(T, "assigned to h1 (provisioning under way)", || async {
-        p.taskrun("tenant-a", "survivor")
-            .await
-            .filter(|t| label(t, contract::ASSIGNED_HOST_LABEL) == Some("h1"))
-    })
-    .await;
+    stuck_provisioning(&p, "tenant-a", "survivor").await;
     p.controllers[c1].kill();
     p.hosts[0].sshd.thaw();
     // Another TaskRun arrives while no controller runs: it waits for the slot.
