@@ -1063,6 +1063,11 @@ impl Scheduler {
         };
         match i.state {
             InstState::Launching(_) => i.overdue = true,
+            // A recovered pool instance with recorded allocations served builds before: they
+            // may still run on it, so it only stops taking work (as a failed probe does).
+            InstState::Booting if i.booted => {
+                self.instance_unhealthy(inst, "not reachable within allocation-timeout", out);
+            }
             InstState::LaunchWait | InstState::Booting => self.timed_out(inst, out),
             _ => {}
         }

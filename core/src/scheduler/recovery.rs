@@ -230,6 +230,7 @@ impl Scheduler {
         template: Arc<DynamicPlatform>,
         pool: Option<Arc<DynamicPool>>,
     ) -> Key {
+        let timeout = template.allocation_timeout;
         let inst = self.new_instance(p, template, pool.clone());
         let id: Arc<str> = rec.id.as_str().into();
         let i = self.instances.get_mut(inst).expect("just created");
@@ -250,6 +251,9 @@ impl Scheduler {
         self.reindex_instance(inst);
         let now = self.now;
         self.arm(now, Timer::Probe(inst, 0));
+        // Counted from recovery: its launch time says nothing of when it last answered. Without
+        // it, a probe answering "pending" forever would hold the slot forever.
+        self.arm(now + timeout, Timer::Deadline(inst));
         inst
     }
 

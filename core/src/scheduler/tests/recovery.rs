@@ -296,3 +296,81 @@ fn an_instance_handed_over_is_not_terminated_with_its_first_owners_cleanup() {
     // b's cleanup terminates it.
     assert_eq!(terminates(&h.done("ns", "b"))[0].1, "i-1");
 }
+
+/// Answers every probe "pending" until an action list shows a termination or `limit` seconds
+/// pass; returns that list and the seconds it took.
+fn pending_until_terminated(h: &mut H, limit: u64) -> (Vec<Action>, u64) {
+    let mut probe = probes(&h.wait(0))[0].0;
+    let mut elapsed = 0;
+    loop {
+        let out = h.send(Event::Probed {
+            op: probe,
+            result: ProbeResult::Pending,
+        });
+        assert!(terminates(&out).is_empty(), "{out:#?}");
+        let out = h.wait(5);
+        elapsed += 5;
+        match probes(&out).first() {
+            Some(p) if elapsed < limit => probe = p.0,
+            _ => return (out, elapsed),
+        }
+    }
+}
+
+/// A recovered instance whose probe answers "pending" forever (stuck in the provider's pending
+/// phase, or an address that never answers) had no allocation deadline, so it held its slot for
+/// good. Idle, it is replaced at `allocation-timeout` counted from recovery.
+#[test]
+fn a_recovered_idle_pool_instance_that_never_answers_is_terminated_at_the_deadline() {
+    let (mut h, out) = start(
+        &dynamic_pairs(1, Some((2, 600))),
+        Snapshot {
+            taskruns: vec![],
+            instances: vec![instance("i-p", None, START - 3_600)],
+        },
+    );
+    assert!(launches(&out).is_empty());
+    let (due, elapsed) = pending_until_terminated(&mut h, 1_300);
+    let t = terminates(&due);
+    assert_eq!(t.len(), 1, "{due:#?}");
+    assert_eq!(t[0].1, "i-p");
+    // Counted from recovery (the default 600 s), not from its launch an hour ago.
+    assert!((600..=605).contains(&elapsed), "{elapsed}");
+    // Once gone, its slot serves the next TaskRun.
+    h.send(Event::Terminated {
+        op: t[0].0,
+        error: None,
+    });
+    let a = h.submit("ns", "a", "linux/arm64");
+    assert_eq!(launches(&a).len(), 1, "{a:#?}");
+}
+
+/// The same with a build recorded on it: the build keeps the instance until it finishes, only
+/// new work goes elsewhere.
+#[test]
+fn a_recovered_pool_instance_with_a_build_that_never_answers_stops_taking_work() {
+    let mut a = rec("a", "linux/arm64");
+    a.assigned_host = Some("i-p".into());
+    a.secret = Some(SecretKind::Remote);
+    let (mut h, out) = start(
+        &dynamic_pairs(2, Some((2, 600))),
+        Snapshot {
+            taskruns: vec![a],
+            instances: vec![instance("i-p", Some("uid-ns-a"), START - 60)],
+        },
+    );
+    assert!(launches(&out).is_empty());
+    let (due, elapsed) = pending_until_terminated(&mut h, 1_300);
+    assert!(terminates(&due).is_empty(), "{due:#?}");
+    assert!(
+        (600..=605).contains(&elapsed),
+        "probed past the deadline: {elapsed}"
+    );
+    // New work goes to a new instance.
+    let b = h.submit("ns", "b", "linux/arm64");
+    assert_eq!(launches(&b).len(), 1, "{b:#?}");
+    // a finishing frees it: its user is removed and it is terminated.
+    let done = h.done("ns", "a");
+    assert_eq!(deprovisions(&done)[0].2, "i-p");
+    assert_eq!(terminates(&done)[0].1, "i-p");
+}
