@@ -212,40 +212,47 @@ impl Shared {
                 }
             }
         };
-        let snapshot = store.snapshot(&def.storage, ns, at).map_err(|e| match e {
-            StoreError::Gone { requested, oldest } if opts.continue_token.is_some() => {
-                ApiError::expired(format!("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (requested {requested}, oldest {oldest})"))
-            }
-            StoreError::Future { requested, current } => {
-                ApiError::too_large_resource_version(requested, current)
-            }
-            StoreError::Gone { requested, oldest } => {
-                ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
-            }
-            _ => ApiError::internal("snapshot failed"),
-        })?;
-        drop(store);
-        let mut matching = snapshot
-            .into_iter()
-            .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
-            .filter(|(_, o)| selected(def, o, &opts.labels, &opts.fields));
-        let mut items = Vec::new();
+        let snapshot = store
+            .snapshot_after(&def.storage, ns, at, after.as_ref())
+            .map_err(|e| match e {
+                StoreError::Gone { requested, oldest } if opts.continue_token.is_some() => {
+                    ApiError::expired(format!("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (requested {requested}, oldest {oldest})"))
+                }
+                StoreError::Future { requested, current } => {
+                    ApiError::too_large_resource_version(requested, current)
+                }
+                StoreError::Gone { requested, oldest } => {
+                    ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
+                }
+                _ => ApiError::internal("snapshot failed"),
+            })?;
+        let mut matching = snapshot.filter(|(_, o)| selected(def, o, &opts.labels, &opts.fields));
         let limit = opts.limit.filter(|l| *l > 0);
+        let mut page = Vec::new();
         let mut last: Option<ObjKey> = None;
+        let mut more = None;
         for (k, o) in matching.by_ref() {
-            if limit.is_some_and(|l| items.len() >= l) {
+            if limit.is_some_and(|l| page.len() >= l) {
                 // One more exists: the page is full.
                 let (ns, name) = last.clone().unwrap_or_default();
-                let remaining = 1 + matching.count();
-                let token = encode_continue(at, &ns, &name);
-                let remaining =
-                    (opts.labels.is_empty() && opts.fields.terms.is_empty()).then_some(remaining);
-                return Ok((items, at, Some(token), remaining));
+                let unfiltered = opts.labels.is_empty() && opts.fields.terms.is_empty();
+                let remaining = unfiltered.then(|| 1 + matching.by_ref().count());
+                more = Some((encode_continue(at, &ns, &name), remaining));
+                break;
             }
             last = Some(k);
-            items.push(def.from_storage((*o).clone()));
+            page.push(o);
         }
-        Ok((items, at, None, None))
+        drop(matching);
+        drop(store);
+        let items = page
+            .into_iter()
+            .map(|o| def.from_storage((*o).clone()))
+            .collect();
+        Ok(match more {
+            Some((token, remaining)) => (items, at, Some(token), remaining),
+            None => (items, at, None, None),
+        })
     }
 
     fn commit_create(

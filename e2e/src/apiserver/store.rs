@@ -3,6 +3,7 @@
 //! compacted: watching or reading from before that answers 410 Gone.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -282,49 +283,98 @@ impl Store {
         Ok(self.history.range(start..).cloned().collect())
     }
 
-    /// The objects of a resource as they were at `rv` (for paginated lists and exact reads).
+    /// The objects of a resource as of revision `rv`, in key order, optionally in one namespace.
     pub fn snapshot(
         &self,
         storage: &str,
         namespace: Option<&str>,
         rv: u64,
     ) -> Result<Vec<(ObjKey, Arc<Value>)>, StoreError> {
+        Ok(self.snapshot_after(storage, namespace, rv, None)?.collect())
+    }
+
+    /// The objects of a resource as of revision `rv`, in key order, after the key `after`, lazily:
+    /// a page of a list costs the page plus the history since `rv`, not the whole resource, as
+    /// kube-apiserver's paginated reads do (a controller with a small page size must not pay
+    /// quadratically here).
+    pub fn snapshot_after<'a>(
+        &'a self,
+        storage: &str,
+        namespace: Option<&'a str>,
+        rv: u64,
+        after: Option<&ObjKey>,
+    ) -> Result<impl Iterator<Item = (ObjKey, Arc<Value>)> + 'a, StoreError> {
         if rv > self.rv {
             return Err(StoreError::Future {
                 requested: rv,
                 current: self.rv,
             });
         }
-        let mut state: BTreeMap<ObjKey, Arc<Value>> =
-            self.list(storage, None).into_iter().collect();
-        if rv < self.rv {
-            if rv < self.compacted {
-                return Err(StoreError::Gone {
-                    requested: rv,
-                    oldest: self.compacted,
-                });
-            }
-            let start = self.history.partition_point(|e| e.rv <= rv);
-            for ev in self.history.range(start..).rev() {
-                if &*ev.storage != storage {
-                    continue;
-                }
-                match ev.kind {
-                    EventType::Added => {
-                        state.remove(&ev.key);
-                    }
-                    EventType::Modified | EventType::Deleted => {
-                        if let Some(p) = &ev.prev {
-                            state.insert(ev.key.clone(), Arc::clone(p));
-                        }
-                    }
-                }
-            }
+        if rv < self.rv && rv < self.compacted {
+            return Err(StoreError::Gone {
+                requested: rv,
+                oldest: self.compacted,
+            });
         }
-        Ok(state
+        let ns_start = namespace.map(|ns| (ns.to_owned(), String::new()));
+        let lower = match (after, ns_start) {
+            (Some(a), Some(n)) if *a < n => Bound::Included(n),
+            (Some(a), _) => Bound::Excluded(a.clone()),
+            (None, Some(n)) => Bound::Included(n),
+            (None, None) => Bound::Unbounded,
+        };
+        // Each key changed since `rv` as it was at `rv`: the state before its first later change
+        // (`None`: it did not exist).
+        let mut rewound: BTreeMap<ObjKey, Option<Arc<Value>>> = BTreeMap::new();
+        let start = self.history.partition_point(|e| e.rv <= rv);
+        for ev in self.history.range(start..).rev() {
+            if &*ev.storage != storage {
+                continue;
+            }
+            let before = match ev.kind {
+                EventType::Added => None,
+                EventType::Modified | EventType::Deleted => ev.prev.clone(),
+            };
+            rewound.insert(ev.key.clone(), before);
+        }
+        let from_lower = |k: &ObjKey| match &lower {
+            Bound::Included(b) => k >= b,
+            Bound::Excluded(b) => k > b,
+            Bound::Unbounded => true,
+        };
+        let rewound: Vec<_> = rewound.into_iter().filter(|(k, _)| from_lower(k)).collect();
+        let mut rewound = rewound.into_iter().peekable();
+        let mut current = self
+            .objects
+            .get(storage)
             .into_iter()
-            .filter(|((ns, _), _)| namespace.is_none_or(|n| n == ns))
-            .collect())
+            .flat_map(move |m| m.range((lower.clone(), Bound::Unbounded)))
+            .peekable();
+        let merged = std::iter::from_fn(move || {
+            loop {
+                let next_is_rewound = match (current.peek(), rewound.peek()) {
+                    (None, None) => return None,
+                    (Some(_), None) => false,
+                    (None, Some(_)) => true,
+                    (Some((c, _)), Some((r, _))) => match (*c).cmp(r) {
+                        std::cmp::Ordering::Less => false,
+                        std::cmp::Ordering::Greater => true,
+                        std::cmp::Ordering::Equal => {
+                            current.next();
+                            true
+                        }
+                    },
+                };
+                if next_is_rewound {
+                    if let Some((k, Some(v))) = rewound.next() {
+                        return Some((k, v));
+                    }
+                } else if let Some((k, v)) = current.next() {
+                    return Some((k.clone(), Arc::clone(v)));
+                }
+            }
+        });
+        Ok(merged.take_while(move |((ns, _), _)| namespace.is_none_or(|n| n == ns)))
     }
 
     /// Drops all history: every earlier resourceVersion becomes too old.
@@ -412,6 +462,46 @@ mod tests {
         let now = s.snapshot("r", None, s.current_rv()).unwrap();
         assert_eq!(now.len(), 1);
         assert_eq!(now[0].0, k("a", "2"));
+    }
+
+    #[test]
+    fn snapshots_after_a_key_resume_in_order_and_rewind() {
+        let mut s = Store::new(100);
+        for (ns, name) in [("a", "1"), ("a", "3"), ("b", "1"), ("b", "2"), ("c", "1")] {
+            s.create("r", k(ns, name), json!({"v": format!("{ns}{name}")}))
+                .unwrap();
+        }
+        let at = s.current_rv();
+        s.update("r", &k("b", "2"), json!({"v": "new"}), None)
+            .unwrap();
+        s.delete("r", &k("a", "3"), None, None).unwrap();
+        s.create("r", k("b", "0"), json!({"v": "later"})).unwrap();
+        let keys = |it: Vec<(ObjKey, Arc<Value>)>| {
+            it.into_iter()
+                .map(|((ns, n), v)| format!("{ns}/{n}={}", v["v"].as_str().unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let after = |ns: Option<&str>, from: ObjKey| {
+            keys(
+                s.snapshot_after("r", ns, at, Some(&from))
+                    .unwrap()
+                    .collect(),
+            )
+        };
+        // As of `at`: a/3 back, b/2 as it was, b/0 not yet there; strictly after the key.
+        assert_eq!(
+            after(None, k("a", "1")),
+            ["a/3=a3", "b/1=b1", "b/2=b2", "c/1=c1"]
+        );
+        assert_eq!(after(Some("b"), k("b", "1")), ["b/2=b2"]);
+        // A key before the namespace starts at the namespace; one past it yields nothing.
+        assert_eq!(after(Some("b"), k("a", "9")), ["b/1=b1", "b/2=b2"]);
+        assert!(after(Some("b"), k("c", "0")).is_empty());
+        let now = s.snapshot_after("r", None, s.current_rv(), Some(&k("a", "1")));
+        assert_eq!(
+            keys(now.unwrap().collect()),
+            ["b/0=later", "b/1=b1", "b/2=new", "c/1=c1"]
+        );
     }
 
     #[test]
