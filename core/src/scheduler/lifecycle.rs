@@ -474,6 +474,50 @@ impl Scheduler {
         }
     }
 
+    /// Tries a retry's failed re-provisioning on its host again (see
+    /// [`Policy::rearm_attempts`](super::Policy::rearm_attempts)).
+    pub(super) fn rearm_due(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get(key) else {
+            return;
+        };
+        let State::OnHost {
+            host,
+            ref def,
+            phase: Phase::Reserved,
+        } = t.state
+        else {
+            return;
+        };
+        if !t.rearm {
+            return;
+        }
+        let def = def
+            .clone()
+            .or_else(|| self.hosts[host as usize].def.clone());
+        let Some(def) = def else {
+            // The host left the config meanwhile: elsewhere, with a new secret.
+            self.delete_secret(key, out);
+            if let Some(t) = self.taskruns.get_mut(key) {
+                t.rearm = false;
+            }
+            self.release_host(host);
+            let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
+            self.enqueue(key, true, out);
+            self.capacity_freed(p, out);
+            return;
+        };
+        let target = HostRef::Static(def.clone());
+        let op = self.provision_op(key, &target);
+        if let Some(t) = self.taskruns.get_mut(key) {
+            t.state = State::OnHost {
+                host,
+                def: Some(def),
+                phase: Phase::Provisioning(op),
+            };
+        }
+        self.emit_provision(key, op, target, None, out);
+    }
+
     pub(super) fn delete_secret(&mut self, key: Key, out: &mut Vec<Action>) {
         if let Some(taskrun) = self.taskrun_ref(key) {
             out.push(Action::DeleteSecret { taskrun });
@@ -499,6 +543,9 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             t.recorded = true;
             rearm = std::mem::take(&mut t.rearm);
+        }
+        if let Some(Op::Provision { rearm: r, .. }) = self.ops.get_mut(op) {
+            *r = rearm;
         }
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
             // The host table's shared name (the table is keyed by it): no allocation per placement.
@@ -536,6 +583,7 @@ impl Scheduler {
             tr: key,
             host: host.clone(),
             compensate: false,
+            rearm: false,
         })
     }
 
@@ -549,6 +597,7 @@ impl Scheduler {
             tr,
             host,
             compensate,
+            rearm,
         }) = self.take_op(op, |o| matches!(o, Op::Provision { .. }))
         else {
             return;
@@ -606,10 +655,31 @@ impl Scheduler {
                     });
                 }
                 let t = self.taskruns.get_mut(tr).expect("checked above");
-                t.extra
-                    .get_or_insert_with(Box::<Extra>::default)
-                    .failed
-                    .push((name, error));
+                let failed = &mut t.extra.get_or_insert_with(Box::<Extra>::default).failed;
+                failed.push((name.clone(), error));
+                let tries = failed.iter().filter(|(n, _)| *n == name).count() as u32;
+                if rearm {
+                    if let State::OnHost { host: hid, def, .. } = &t.state
+                        && tries < self.policy.rearm_attempts
+                    {
+                        // Keep the slot; the same host again shortly (the pod is pointed at it).
+                        let (hid, def) = (*hid, def.clone());
+                        t.state = State::OnHost {
+                            host: hid,
+                            def,
+                            phase: Phase::Reserved,
+                        };
+                        t.rearm = true;
+                        self.host_failed(hid, out);
+                        let at = self.now + backoff(self.policy.rearm_backoff, tries - 1);
+                        self.arm(at, Timer::Rearm(tr));
+                        return;
+                    }
+                    // Moving on: the secret the pod was given names this host, which no longer
+                    // has its user; the next host's provisioning writes a new one.
+                    self.delete_secret(tr, out);
+                }
+                let t = self.taskruns.get_mut(tr).expect("checked above");
                 match t.state {
                     State::OnHost { host: hid, .. } => {
                         let r = self.taskrun_ref(tr).expect("live");
@@ -820,7 +890,12 @@ impl Scheduler {
                             0
                         }
                     }
-                    Phase::Reserved => 0,
+                    Phase::Reserved => {
+                        // A retry's re-provisioning waiting to try its host again: the first
+                        // attempt's secret stands.
+                        self.delete_secret(key, out);
+                        0
+                    }
                 };
                 self.capacity_freed(p, out);
                 pending

@@ -291,6 +291,8 @@ enum Op {
         host: HostRef,
         /// The TaskRun went away meanwhile: remove whatever the provisioning created.
         compensate: bool,
+        /// It re-arms the token of a secret an earlier attempt's pod was given.
+        rearm: bool,
     },
     Deprovision {
         /// The finished TaskRun waiting for it, if any.
@@ -321,6 +323,8 @@ enum Timer {
     Idle(Key, Time),
     HostBack(HostId, u32),
     Requeue(Key, u32),
+    /// A retry's re-provisioning on its host, tried again after a failure.
+    Rearm(Key),
     Delayed(u64),
     Warm(PlatformId),
     Orphan(Key),
@@ -453,6 +457,7 @@ impl Scheduler {
             Timer::Idle(inst, since) => self.idle_due(inst, since, out),
             Timer::HostBack(host, level) => self.host_back_due(host, level, out),
             Timer::Requeue(tr, ticket) => self.requeue_due(tr, ticket, out),
+            Timer::Rearm(tr) => self.rearm_due(tr, out),
             Timer::Delayed(seq) => {
                 if let Some(op) = self.delayed.remove(&seq) {
                     self.reissue(op, out);

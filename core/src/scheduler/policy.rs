@@ -69,6 +69,13 @@ pub struct Policy {
     pub cleanup_attempts: u32,
     /// Delay between cleanup attempts (deprovision, terminate); doubles per attempt up to 5 min.
     pub cleanup_backoff: Duration,
+    /// Tries of a retry attempt's re-provisioning (re-arming the token its pod mounted) on the
+    /// static host that pod was pointed at, before it moves to another host. The pod's mounted
+    /// secret names that host and its redeem waits for the re-arm, so a host that is back within
+    /// a few seconds still serves the retry; elsewhere it cannot.
+    pub rearm_attempts: u32,
+    /// Delay before the first re-try of such a re-provisioning; doubles per try.
+    pub rearm_backoff: Duration,
     /// The host sweep removes only build users at least this old: younger ones may belong to an
     /// allocation whose result is still on its way, or to the Go controller during a switch (its
     /// own host cleanup waits a day too).
@@ -97,6 +104,8 @@ impl Policy {
             orphan_grace: Duration::from_secs(10 * 60),
             cleanup_attempts: 5,
             cleanup_backoff: Duration::from_secs(5),
+            rearm_attempts: 4,
+            rearm_backoff: Duration::from_secs(2),
             host_user_grace: HOST_USER_GRACE,
         }
     }
@@ -122,6 +131,9 @@ impl Policy {
             orphan_grace: Duration::from_secs(10 * 60),
             cleanup_attempts: 3,
             cleanup_backoff: Duration::from_secs(5),
+            // Go hands a retry no new key at all; one try, then elsewhere.
+            rearm_attempts: 1,
+            rearm_backoff: Duration::from_secs(2),
             host_user_grace: HOST_USER_GRACE,
         }
     }

@@ -358,6 +358,90 @@ fn a_retry_that_ends_while_its_key_is_re_armed_still_loses_its_secret() {
     assert_eq!(finalized(&a), vec!["a"]);
 }
 
+/// Found by the chaos soak: a retry's re-provisioning failed because its host was down for a
+/// few seconds, and the TaskRun moved to another host at once while the secret its pod had
+/// mounted still named the first one (and its token was never re-armed). Now the host the pod
+/// was pointed at is tried again with a back-off, keeping the slot.
+#[test]
+fn a_retrys_re_provisioning_tries_its_host_again_before_moving() {
+    let mut h = H::new(&static_pairs(&[("h1", 1), ("h2", 1)]));
+    let (_, a) = retried(&mut h);
+    let on = provisions(&a)[0].2.clone();
+    let mut op = provision_op(&a, "a");
+    // Down twice, back the third time: same host, same token, the secret kept all along.
+    for _ in 0..2 {
+        let a = h.send(Event::ProvisionFailed {
+            op,
+            error: "connection refused".into(),
+        });
+        assert!(provisions(&a).is_empty(), "not at once: {a:#?}");
+        assert!(records(&a, "a").is_empty(), "no new placement: {a:#?}");
+        assert!(
+            !a.iter().any(|x| matches!(x, Action::DeleteSecret { .. })),
+            "{a:#?}"
+        );
+        let a = h.wait(Policy::mpc().rearm_backoff.as_secs() * 4);
+        assert_eq!(provisions(&a)[0].2, on, "the same host: {a:#?}");
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Provision { rearm: true, .. })),
+            "{a:#?}"
+        );
+        op = provision_op(&a, "a");
+    }
+    // Meanwhile the other host takes new work (the slot stays the retry's).
+    let b = h.submit("ns", "b", P);
+    assert_ne!(provisions(&b)[0].2, on);
+    let a = h.send(Event::Provisioned {
+        op,
+        otp: "first".into(),
+    });
+    assert!(matches!(secret(&a, "a"), Some(SecretData::Remote { host, .. }) if host.name() == on));
+}
+
+#[test]
+fn a_retrys_re_provisioning_moves_with_a_new_secret_once_its_host_stays_down() {
+    let mut h = H::new(&static_pairs(&[("h1", 1), ("h2", 1)]));
+    let (_, a) = retried(&mut h);
+    let on = provisions(&a)[0].2.clone();
+    let mut op = provision_op(&a, "a");
+    for n in 1..=Policy::mpc().rearm_attempts {
+        let a = h.send(Event::ProvisionFailed {
+            op,
+            error: "connection refused".into(),
+        });
+        if n == Policy::mpc().rearm_attempts {
+            // The secret naming the dead host goes before the new placement is recorded.
+            let del = a
+                .iter()
+                .position(|x| matches!(x, Action::DeleteSecret { .. }))
+                .expect("secret deleted");
+            let rec = a
+                .iter()
+                .position(|x| matches!(x, Action::Record { .. }))
+                .expect("placed elsewhere");
+            assert!(del < rec, "{a:#?}");
+            let p = provisions(&a);
+            assert_ne!(p[0].2, on);
+            assert!(
+                a.iter()
+                    .any(|x| matches!(x, Action::Provision { rearm: false, .. })),
+                "a fresh token elsewhere: {a:#?}"
+            );
+            let a = h.send(Event::Provisioned {
+                op: p[0].0,
+                otp: "fresh".into(),
+            });
+            assert!(
+                matches!(secret(&a, "a"), Some(SecretData::Remote { host, .. }) if host.name() != on)
+            );
+            return;
+        }
+        op = provision_op(&h.wait(60), "a");
+    }
+    unreachable!("moved at the last try");
+}
+
 #[test]
 fn deprovision_failures_are_retried_then_reported_and_the_finalizer_released() {
     let mut h = H::new(&static_pairs(&[("h1", 1)]));
