@@ -497,29 +497,85 @@ async fn set_pod_phase(client: &kube::Client, ns: &str, pod: &str, phase: &str) 
     }
 }
 
+/// Watches TaskRuns and reconciles each event. A reconciliation that fails (an API error or
+/// restart) is retried with a back-off from the TaskRun's current state, as Tekton's work queue
+/// does: otherwise a TaskRun whose retry pod could not be started would wait for its next
+/// change, which may never come.
 async fn run(client: kube::Client, cancel: CancellationToken) {
+    use tokio::time::Instant;
+    const FIRST: Duration = Duration::from_millis(100);
+    const MOST: Duration = Duration::from_secs(5);
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &taskrun_resource());
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
     let client = Arc::new(client);
+    // (namespace, name) → (when to retry, the back-off after that).
+    let mut requeue: BTreeMap<(String, String), (Instant, Duration)> = BTreeMap::new();
     loop {
-        let ev = tokio::select! {
+        let due = requeue.values().map(|(at, _)| *at).min();
+        let tr = tokio::select! {
             () = cancel.cancelled() => return,
-            ev = stream.next() => ev,
-        };
-        let Some(ev) = ev else { return };
-        let obj = match ev {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
-            Ok(_) => continue,
-            Err(e) => {
-                tracing::debug!(error = %e, "taskrun watch error");
-                continue;
+            () = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let now = Instant::now();
+                let Some(key) = requeue.iter().find(|(_, (at, _))| *at <= now).map(|(k, _)| k.clone()) else {
+                    continue;
+                };
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with((*client).clone(), &key.0, &taskrun_resource());
+                match api.get_opt(&key.1).await {
+                    Ok(Some(obj)) => serde_json::to_value(&obj).unwrap_or_default(),
+                    Ok(None) => {
+                        requeue.remove(&key);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "taskrun requeue read failed");
+                        let (at, backoff) = requeue.get_mut(&key).expect("found above");
+                        *at = now + *backoff;
+                        *backoff = (*backoff * 2).min(MOST);
+                        continue;
+                    }
+                }
+            }
+            ev = stream.next() => {
+                let Some(ev) = ev else { return };
+                match ev {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        serde_json::to_value(&o).unwrap_or_default()
+                    }
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "taskrun watch error");
+                        continue;
+                    }
+                }
             }
         };
-        let tr = serde_json::to_value(&obj).unwrap_or_default();
-        if let Err(e) = reconcile(&client, &tr).await {
-            tracing::warn!(taskrun = %tr["metadata"]["name"], error = %e, "reconcile failed");
+        let key = (
+            tr["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            tr["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        match reconcile(&client, &tr).await {
+            Ok(()) => {
+                requeue.remove(&key);
+            }
+            Err(e) => {
+                tracing::warn!(taskrun = %key.1, error = %e, "reconcile failed; retrying");
+                let backoff = requeue.get(&key).map_or(FIRST, |(_, b)| *b);
+                requeue.insert(key, (Instant::now() + backoff, (backoff * 2).min(MOST)));
+            }
         }
     }
 }

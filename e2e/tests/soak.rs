@@ -158,6 +158,8 @@ struct Cloud {
     /// Address → build users of remote secrets seen pointing there (a TaskRun may come and go
     /// between two monitor ticks: its driver saw the secret).
     users_at: HashMap<String, BTreeSet<String>>,
+    /// Instances whose sshd is starting.
+    booting: BTreeSet<String>,
     /// Instances whose machine went away.
     gone: BTreeSet<String>,
     /// Users still present on a pool instance when it was terminated.
@@ -343,11 +345,13 @@ async fn delete(s: &Soak, ns: &str, name: &str) {
     .await;
 }
 
-/// Ends the current attempt, through API faults; an attempt already ended is left alone.
+/// Ends the current attempt, through API faults; an attempt already ended is left alone, one
+/// whose pod has not started yet is waited for.
 async fn finish(s: &Soak, ns: &str, name: &str, outcome: Outcome) {
     let _ = retrying(Duration::from_secs(30), || async {
         match s.p.tekton.finish(ns, name, outcome.clone()).await {
-            Ok(_) | Err(tekton::Error::State(..)) => Ok(()),
+            Ok(_) => Ok(()),
+            Err(tekton::Error::State(_, why)) if why.contains("already finished") => Ok(()),
             Err(tekton::Error::Kube(e)) if is_status(&e, 404) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
@@ -613,32 +617,44 @@ async fn cloud_loop(s: Arc<Soak>) {
                 s.violation(format!("{n} live {tag} instances (max-instances {max})"));
             }
         }
+        // Machines boot and go away independently of each other, as real ones do: one slow
+        // sshd start or user removal must not hold up the others.
         for (id, inst) in &all {
             let Some(ip) = inst.ip else { continue };
             let boot = {
                 let mut c = s.cloud.lock().unwrap();
                 c.ip_of.insert(id.clone(), ip);
-                !c.booted.contains_key(id) && !c.gone.contains(id)
+                let new = !c.booted.contains_key(id) && !c.gone.contains(id);
+                new && c.booting.insert(id.clone())
             };
             if boot {
-                let admin = s.admin.clone();
-                let host = tokio::task::spawn_blocking(move || {
-                    SshdHost::start_with(HostSetup {
-                        address: Some(ip),
-                        port: Some(22),
-                        admin_key: Some(admin),
-                        ..HostSetup::default()
+                let (s, id, tag) = (s.clone(), id.clone(), inst.tag.clone());
+                tokio::spawn(async move {
+                    let admin = s.admin.clone();
+                    let host = tokio::task::spawn_blocking(move || {
+                        SshdHost::start_with(HostSetup {
+                            address: Some(ip),
+                            port: Some(22),
+                            admin_key: Some(admin),
+                            ..HostSetup::default()
+                        })
                     })
-                })
-                .await
-                .expect("sshd start task");
-                match host {
-                    Ok(h) => {
-                        let booted = (h, inst.tag.clone());
-                        s.cloud.lock().unwrap().booted.insert(id.clone(), booted);
+                    .await
+                    .expect("sshd start task");
+                    let mut c = s.cloud.lock().unwrap();
+                    c.booting.remove(&id);
+                    match host {
+                        // Gone while booting: dropped here (its sshd stops).
+                        Ok(_) if c.gone.contains(&id) => {}
+                        Ok(h) => {
+                            c.booted.insert(id, (h, tag));
+                        }
+                        Err(e) => {
+                            drop(c);
+                            s.violation(format!("instance {id} at {ip}: sshd: {e:#}"));
+                        }
                     }
-                    Err(e) => s.violation(format!("instance {id} at {ip}: sshd: {e:#}")),
-                }
+                });
             }
         }
         let retired: Vec<String> = {
@@ -661,19 +677,22 @@ async fn cloud_loop(s: Arc<Soak>) {
             };
             let Some((host, tag)) = booted else { continue };
             // The machine and its disk go away: its sshd and the users made on it.
-            let lost = tokio::task::spawn_blocking(move || {
-                drop(host);
-                let lost = users.iter().filter(|u| e2e::sshd::user_exists(u)).count();
-                for u in &users {
-                    e2e::sshd::remove_user(u);
+            let s = s.clone();
+            tokio::spawn(async move {
+                let lost = tokio::task::spawn_blocking(move || {
+                    drop(host);
+                    let lost = users.iter().filter(|u| e2e::sshd::user_exists(u)).count();
+                    for u in &users {
+                        e2e::sshd::remove_user(u);
+                    }
+                    lost
+                })
+                .await
+                .expect("instance retire task");
+                if tag == POOL_TAG {
+                    s.cloud.lock().unwrap().pool_users_lost += lost as u64;
                 }
-                lost
-            })
-            .await
-            .expect("instance retire task");
-            if tag == POOL_TAG {
-                s.cloud.lock().unwrap().pool_users_lost += lost as u64;
-            }
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::apiserver::testing::eventually;
-use e2e::apiserver::{ApiServer, Options, TEKTON_CRDS};
+use e2e::apiserver::{ApiServer, Options, RequestMatch, TEKTON_CRDS, Verb};
 use e2e::tekton::{self, Outcome, RunOptions, Tekton};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -270,6 +270,44 @@ async fn retries_keep_the_uid_and_grow_retries_status() {
         tekton::condition(&done),
         Some(("False".into(), "Failed".into()))
     );
+}
+
+/// Found by the chaos soak: a retry pod whose status write failed (an API error) was never
+/// started, because the stand-in reconciled only on the next change of the TaskRun. Like
+/// Tekton's work queue, it retries a failed reconciliation.
+#[tokio::test]
+async fn a_failed_reconciliation_is_retried_without_a_new_event() {
+    let server = ApiServer::start(Options::default()).await.unwrap();
+    server.create_yaml(TEKTON_CRDS).await.unwrap();
+    let client = server.client().await.unwrap();
+    let tekton = Tekton::start(client.clone());
+    let trs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &tekton::taskrun_resource());
+    let o: DynamicObject =
+        serde_json::from_value(taskrun("flaky", json!({"spec": {"retries": 1}}))).unwrap();
+    trs.create(&PostParams::default(), &o).await.unwrap();
+    tekton
+        .wait_for("default", "flaky", T, started)
+        .await
+        .unwrap();
+    let failed = Outcome::Failed {
+        message: "host went away".into(),
+    };
+    // Starting the retry pod fails twice; nothing changes the TaskRun after that.
+    server.faults().fail_next(
+        RequestMatch::on(Verb::Create, "pods").in_namespace("default"),
+        500,
+        2,
+    );
+    tekton.finish("default", "flaky", failed).await.unwrap();
+    let retried = tekton
+        .wait_for("default", "flaky", T, |t| {
+            t["status"]["podName"] == "flaky-pod-retry1"
+        })
+        .await
+        .unwrap();
+    assert_eq!(tekton::condition(&retried).unwrap().1, "Running");
+    assert_eq!(server.faults().injected(), 2);
 }
 
 /// A consumer step written the way Konflux tasks consume the secret (design §3).
