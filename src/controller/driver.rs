@@ -649,6 +649,12 @@ async fn collect_snapshot(
     })
 }
 
+/// TaskRuns per page of the (re)list. A page is held whole, as JSON and decoded, on top of
+/// everything already indexed: kube-runtime's 500 made the initial list of 20k TaskRuns the
+/// controller's peak (BENCHMARKS.md). Streaming lists would avoid pages altogether but need
+/// the `WatchList` feature, which not every supported cluster has on.
+const TASKRUN_LIST_PAGE: u32 = 100;
+
 /// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
 /// follows a 410 or a broken watch). Runs until `stop`.
 pub async fn watch_taskruns(
@@ -658,7 +664,9 @@ pub async fn watch_taskruns(
 ) {
     use kube::runtime::WatchStreamExt;
     let api: kube::Api<TaskRun> = kube::Api::all(client);
-    let config = watcher::Config::default().labels(crate::contract::TARGET_PLATFORM_LABEL);
+    let config = watcher::Config::default()
+        .labels(crate::contract::TARGET_PLATFORM_LABEL)
+        .page_size(TASKRUN_LIST_PAGE);
     let mut stream = watcher(api, config).default_backoff().boxed();
     loop {
         let next = tokio::select! {
