@@ -482,8 +482,8 @@ impl Scheduler {
         };
         let State::OnHost {
             host,
-            ref def,
             phase: Phase::Reserved,
+            ..
         } = t.state
         else {
             return;
@@ -491,11 +491,16 @@ impl Scheduler {
         if !t.rearm {
             return;
         }
-        let def = def
+        // As configured now: a host removed, given to another platform or shrunk below its
+        // load meanwhile takes no new user, not even this one.
+        let platform = &self.platforms[t.platform as usize].platform;
+        let h = &self.hosts[host as usize];
+        let def = h
+            .def
             .clone()
-            .or_else(|| self.hosts[host as usize].def.clone());
+            .filter(|d| d.platform == **platform && h.load <= d.concurrency);
         let Some(def) = def else {
-            // The host left the config meanwhile: elsewhere, with a new secret.
+            // Elsewhere, with a new secret.
             self.delete_secret(key, out);
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.rearm = false;
