@@ -6,9 +6,9 @@ use std::sync::Arc;
 use super::arena::Key;
 use super::queue::Entry;
 use super::{
-    Action, Extra, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement, PlatformId,
-    RemoteUser, Scheduler, SecretData, State, TaskRun, TaskRunRef, TaskRunSpec, Timer, Uid,
-    messages,
+    Action, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement,
+    PlatformId, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun, TaskRunRef,
+    TaskRunSpec, Timer, Uid, messages,
 };
 use crate::platform::Platform;
 
@@ -435,31 +435,7 @@ impl Scheduler {
                 // The retry's pod already mounted the secret: keep it, re-arm its token.
                 t.rearm = true;
                 let def = def.or_else(|| self.hosts[host as usize].def.clone());
-                let Some(def) = def else {
-                    // The host left the config: start over elsewhere.
-                    let name = self.hosts[host as usize].name.clone();
-                    if let Some(t) = self.taskruns.get_mut(key) {
-                        t.extra
-                            .get_or_insert_with(Box::<Extra>::default)
-                            .failed
-                            .push((name, "the host is no longer configured".to_owned()));
-                    }
-                    self.release_host(host);
-                    let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
-                    self.enqueue(key, true, out);
-                    self.capacity_freed(p, out);
-                    return;
-                };
-                let target = HostRef::Static(def.clone());
-                let op = self.provision_op(key, &target);
-                if let Some(t) = self.taskruns.get_mut(key) {
-                    t.state = State::OnHost {
-                        host,
-                        def: Some(def),
-                        phase: Phase::Provisioning(op),
-                    };
-                }
-                self.emit_provision(key, op, target, None, out);
+                self.rearm_on_host(key, host, def, "the host is no longer configured", out);
             }
             State::OnInstance {
                 inst,
@@ -499,14 +475,33 @@ impl Scheduler {
             .def
             .clone()
             .filter(|d| d.platform == **platform && h.load <= d.concurrency);
+        self.rearm_on_host(key, host, def, "the host can no longer take it", out);
+    }
+
+    /// Provisions a retry attempt on its static host again, re-arming the token its pod mounted;
+    /// with no `def` (the host cannot take it, `why`) it goes elsewhere, and the secret naming
+    /// this host goes first (the next host's provisioning writes a new one).
+    fn rearm_on_host(
+        &mut self,
+        key: Key,
+        host: HostId,
+        def: Option<Arc<StaticHost>>,
+        why: &str,
+        out: &mut Vec<Action>,
+    ) {
         let Some(def) = def else {
-            // Elsewhere, with a new secret.
+            let name = self.hosts[host as usize].name.clone();
+            let Some(t) = self.taskruns.get_mut(key) else {
+                return;
+            };
+            t.rearm = false;
+            t.extra
+                .get_or_insert_with(Box::<Extra>::default)
+                .failed
+                .push((name, why.to_owned()));
+            let p = t.platform;
             self.delete_secret(key, out);
-            if let Some(t) = self.taskruns.get_mut(key) {
-                t.rearm = false;
-            }
             self.release_host(host);
-            let p = self.taskruns.get(key).map_or(NO_PLATFORM, |t| t.platform);
             self.enqueue(key, true, out);
             self.capacity_freed(p, out);
             return;
