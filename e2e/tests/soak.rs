@@ -24,11 +24,13 @@
 //!
 //! Bound: every TaskRun is done (finished or deleted, no secret and no finalizer of ours left; a
 //! local TaskRun's owner-referenced secret may be left to the garbage collector, counted) within
-//! [`DONE_BOUND`] of its creation, then pruned. At the end: no build user, no running instance, no secret,
+//! [`DONE_BOUND`] of its creation, then pruned; one that is not is a violation, and is then cancelled
+//! and pruned (as Tekton's timeout would end it) so that it does not hold its host for the rest of
+//! the run. Every harness API request is bounded ([`CALL_LIMIT`]). At the end: no build user, no running instance, no secret,
 //! no finalizer, no OTP store entry. The summary (faults per kind, outcomes, p50/p99 time to done,
 //! most TaskRuns seen on a host, most instances seen) is printed (`--nocapture`).
 //!
-//! Full size (see RELIABILITY.md): `SOAK_TASKRUNS=2000 SOAK_PARALLEL=16 cargo test -p e2e --test
+//! Full size (see RELIABILITY.md): `SOAK_TASKRUNS=2000 SOAK_PARALLEL=12 cargo test -p e2e --test
 //! soak -- --nocapture`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -50,6 +52,9 @@ use serde_json::{Value, json};
 
 /// Longest a TaskRun may take from creation to done, queueing and faults included.
 const DONE_BOUND: Duration = Duration::from_secs(180);
+/// Longest one harness API request may take. The harness's kube client has no read timeout (kube's
+/// default), so a request caught in an API server restart could otherwise stall its driver for good.
+const CALL_LIMIT: Duration = Duration::from_secs(15);
 const NAMESPACES: [&str; 3] = ["tenant-a", "tenant-b", "tenant-c"];
 /// Static hosts and their concurrency.
 const HOSTS: [(&str, u32); 2] = [("h1", 2), ("h2", 1)];
@@ -193,6 +198,8 @@ struct Soak {
     /// TaskRuns driven to the end; a progress line every `progress_every`.
     finished: AtomicUsize,
     progress_every: usize,
+    /// Harness API requests given up after [`CALL_LIMIT`] (then retried or read as "no answer").
+    calls_timed_out: AtomicUsize,
 }
 
 impl Soak {
@@ -248,10 +255,23 @@ fn secret_text(s: &Secret) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// `call`, given up after [`CALL_LIMIT`] (counted).
+async fn bounded<T, E: std::fmt::Display>(
+    s: &Soak,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_LIMIT, call).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => {
+            s.calls_timed_out.fetch_add(1, Ordering::Relaxed);
+            Err(format!("no answer within {CALL_LIMIT:?}"))
+        }
+    }
+}
+
 /// A TaskRun as stored: `Ok(None)` once deleted, `Err` when the API did not answer (faults).
-async fn get_taskrun(s: &Soak, ns: &str, name: &str) -> Result<Option<Value>, kube::Error> {
-    Ok(s.taskruns(ns)
-        .get_opt(name)
+async fn get_taskrun(s: &Soak, ns: &str, name: &str) -> Result<Option<Value>, String> {
+    Ok(bounded(s, s.taskruns(ns).get_opt(name))
         .await?
         .map(|o| serde_json::to_value(o).expect("serialisable")))
 }
@@ -260,22 +280,24 @@ async fn get_secret(
     s: &Soak,
     ns: &str,
     name: &str,
-) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
-    Ok(s.secrets(ns)
-        .get_opt(&contract::secret_name(name))
-        .await?
-        .map(|s| secret_text(&s)))
+) -> Result<Option<BTreeMap<String, String>>, String> {
+    Ok(
+        bounded(s, s.secrets(ns).get_opt(&contract::secret_name(name)))
+            .await?
+            .map(|s| secret_text(&s)),
+    )
 }
 
-/// Retries `op` through injected API faults and restarts until it succeeds or `limit` passes.
-async fn retrying<T, F, Fut>(limit: Duration, mut op: F) -> Result<T, String>
+/// Retries `op` through injected API faults and restarts until it succeeds or `limit` passes;
+/// an attempt that does not answer within [`CALL_LIMIT`] counts as failed.
+async fn retrying<T, F, Fut>(s: &Soak, limit: Duration, mut op: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
     let deadline = Instant::now() + limit;
     loop {
-        match op().await {
+        match bounded(s, op()).await {
             Ok(v) => return Ok(v),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -316,7 +338,7 @@ async fn wait_secret(
 
 async fn cancel(s: &Soak, ns: &str, name: &str) {
     let api = s.taskruns(ns);
-    let _ = retrying(Duration::from_secs(30), || async {
+    let _ = retrying(s, Duration::from_secs(30), || async {
         match api
             .patch(
                 name,
@@ -335,7 +357,7 @@ async fn cancel(s: &Soak, ns: &str, name: &str) {
 
 async fn delete(s: &Soak, ns: &str, name: &str) {
     let api = s.taskruns(ns);
-    let _ = retrying(Duration::from_secs(30), || async {
+    let _ = retrying(s, Duration::from_secs(30), || async {
         match api.delete(name, &Default::default()).await {
             Ok(_) => Ok(()),
             Err(e) if is_status(&e, 404) => Ok(()),
@@ -348,7 +370,7 @@ async fn delete(s: &Soak, ns: &str, name: &str) {
 /// Ends the current attempt, through API faults; an attempt already ended is left alone, one
 /// whose pod has not started yet is waited for.
 async fn finish(s: &Soak, ns: &str, name: &str, outcome: Outcome) {
-    let _ = retrying(Duration::from_secs(30), || async {
+    let _ = retrying(s, Duration::from_secs(30), || async {
         match s.p.tekton.finish(ns, name, outcome.clone()).await {
             Ok(_) => Ok(()),
             Err(tekton::Error::State(_, why)) if why.contains("already finished") => Ok(()),
@@ -374,14 +396,21 @@ async fn build_attempt(
         step_timeout: Duration::from_secs(60),
         ..RunOptions::default()
     };
-    let run = s.p.tekton.run_steps(ns, name, opts).await;
+    // Its own requests are bounded only by its steps' timeout: the whole attempt is bounded too.
+    let run = tokio::time::timeout(
+        Duration::from_secs(150),
+        s.p.tekton.run_steps(ns, name, opts),
+    )
+    .await
+    .map_err(|_| "the attempt did not end within 150 s".to_owned())
+    .and_then(|r| r.map_err(|e| e.to_string()));
     let ok = run.as_ref().is_ok_and(|r| r.exit_code == 0);
     let outcome = if ok {
         Outcome::Succeeded
     } else {
         let why = match &run {
             Ok(r) => format!("exit {}: {}", r.exit_code, r.stderr.trim()),
-            Err(e) => e.to_string(),
+            Err(e) => e.clone(),
         };
         Outcome::Failed {
             message: why.chars().take(300).collect(),
@@ -418,7 +447,7 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
         Plan::Retry => json!({"spec": {"retries": 1}}),
         _ => json!({}),
     };
-    let created = retrying(Duration::from_secs(60), || async {
+    let created = retrying(&s, Duration::from_secs(60), || async {
         match s
             .p
             .create_taskrun(ns, &name, strategy.platform(), extra.clone())
@@ -554,6 +583,11 @@ async fn drive(s: Arc<Soak>, seed: u64, i: usize) -> Record {
                                "annotations": t["metadata"]["annotations"], "status": t["status"]["conditions"]}))
                 .unwrap_or(Value::Null)
         ));
+        // Ended as Tekton's timeout would end it and pruned, so one late TaskRun does not hold
+        // its host (or its platform's last instance) for the rest of the run; the final checks
+        // still see whatever its cleanup leaves.
+        cancel(&s, ns, &name).await;
+        delete(&s, ns, &name).await;
     }
     Record {
         id,
@@ -719,16 +753,12 @@ async fn monitor_loop(s: Arc<Soak>) {
     let secrets: Api<Secret> = Api::all(s.p.client.clone());
     while !s.done.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let Ok(list) = trs.list(&ListParams::default()).await else {
+        let Ok(list) = bounded(&s, trs.list(&ListParams::default())).await else {
             continue;
         };
-        let Ok(secs) = secrets
-            .list(
-                &ListParams::default()
-                    .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL)),
-            )
-            .await
-        else {
+        let secret_list = ListParams::default()
+            .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL));
+        let Ok(secs) = bounded(&s, secrets.list(&secret_list)).await else {
             continue;
         };
         let users = passwd_users();
@@ -1016,6 +1046,7 @@ async fn start(progress_every: usize) -> Soak {
         local_secrets_left: AtomicUsize::new(0),
         finished: AtomicUsize::new(0),
         progress_every,
+        calls_timed_out: AtomicUsize::new(0),
     }
 }
 
@@ -1031,14 +1062,9 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 async fn leftovers(s: &Soak, names: &[(String, String)]) -> Vec<String> {
     let mut left = Vec::new();
     for ns in NAMESPACES {
-        match s
-            .secrets(ns)
-            .list(
-                &ListParams::default()
-                    .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL)),
-            )
-            .await
-        {
+        let labelled = ListParams::default()
+            .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL));
+        match bounded(s, s.secrets(ns).list(&labelled)).await {
             Ok(l) => left.extend(l.items.iter().map(|x| {
                 format!(
                     "secret {ns}/{}",
@@ -1047,7 +1073,7 @@ async fn leftovers(s: &Soak, names: &[(String, String)]) -> Vec<String> {
             })),
             Err(e) => left.push(format!("listing secrets: {e}")),
         }
-        match s.taskruns(ns).list(&ListParams::default()).await {
+        match bounded(s, s.taskruns(ns).list(&ListParams::default())).await {
             Ok(l) => left.extend(l.items.iter().filter_map(|o| {
                 let tr = serde_json::to_value(o).ok()?;
                 let name = o.metadata.name.clone()?;
@@ -1097,7 +1123,22 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
             let (s, gate) = (s.clone(), gate.clone());
             tokio::spawn(async move {
                 let _permit = gate.acquire_owned().await.expect("semaphore");
-                drive(s, seed, i).await
+                // Every wait in a driver is bounded; this catches one that is not.
+                let limit = DONE_BOUND + Duration::from_secs(300);
+                match tokio::time::timeout(limit, drive(s.clone(), seed, i)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        let ns = NAMESPACES[i % NAMESPACES.len()];
+                        s.violation(format!(
+                            "{ns}/soak-{i}: its driver did not return in {limit:?}"
+                        ));
+                        Record {
+                            id: format!("{ns}/soak-{i}"),
+                            outcome: "driver-stuck".into(),
+                            done_after: None,
+                        }
+                    }
+                }
             })
         })
         .collect();
@@ -1198,6 +1239,10 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
     println!(
         "soak: local TaskRuns whose secret outlived them until pruning (garbage collector): {}",
         s.local_secrets_left.load(Ordering::Relaxed)
+    );
+    println!(
+        "soak: harness API requests given up after {CALL_LIMIT:?}: {}",
+        s.calls_timed_out.load(Ordering::Relaxed)
     );
     println!("soak: leftovers {left:?}");
     for r in records.iter().filter(|r| r.done_after.is_none()) {
