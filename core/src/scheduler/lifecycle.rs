@@ -539,14 +539,12 @@ impl Scheduler {
             return;
         };
         let failed = self.taskruns.get(key).and_then(failed_hosts);
-        let mut rearm = false;
         if let Some(t) = self.taskruns.get_mut(key) {
             t.recorded = true;
-            rearm = std::mem::take(&mut t.rearm);
+            // Consumed: the op carries it from here (see `provision_op`).
+            t.rearm = false;
         }
-        if let Some(Op::Provision { rearm: r, .. }) = self.ops.get_mut(op) {
-            *r = rearm;
-        }
+        let rearm = matches!(self.ops.get(op), Some(Op::Provision { rearm: true, .. }));
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
             // The host table's shared name (the table is keyed by it): no allocation per placement.
             (HostRef::Static(_), Some(State::OnHost { host: hid, .. })) => {
@@ -577,13 +575,15 @@ impl Scheduler {
         });
     }
 
-    /// Registers a provisioning of `key` on `host`; emit it with [`Scheduler::emit_provision`].
+    /// Registers a provisioning of `key` on `host` (re-arming when the TaskRun says so); emit it
+    /// with [`Scheduler::emit_provision`].
     pub(super) fn provision_op(&mut self, key: Key, host: &HostRef) -> OpId {
+        let rearm = self.taskruns.get(key).is_some_and(|t| t.rearm);
         self.ops.insert(Op::Provision {
             tr: key,
             host: host.clone(),
             compensate: false,
-            rearm: false,
+            rearm,
         })
     }
 
