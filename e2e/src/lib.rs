@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod ec2_proxy;
 pub mod kubectl;
+pub mod kubelet;
 pub mod moto;
 pub mod product;
 pub mod promql;

@@ -138,7 +138,13 @@ impl Connections {
             control: root.join("ctl"),
             _control_tmp: None,
         };
-        for d in [root, &dirs.pinned, &dirs.tofu, &dirs.config, &dirs.keys] {
+        // The root may be a volume's mount point that this user does not own (a Kubernetes
+        // emptyDir is root's, group fsGroup, mode 2777), so it is only created if missing;
+        // everything in it lives in subdirectories made private here.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(root)
+            .map_err(|e| local("creating", root, e))?;
+        for d in [&dirs.pinned, &dirs.tofu, &dirs.config, &dirs.keys] {
             private_dir(d)?;
         }
         // Key files are deleted right after use; anything left is from a crash.

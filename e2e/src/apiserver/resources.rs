@@ -406,7 +406,35 @@ pub fn builtins() -> Vec<ResourceDef> {
     ev.storage_api_version = "v1".into();
     ev.conversion = Conversion::EventsV1;
     v.push(ev);
+    v.extend(deployed_kinds());
     v
+}
+
+/// The other kinds the shipped manifests contain, stored and served as written (no controller
+/// acts on them here), so `kubectl apply -k` of an installation works against this server.
+fn deployed_kinds() -> Vec<ResourceDef> {
+    let replicas = |p: &str| CellSource::Path(p.into());
+    [
+        ("apps", "deployments", "Deployment", &["deploy"][..], true, true),
+        ("", "services", "Service", &["svc"][..], true, true),
+        ("", "persistentvolumeclaims", "PersistentVolumeClaim", &["pvc"][..], true, true),
+        ("policy", "poddisruptionbudgets", "PodDisruptionBudget", &["pdb"][..], true, true),
+        ("networking.k8s.io", "networkpolicies", "NetworkPolicy", &["netpol"][..], true, false),
+        ("rbac.authorization.k8s.io", "roles", "Role", &[][..], true, false),
+        ("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", &[][..], true, false),
+        ("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", &[][..], false, false),
+        ("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", &[][..], false, false),
+    ]
+    .into_iter()
+    .map(|(group, plural, kind, short, namespaced, status)| {
+        let columns = if kind == "Deployment" {
+            vec![col("Replicas", "integer", replicas(".spec.replicas"))]
+        } else {
+            vec![]
+        };
+        builtin(group, "v1", plural, kind, short, namespaced, status, columns)
+    })
+    .collect()
 }
 
 /// Parses a CustomResourceDefinition into one [`ResourceDef`] per served version, or the list of
