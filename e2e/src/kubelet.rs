@@ -256,13 +256,22 @@ pub struct Pod {
 
 impl Pod {
     fn container_name(&self) -> String {
-        format!("{}-{}", self.name, self.container["name"].as_str().unwrap_or("c"))
+        format!(
+            "{}-{}",
+            self.name,
+            self.container["name"].as_str().unwrap_or("c")
+        )
     }
 
     /// The container's main process on the host, while it runs.
     pub fn pid(&self) -> Option<u32> {
         podman()
-            .args(["inspect", "--format", "{{.State.Pid}}", &self.container_name()])
+            .args([
+                "inspect",
+                "--format",
+                "{{.State.Pid}}",
+                &self.container_name(),
+            ])
             .output()
             .ok()
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
@@ -358,7 +367,11 @@ impl Pod {
                 &self.container_name(),
             ])
             .output();
-        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        let mut child = self
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
         let status = child.wait().ok()?;
         status.code().filter(|c| *c != 137)
     }
@@ -479,7 +492,10 @@ fn service_env(name: &str, vip: Ipv4Addr, ports: &[(String, u16)]) -> Vec<(Strin
     for (pname, port) in ports {
         if !pname.is_empty() {
             env.push((
-                format!("{prefix}_SERVICE_PORT_{}", pname.to_uppercase().replace('-', "_")),
+                format!(
+                    "{prefix}_SERVICE_PORT_{}",
+                    pname.to_uppercase().replace('-', "_")
+                ),
                 port.to_string(),
             ));
         }
@@ -645,7 +661,10 @@ impl Kubelet {
             ("KUBERNETES_SERVICE_PORT".into(), "443".into()),
             ("KUBERNETES_SERVICE_PORT_HTTPS".into(), "443".into()),
             ("KUBERNETES_PORT".into(), "tcp://127.0.0.1:443".into()),
-            ("KUBERNETES_PORT_443_TCP".into(), "tcp://127.0.0.1:443".into()),
+            (
+                "KUBERNETES_PORT_443_TCP".into(),
+                "tcp://127.0.0.1:443".into(),
+            ),
             ("KUBERNETES_PORT_443_TCP_PROTO".into(), "tcp".into()),
             ("KUBERNETES_PORT_443_TCP_PORT".into(), "443".into()),
             ("KUBERNETES_PORT_443_TCP_ADDR".into(), "127.0.0.1".into()),
@@ -760,7 +779,11 @@ impl Kubelet {
             args.push("--group-add".into());
             args.push(g.to_string());
         }
-        for g in pod_sc["supplementalGroups"].as_array().into_iter().flatten() {
+        for g in pod_sc["supplementalGroups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             args.push("--group-add".into());
             args.push(g.to_string());
         }
@@ -782,7 +805,9 @@ impl Kubelet {
         }
         match pick("seccompProfile")["type"].as_str() {
             None | Some("RuntimeDefault") => {}
-            Some("Unconfined") => args.extend(["--security-opt", "seccomp=unconfined"].map(str::to_owned)),
+            Some("Unconfined") => {
+                args.extend(["--security-opt", "seccomp=unconfined"].map(str::to_owned))
+            }
             Some(other) => bail!("seccompProfile {other} is not supported by this harness"),
         }
         let limits = &container["resources"]["limits"];
@@ -810,7 +835,13 @@ impl Kubelet {
                     format!("{pod_name}: Secret {name} of volume {vname} is not in the rendered objects (the pod would never start)")
                 })?;
                 let data = decoded_data(obj)?;
-                write_files(&host, &data, &s["items"], s["defaultMode"].as_u64(), fs_group)?;
+                write_files(
+                    &host,
+                    &data,
+                    &s["items"],
+                    s["defaultMode"].as_u64(),
+                    fs_group,
+                )?;
                 true
             } else if let Some(c) = v.get("configMap") {
                 let name = c["name"].as_str().context("configMap name")?;
@@ -821,7 +852,13 @@ impl Kubelet {
                     .into_iter()
                     .map(|(k, v)| (k, v.into_bytes()))
                     .collect();
-                write_files(&host, &data, &c["items"], c["defaultMode"].as_u64(), fs_group)?;
+                write_files(
+                    &host,
+                    &data,
+                    &c["items"],
+                    c["defaultMode"].as_u64(),
+                    fs_group,
+                )?;
                 true
             } else if let Some(e) = v.get("emptyDir") {
                 std::fs::create_dir_all(&host)?;
@@ -831,13 +868,15 @@ impl Kubelet {
                         Some(s) => parse_bytes(s)?.to_string(),
                         None => "50%".to_owned(),
                     };
-                    run(Command::new("mount").args([
-                        "-t",
-                        "tmpfs",
-                        "-o",
-                        &format!("size={size},mode=0777"),
-                        "tmpfs",
-                    ]).arg(&host))?;
+                    run(Command::new("mount")
+                        .args([
+                            "-t",
+                            "tmpfs",
+                            "-o",
+                            &format!("size={size},mode=0777"),
+                            "tmpfs",
+                        ])
+                        .arg(&host))?;
                     mounts.push(host.clone());
                 }
                 own_volume_dir(&host, fs_group, 0o777)?;
@@ -868,7 +907,10 @@ impl Kubelet {
                     "token".to_owned(),
                     format!("system:serviceaccount:{}:{sa}", self.namespace).into_bytes(),
                 ),
-                ("ca.crt".to_owned(), self.net.api_ca_pem.clone().into_bytes()),
+                (
+                    "ca.crt".to_owned(),
+                    self.net.api_ca_pem.clone().into_bytes(),
+                ),
                 ("namespace".to_owned(), self.namespace.clone().into_bytes()),
             ]);
             write_files(&host, &data, &Value::Null, None, fs_group)?;
@@ -904,10 +946,13 @@ impl Kubelet {
                     "metadata.namespace" => self.namespace.clone(),
                     "metadata.name" => pod_name.to_owned(),
                     "status.podIP" | "status.hostIP" => "127.0.0.1".to_owned(),
-                    "spec.serviceAccountName" => {
-                        spec["serviceAccountName"].as_str().unwrap_or("default").to_owned()
+                    "spec.serviceAccountName" => spec["serviceAccountName"]
+                        .as_str()
+                        .unwrap_or("default")
+                        .to_owned(),
+                    other => {
+                        bail!("{pod_name}: env {name} references field {other}, not supported")
                     }
-                    other => bail!("{pod_name}: env {name} references field {other}, not supported"),
                 }
             } else {
                 bail!("{pod_name}: env {name} has a source this harness does not fill: {e}");
@@ -992,9 +1037,14 @@ impl Kubelet {
 
 /// Port, path and period of an `httpGet` probe.
 fn probe_target(container: &Value, p: &Value) -> anyhow::Result<(u16, String, Duration)> {
-    let h = p.get("httpGet").context("only httpGet probes are supported")?;
+    let h = p
+        .get("httpGet")
+        .context("only httpGet probes are supported")?;
     if h["scheme"].as_str().is_some_and(|s| s != "HTTP") {
-        bail!("probe scheme {} is not supported by this harness", h["scheme"]);
+        bail!(
+            "probe scheme {} is not supported by this harness",
+            h["scheme"]
+        );
     }
     Ok((
         resolve_port(container, &h["port"])?,
@@ -1053,7 +1103,11 @@ fn write_files(
         }
         std::fs::write(&file, bytes)?;
         let mode = mode.or(default_mode).unwrap_or(0o644) as u32;
-        let mode = if fs_group.is_some() { mode | 0o040 } else { mode };
+        let mode = if fs_group.is_some() {
+            mode | 0o040
+        } else {
+            mode
+        };
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))?;
         if let Some(g) = fs_group {
             std::os::unix::fs::chown(&file, Some(0), Some(g))?;

@@ -113,14 +113,21 @@ fn target_port(svc: &Value, port_name: &str, container: &Value) -> u16 {
         .unwrap()
         .iter()
         .find(|p| p["name"] == port_name)
-        .unwrap_or_else(|| panic!("Service {} has no port {port_name}", svc["metadata"]["name"]));
+        .unwrap_or_else(|| {
+            panic!(
+                "Service {} has no port {port_name}",
+                svc["metadata"]["name"]
+            )
+        });
     kubelet::resolve_port(container, &p["targetPort"]).expect("the targetPort is declared")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_them() {
-    require_tools(&["podman", "runc", "ip", "ss", "mount", "kubectl", "curl", "sshd"])
-        .expect("tools");
+    require_tools(&[
+        "podman", "runc", "ip", "ss", "mount", "kubectl", "curl", "sshd",
+    ])
+    .expect("tools");
     mpc::tls::install_crypto_provider();
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     for c in README_COMMANDS {
@@ -155,7 +162,10 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
             &format!("newName: {name}"),
         )
         .replace("newTag: latest", &format!("newTag: {tag}"));
-    assert_ne!(pointed, text, "examples/kustomization.yaml names no image to replace");
+    assert_ne!(
+        pointed, text,
+        "examples/kustomization.yaml names no image to replace"
+    );
     std::fs::write(&k, pointed).unwrap();
 
     // Step 2: the hosts: one loopback sshd build host for linux/arm64.
@@ -230,7 +240,9 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         NS,
         "mpc-webhook",
         443,
-        kubelet.service_addr("mpc-webhook", 443).expect("webhook VIP"),
+        kubelet
+            .service_addr("mpc-webhook", 443)
+            .expect("webhook VIP"),
     );
     let otp = kubelet.start_deployment("mpc-otp-server").expect("OTP pod");
     let controllers = kubelet
@@ -266,7 +278,15 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         let out = Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(api.kubeconfig_path())
-            .args(["get", "lease", "-n", NS, "multi-platform-controller", "-o", "jsonpath={.spec.holderIdentity}"])
+            .args([
+                "get",
+                "lease",
+                "-n",
+                NS,
+                "multi-platform-controller",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
             .output()
             .ok()?;
         let holder = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -278,18 +298,31 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     // The example TaskRun, end to end.
     kubectl(&["apply", "-n", TENANT, "-f", "examples/taskrun.yaml"]);
     let tr = "try-build";
-    let secret = eventually(Duration::from_secs(90), "the TaskRun's secret", &all, || async {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(api.kubeconfig_path())
-            .args(["get", "secret", "-n", TENANT, &format!("multi-platform-ssh-{tr}"), "-o", "json"])
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| serde_json::from_slice::<Value>(&out.stdout).ok())
-            .flatten()
-    })
+    let secret = eventually(
+        Duration::from_secs(90),
+        "the TaskRun's secret",
+        &all,
+        || async {
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(api.kubeconfig_path())
+                .args([
+                    "get",
+                    "secret",
+                    "-n",
+                    TENANT,
+                    &format!("multi-platform-ssh-{tr}"),
+                    "-o",
+                    "json",
+                ])
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| serde_json::from_slice::<Value>(&out.stdout).ok())
+                .flatten()
+        },
+    )
     .await;
     use base64::Engine;
     let field = |k: &str| {
@@ -306,7 +339,11 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         field("error"),
         logs(&all)
     );
-    assert!(field("host").ends_with(&host.address()), "{}", field("host"));
+    assert!(
+        field("host").ends_with(&host.address()),
+        "{}",
+        field("host")
+    );
     assert!(
         field("otp-server").starts_with("https://mpc-otp.multi-platform-controller.svc"),
         "{}",
@@ -318,7 +355,10 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     let otp_vip = kubelet.service_addr("mpc-otp", 443).expect("OTP VIP");
     std::fs::write(
         curl_home.join(".curlrc"),
-        format!("resolve = \"mpc-otp.multi-platform-controller.svc:443:{}\"\n", otp_vip.ip()),
+        format!(
+            "resolve = \"mpc-otp.multi-platform-controller.svc:443:{}\"\n",
+            otp_vip.ip()
+        ),
     )
     .unwrap();
     let run = tekton
@@ -333,9 +373,12 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         .await
         .expect("the step runs");
     assert_eq!(
-        run.exit_code, 0,
+        run.exit_code,
+        0,
         "the build failed:\n{}\n{}\n{}",
-        run.stdout, run.stderr, logs(&all)
+        run.stdout,
+        run.stderr,
+        logs(&all)
     );
     let user = mpc::contract::remote_user_name(tr, TENANT);
     assert!(user_exists(&user), "the build user {user} is on the host");
@@ -347,8 +390,10 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
             .args(["get", "taskrun,secret", "-n", TENANT, "-o", "name"])
             .output()
             .ok()?;
-        (out.status.success() && String::from_utf8_lossy(&out.stdout).trim().is_empty() && !user_exists(&user))
-            .then_some(())
+        (out.status.success()
+            && String::from_utf8_lossy(&out.stdout).trim().is_empty()
+            && !user_exists(&user))
+        .then_some(())
     })
     .await;
 
@@ -378,7 +423,12 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
             .iter()
             .map(|x| x["containerPort"].as_u64().unwrap() as u16)
             .collect();
-        assert_eq!(listening(p), declared, "{}: listening vs containerPorts", p.name);
+        assert_eq!(
+            listening(p),
+            declared,
+            "{}: listening vs containerPorts",
+            p.name
+        );
     }
     let c0 = &controllers[0];
     let o0 = &otp[0];
@@ -389,7 +439,12 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     for (svc, pod, ports) in [(&ctl_svc, c0, &ctl_listen), (&otp_svc, o0, &otp_listen)] {
         for sp in svc["spec"]["ports"].as_array().unwrap() {
             let t = target_port(svc, sp["name"].as_str().unwrap(), &pod.container);
-            assert!(ports.contains(&t), "Service {} port {} → {t}: nothing listens", svc["metadata"]["name"], sp["name"]);
+            assert!(
+                ports.contains(&t),
+                "Service {} port {} → {t}: nothing listens",
+                svc["metadata"]["name"],
+                sp["name"]
+            );
         }
     }
     // The ServiceMonitor scrapes each Service's named port with its scheme: plain HTTP /metrics.
@@ -403,14 +458,25 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         let path = ep["path"].as_str().unwrap_or("/metrics");
         assert_eq!(scheme, "http", "the admin ports serve plain HTTP");
         for (svc, pod) in [(&ctl_svc, c0), (&otp_svc, o0)] {
-            if svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["name"] == port_name) {
+            if svc["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == port_name)
+            {
                 let port = target_port(svc, port_name, &pod.container);
-                assert_eq!(kubelet::get(pod, port, path).await.unwrap(), 200, "{} {port_name}", pod.name);
+                assert_eq!(
+                    kubelet::get(pod, port, path).await.unwrap(),
+                    200,
+                    "{} {port_name}",
+                    pod.name
+                );
             }
         }
     }
     for np in objects.iter().filter(|o| o["kind"] == "NetworkPolicy") {
-        let sel: BTreeMap<String, String> = serde_json::from_value(np["spec"]["podSelector"]["matchLabels"].clone()).unwrap();
+        let sel: BTreeMap<String, String> =
+            serde_json::from_value(np["spec"]["podSelector"]["matchLabels"].clone()).unwrap();
         let pod = all
             .iter()
             .find(|p| sel.iter().all(|(k, v)| p.labels.get(k) == Some(v)))
@@ -418,23 +484,55 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         for rule in np["spec"]["ingress"].as_array().unwrap() {
             for port in rule["ports"].as_array().unwrap() {
                 let n = kubelet::resolve_port(&pod.container, &port["port"]).unwrap();
-                assert!(listening(pod).contains(&n), "NetworkPolicy {} opens {} ({n}): nothing listens", np["metadata"]["name"], port["port"]);
+                assert!(
+                    listening(pod).contains(&n),
+                    "NetworkPolicy {} opens {} ({n}): nothing listens",
+                    np["metadata"]["name"],
+                    port["port"]
+                );
             }
         }
     }
 
     // Through the whole scenario: no liveness failure, under the memory limit, never OOM-killed.
     for p in &all {
-        assert_eq!(p.liveness_failures.load(std::sync::atomic::Ordering::SeqCst), 0, "{} failed liveness\n{}", p.name, p.log_text());
-        let limit = kubelet::parse_bytes(p.container["resources"]["limits"]["memory"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            p.liveness_failures
+                .load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "{} failed liveness\n{}",
+            p.name,
+            p.log_text()
+        );
+        let limit = kubelet::parse_bytes(
+            p.container["resources"]["limits"]["memory"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
         let peak = p.peak_rss().expect("the container runs");
-        eprintln!("{}: peak RSS {:.1} MiB (limit {} MiB)", p.name, peak as f64 / 1048576.0, limit >> 20);
-        assert!(peak < limit, "{}: peak RSS {peak} over its limit {limit}", p.name);
+        eprintln!(
+            "{}: peak RSS {:.1} MiB (limit {} MiB)",
+            p.name,
+            peak as f64 / 1048576.0,
+            limit >> 20
+        );
+        assert!(
+            peak < limit,
+            "{}: peak RSS {peak} over its limit {limit}",
+            p.name
+        );
         assert!(!p.oom_killed(), "{} was OOM-killed", p.name);
     }
 
     // Deleting the pods: each ends on SIGTERM within its grace period, exit code 0.
     for p in all.iter().rev() {
-        assert_eq!(p.terminate(), Some(0), "{} did not stop cleanly\n{}", p.name, p.log_text());
+        assert_eq!(
+            p.terminate(),
+            Some(0),
+            "{} did not stop cleanly\n{}",
+            p.name,
+            p.log_text()
+        );
     }
 }

@@ -415,15 +415,71 @@ pub fn builtins() -> Vec<ResourceDef> {
 fn deployed_kinds() -> Vec<ResourceDef> {
     let replicas = |p: &str| CellSource::Path(p.into());
     [
-        ("apps", "deployments", "Deployment", &["deploy"][..], true, true),
+        (
+            "apps",
+            "deployments",
+            "Deployment",
+            &["deploy"][..],
+            true,
+            true,
+        ),
         ("", "services", "Service", &["svc"][..], true, true),
-        ("", "persistentvolumeclaims", "PersistentVolumeClaim", &["pvc"][..], true, true),
-        ("policy", "poddisruptionbudgets", "PodDisruptionBudget", &["pdb"][..], true, true),
-        ("networking.k8s.io", "networkpolicies", "NetworkPolicy", &["netpol"][..], true, false),
-        ("rbac.authorization.k8s.io", "roles", "Role", &[][..], true, false),
-        ("rbac.authorization.k8s.io", "rolebindings", "RoleBinding", &[][..], true, false),
-        ("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", &[][..], false, false),
-        ("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", &[][..], false, false),
+        (
+            "",
+            "persistentvolumeclaims",
+            "PersistentVolumeClaim",
+            &["pvc"][..],
+            true,
+            true,
+        ),
+        (
+            "policy",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            &["pdb"][..],
+            true,
+            true,
+        ),
+        (
+            "networking.k8s.io",
+            "networkpolicies",
+            "NetworkPolicy",
+            &["netpol"][..],
+            true,
+            false,
+        ),
+        (
+            "rbac.authorization.k8s.io",
+            "roles",
+            "Role",
+            &[][..],
+            true,
+            false,
+        ),
+        (
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            "RoleBinding",
+            &[][..],
+            true,
+            false,
+        ),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            "ClusterRole",
+            &[][..],
+            false,
+            false,
+        ),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            &[][..],
+            false,
+            false,
+        ),
     ]
     .into_iter()
     .map(|(group, plural, kind, short, namespaced, status)| {
@@ -432,7 +488,9 @@ fn deployed_kinds() -> Vec<ResourceDef> {
         } else {
             vec![]
         };
-        builtin(group, "v1", plural, kind, short, namespaced, status, columns)
+        builtin(
+            group, "v1", plural, kind, short, namespaced, status, columns,
+        )
     })
     .collect()
 }
