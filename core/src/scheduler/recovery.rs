@@ -132,6 +132,7 @@ impl Scheduler {
                 // Only the controller's own: another's token (Go's, or a tenant's) is not one
                 // our key server issued.
                 rearm: proven(rec),
+                foreign_secret: rec.secret == Some(SecretKind::Remote) && !proven(rec),
                 since: rec.since,
                 queued: rec.since,
                 state: State::Failed,
