@@ -379,3 +379,40 @@ fn a_go_era_instance_is_adopted_only_by_the_taskrun_its_tag_names() {
     acts.extend(h.wait(3600));
     assert!(terminates(&acts).iter().all(|t| t.1 != "i-go"), "{acts:#?}");
 }
+
+#[test]
+fn a_go_era_pool_instance_is_adopted_only_through_a_taskrun_of_its_platform() {
+    let mut pairs = dynamic_pairs(2, Some((2, 600)));
+    pairs.extend(static_pairs(&[("h1", 1)]));
+    let go_pool_instance = || InstanceRecord {
+        ownership: Ownership::Untagged,
+        platform_label: None,
+        owner: None,
+        ..instance("i-gp", None, START - 600)
+    };
+    // An s390x TaskRun naming the Go controller's arm64 pool instance.
+    let (mut h, out) = start(
+        &pairs,
+        Snapshot {
+            taskruns: vec![claimed("f", S390X, "i-gp")],
+            instances: vec![go_pool_instance()],
+        },
+    );
+    let mut acts = out;
+    acts.extend(h.wait(0));
+    acts.extend(h.done("ns", "f"));
+    acts.extend(h.wait(3 * 3600));
+    assert!(
+        probes(&acts).iter().all(|p| p.1 != "i-gp") && terminates(&acts).is_empty(),
+        "not ours to manage: {acts:#?}"
+    );
+    // An arm64 TaskRun the Go controller placed on it: adopted with its pool instance.
+    let (mut h, _) = start(
+        &pairs,
+        Snapshot {
+            taskruns: vec![claimed("g", ARM, "i-gp")],
+            instances: vec![go_pool_instance()],
+        },
+    );
+    assert_eq!(probes(&h.wait(0))[0].1, "i-gp");
+}
