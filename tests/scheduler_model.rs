@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::Secret;
 use mpc::config::{ConfigData, HostConfig};
 use mpc::contract;
 use mpc::controller::observe::{self, MountMemo, Observed};
-use mpc::controller::patch::{self, Maps, OtpEndpoint};
+use mpc::controller::patch::{self, Maps, OtpEndpoint, SecretProof};
 use mpc::controller::taskrun::TaskRun;
 use mpc::platform::Platform;
 use mpc::provision::HostUser;
@@ -37,6 +37,11 @@ use mpc::scheduler::{
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
+
+/// The controller's secret proof key in this model.
+fn proof() -> SecretProof {
+    SecretProof::from_store_token(b"model-store-token")
+}
 
 const PLATFORMS: [&str; 6] = [
     "linux/s390x",
@@ -875,7 +880,7 @@ impl World {
                 {
                     return vec![gone(&taskrun)];
                 }
-                let s = patch::secret(&taskrun, &secret, &OtpEndpoint::default());
+                let s = patch::secret(&taskrun, &secret, &OtpEndpoint::default(), &proof());
                 let key = (taskrun.namespace().to_owned(), taskrun.secret_name());
                 self.secrets.insert(key, s);
                 self.collect_garbage();
@@ -1172,7 +1177,11 @@ impl World {
                 let (mut rec, matters) =
                     observe::recovery_entry(&tr, &observe::observe(&tr, &mut memo))?;
                 if matters {
-                    rec.secret = self.secret_of(&t.reference()).and_then(patch::secret_kind);
+                    let s = self.secret_of(&t.reference());
+                    rec.secret = s.and_then(patch::secret_kind);
+                    rec.secret_proven = s.is_some_and(|s| {
+                        proof().verify(s, &t.reference(), rec.assigned_host.as_deref())
+                    });
                 }
                 Some(rec)
             })
@@ -1194,6 +1203,7 @@ impl World {
                 ownership: Ownership::Ours,
                 platform_label: Some(Platform::parse(&i.platform).unwrap().label_value()),
                 owner: Some(i.owner.clone()),
+                taskrun_id: None,
                 launched_at: i.launched_at,
                 state: InstanceState::Running,
                 address: Some(format!("addr-{id}")),

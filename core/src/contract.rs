@@ -30,6 +30,16 @@ pub const CLOUD_ADDRESS_ANNOTATION: &str = "build.appstudio.redhat.com/cloud-add
 pub const ALLOCATION_START_TIME_ANNOTATION: &str =
     "build.appstudio.redhat.com/allocation-start-time";
 
+/// Labels only the controller writes: a TaskRun's creator never sets them (the webhook removes
+/// them at creation), and recovery rebuilds allocations from them.
+pub const CONTROLLER_ONLY_LABELS: [&str; 2] = [ASSIGNED_HOST_LABEL, WAITING_FOR_PLATFORM_LABEL];
+/// Annotations only the controller writes (see [`CONTROLLER_ONLY_LABELS`]).
+pub const CONTROLLER_ONLY_ANNOTATIONS: [&str; 3] = [
+    FAILED_HOSTS_ANNOTATION,
+    CLOUD_INSTANCE_ID_ANNOTATION,
+    CLOUD_ADDRESS_ANNOTATION,
+];
+
 /// Finalizer held on remote TaskRuns until cleanup is durable.
 pub const FINALIZER: &str = "appstudio.io/multi-platform-finalizer";
 

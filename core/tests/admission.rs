@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use base64::Engine as _;
 use mpc_core::admission::{self, Decision, IgnoreReason, Reviewed};
 use mpc_core::config::HostConfig;
-use mpc_core::contract::{ALLOCATION_START_TIME_ANNOTATION, FINALIZER, TARGET_PLATFORM_LABEL};
+use mpc_core::contract::{
+    ALLOCATION_START_TIME_ANNOTATION, ASSIGNED_HOST_LABEL, CLOUD_INSTANCE_ID_ANNOTATION,
+    CONTROLLER_ONLY_ANNOTATIONS, CONTROLLER_ONLY_LABELS, FINALIZER, TARGET_PLATFORM_LABEL,
+};
 use serde_json::{Value, json};
 
 const NOW: u64 = 1_732_000_000;
@@ -282,17 +285,110 @@ fn remote_platform_appends_to_existing_finalizers_and_creates_labels() {
     );
 }
 
+/// `already-mutated` as the API server sends it again when it reinvokes the webhook moments
+/// after the first call stamped `allocation-start-time` at `stamped`.
+fn reinvoked(stamped: u64) -> Vec<u8> {
+    let mut request: Value = serde_json::from_slice(&fixture("already-mutated")).unwrap();
+    request["request"]["object"]["metadata"]["annotations"][ALLOCATION_START_TIME_ANNOTATION] =
+        json!(stamped.to_string());
+    serde_json::to_vec(&request).unwrap()
+}
+
 #[test]
 fn already_mutated_object_gets_no_patch() {
-    let case = run("already-mutated", &config());
+    let case = run_bytes(&reinvoked(NOW - 20), &config());
     assert_eq!(case.reviewed.decision, Decision::Remote);
     assert!(case.response["response"].get("patch").is_none());
     assert!(case.response["response"].get("patchType").is_none());
-    // The original allocation start time is kept.
+    // The first admission's allocation start time is kept.
     assert_eq!(
         case.patched["metadata"]["annotations"][ALLOCATION_START_TIME_ANNOTATION],
-        "1699990000"
+        (NOW - 20).to_string()
     );
+}
+
+#[test]
+fn a_creators_allocation_start_time_is_replaced_so_it_cannot_jump_the_queue() {
+    // Older than any reinvocation (the fixture's own value), or in the future: not ours.
+    let future = run_bytes(&reinvoked(NOW + 5), &config());
+    let stale = run("already-mutated", &config());
+    for case in [stale, future] {
+        assert_eq!(case.reviewed.decision, Decision::Remote);
+        assert_eq!(
+            case.ops(),
+            [json!({"op": "add",
+                "path": "/metadata/annotations/build.appstudio.redhat.com~1allocation-start-time",
+                "value": NOW.to_string()})]
+        );
+    }
+}
+
+#[test]
+fn controller_only_keys_a_creator_sends_are_removed() {
+    let case = run("forged-controller-keys", &config());
+    assert_eq!(case.reviewed.decision, Decision::Remote);
+    let mut expected = case.object();
+    let meta = expected["metadata"].as_object_mut().unwrap();
+    for key in CONTROLLER_ONLY_LABELS {
+        assert!(
+            meta["labels"]
+                .as_object_mut()
+                .unwrap()
+                .remove(key)
+                .is_some()
+        );
+    }
+    for key in CONTROLLER_ONLY_ANNOTATIONS {
+        assert!(
+            meta["annotations"]
+                .as_object_mut()
+                .unwrap()
+                .remove(key)
+                .is_some()
+        );
+    }
+    // `allocation-start-time: 1` would put it first in the queue: the webhook's own is written.
+    expect_remote_marks(&mut expected, "linux-arm64");
+    assert_eq!(case.patched, expected);
+    assert_eq!(
+        case.patched["metadata"]["annotations"][ALLOCATION_START_TIME_ANNOTATION],
+        NOW.to_string()
+    );
+}
+
+#[test]
+fn controller_only_keys_are_removed_from_taskruns_the_webhook_otherwise_ignores() {
+    let mut request: Value = serde_json::from_slice(&fixture("internal-task")).unwrap();
+    let meta = &mut request["request"]["object"]["metadata"];
+    meta["labels"][ASSIGNED_HOST_LABEL] = json!("host-1");
+    meta["annotations"][CLOUD_INSTANCE_ID_ANNOTATION] = json!("i-0aaaabbbbcccc0001");
+    let case = run_bytes(&serde_json::to_vec(&request).unwrap(), &config());
+    assert_eq!(
+        case.reviewed.decision,
+        Decision::Ignored(IgnoreReason::Internal)
+    );
+    let paths: Vec<_> = case
+        .ops()
+        .iter()
+        .map(|o| o["op"].to_string() + " " + o["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "\"remove\" /metadata/labels/build.appstudio.redhat.com~1assigned-host",
+            "\"remove\" /metadata/annotations/build.appstudio.redhat.com~1cloud-instance-id",
+        ]
+    );
+    let mut expected = case.object();
+    expected["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove(ASSIGNED_HOST_LABEL);
+    expected["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(CLOUD_INSTANCE_ID_ANNOTATION);
+    assert_eq!(case.patched, expected);
 }
 
 #[test]

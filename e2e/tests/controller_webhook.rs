@@ -274,3 +274,41 @@ async fn manifests_route_taskruns_to_the_real_controller_over_tls() {
     c.controller.shutdown().await;
     c.server.shutdown().await;
 }
+
+/// Issue 23 §1: a TaskRun created with the controller's own labels and annotations (from a
+/// pipeline task's metadata, say) is stored without them, and with the webhook's
+/// `allocation-start-time`, so a leader change cannot rebuild an allocation or a queue position
+/// from what its creator wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_only_keys_sent_at_creation_are_not_stored() {
+    use mpc::contract::{ALLOCATION_START_TIME_ANNOTATION, CONTROLLER_ONLY_ANNOTATIONS};
+    let c = Cluster::start().await;
+    let forged = "  labels:\n    build.appstudio.redhat.com/assigned-host: host-1\n    build.appstudio.redhat.com/waiting-for-platform: linux-arm64\n    team: a\n  annotations:\n    build.appstudio.redhat.com/failed-hosts: host-0\n    build.appstudio.redhat.com/cloud-instance-id: i-0aaaabbbbcccc0001\n    build.appstudio.redhat.com/cloud-address: 127.0.0.66\n    build.appstudio.redhat.com/allocation-start-time: \"1\"\n    note: kept\n";
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let stored = c
+        .create_taskrun("builds", &taskrun("forged", Some("linux/arm64"), forged))
+        .await;
+    let meta = &stored["metadata"];
+    for key in mpc::contract::CONTROLLER_ONLY_LABELS {
+        assert!(meta["labels"].get(key).is_none(), "{key}: {stored:#}");
+    }
+    for key in CONTROLLER_ONLY_ANNOTATIONS {
+        assert!(meta["annotations"].get(key).is_none(), "{key}: {stored:#}");
+    }
+    let start: u64 = meta["annotations"][ALLOCATION_START_TIME_ANNOTATION]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{stored:#}"));
+    assert!(
+        start >= before,
+        "the webhook's own time: {start} < {before}"
+    );
+    // Everything else the creator wrote stays, and the TaskRun is marked as usual.
+    assert_eq!(meta["labels"]["team"], "a");
+    assert_eq!(meta["annotations"]["note"], "kept");
+    assert_eq!(labels(&stored)[TARGET_PLATFORM_LABEL], "linux-arm64");
+    assert_eq!(meta["finalizers"][0], FINALIZER);
+}

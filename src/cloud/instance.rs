@@ -120,6 +120,7 @@ impl Instance {
             ownership: self.ownership,
             platform_label: self.platform_label().map(str::to_owned),
             owner: self.owner_key().map(str::to_owned),
+            taskrun_id: self.taskrun_id().map(str::to_owned),
             launched_at,
             state: self.state,
             address: self.address(strict_public).map(str::to_owned),

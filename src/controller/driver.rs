@@ -626,6 +626,9 @@ async fn collect_snapshot(
                 match execute::kube::read_secret(ctx, &r).await {
                     Ok(s) => {
                         rec.secret = s.as_ref().and_then(patch::secret_kind);
+                        rec.secret_proven = s.as_ref().is_some_and(|s| {
+                            ctx.secret_proof.verify(s, &r, rec.assigned_host.as_deref())
+                        });
                         break;
                     }
                     Err(execute::kube::WriteError::Cancelled) => return None,

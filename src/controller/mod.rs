@@ -309,6 +309,7 @@ impl Controller {
         let token = String::from_utf8_lossy(&read(&required(&args.otp_store_token_file)?)?)
             .trim()
             .to_owned();
+        let secret_proof = Arc::new(patch::SecretProof::from_store_token(token.as_bytes()));
         let url = args.otp_url.clone().unwrap_or_default();
         let otp = OtpClient::new(&url, &ca_pem, Zeroizing::new(token))
             .map_err(|e| ControllerError::Otp(e.to_string()))?;
@@ -325,6 +326,7 @@ impl Controller {
             client: client.clone(),
             namespace: args.namespace.clone(),
             otp: otp_endpoint,
+            secret_proof,
             keys: Arc::new(OtpKeys(otp)),
             provisioner: Arc::new(provisioner),
             known_hosts: Arc::new(execute::ssh::KnownHosts::new(

@@ -118,11 +118,15 @@ pub fn observe(tr: &TaskRun, memo: &mut MountMemo) -> Observed {
             };
         }
     }
-    let since = tr
+    // Never before its creation: the annotation is the tenant's to write, and an early one would
+    // put the TaskRun ahead of older ones.
+    let annotated = tr
         .annotation(contract::ALLOCATION_START_TIME_ANNOTATION)
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .or_else(|| tr.created_unix())
-        .unwrap_or(0);
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let since = match (annotated, tr.created_unix()) {
+        (Some(a), Some(created)) => a.max(created),
+        (a, created) => a.or(created).unwrap_or(0),
+    };
     Observed::Active {
         spec: TaskRunSpec {
             namespace: namespace.to_owned(),
@@ -280,7 +284,7 @@ mod tests {
         serde_json::json!({
             "metadata": {"name": "b1", "namespace": "t1", "uid": "u1",
                          "labels": {contract::TARGET_PLATFORM_LABEL: "linux-arm64"},
-                         "annotations": {contract::ALLOCATION_START_TIME_ANNOTATION: "1700000000"},
+                         "annotations": {contract::ALLOCATION_START_TIME_ANNOTATION: "1767323100"},
                          "finalizers": [contract::FINALIZER],
                          "creationTimestamp": "2026-01-02T03:04:05Z"},
             "spec": {"params": [{"name": "PLATFORM", "value": "linux/arm64"}],
@@ -316,7 +320,7 @@ mod tests {
             panic!("resolved Task mounts the secret")
         };
         assert_eq!(spec.platform, "linux/arm64");
-        assert_eq!(spec.since, Time::from_secs(1_700_000_000));
+        assert_eq!(spec.since, Time::from_secs(1_767_323_100));
         assert!(!needs_finalizer);
         // Same Task (params in another order), another TaskRun, not resolved yet: decided.
         let mut w = base();
@@ -452,8 +456,33 @@ mod tests {
         assert!(rec.finished);
         assert_eq!(rec.assigned_host.as_deref(), Some("host-1"));
         assert_eq!(rec.failed_hosts, vec!["a", "b"]);
-        assert_eq!(rec.since, Time::from_secs(1_700_000_000));
+        assert_eq!(rec.since, Time::from_secs(1_767_323_100));
         assert!(!secret_matters(&rec, &t));
+    }
+
+    /// `allocation-start-time: 1` (written by the tenant, e.g. while the webhook was down) must
+    /// not order the TaskRun before older ones: never earlier than its creation, live or recovered.
+    #[test]
+    fn an_allocation_start_time_before_creation_does_not_jump_the_queue() {
+        let created = Time::from_secs(1_767_323_045);
+        let mut memo = MountMemo::default();
+        let mut v = base();
+        v["status"]["taskSpec"] = resolved(true);
+        v["metadata"]["annotations"][contract::ALLOCATION_START_TIME_ANNOTATION] = "1".into();
+        let t = tr(v.clone());
+        let observed = observe(&t, &mut memo);
+        let Observed::Active { spec, .. } = &observed else {
+            panic!("active: {observed:?}")
+        };
+        assert_eq!(spec.since, created);
+        let (rec, _) = recovery_entry(&t, &observed).unwrap();
+        assert_eq!(rec.since, created);
+        // Finished: recovery reads the annotation itself.
+        v["status"]["conditions"] = serde_json::json!([{"type": "Succeeded", "status": "True"}]);
+        let t = tr(v);
+        let (rec, _) = recovery_entry(&t, &observe(&t, &mut memo)).unwrap();
+        assert!(rec.finished);
+        assert_eq!(rec.since, created);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! and recreated under the same name is never touched by a write meant for the old one (the API
 //! server answers 422; the executor then checks whether the TaskRun is gone). Label and annotation
 //! removals are written as `add ""` then `remove`, which succeeds whether or not the key exists, so
-//! no read is needed first. Secrets are whole objects owned by their TaskRun.
+//! no read is needed first. Secrets are whole objects owned by their TaskRun, carrying a proof
+//! that the controller wrote them ([`SecretProof`]).
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,9 @@ use serde_json::{Value, json};
 
 use crate::admission::{PENDING_STATUS, escape_pointer_token};
 use crate::contract::{self, secret_keys};
-use crate::scheduler::{Placement, SecretData, TaskRunRef};
+use aws_lc_rs::hmac;
+
+use crate::scheduler::{Placement, SecretData, SecretKind, TaskRunRef};
 
 /// Which metadata maps the TaskRun has (a JSON Patch `add` needs the parent to exist).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,11 +142,112 @@ pub struct OtpEndpoint {
     pub ca_pem: String,
 }
 
-/// The TaskRun's secret `multi-platform-ssh-<name>` (design §3), owned by the TaskRun.
-pub fn secret(taskrun: &TaskRunRef, data: &SecretData, otp: &OtpEndpoint) -> Secret {
+/// Secret annotation holding [`SecretProof`]'s proof: `v1:` and the hex HMAC-SHA256.
+pub const SECRET_PROOF_ANNOTATION: &str = "build.appstudio.redhat.com/multi-platform-proof";
+
+/// Proves a TaskRun's secret was written by this controller, for this TaskRun and host.
+///
+/// A tenant can create a Secret of the right name in its namespace, owned by its TaskRun, with
+/// any `otp`; recovery must not take that for ours. Each secret we write carries an HMAC-SHA256
+/// over its kind, the TaskRun's namespace, name and UID, and the host it serves (`assigned-host`:
+/// host name or instance id; `localhost`; empty for an error), in the annotation
+/// [`SECRET_PROOF_ANNOTATION`]. Recovery counts a secret as ours only when that verifies
+/// (constant-time) against the TaskRun it is read for and the host its labels name.
+///
+/// The key is derived from the OTP server's store token (`--otp-store-token-file`): every
+/// replica that schedules already holds it, tenants never see it (it is mounted only into the
+/// controller and the key server), and it needs no new Secret. Rotating that token invalidates
+/// earlier proofs, which degrades safely: their secrets count as unproven (like the Go
+/// controller's), so recovery keeps their allocations only as far as the host config and the
+/// cloud listing confirm them, and issues fresh tokens instead of re-arming theirs.
+pub struct SecretProof(hmac::Key);
+
+impl SecretProof {
+    /// The proof key derived from the store token (domain-separated, so the token itself never
+    /// keys anything else).
+    pub fn from_store_token(token: &[u8]) -> Self {
+        let root = hmac::Key::new(hmac::HMAC_SHA256, token);
+        let derived = hmac::sign(&root, b"mpc TaskRun secret proof v1");
+        Self(hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()))
+    }
+
+    fn message(kind: SecretKind, taskrun: &TaskRunRef, host: &str) -> Vec<u8> {
+        let kind = match kind {
+            SecretKind::Remote => "remote",
+            SecretKind::Localhost => "localhost",
+            SecretKind::Error => "error",
+        };
+        let uid = taskrun.uid().to_string();
+        let mut m = Vec::with_capacity(128);
+        // Length-prefixed: no two field lists encode alike.
+        for part in [kind, taskrun.namespace(), taskrun.name(), &uid, host] {
+            m.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            m.extend_from_slice(part.as_bytes());
+        }
+        m
+    }
+
+    /// The annotation value for a secret of `kind` serving `host`.
+    pub fn sign(&self, kind: SecretKind, taskrun: &TaskRunRef, host: &str) -> String {
+        let tag = hmac::sign(&self.0, &Self::message(kind, taskrun, host));
+        format!("v1:{}", hex::encode(tag.as_ref()))
+    }
+
+    /// Whether `secret` carries a valid proof for `taskrun` and, when remote, `assigned_host`
+    /// (the TaskRun's label; a remote secret without one proves nothing).
+    pub fn verify(
+        &self,
+        secret: &Secret,
+        taskrun: &TaskRunRef,
+        assigned_host: Option<&str>,
+    ) -> bool {
+        let Some(kind) = secret_kind(secret) else {
+            return false;
+        };
+        let host = match kind {
+            SecretKind::Remote => match assigned_host {
+                Some(h) => h,
+                None => return false,
+            },
+            SecretKind::Localhost => contract::LOCALHOST,
+            SecretKind::Error => "",
+        };
+        let Some(tag) = secret
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SECRET_PROOF_ANNOTATION))
+            .and_then(|v| v.strip_prefix("v1:"))
+            .and_then(|h| hex::decode(h).ok())
+        else {
+            return false;
+        };
+        hmac::verify(&self.0, &Self::message(kind, taskrun, host), &tag).is_ok()
+    }
+}
+
+impl std::fmt::Debug for SecretProof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretProof(..)")
+    }
+}
+
+/// The TaskRun's secret `multi-platform-ssh-<name>` (design §3), owned by the TaskRun and
+/// carrying the controller's proof.
+pub fn secret(
+    taskrun: &TaskRunRef,
+    data: &SecretData,
+    otp: &OtpEndpoint,
+    proof: &SecretProof,
+) -> Secret {
     let mut d: BTreeMap<String, ByteString> = BTreeMap::new();
     let mut put = |k: &str, v: &str| {
         d.insert(k.to_owned(), ByteString(v.as_bytes().to_vec()));
+    };
+    let (kind, host) = match data {
+        SecretData::Remote { host, .. } => (SecretKind::Remote, host.name()),
+        SecretData::Localhost => (SecretKind::Localhost, contract::LOCALHOST),
+        SecretData::Error(_) => (SecretKind::Error, ""),
     };
     match data {
         SecretData::Remote { otp: token, .. } => {
@@ -167,6 +271,10 @@ pub fn secret(taskrun: &TaskRunRef, data: &SecretData, otp: &OtpEndpoint) -> Sec
             labels: Some(BTreeMap::from([(
                 contract::MULTI_PLATFORM_SECRET_LABEL.to_owned(),
                 "true".to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                SECRET_PROOF_ANNOTATION.to_owned(),
+                proof.sign(kind, taskrun, host),
             )])),
             owner_references: Some(vec![owner(taskrun)]),
             ..ObjectMeta::default()
@@ -202,9 +310,9 @@ pub fn owned_by(secret: &Secret, taskrun: &TaskRunRef) -> bool {
         .any(|o| o.kind == "TaskRun" && o.uid == uid)
 }
 
-/// What an existing secret holds (for recovery): its kind and, for a remote one, the token.
-pub fn secret_kind(secret: &Secret) -> Option<crate::scheduler::SecretKind> {
-    use crate::scheduler::SecretKind;
+/// What an existing secret holds (for recovery), whoever wrote it ([`SecretProof::verify`]
+/// says whether we did).
+pub fn secret_kind(secret: &Secret) -> Option<SecretKind> {
     let data = secret.data.as_ref()?;
     if data.contains_key(secret_keys::ERROR) {
         Some(SecretKind::Error)
@@ -241,6 +349,10 @@ mod tests {
         let mut d = doc.clone();
         json_patch::patch(&mut d, &patch).map_err(|e| e.to_string())?;
         Ok(d)
+    }
+
+    fn proof() -> SecretProof {
+        SecretProof::from_store_token(b"store-token")
     }
 
     fn taskrun() -> Value {
@@ -364,6 +476,7 @@ mod tests {
                 host,
             },
             &otp,
+            &proof(),
         );
         let data = s.data.as_ref().unwrap();
         let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
@@ -384,13 +497,67 @@ mod tests {
         let o = &s.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(o.block_owner_deletion, None);
         assert_eq!(secret_kind(&s), Some(crate::scheduler::SecretKind::Remote));
-        let local = secret(&r, &SecretData::Localhost, &otp);
+        let local = secret(&r, &SecretData::Localhost, &otp, &proof());
         assert_eq!(
             secret_kind(&local),
             Some(crate::scheduler::SecretKind::Localhost)
         );
         assert_eq!(local.data.as_ref().unwrap().len(), 1);
-        let err = secret(&r, &SecretData::Error("no".into()), &otp);
+        let err = secret(&r, &SecretData::Error("no".into()), &otp, &proof());
         assert_eq!(secret_kind(&err), Some(crate::scheduler::SecretKind::Error));
+    }
+
+    #[test]
+    fn only_the_controllers_own_secret_for_this_taskrun_and_host_is_proven() {
+        let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
+        let host = |name: &str| {
+            crate::scheduler::HostRef::Static(Arc::new(crate::config::StaticHost {
+                name: name.into(),
+                address: "127.0.0.2".into(),
+                user: "root".into(),
+                platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+                secret: "s".into(),
+                concurrency: 1,
+                host_key: None,
+            }))
+        };
+        let remote = SecretData::Remote {
+            otp: "tok".into(),
+            host: host("h1"),
+        };
+        let otp = OtpEndpoint::default();
+        let ours = secret(&r, &remote, &otp, &proof());
+        assert!(proof().verify(&ours, &r, Some("h1")));
+        // The same secret read for another host, TaskRun, or UID (a namesake), or under another
+        // key (a rotated token): not proven.
+        assert!(!proof().verify(&ours, &r, Some("h2")));
+        assert!(!proof().verify(&ours, &r, None));
+        let namesake = TaskRunRef::new("tenant", "build-1", Uid::new("u-2"));
+        assert!(!proof().verify(&ours, &namesake, Some("h1")));
+        let other_ns = TaskRunRef::new("tenant2", "build-1", Uid::new("u-1"));
+        assert!(!proof().verify(&ours, &other_ns, Some("h1")));
+        assert!(!SecretProof::from_store_token(b"rotated").verify(&ours, &r, Some("h1")));
+        // A tenant's Secret: right name, owner and keys, no proof, a copied proof, or a made-up one.
+        let mut forged = ours.clone();
+        forged.metadata.annotations = None;
+        assert!(owned_by(&forged, &r) && secret_kind(&forged) == Some(SecretKind::Remote));
+        assert!(!proof().verify(&forged, &r, Some("h1")));
+        let copied = secret(&namesake, &remote, &otp, &proof());
+        forged.metadata.annotations = copied.metadata.annotations.clone();
+        assert!(!proof().verify(&forged, &r, Some("h1")));
+        for bad in ["v1:zz", "v1:", "00", &format!("v1:{}", "0".repeat(64))] {
+            forged.metadata.annotations = Some(BTreeMap::from([(
+                SECRET_PROOF_ANNOTATION.to_owned(),
+                bad.to_owned(),
+            )]));
+            assert!(!proof().verify(&forged, &r, Some("h1")), "{bad}");
+        }
+        // A proof is for its kind: a localhost proof does not make an error secret ours.
+        let local = secret(&r, &SecretData::Localhost, &otp, &proof());
+        assert!(proof().verify(&local, &r, None));
+        let mut err = secret(&r, &SecretData::Error("no".into()), &otp, &proof());
+        assert!(proof().verify(&err, &r, Some("anything")));
+        err.metadata.annotations = local.metadata.annotations.clone();
+        assert!(!proof().verify(&err, &r, None));
     }
 }

@@ -5,10 +5,15 @@
 //! - local platform: label `target-platform` and, for `os/arch` platforms, a required node
 //!   affinity on `kubernetes.io/os` and `kubernetes.io/arch` merged into every node selector term;
 //! - remote platform (dynamic, dynamic pool, static, or configured but disabled by a config error):
-//!   label `target-platform`, the finalizer, annotation `allocation-start-time`, and
-//!   `spec.status: TaskRunPending` when `gate-pending` is set;
+//!   label `target-platform`, the finalizer, annotation `allocation-start-time` (replacing the
+//!   creator's, which would order the queue), and `spec.status: TaskRunPending` when
+//!   `gate-pending` is set;
 //! - unknown or malformed platform: marked like a remote one so the scheduler writes an `error`
-//!   secret explaining the problem, or denied with 422 when `reject-unknown-platforms` is set.
+//!   secret explaining the problem, or denied with 422 when `reject-unknown-platforms` is set;
+//! - every TaskRun: the labels and annotations only the controller writes (`assigned-host`,
+//!   `waiting-for-platform`, `failed-hosts`, `cloud-instance-id`, `cloud-address`) are removed.
+//!   Tenants write TaskRun metadata (through a pipeline task's metadata too), so at creation these
+//!   can only be forged: recovery would rebuild allocations from them.
 //!
 //! The target-platform label value is the platform with `/` → `-` when that is a valid Kubernetes
 //! label value, else [`INVALID_PLATFORM_LABEL`] (the API server would reject the TaskRun otherwise;
@@ -40,7 +45,7 @@ pub const INVALID_PLATFORM_LABEL: &str = "invalid_platform";
 /// `spec.status` value that keeps Tekton from creating the pod (Tekton ≥ 1.11).
 pub const PENDING_STATUS: &str = "TaskRunPending";
 
-/// Why a request was let through untouched.
+/// Why a request was let through unmarked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IgnoreReason {
     /// Not a `tekton.dev` v1/v1beta1 TaskRun.
@@ -66,7 +71,7 @@ pub enum Decision {
     Unknown,
     /// Unknown or malformed platform denied (`reject-unknown-platforms`).
     Denied,
-    /// Allowed untouched.
+    /// Allowed unmarked (only controller-only keys a creator sent are removed).
     Ignored(IgnoreReason),
 }
 
@@ -256,19 +261,24 @@ fn decide(
     now_unix: u64,
     platform_out: &mut Option<String>,
 ) -> (Decision, Response) {
-    let ignore = |why| (Decision::Ignored(why), Response::allow());
     let meta = taskrun.metadata.as_deref();
+    // Whatever the decision: a TaskRun the controller ignores today is still read by recovery
+    // if its creator also labels it as ours.
+    let mut ops = patch::Patch::default();
+    patch::strip_controller_keys(&mut ops, meta);
+    let ignore =
+        |why, ops: &patch::Patch| (Decision::Ignored(why), Response::patch(ops, Vec::new()));
     if meta
         .and_then(|m| m.labels.as_ref())
         .and_then(|l| l.get(contract::TASK_TYPE_LABEL))
         .is_some()
     {
-        return ignore(IgnoreReason::Internal);
+        return ignore(IgnoreReason::Internal, &ops);
     }
     let default_spec = SpecIn::default();
     let spec = taskrun.spec.as_deref().unwrap_or(&default_spec);
     let Some(value) = platform_value(spec) else {
-        return ignore(IgnoreReason::NoPlatform);
+        return ignore(IgnoreReason::NoPlatform, &ops);
     };
     // A taskRef TaskRun shows no volumes at CREATE, so only an inline Task can rule itself out.
     if let Some(ts) = &spec.task_spec
@@ -279,7 +289,7 @@ fn decide(
             .iter()
             .any(|v| v.is_ssh_secret())
     {
-        return ignore(IgnoreReason::NoSecretVolume);
+        return ignore(IgnoreReason::NoSecretVolume, &ops);
     }
 
     let resolved = match &value {
@@ -303,7 +313,6 @@ fn decide(
         }
     };
 
-    let mut ops = patch::Patch::default();
     let mut warnings = Vec::new();
     let remote_marks = |label: &str, ops: &mut patch::Patch| {
         let marks = patch::RemoteMarks {

@@ -1,9 +1,10 @@
 //! JSON Patch (RFC 6902) operations built against the received TaskRun.
 //!
-//! Only `add` is used, and only onto parents that exist in the received object: a missing (or null)
-//! parent is created whole, with our values inside. On an existing object member `add` replaces the
-//! value, which is what we want for labels we own. Every operation is skipped when the object
-//! already holds what it would write, so a second call on the patched object yields no operations.
+//! `add` goes only onto parents that exist in the received object: a missing (or null) parent is
+//! created whole, with our values inside. On an existing object member `add` replaces the value,
+//! which is what we want for labels we own. `remove` takes out the controller-only keys a creator
+//! sent. Every operation is skipped when the object already holds what it would write, so a second
+//! call on the patched object yields no operations.
 
 use std::borrow::Cow;
 
@@ -13,12 +14,13 @@ use serde_json::{Value, json};
 use super::wire::{MetadataIn, NodeSelectorTermIn, PodTemplateIn, SpecIn};
 use crate::contract;
 
-/// One `add` operation.
+/// One `add` or `remove` operation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(super) struct Op {
     op: &'static str,
     path: String,
-    value: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<Value>,
 }
 
 /// The operations of one response, in application order.
@@ -32,7 +34,15 @@ impl Patch {
         self.ops.push(Op {
             op: "add",
             path,
-            value,
+            value: Some(value),
+        });
+    }
+
+    fn remove(&mut self, path: String) {
+        self.ops.push(Op {
+            op: "remove",
+            path,
+            value: None,
         });
     }
 
@@ -62,11 +72,41 @@ pub fn escape_pointer_token(token: &str) -> Cow<'_, str> {
     }
 }
 
+/// How old an `allocation-start-time` may be and still be kept: one this webhook wrote moments
+/// ago, seen again when the API server reinvokes it within the same request (webhooks run one
+/// after another, each bounded by its timeout of at most 30 s). Any other value is the creator's
+/// and is replaced. (The scheduler also never orders a TaskRun before its creation time.)
+pub(super) const REINVOCATION_WINDOW_SECS: u64 = 300;
+
+/// Removes the labels and annotations only the controller writes ([`contract::CONTROLLER_ONLY_LABELS`],
+/// [`contract::CONTROLLER_ONLY_ANNOTATIONS`]): at creation they can only come from the creator,
+/// and recovery would otherwise rebuild an allocation from them.
+pub(super) fn strip_controller_keys(patch: &mut Patch, meta: Option<&MetadataIn<'_>>) {
+    let Some(meta) = meta else { return };
+    if let Some(labels) = &meta.labels {
+        for key in contract::CONTROLLER_ONLY_LABELS {
+            if labels.get(key).is_some() {
+                patch.remove(format!("/metadata/labels/{}", escape_pointer_token(key)));
+            }
+        }
+    }
+    if let Some(annotations) = &meta.annotations {
+        for key in contract::CONTROLLER_ONLY_ANNOTATIONS {
+            if annotations.get(key).is_some() {
+                patch.remove(format!(
+                    "/metadata/annotations/{}",
+                    escape_pointer_token(key)
+                ));
+            }
+        }
+    }
+}
+
 /// What a remote (or unknown) platform's TaskRun must carry.
 pub(super) struct RemoteMarks<'a> {
     /// `target-platform` label value.
     pub label: &'a str,
-    /// `allocation-start-time` value (unix seconds) if the annotation is absent.
+    /// `allocation-start-time` value (unix seconds), unless a recent one is kept.
     pub now_unix: u64,
     /// Set `spec.status: TaskRunPending` when unset.
     pub gate_pending: bool,
@@ -129,12 +169,14 @@ pub(super) fn remote(
         None => patch.add("/metadata/finalizers".into(), json!([contract::FINALIZER])),
     }
 
-    // Never overwrite: the scheduler measures allocation time from the first admission.
+    // The creator's value would order the queue: replaced, unless this webhook wrote it moments
+    // ago (a reinvocation), so allocation time is measured from the first admission.
     let annotations = meta.annotations.as_ref();
-    if annotations
+    let ours = annotations
         .and_then(|a| a.get(contract::ALLOCATION_START_TIME_ANNOTATION))
-        .is_none()
-    {
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|t| t <= marks.now_unix && marks.now_unix - t <= REINVOCATION_WINDOW_SECS);
+    if !ours {
         set_map_entry(
             patch,
             "/metadata/annotations",

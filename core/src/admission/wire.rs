@@ -377,22 +377,28 @@ pub(super) trait KeySet {
 }
 
 /// Most keys one [`Picked`] captures.
-pub(super) const MAX_PICKED: usize = 3;
+pub(super) const MAX_PICKED: usize = 4;
 
-/// Label keys the webhook reads.
+/// Label keys the webhook reads (the controller-only ones to remove them).
 pub(super) struct LabelKeys;
 impl KeySet for LabelKeys {
     const KEYS: &'static [&'static str] = &[
         contract::TARGET_PLATFORM_LABEL,
-        contract::ASSIGNED_HOST_LABEL,
         contract::TASK_TYPE_LABEL,
+        contract::CONTROLLER_ONLY_LABELS[0],
+        contract::CONTROLLER_ONLY_LABELS[1],
     ];
 }
 
-/// Annotation keys the webhook reads.
+/// Annotation keys the webhook reads (the controller-only ones to remove them).
 pub(super) struct AnnotationKeys;
 impl KeySet for AnnotationKeys {
-    const KEYS: &'static [&'static str] = &[contract::ALLOCATION_START_TIME_ANNOTATION];
+    const KEYS: &'static [&'static str] = &[
+        contract::ALLOCATION_START_TIME_ANNOTATION,
+        contract::CONTROLLER_ONLY_ANNOTATIONS[0],
+        contract::CONTROLLER_ONLY_ANNOTATIONS[1],
+        contract::CONTROLLER_ONLY_ANNOTATIONS[2],
+    ];
 }
 
 /// A string map (labels, annotations) of which only a few keys are kept; the rest is skipped
@@ -419,7 +425,7 @@ impl<'de: 'a, 'a, K: KeySet> Deserialize<'de> for Picked<'a, K> {
                 f.write_str("a map of strings")
             }
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut found: [Option<Str<'a>>; MAX_PICKED] = [None, None, None];
+                let mut found: [Option<Str<'a>>; MAX_PICKED] = [const { None }; MAX_PICKED];
                 while let Some(key) = map.next_key::<Str<'de>>()? {
                     match K::KEYS.iter().position(|k| *k == &*key) {
                         Some(i) => found[i] = Some(map.next_value()?),

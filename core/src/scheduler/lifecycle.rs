@@ -55,6 +55,7 @@ impl Scheduler {
             gated: spec.gated,
             recorded: false,
             rearm: false,
+            foreign_secret: false,
             since: spec.since,
             queued: self.now.max(spec.since),
             state: State::Failed,
@@ -396,10 +397,10 @@ impl Scheduler {
         let Some(taskrun) = self.taskrun_ref(key) else {
             return;
         };
-        let gated = self
-            .taskruns
-            .get_mut(key)
-            .is_some_and(|t| std::mem::take(&mut t.gated));
+        let gated = self.taskruns.get_mut(key).is_some_and(|t| {
+            t.foreign_secret = false;
+            std::mem::take(&mut t.gated)
+        });
         if gated {
             out.push(Action::WriteSecret {
                 taskrun: taskrun.clone(),
@@ -432,8 +433,9 @@ impl Scheduler {
             } => {
                 let host = *host;
                 let def = def.clone();
-                // The retry's pod already mounted the secret: keep it, re-arm its token.
-                t.rearm = true;
+                // The retry's pod already mounted the secret: keep it, re-arm its token (unless
+                // the token is not one our key server issued).
+                t.rearm = !t.foreign_secret;
                 let def = def.or_else(|| self.hosts[host as usize].def.clone());
                 self.rearm_on_host(key, host, def, "the host is no longer configured", out);
             }
@@ -442,7 +444,7 @@ impl Scheduler {
                 phase: Phase::Ready(_),
             } => {
                 let inst = *inst;
-                t.rearm = true;
+                t.rearm = !t.foreign_secret;
                 self.reprovision_on_instance(key, inst, out);
             }
             // Nothing handed out yet (or nothing to hand out): the next secret is fresh anyway.

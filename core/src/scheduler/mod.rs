@@ -132,6 +132,10 @@ struct TaskRun {
     recorded: bool,
     /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
     rearm: bool,
+    /// Its remote secret was found at recovery without our proof (the Go controller's, or
+    /// forged): a new attempt replaces it with a fresh token instead of re-arming its token.
+    /// Cleared when we write one.
+    foreign_secret: bool,
     /// Start of the allocation (`allocation-start-time`).
     since: Time,
     /// When it last joined a queue.

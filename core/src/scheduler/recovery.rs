@@ -10,6 +10,19 @@
 //! (`cloud-instance-id`, or a pool's `assigned-host`); another cluster's never, even when named.
 //! Every live instance listed that the rebuilt ledger does not track counts toward its
 //! platform's `max-instances` until the next listing.
+//!
+//! Tenants write their TaskRuns' labels and annotations and the Secrets of their namespace, so
+//! every piece of evidence is checked before it counts:
+//! - a `cloud-instance-id` only if the listing shows the instance as the TaskRun's
+//!   ([`InstanceRecord::belongs_to`]: our owner tag with its UID, or Go's `taskRunID` tag);
+//!   addresses come from the listing, never from the `cloud-address` annotation;
+//! - a static host only if it serves the TaskRun's platform and has room under its
+//!   `concurrency`; a pool instance only if it is the platform's and has room under the pool's;
+//!   a host the config dropped only with a proven secret. What does not fit is queued again;
+//! - allocations with a proven secret ([`TaskRunRecord::secret_proven`]) are rebuilt first, so
+//!   an unproven claim (Go's, or forged) never displaces one the controller made; only a proven
+//!   secret's token is re-armed;
+//! - `since` is never earlier than the creation time (see [`TaskRunRecord::since`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -35,17 +48,33 @@ impl Scheduler {
             listed.entry(rec.id.as_str()).or_insert(rec);
         }
         let mut claimed: BTreeSet<String> = BTreeSet::new();
-        let named: BTreeSet<&str> = snapshot
-            .taskruns
-            .iter()
-            .filter_map(|r| r.assigned_host.as_deref())
-            .collect();
+        // Go-era pool instances a TaskRun names, with the platforms of the TaskRuns naming them.
+        let mut named: BTreeMap<&str, Vec<Platform>> = BTreeMap::new();
+        for r in &snapshot.taskruns {
+            if let (Some(host), Ok(p)) = (r.assigned_host.as_deref(), Platform::parse(&r.platform))
+            {
+                named.entry(host).or_default().push(p);
+            }
+        }
         let pool_members = self.recover_pool_instances(&snapshot.instances, &named, &mut claimed);
 
+        // Proven allocations first: they take the capacity an unproven claim would also want.
+        let proven = |r: &TaskRunRecord| r.secret_proven && r.secret == Some(SecretKind::Remote);
         let mut records: Vec<&TaskRunRecord> = snapshot.taskruns.iter().collect();
         records.sort_by(|a, b| {
-            (a.since, &a.namespace, &a.name).cmp(&(b.since, &b.namespace, &b.name))
+            (!proven(a), a.since, &a.namespace, &a.name).cmp(&(
+                !proven(b),
+                b.since,
+                &b.namespace,
+                &b.name,
+            ))
         });
+        // The annotated instance, when the listing confirms it is the TaskRun's.
+        let confirmed = |r: &TaskRunRecord| {
+            r.instance_id
+                .clone()
+                .filter(|id| listed.get(id.as_str()).is_some_and(|l| l.belongs_to(r)))
+        };
         // Claim instances by annotation first, so tag-based adoption cannot take one that a
         // TaskRun names.
         // An error or localhost secret settles a TaskRun whatever its labels say: its instance,
@@ -54,10 +83,10 @@ impl Scheduler {
             !r.finished && matches!(r.secret, Some(SecretKind::Error | SecretKind::Localhost))
         };
         for rec in &records {
-            if let Some(id) = &rec.instance_id
+            if let Some(id) = confirmed(rec)
                 && !settled(rec)
             {
-                claimed.insert(id.clone());
+                claimed.insert(id);
             }
         }
         // Instances live TaskRuns name: one a finished TaskRun names too was handed over to
@@ -66,7 +95,7 @@ impl Scheduler {
         let live_named: BTreeSet<String> = records
             .iter()
             .filter(|r| !r.finished && !settled(r))
-            .filter_map(|r| r.instance_id.clone())
+            .filter_map(|r| confirmed(r))
             .collect();
         let mut waiters = Vec::new();
         // Live TaskRuns that had a secret: still gated ones are un-gated once it stands.
@@ -100,7 +129,10 @@ impl Scheduler {
                 gated: rec.gated,
                 recorded: allocated(rec) || rec.waiting,
                 // A secret a pod may have mounted already: its token is re-armed, not replaced.
-                rearm: rec.secret == Some(SecretKind::Remote),
+                // Only the controller's own: another's token (Go's, or a tenant's) is not one
+                // our key server issued.
+                rearm: proven(rec),
+                foreign_secret: rec.secret == Some(SecretKind::Remote) && !proven(rec),
                 since: rec.since,
                 queued: rec.since,
                 state: State::Failed,
@@ -148,6 +180,8 @@ impl Scheduler {
             }
         }
         self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
+        // In their original order again (proven allocations were taken out of it).
+        waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path.clone())));
         for p in 0..self.platforms.len() as PlatformId {
             let platform = self.platforms[p as usize].platform.clone();
             let of_p = snapshot
@@ -190,11 +224,12 @@ impl Scheduler {
     }
 
     /// Creates pool instance entries for listed live instances with a pool's tag: this cluster's
-    /// instances of the pool, and untagged ones a TaskRun's `assigned-host` names.
+    /// instances of the pool, and untagged ones a TaskRun of the pool's platform names in its
+    /// `assigned-host`.
     fn recover_pool_instances(
         &mut self,
         listed: &[InstanceRecord],
-        named: &BTreeSet<&str>,
+        named: &BTreeMap<&str, Vec<Platform>>,
         claimed: &mut BTreeSet<String>,
     ) -> BTreeMap<String, Key> {
         let mut members = BTreeMap::new();
@@ -206,7 +241,10 @@ impl Scheduler {
             let Mode::Pool(pool) = self.platforms[p as usize].mode.clone() else {
                 continue;
             };
-            let legacy = rec.ownership == Ownership::Untagged && named.contains(rec.id.as_str());
+            let legacy = rec.ownership == Ownership::Untagged
+                && named
+                    .get(rec.id.as_str())
+                    .is_some_and(|ps| ps.contains(&pool.instance.platform));
             if pool.instance.instance_tag != rec.instance_tag
                 || !(legacy || rec.is_ours_for(&self.platforms[p as usize].label))
             {
@@ -324,11 +362,7 @@ impl Scheduler {
             let i = self.instances.get_mut(inst).expect("just created");
             let id: Arc<str> = id.as_str().into();
             i.id = Some(id.clone());
-            i.address = rec
-                .instance_address
-                .as_deref()
-                .or(rec_i.and_then(|l| l.address.as_deref()))
-                .map(Arc::from);
+            i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
             i.created = rec_i.map_or(rec.since, |l| l.launched_at);
             i.launches = 1;
             i.owner = Some(key);
@@ -358,6 +392,15 @@ impl Scheduler {
             return false;
         };
         if let Some(&inst) = pool_members.get(host) {
+            let fits = self.instances.get(inst).is_some_and(|i| {
+                i.platform == p
+                    && i.pool
+                        .as_ref()
+                        .is_some_and(|pool| i.attached.len() < pool.concurrency as usize)
+            });
+            if !fits {
+                return false;
+            }
             if let Some(i) = self.instances.get_mut(inst) {
                 i.attached.push(key);
                 i.used = true;
@@ -376,9 +419,18 @@ impl Scheduler {
         }
         let known = self.host_ids.get(host).copied();
         let def = known.and_then(|h| self.hosts[h as usize].def.clone());
-        if def.is_none() && !ready {
-            // Assigned to a host we cannot reach and never served: start over.
+        if def.is_none() && !(ready && rec.secret_proven) {
+            // Assigned to a host we cannot reach and never served, or not provably by us (the
+            // config cannot confirm it): start over.
             return false;
+        }
+        if let (Some(h), Some(def)) = (known, &def) {
+            let host = &self.hosts[h as usize];
+            if host.platform != p || host.load >= def.concurrency {
+                // Not a host of its platform, or full with allocations already rebuilt: the
+                // claim is not the controller's (or no longer fits): queued again.
+                return false;
+            }
         }
         // A running build on a host the config dropped is still counted against it.
         let hid = known.unwrap_or_else(|| self.retired_host(host));
@@ -399,8 +451,9 @@ impl Scheduler {
         true
     }
 
-    /// The TaskRun's `cloud-instance-id`, unless the listing shows it is another cluster's (then
-    /// it is never touched, and the TaskRun is told).
+    /// The TaskRun's `cloud-instance-id`, when the listing shows the instance as this TaskRun's
+    /// ([`InstanceRecord::belongs_to`]). One the listing shows as another's is never touched, and
+    /// the TaskRun is told; one it does not show is gone (or unverifiable): not the TaskRun's.
     fn annotated_instance(
         &self,
         key: Key,
@@ -409,21 +462,22 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) -> Option<String> {
         let id = rec.instance_id.as_deref()?;
-        if listed
-            .get(id)
-            .is_some_and(|l| l.ownership == Ownership::Foreign)
-        {
-            out.push(Action::Notify {
-                taskrun: self.taskrun_ref(key),
-                warning: true,
-                reason: "ForeignInstance",
-                message: format!(
-                    "cloud-instance-id names instance {id}, which another cluster launched; ignoring it"
-                ),
-            });
-            return None;
+        let l = listed.get(id)?;
+        if l.belongs_to(rec) {
+            return Some(id.to_owned());
         }
-        Some(id.to_owned())
+        let (reason, whose) = if l.ownership == Ownership::Foreign {
+            ("ForeignInstance", "another cluster launched")
+        } else {
+            ("NotItsInstance", "was not launched for this TaskRun")
+        };
+        out.push(Action::Notify {
+            taskrun: self.taskrun_ref(key),
+            warning: true,
+            reason,
+            message: format!("cloud-instance-id names instance {id}, which {whose}; ignoring it"),
+        });
+        None
     }
 
     fn dynamic_template(&mut self, platform: &Platform) -> Option<Arc<DynamicPlatform>> {

@@ -28,7 +28,8 @@ pub struct TaskRunRecord {
     pub uid: String,
     /// The `PLATFORM` param.
     pub platform: String,
-    /// `allocation-start-time` (or creation time).
+    /// Creation time, or a later `allocation-start-time` (never an earlier one: tenants can
+    /// write the annotation, and an early one would put them ahead of older TaskRuns).
     pub since: Time,
     /// Retries started.
     pub retries: u32,
@@ -42,16 +43,20 @@ pub struct TaskRunRecord {
     pub waiting: bool,
     /// `failed-hosts` annotation.
     pub failed_hosts: Vec<String>,
-    /// `cloud-instance-id` annotation.
+    /// `cloud-instance-id` annotation: a claim recovery checks against the cloud listing. (The
+    /// `cloud-address` annotation is not read: addresses come from the listing only.)
     pub instance_id: Option<String>,
-    /// `cloud-address` annotation.
-    pub instance_address: Option<String>,
     /// What the TaskRun's secret holds, if it exists.
     pub secret: Option<SecretKind>,
+    /// The secret carries the controller's proof for this TaskRun and its `assigned-host`. The
+    /// Go controller's secrets and forged ones carry none: what they claim is kept only as far
+    /// as the host config and the cloud listing confirm it.
+    pub secret_proven: bool,
 }
 
 impl TaskRunRecord {
-    /// Fills the allocation fields from the TaskRun's labels and annotations.
+    /// Fills the allocation fields from the TaskRun's labels and annotations; `since` (set to the
+    /// creation time first) only moves later.
     pub fn read_metadata(
         &mut self,
         labels: &BTreeMap<String, String>,
@@ -61,7 +66,6 @@ impl TaskRunRecord {
         self.assigned_host = nonempty(labels.get(contract::ASSIGNED_HOST_LABEL));
         self.waiting = nonempty(labels.get(contract::WAITING_FOR_PLATFORM_LABEL)).is_some();
         self.instance_id = nonempty(annotations.get(contract::CLOUD_INSTANCE_ID_ANNOTATION));
-        self.instance_address = nonempty(annotations.get(contract::CLOUD_ADDRESS_ANNOTATION));
         self.failed_hosts = annotations
             .get(contract::FAILED_HOSTS_ANNOTATION)
             .map(|v| {
@@ -76,7 +80,7 @@ impl TaskRunRecord {
             .get(contract::ALLOCATION_START_TIME_ANNOTATION)
             .and_then(|v| v.trim().parse::<u64>().ok())
         {
-            self.since = Time::from_secs(secs);
+            self.since = self.since.max(Time::from_secs(secs));
         }
     }
 }
@@ -111,6 +115,9 @@ pub struct InstanceRecord {
     /// Our owner tag: the UID of the TaskRun it was launched (or retagged) for, or a warm pool
     /// instance's name ([`LaunchId::owner_key`](super::LaunchId::owner_key)).
     pub owner: Option<String>,
+    /// The `taskRunID` tag (`<namespace>:<name>`), which the Go controller writes too: what
+    /// ties an instance it launched to its TaskRun.
+    pub taskrun_id: Option<String>,
     /// Launch time.
     pub launched_at: Time,
     /// Lifecycle state.
@@ -120,6 +127,21 @@ pub struct InstanceRecord {
 }
 
 impl InstanceRecord {
+    /// The listing shows it as this TaskRun's: this cluster's instance carrying the TaskRun's
+    /// UID as owner tag, or one without a cluster tag (the Go controller's) carrying its
+    /// `taskRunID`. Never another cluster's. A `cloud-instance-id` annotation alone proves
+    /// nothing: tenants can write it.
+    pub fn belongs_to(&self, taskrun: &TaskRunRecord) -> bool {
+        match self.ownership {
+            Ownership::Ours => self.owner.as_deref() == Some(taskrun.uid.as_str()),
+            Ownership::Untagged => {
+                self.taskrun_id.as_deref()
+                    == Some(contract::taskrun_id(&taskrun.namespace, &taskrun.name).as_str())
+            }
+            Ownership::Foreign => false,
+        }
+    }
+
     /// Launched by this cluster for the platform with this label value.
     pub fn is_ours_for(&self, label: &str) -> bool {
         self.ownership == Ownership::Ours && self.platform_label.as_deref() == Some(label)

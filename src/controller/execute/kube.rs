@@ -255,7 +255,7 @@ pub async fn write_secret(
     data: &SecretData,
 ) -> Result<(), WriteError> {
     let api = secrets(ctx, tr.namespace());
-    let desired = patch::secret(tr, data, &ctx.otp);
+    let desired = patch::secret(tr, data, &ctx.otp, &ctx.secret_proof);
     let name = tr.secret_name();
     let pp = PostParams::default();
     loop {

@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::ControllerMetrics;
-use super::patch::OtpEndpoint;
+use super::patch::{OtpEndpoint, SecretProof};
 use crate::config::HostConfig;
 use crate::provision::Provisioner;
 use crate::scheduler::{Action, Event, TaskRunRef};
@@ -71,6 +71,8 @@ pub struct Context {
     /// The controller's namespace (admin-key and cloud Secrets, host-config).
     pub namespace: String,
     pub otp: OtpEndpoint,
+    /// Signs the secrets we write and recognises them at recovery.
+    pub secret_proof: Arc<SecretProof>,
     pub keys: Arc<dyn KeyStore>,
     pub provisioner: Arc<Provisioner>,
     pub known_hosts: Arc<ssh::KnownHosts>,

@@ -7,6 +7,7 @@ mod ownership;
 mod pool;
 mod recovery;
 mod static_pool;
+mod tenant;
 
 use super::*;
 use crate::config::ConfigData;

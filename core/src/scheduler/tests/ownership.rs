@@ -117,7 +117,11 @@ fn recovery_adopts_a_named_go_instance_but_never_another_clusters() {
         Snapshot {
             taskruns: vec![go, theirs],
             instances: vec![
-                listed("i-go", Ownership::Untagged, None, 600),
+                // Go tags its instances `taskRunID=<namespace>:<name>`.
+                InstanceRecord {
+                    taskrun_id: Some("ns:a".into()),
+                    ..listed("i-go", Ownership::Untagged, None, 600)
+                },
                 InstanceRecord {
                     owner: Some("uid-ns-b".into()),
                     ..listed("i-theirs", Ownership::Foreign, Some("linux-arm64"), 600)

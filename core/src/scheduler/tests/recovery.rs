@@ -30,6 +30,7 @@ pub(super) fn instance(id: &str, owner: Option<&str>, launched: u64) -> Instance
         ownership: Ownership::Ours,
         platform_label: Some("linux-arm64".into()),
         owner: owner.map(str::to_owned),
+        taskrun_id: None,
         launched_at: Time::from_secs(launched),
         state: InstanceState::Running,
         address: Some("192.0.2.9".into()),
