@@ -204,6 +204,10 @@ pub struct Product {
     /// `--cluster-id` of controllers started from now on; `None` leaves it unset, so the
     /// controller reads the `kube-system` namespace's UID as a cluster does.
     pub cluster_id: Option<String>,
+    /// The user (bearer token) of controllers started from now on: by default
+    /// [`KUBECONFIG_USER`](crate::apiserver::KUBECONFIG_USER), a cluster administrator; a
+    /// ServiceAccount's `system:serviceaccount:<ns>:<name>` to run under its RBAC and policies.
+    pub controller_user: String,
     mpc: PathBuf,
     webhook_certs: PathBuf,
     webhook_port: u16,
@@ -284,6 +288,7 @@ impl Product {
             hosts: Vec::new(),
             controller_flags: Vec::new(),
             cluster_id: Some("e2e-cluster".into()),
+            controller_user: crate::apiserver::KUBECONFIG_USER.to_owned(),
             mpc: mpc.to_owned(),
             webhook_certs,
             webhook_port,
@@ -430,7 +435,14 @@ impl Product {
         };
         let otp_dir = self.dir.path().join("otp");
         let ssh_dir = self.dir.path().join(format!("ssh-{identity}"));
-        let (mpc, kubeconfig) = (self.mpc.clone(), self.api.kubeconfig_path());
+        let kubeconfig = if self.controller_user == crate::apiserver::KUBECONFIG_USER {
+            self.api.kubeconfig_path()
+        } else {
+            let path = self.dir.path().join(format!("kubeconfig-{identity}"));
+            std::fs::write(&path, self.api.kubeconfig_yaml_as(&self.controller_user))?;
+            path
+        };
+        let mpc = self.mpc.clone();
         let (otp_port, certs) = (self.otp_port, self.webhook_certs.clone());
         let (identity_arg, flags) = (identity.to_owned(), self.controller_flags.clone());
         let cluster_id = self.cluster_id.clone();

@@ -7,6 +7,9 @@
 //! each of its requests, and each is held against the ClusterRole and Role rendered by
 //! `kubectl kustomize manifests`. Every request must be allowed (namespaced rules only in the
 //! controller's namespace) and every granted verb used, or listed below with why it cannot be.
+//! The controller runs as its ServiceAccount, with the rendered RBAC objects and admission
+//! policies in the API server and its RBAC authorizer on, so every write it makes also passes
+//! the policies on TaskRuns and on its Secret writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -20,6 +23,10 @@ use mpc::contract;
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
+
+/// The controller's ServiceAccount, as its token names it.
+const CONTROLLER: &str =
+    "system:serviceaccount:multi-platform-controller:multi-platform-controller";
 
 /// Granted `(role kind, apiGroup, resource, verb)` this scenario cannot exercise, and why.
 const NOT_EXERCISED: [(&str, &str, &str, &str, &str); 0] = [];
@@ -43,9 +50,8 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The controller's ClusterRole and Role rules as `kubectl kustomize manifests` renders them,
-/// after checking the bindings give them to its ServiceAccount (the Role in its namespace).
-fn rendered_rules() -> Vec<Rule> {
+/// What `kubectl kustomize manifests` renders.
+fn rendered() -> Vec<Value> {
     let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests");
     let out = Command::new(kubectl)
@@ -58,7 +64,12 @@ fn rendered_rules() -> Vec<Rule> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let docs = e2e::apiserver::parse_documents(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    e2e::apiserver::parse_documents(&String::from_utf8(out.stdout).unwrap()).unwrap()
+}
+
+/// The controller's ClusterRole and Role rules in `docs`, after checking the bindings give them
+/// to its ServiceAccount (the Role in its namespace).
+fn rendered_rules(docs: &[Value]) -> Vec<Rule> {
     let by_key: BTreeMap<String, &Value> = docs
         .iter()
         .map(|d| {
@@ -158,11 +169,28 @@ async fn build_and_clean(p: &Product, ns: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_calls_exactly_what_its_rbac_grants() {
-    let rules = rendered_rules();
+    let docs = rendered();
+    let rules = rendered_rules(&docs);
     let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1), ("h2", 1)])
         .await
         .unwrap();
     p.cluster_id = None;
+    let enforced = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    for d in docs
+        .iter()
+        .filter(|d| enforced.contains(&d["kind"].as_str().unwrap()))
+    {
+        p.api.create(d.clone()).await.unwrap();
+    }
+    p.api.set_rbac(true);
+    p.controller_user = CONTROLLER.to_owned();
     // Two hosts nothing answers on: provisioning fails on one, then on the other, and the
     // TaskRun's ProvisioningFailed Event repeats (a patch of its series).
     let mut cfg = p.base_config();
@@ -260,7 +288,7 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
         p.logs()
     );
 
-    let log = p.api.requests().of(KUBECONFIG_USER);
+    let log = p.api.requests().of(CONTROLLER);
     let requests: BTreeSet<Request> = log.keys().cloned().collect();
     assert!(!requests.is_empty(), "the request log saw the controller");
     let mut denied = Vec::new();

@@ -59,7 +59,7 @@ fn rule_matches(rule: &Value, def: &ResourceDef, sub: Option<&str>, op: &str) ->
 
 /// The version a webhook is called with: the request's if a rule matches it, else (matchPolicy
 /// Equivalent) another served version of the same resource.
-fn matched_def(
+pub(crate) fn matched_def(
     shared: &Shared,
     hook: &Value,
     def: &Arc<ResourceDef>,

@@ -212,12 +212,14 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         namespace: namespace.clone(),
         name: name.clone(),
     };
+    let user = super::audit::user_of(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let user_info = super::auth::UserInfo::from_token(&user);
     shared.requests.record(super::audit::Request {
-        user: super::audit::user_of(
-            req.headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok()),
-        ),
+        user,
         verb,
         group: group.to_owned(),
         resource: def.plural.clone(),
@@ -231,6 +233,20 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     }
     if let Some(e) = fault {
         return Err(e);
+    }
+    if shared.rbac.load(std::sync::atomic::Ordering::SeqCst) {
+        super::auth::authorize(
+            &shared.lock(),
+            &user_info,
+            &super::auth::Attributes {
+                verb: verb.as_str(),
+                group,
+                resource: &def.plural,
+                subresource: sub.as_deref(),
+                namespace: namespace.as_deref(),
+                name: name.as_deref(),
+            },
+        )?;
     }
     let accept = req
         .headers()
@@ -252,6 +268,7 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     let wopts = WriteOpts {
         dry_run: query.get("dryRun") == Some("All"),
         skip_admission: false,
+        user: Some(user_info),
     };
     if let Some(d) = query.get("dryRun")
         && d != "All"

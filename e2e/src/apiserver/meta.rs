@@ -452,6 +452,9 @@ pub fn validate(def: &ResourceDef, obj: &Value, old: Option<&Value>) -> Vec<Caus
         "admissionregistration.k8s.io/mutatingwebhookconfigurations" => {
             validate_webhooks(obj, &mut errs)
         }
+        "admissionregistration.k8s.io/validatingadmissionpolicies" => {
+            validate_policy_expressions(obj, &mut errs)
+        }
         "apiextensions.k8s.io/customresourcedefinitions" => {
             if let Err(e) = resources::from_crd(obj) {
                 errs.extend(e);
@@ -601,6 +604,35 @@ fn validate_webhooks(obj: &Value, errs: &mut Vec<Cause>) {
                     format!("webhooks[{i}].matchConditions[{j}].expression"),
                     format!("Invalid value: {expr:?}: {e}"),
                 ));
+            }
+        }
+    }
+}
+
+/// Every CEL expression of a ValidatingAdmissionPolicy must compile (here: be in the subset the
+/// evaluator supports), as kube-apiserver refuses a policy that does not.
+fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
+    for (list, fields) in [
+        ("matchConditions", &["expression"][..]),
+        ("variables", &["expression"][..]),
+        ("validations", &["expression", "messageExpression"][..]),
+    ] {
+        for (i, item) in obj["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for field in fields {
+                let Some(expr) = item[*field].as_str() else {
+                    continue;
+                };
+                if let Err(e) = super::cel::parse(expr) {
+                    errs.push((
+                        format!("spec.{list}[{i}].{field}"),
+                        format!("Invalid value: {expr:?}: compilation failed: {e}"),
+                    ));
+                }
             }
         }
     }

@@ -6,6 +6,7 @@
 
 mod admission;
 pub mod audit;
+pub mod auth;
 pub mod cel;
 mod controllers;
 pub mod faults;
@@ -15,6 +16,7 @@ pub mod meta;
 mod openapi;
 mod ops;
 pub mod patch;
+mod policy;
 pub mod protobuf;
 mod render;
 pub mod resources;
@@ -80,6 +82,9 @@ pub struct Options {
     /// How long a read or watch at a resourceVersion newer than the server's waits for it before
     /// answering "Too large resource version" (the watch cache waits 3 s).
     pub resource_version_wait: Duration,
+    /// Authorize every request with the RBAC objects in the store ([`auth`]). Off by default:
+    /// most tests' users have no bindings. [`ApiServer::set_rbac`] switches it later.
+    pub rbac: bool,
 }
 
 impl Default for Options {
@@ -93,6 +98,7 @@ impl Default for Options {
                 .to_vec(),
             max_body_bytes: 3 * 1024 * 1024,
             resource_version_wait: Duration::from_secs(3),
+            rbac: false,
         }
     }
 }
@@ -106,6 +112,8 @@ pub(crate) struct Shared {
     pub(crate) requests: audit::RequestLog,
     pub(crate) watch_kill: Mutex<CancellationToken>,
     pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
+    /// RBAC authorization on ([`Options::rbac`]).
+    pub(crate) rbac: std::sync::atomic::AtomicBool,
     pub(crate) opts: Options,
     pub(crate) address: SocketAddr,
 }
@@ -237,6 +245,7 @@ impl ApiServer {
             requests: audit::RequestLog::default(),
             watch_kill: Mutex::new(CancellationToken::new()),
             services: Mutex::new(HashMap::new()),
+            rbac: std::sync::atomic::AtomicBool::new(opts.rbac),
             opts,
             address: https,
         });
@@ -331,13 +340,27 @@ impl ApiServer {
     /// A kube-rs client for this server, as the user [`HARNESS_USER`] (so the request log tells
     /// the harness's own requests from those of processes given [`ApiServer::kubeconfig_path`]).
     pub async fn client(&self) -> Result<kube::Client, Error> {
-        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml_as(HARNESS_USER))
+        self.client_as(HARNESS_USER).await
+    }
+
+    /// A kube-rs client whose bearer token is `user` (a ServiceAccount's is
+    /// `system:serviceaccount:<ns>:<name>`): the identity admission policies and, with
+    /// [`Options::rbac`], the authorizer see ([`auth`]).
+    pub async fn client_as(&self, user: &str) -> Result<kube::Client, Error> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_yaml_as(user))
             .map_err(|e| Error::Kube(e.to_string()))?;
         let cfg =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|e| Error::Kube(e.to_string()))?;
         kube::Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
+    }
+
+    /// Turns RBAC authorization of every request on or off ([`Options::rbac`]).
+    pub fn set_rbac(&self, on: bool) {
+        self.shared
+            .rbac
+            .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Every distinct resource request served so far (with its count), by user.

@@ -5,21 +5,24 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::auth::UserInfo;
 use super::meta::{self, UpdateTarget};
 use super::patch::{self, PatchError, PatchType};
 use super::resources::{self, ResourceDef};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{self, ApiError};
 use super::store::{ObjKey, StoreError};
-use super::{Shared, admission};
+use super::{Shared, admission, policy};
 
 /// Options common to writes.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WriteOpts {
     /// `dryRun=All`: everything but persisting.
     pub dry_run: bool,
-    /// Skip admission webhooks (writes by the server's own controllers).
+    /// Skip admission webhooks and policies (writes by the server's own controllers).
     pub skip_admission: bool,
+    /// Who writes, for admission policies; `None` for the harness's own helpers.
+    pub user: Option<UserInfo>,
 }
 
 impl WriteOpts {
@@ -27,9 +30,44 @@ impl WriteOpts {
         Self {
             dry_run: false,
             skip_admission: true,
+            user: None,
         }
     }
+
+    /// Runs the validating admission policies on one write, unless admission is skipped.
+    fn validate(&self, shared: &Shared, attempt: PolicyAttempt<'_>) -> Result<(), ApiError> {
+        if self.skip_admission {
+            return Ok(());
+        }
+        let harness = UserInfo::harness();
+        let (def, sub, ns, name, op, object, old) = attempt;
+        policy::validate(
+            shared,
+            &policy::Attempt {
+                def,
+                sub,
+                ns,
+                name,
+                op,
+                object,
+                old,
+                user: self.user.as_ref().unwrap_or(&harness),
+                dry_run: self.dry_run,
+            },
+        )
+    }
 }
+
+/// `(def, subresource, namespace, name, operation, object, old object)`, objects in storage form.
+type PolicyAttempt<'a> = (
+    &'a Arc<ResourceDef>,
+    Option<&'a str>,
+    Option<&'a str>,
+    &'a str,
+    &'a str,
+    Option<&'a Value>,
+    Option<&'a Value>,
+);
 
 /// `DeleteOptions`.
 #[derive(Debug, Clone, Default)]
@@ -333,6 +371,8 @@ impl Shared {
         if !errs.is_empty() {
             return Err(ApiError::invalid(def, &name, &errs));
         }
+        // Validating admission sees the object as it will be stored (creationTimestamp, uid).
+        opts.validate(self, (def, None, ns, &name, "CREATE", Some(&stored), None))?;
         if def.storage == "apiextensions.k8s.io/customresourcedefinitions" {
             let group = stored["spec"]["group"].as_str().unwrap_or_default();
             if self.registry().is_builtin_group(group) {
@@ -494,6 +534,11 @@ impl Shared {
             if !errs.is_empty() {
                 return Err(ApiError::invalid(def, name, &errs));
             }
+            let sub = (target == UpdateTarget::Status).then_some("status");
+            opts.validate(
+                self,
+                (def, sub, ns, name, "UPDATE", Some(&prepared), Some(&old)),
+            )?;
             if opts.dry_run {
                 return Ok(def.from_storage(prepared));
             }
@@ -590,6 +635,7 @@ impl Shared {
             if meta::is_deleting(&old) {
                 return Ok(Deleted::Pending(def.from_storage((*old).clone())));
             }
+            opts.validate(self, (def, None, ns, name, "DELETE", None, Some(&old)))?;
             let mut fins = meta::finalizers(&old);
             let extra = match policy.as_str() {
                 "Orphan" => Some(meta::ORPHAN_FINALIZER),
