@@ -471,7 +471,8 @@ pub fn builtins() -> Vec<ResourceDef> {
 }
 
 /// The other kinds the shipped manifests contain, stored and served as written (no controller
-/// acts on them here), so `kubectl apply -k` of an installation works against this server.
+/// acts on them here), so `kubectl apply -k` of an installation works against this server (the
+/// RBAC kinds are served above, for the authorizer).
 fn deployed_kinds() -> Vec<ResourceDef> {
     let replicas = |p: &str| CellSource::Path(p.into());
     [
@@ -506,38 +507,6 @@ fn deployed_kinds() -> Vec<ResourceDef> {
             "NetworkPolicy",
             &["netpol"][..],
             true,
-            false,
-        ),
-        (
-            "rbac.authorization.k8s.io",
-            "roles",
-            "Role",
-            &[][..],
-            true,
-            false,
-        ),
-        (
-            "rbac.authorization.k8s.io",
-            "rolebindings",
-            "RoleBinding",
-            &[][..],
-            true,
-            false,
-        ),
-        (
-            "rbac.authorization.k8s.io",
-            "clusterroles",
-            "ClusterRole",
-            &[][..],
-            false,
-            false,
-        ),
-        (
-            "rbac.authorization.k8s.io",
-            "clusterrolebindings",
-            "ClusterRoleBinding",
-            &[][..],
-            false,
             false,
         ),
     ]
