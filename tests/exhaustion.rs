@@ -494,7 +494,7 @@ async fn idle_connections_are_capped_and_closed() {
 /// only, for one window per re-arm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
-    let otp = Otp::start(&["--rearm-wait", "4s"]);
+    let otp = Otp::start(&["--rearm-wait", "6s"]);
     let client = otp.client();
     let mine = client
         .store_key_for("uid-attacker", "p1", None, b"KEY-A")
@@ -523,10 +523,32 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
         }
     };
     let started = Instant::now();
+    let sent = Arc::new(AtomicUsize::new(0));
     let attackers: Vec<_> = (0..260)
-        .map(|_| tokio::spawn(redeem(mine.as_str().to_owned())))
+        .map(|_| {
+            let (tls, sent, token) = (
+                Arc::clone(&otp.certs.client),
+                Arc::clone(&sent),
+                mine.as_str().to_owned(),
+            );
+            tokio::spawn(async move {
+                let mut s = tls_connect(addr, &tls).await.ok()?;
+                let head = format!(
+                    "POST /otp HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{token}",
+                    token.len()
+                );
+                s.write_all(head.as_bytes()).await.ok()?;
+                sent.fetch_add(1, Ordering::Relaxed);
+                Some(read_status(&mut s, Duration::from_secs(10)).await)
+            })
+        })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every attacking redeem is in before the other tenant's retry.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sent.load(Ordering::Relaxed) < 260 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // The other tenant's retry pod redeems before the controller re-armed its token: it waits,
     // and gets the new key once the re-arm comes.
     let retry = tokio::spawn({
@@ -542,7 +564,9 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
     let got = retry.await.unwrap();
     let mut statuses = std::collections::BTreeMap::new();
     for a in attackers {
-        *statuses.entry(a.await.unwrap()).or_insert(0) += 1;
+        *statuses
+            .entry(a.await.unwrap().unwrap_or(NO_ANSWER))
+            .or_insert(0) += 1;
     }
     eprintln!(
         "260 redeems of one used token: {statuses:?} in {:?}",
@@ -553,7 +577,7 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
         Ok(b"KEY-B2".to_vec()),
         "the other tenant's retry was not served"
     );
-    // One waited for the window (4 s) and was refused; the others were superseded at once.
+    // One waited for the window (6 s) and was refused; the others were superseded at once.
     assert_eq!(statuses.get(&410), Some(&1), "{statuses:?}");
     assert_eq!(statuses.get(&409), Some(&259), "{statuses:?}");
 
