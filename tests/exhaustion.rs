@@ -252,6 +252,9 @@ where
 // ---------------------------------------------------------------------------------------------
 // OTP server
 
+/// One round of a legitimate client.
+type LegitCall = std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
 struct Otp {
     certs: Certs,
     bearer: String,
@@ -301,11 +304,7 @@ impl Otp {
     }
 
     /// What the controller and a build pod do: store a key, redeem it once.
-    fn store_and_redeem(
-        &self,
-    ) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
-    + Send
-    + 'static {
+    fn store_and_redeem(&self) -> impl FnMut() -> LegitCall + Send + 'static {
         let client = self.client();
         let n = Arc::new(AtomicUsize::new(0));
         move || {
