@@ -905,14 +905,20 @@ async fn held_redeems_are_capped_and_end_at_shutdown() {
     let server = RunningServer::start(&args).await.unwrap();
     let metrics = server.metrics.clone();
     let client = f.client(server.addr);
-    let token = client
-        .store_key_for("uid-c", "p1", None, b"KEY")
-        .await
-        .unwrap();
-    client.redeem(token.as_str()).await.unwrap();
-    let waiters: Vec<_> = (0..2)
-        .map(|_| {
-            let (c, t) = (client.clone(), token.as_str().to_owned());
+    // A token waits in one place only: the cap is across tokens.
+    let mut tokens = Vec::new();
+    for owner in ["uid-c", "uid-d", "uid-e"] {
+        let t = client
+            .store_key_for(owner, "p1", None, b"KEY")
+            .await
+            .unwrap();
+        client.redeem(t.as_str()).await.unwrap();
+        tokens.push(t);
+    }
+    let waiters: Vec<_> = tokens[..2]
+        .iter()
+        .map(|t| {
+            let (c, t) = (client.clone(), t.as_str().to_owned());
             tokio::spawn(async move { c.redeem(&t).await })
         })
         .collect();
@@ -922,7 +928,7 @@ async fn held_redeems_are_capped_and_end_at_shutdown() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let started = Instant::now();
-    let e = client.redeem(token.as_str()).await.unwrap_err();
+    let e = client.redeem(tokens[2].as_str()).await.unwrap_err();
     assert_eq!(rejected_status(&e), 503, "{e}");
     assert!(e.to_string().contains("too many"), "{e}");
     assert!(e.is_retryable());

@@ -28,8 +28,9 @@ pub const REASONS: [&str; 11] = [
 pub const ENDPOINTS: [&str; 3] = ["store", "redeem", "revoke"];
 
 /// How a redeem that waited for a re-arm ended.
-pub const HOLD_OUTCOMES: [&str; 6] = [
+pub const HOLD_OUTCOMES: [&str; 7] = [
     "served",
+    "superseded",
     "revoked",
     "expired",
     "timed_out",

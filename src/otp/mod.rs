@@ -125,7 +125,9 @@ pub struct OtpServerArgs {
     #[arg(long, env = "MPC_OTP_REARM_WAIT", default_value = "90s", value_parser = crate::duration::parse_nonzero)]
     pub rearm_wait: Duration,
     /// Most redeems waiting for a re-arm at once (each holds a connection); more are answered 503
-    /// at once. Retries arrive one pod per failed attempt, so this is far above normal need.
+    /// at once. Retries arrive one pod per failed attempt, so this is far above normal need. A
+    /// token holds at most one place (a newer redeem of it takes the older one's), and only for
+    /// one `--rearm-wait` per re-arm, so a tenant redeeming its own used token cannot fill it.
     #[arg(long, env = "MPC_OTP_MAX_HELD_REDEEMS", default_value_t = 256)]
     pub max_held_redeems: usize,
     /// How often expired entries are purged.
@@ -140,7 +142,34 @@ pub struct OtpServerArgs {
     /// How often the certificate files are checked for changes.
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub cert_reload_interval: Duration,
+    /// Most open HTTPS connections; at the cap a new one replaces the longest idle one. A build
+    /// pod's redeem and each waiting redeem hold one; the controller keeps a few.
+    #[arg(long, env = "MPC_OTP_MAX_CONNECTIONS", default_value_t = OTP_LIMITS.max_connections)]
+    pub max_connections: usize,
+    /// Most HTTPS requests handled at once, waiting redeems included (more are answered 503 at
+    /// once). Must exceed `--max-held-redeems`.
+    #[arg(long, env = "MPC_OTP_MAX_IN_FLIGHT", default_value_t = OTP_LIMITS.max_in_flight)]
+    pub max_in_flight: usize,
+    /// Longest time from accepting a connection to its first request.
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
+    pub first_request_timeout: Duration,
+    /// Longest time a connection stays open with no request running.
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_nonzero)]
+    pub idle_timeout: Duration,
 }
+
+/// The HTTPS listener's limits. Unauthenticated clients can reach the port, so what one can
+/// hold is small: no body is read before its request is authorised (or, for `/otp`, beyond a
+/// token's size), and connections and requests are capped.
+pub const OTP_LIMITS: ServeOptions = ServeOptions {
+    handshake_timeout: Duration::from_secs(5),
+    first_request_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(30),
+    header_read_timeout: Duration::from_secs(10),
+    max_connections: 1024,
+    max_in_flight: 512,
+    drain_timeout: Duration::from_secs(20),
+};
 
 impl OtpServerArgs {
     /// Arguments with every default, for the given files (used by tests and embedding).
@@ -164,6 +193,10 @@ impl OtpServerArgs {
             max_key_bytes: 64 * 1024,
             request_timeout: Duration::from_secs(10),
             cert_reload_interval: Duration::from_secs(10),
+            max_connections: OTP_LIMITS.max_connections,
+            max_in_flight: OTP_LIMITS.max_in_flight,
+            first_request_timeout: OTP_LIMITS.first_request_timeout,
+            idle_timeout: OTP_LIMITS.idle_timeout,
         }
     }
 }
@@ -208,6 +241,12 @@ impl RunningServer {
         if args.max_held_redeems == 0 {
             return Err(OtpError::Config(
                 "--max-held-redeems must be positive".into(),
+            ));
+        }
+        if args.max_connections == 0 || args.max_in_flight <= args.max_held_redeems {
+            return Err(OtpError::Config(
+                "--max-connections must be positive and --max-in-flight above --max-held-redeems"
+                    .into(),
             ));
         }
         let mut secrets = Vec::new();
@@ -272,11 +311,22 @@ impl RunningServer {
             max_key_bytes: args.max_key_bytes,
             request_timeout: args.request_timeout,
             rearm_wait: args.rearm_wait,
-            holds: hold::Holds::new(args.max_held_redeems, metrics.held.clone()),
+            holds: hold::Holds::new(args.max_held_redeems, args.rearm_wait, metrics.held.clone()),
             shutdown: cancel.clone(),
             metrics: metrics.clone(),
         });
-        let opts = ServeOptions::default();
+        let opts = ServeOptions {
+            max_connections: args.max_connections,
+            max_in_flight: args.max_in_flight,
+            first_request_timeout: args.first_request_timeout,
+            idle_timeout: args.idle_timeout,
+            ..OTP_LIMITS
+        };
+        let admin_opts = ServeOptions {
+            first_request_timeout: args.first_request_timeout,
+            idle_timeout: args.idle_timeout,
+            ..ServeOptions::admin(OTP_LIMITS.drain_timeout)
+        };
         let mut tasks = vec![
             cert.spawn_reloader(args.cert_reload_interval, cancel.clone()),
             tokio::spawn(serve_tls(
@@ -290,7 +340,7 @@ impl RunningServer {
                 admin,
                 server::admin_router(metrics.clone()),
                 cancel.clone(),
-                opts,
+                admin_opts,
             )),
         ];
         tasks.push(tokio::spawn(purge_loop(

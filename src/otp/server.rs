@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
-use super::hold::{Holds, Wake};
+use super::hold::{Holds, NoHold, Wake};
 use super::metrics::OtpMetrics;
 use super::seal::Sealer;
 use super::secret_file::SecretFile;
@@ -270,8 +270,30 @@ fn observe(state: &AppState, endpoint: &'static str, started: Instant) {
         .observe(started.elapsed().as_secs_f64());
 }
 
-/// A controller request (`/store-key`, `/revoke`): reads the body (at most `limit` bytes), checks
-/// the bearer token, runs `f` on the body (`None` if too large) and times it as `endpoint`.
+/// Longest an unauthorised request's body is read (and dropped) before the refusal is sent.
+const REFUSED_BODY_DRAIN: Duration = Duration::from_millis(250);
+
+/// Reads and drops up to `limit` bytes of body for at most [`REFUSED_BODY_DRAIN`]: HTTP/2
+/// clients such as curl report an unread request body as a stream error instead of showing the
+/// status, but nothing of it is kept.
+async fn drain_body(body: Body, limit: usize) {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut seen = 0usize;
+    let drain = async {
+        while seen <= limit {
+            match body.frame().await {
+                Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |d| d.len()),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSED_BODY_DRAIN, drain).await;
+}
+
+/// A controller request (`/store-key`, `/revoke`): checks the bearer token before reading the
+/// body, so an unauthenticated client cannot make the server buffer anything; then reads the body
+/// (at most `limit` bytes), runs `f` on it (`None` if too large) and times it as `endpoint`.
 async fn controller_request<Fut: Future<Output = Response>>(
     state: &AppState,
     endpoint: &'static str,
@@ -281,12 +303,10 @@ async fn controller_request<Fut: Future<Output = Response>>(
     f: impl FnOnce(Option<Zeroizing<Vec<u8>>>) -> Fut,
 ) -> Response {
     let started = Instant::now();
-    // The body is read before answering even a refusal: HTTP/2 clients such as curl report an
-    // unread request body as a stream error instead of showing the status.
-    let body = read_body(body, limit).await;
     let response = if authorized(state, headers) {
-        f(body).await
+        f(read_body(body, limit).await).await
     } else {
+        drain_body(body, limit).await;
         unauthorized(state)
     };
     observe(state, endpoint, started);
@@ -511,9 +531,10 @@ async fn redeem_inner(state: &AppState, body: Body) -> (Response, bool) {
     let hash = token.hash();
     match state.store.redeem(hash).await {
         Ok(Redeemed::Key(key)) => (served(state, &hash, &key), false),
-        Ok(Redeemed::Refused(Refusal::Used { rearmable: true })) => {
-            (hold_for_rearm(state, hash).await, true)
-        }
+        Ok(Redeemed::Refused(Refusal::Used {
+            rearmable: true,
+            arms,
+        })) => (hold_for_rearm(state, hash, arms).await, true),
         Ok(Redeemed::Refused(r)) => (refusal(state, r), false),
         Err(e) => (unavailable(state, &e), false),
     }
@@ -539,25 +560,41 @@ fn revoked_token(state: &AppState) -> Response {
 }
 
 /// A redeem of a used token its owner may re-arm: waits for the re-arm (then answers with the new
-/// key, if no other redeem took it first), a revoke, shutdown, or `rearm_wait`.
-async fn hold_for_rearm(state: &AppState, hash: TokenHash) -> Response {
-    let Some(mut hold) = state.holds.hold(hash) else {
-        return refuse(
-            state,
-            "busy",
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many redeems are waiting for a re-arm; retry later",
-        );
+/// key, if no other redeem took it first), a revoke, a newer redeem of the token, shutdown, or the
+/// close of this arm's window (see [`super::hold`]).
+async fn hold_for_rearm(state: &AppState, hash: TokenHash, arms: usize) -> Response {
+    let mut hold = match state.holds.hold(hash, arms, tokio::time::Instant::now()) {
+        Ok(h) => h,
+        Err(NoHold::Full) => {
+            return refuse(
+                state,
+                "busy",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many redeems are waiting for a re-arm; retry later",
+            );
+        }
+        // Already waited for this arm in vain: no re-arm is coming.
+        Err(NoHold::WindowClosed) => {
+            return refusal(
+                state,
+                Refusal::Used {
+                    rearmable: true,
+                    arms,
+                },
+            );
+        }
     };
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + state.rearm_wait;
+    let deadline = hold.closes();
     tracing::info!(entry = %hash.log_id(), "token already used; waiting for a re-arm");
     let (outcome, response) = loop {
         // Look again now that we are subscribed: a re-arm committed since the first look woke
         // nobody.
         match state.store.redeem(hash).await {
             Ok(Redeemed::Key(key)) => break ("served", served(state, &hash, &key)),
-            Ok(Redeemed::Refused(Refusal::Used { rearmable: true })) => {}
+            Ok(Redeemed::Refused(Refusal::Used {
+                rearmable: true, ..
+            })) => {}
             Ok(Redeemed::Refused(Refusal::Expired)) => {
                 break ("expired", refusal(state, Refusal::Expired));
             }
@@ -576,13 +613,21 @@ async fn hold_for_rearm(state: &AppState, hash: TokenHash) -> Response {
                 ),
             ),
             () = tokio::time::sleep_until(deadline) => {
-                break ("timed_out", refusal(state, Refusal::Used { rearmable: true }));
+                break ("timed_out", refusal(state, Refusal::Used { rearmable: true, arms }));
             }
-            wake = hold.woken() => {
-                if wake == Wake::Revoked {
-                    break ("revoked", revoked_token(state));
-                }
-            }
+            wake = hold.woken() => match wake {
+                Wake::Revoked => break ("revoked", revoked_token(state)),
+                Wake::Superseded => break (
+                    "superseded",
+                    refuse(
+                        state,
+                        "conflict",
+                        StatusCode::CONFLICT,
+                        "a newer redeem of this token waits for its re-arm instead",
+                    ),
+                ),
+                Wake::Rearmed | Wake::Waiting => {}
+            },
         }
     };
     drop(hold);

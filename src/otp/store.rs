@@ -200,6 +200,9 @@ pub enum Refusal {
     Used {
         /// The entry is owner-keyed.
         rearmable: bool,
+        /// How many requests armed it so far: a re-arm raises it, so holds can tell one arm's
+        /// wait from the next.
+        arms: usize,
     },
     /// Past its TTL.
     Expired,
@@ -212,6 +215,7 @@ pub fn decide_redeem(entry: Option<&Entry>, now_ms: u64) -> Result<(), Refusal> 
         Some(e) if e.expires_at_ms <= now_ms => Err(Refusal::Expired),
         Some(e) if e.sealed.is_none() => Err(Refusal::Used {
             rearmable: e.owner.is_some(),
+            arms: e.arms.len(),
         }),
         Some(_) => Ok(()),
     }
@@ -724,6 +728,7 @@ fn apply_redeem(
     let Some(sealed) = e.sealed.take() else {
         return Ok(Redeemed::Refused(Refusal::Used {
             rearmable: e.owner.is_some(),
+            arms: e.arms.len(),
         }));
     };
     // Open before consuming: an entry we cannot open stays for an operator to recover.
@@ -882,11 +887,17 @@ mod tests {
         assert_eq!(decide_redeem(Some(&live), 100), Err(Refusal::Expired));
         assert_eq!(
             decide_redeem(Some(&used), 50),
-            Err(Refusal::Used { rearmable: false })
+            Err(Refusal::Used {
+                rearmable: false,
+                arms: 0
+            })
         );
         assert_eq!(
             decide_redeem(Some(&owned_used), 50),
-            Err(Refusal::Used { rearmable: true })
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 1
+            })
         );
         assert_eq!(decide_redeem(Some(&owned_used), 100), Err(Refusal::Expired));
         assert_eq!(decide_redeem(None, 0), Err(Refusal::Unknown));
@@ -1082,7 +1093,13 @@ mod tests {
             Err(StoreRefusal::DifferentKey)
         );
         assert_eq!(h.redeem(t).await.unwrap(), b"KEY");
-        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: false }));
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: false,
+                arms: 0
+            })
+        );
         assert_eq!(
             h.store(t, Claim::Anonymous, b"KEY").await,
             Err(StoreRefusal::AlreadyRedeemed)
@@ -1117,13 +1134,25 @@ mod tests {
             Ok(Stored::Created)
         );
         assert_eq!(h.redeem(t).await.unwrap(), b"K1");
-        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 1
+            })
+        );
         // A retried first store after the redeem: the same entry, still used.
         assert_eq!(
             h.store(t, claim("u", "r1", false), b"K1").await,
             Ok(Stored::Replayed)
         );
-        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 1
+            })
+        );
         assert_eq!(
             h.store(t, claim("other", "r2", true), b"K2").await,
             Err(StoreRefusal::OtherOwner)
@@ -1137,7 +1166,13 @@ mod tests {
             Ok(Stored::Replayed)
         );
         assert_eq!(h.redeem(t).await.unwrap(), b"K2");
-        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 2
+            })
+        );
         // Re-armed before the redeem: the replaced key is never handed out.
         h.store(t, claim("u", "r3", true), b"K3").await.unwrap();
         assert_eq!(
@@ -1156,7 +1191,13 @@ mod tests {
             Ok(Stored::Replayed)
         );
         assert_eq!(h.redeem(t).await.unwrap(), b"K4");
-        assert_eq!(h.redeem(t).await, Err(Refusal::Used { rearmable: true }));
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 4
+            })
+        );
         let unknown = Token::random().hash();
         assert_eq!(
             h.store(unknown, claim("u", "r5", true), b"K5").await,

@@ -45,6 +45,18 @@ pub enum ServerError {
     Signals(std::io::Error),
 }
 
+/// The webhook listener's limits: the API server opens a few HTTP/2 connections and sends at most
+/// a few hundred reviews a second, each answered in microseconds.
+pub const WEBHOOK_LIMITS: ServeOptions = ServeOptions {
+    handshake_timeout: Duration::from_secs(5),
+    first_request_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(30),
+    header_read_timeout: Duration::from_secs(10),
+    max_connections: 1024,
+    max_in_flight: 128,
+    drain_timeout: Duration::from_secs(20),
+};
+
 /// Webhook and admin-port arguments of `mpc controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WebhookArgs {
@@ -68,12 +80,30 @@ pub struct WebhookArgs {
     /// How often the certificate and config files are re-read (e.g. `5s`, `500ms`).
     #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub reload_interval: Duration,
-    /// Largest accepted webhook request body, in bytes.
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    /// Largest accepted webhook request body, in bytes. The webhook is called for CREATE only,
+    /// whose AdmissionReview carries the TaskRun once (no oldObject); a TaskRun that can be stored
+    /// is at most etcd's 1.5 MiB request limit as JSON, and the review around it (user info,
+    /// options) adds a few KiB: 1.5 MiB + 64 KiB. A larger review is for an object etcd refuses
+    /// anyway. Raise it with etcd's `--max-request-bytes`.
+    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
     pub max_body_bytes: usize,
     /// Longest time to receive and answer one webhook request.
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     pub request_timeout: Duration,
+    /// Most open webhook connections; at the cap a new one replaces the longest idle one.
+    #[arg(long, default_value_t = WEBHOOK_LIMITS.max_connections)]
+    pub webhook_max_connections: usize,
+    /// Most webhook requests handled at once (more are answered 503 at once). Each may hold a
+    /// body of up to `--max-body-bytes`, so this times that bounds their memory: 128 x 1.6 MiB is
+    /// 205 MiB, well inside the pod's 512 Mi.
+    #[arg(long, default_value_t = WEBHOOK_LIMITS.max_in_flight)]
+    pub webhook_max_in_flight: usize,
+    /// Longest time from accepting a webhook or admin connection to its first request.
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
+    pub first_request_timeout: Duration,
+    /// Longest time a webhook or admin connection stays open with no request running.
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_nonzero)]
+    pub idle_timeout: Duration,
     /// After SIGTERM, how long to keep serving while unready, so endpoints drop the pod first.
     #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub shutdown_delay: Duration,
@@ -94,6 +124,10 @@ impl WebhookArgs {
             reload_interval: Duration::from_secs(5),
             max_body_bytes: Limits::default().max_body_bytes,
             request_timeout: Limits::default().request_timeout,
+            webhook_max_connections: WEBHOOK_LIMITS.max_connections,
+            webhook_max_in_flight: WEBHOOK_LIMITS.max_in_flight,
+            first_request_timeout: WEBHOOK_LIMITS.first_request_timeout,
+            idle_timeout: WEBHOOK_LIMITS.idle_timeout,
             shutdown_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(20),
         }
@@ -140,9 +174,18 @@ impl WebhookServer {
         let webhook_metrics = WebhookMetrics::register(&registry)?;
         let readiness = Readiness::new(config.clone());
         let stop = CancellationToken::new();
+        let admin_opts = ServeOptions {
+            first_request_timeout: args.first_request_timeout,
+            idle_timeout: args.idle_timeout,
+            ..ServeOptions::admin(args.drain_timeout)
+        };
         let opts = ServeOptions {
+            max_connections: args.webhook_max_connections,
+            max_in_flight: args.webhook_max_in_flight,
+            first_request_timeout: args.first_request_timeout,
+            idle_timeout: args.idle_timeout,
             drain_timeout: args.drain_timeout,
-            ..ServeOptions::default()
+            ..WEBHOOK_LIMITS
         };
         let mut tasks = JoinSet::new();
 
@@ -166,7 +209,7 @@ impl WebhookServer {
             admin_listener,
             admin_app,
             stop.clone(),
-            opts,
+            admin_opts,
         ));
 
         let webhook_app = webhook::router(

@@ -6,8 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -94,7 +93,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_body_bytes: 4 * 1024 * 1024,
+            // See `--max-body-bytes`.
+            max_body_bytes: 1536 * 1024 + 64 * 1024,
             request_timeout: Duration::from_secs(10),
         }
     }
@@ -120,9 +120,14 @@ pub fn unix_now() -> u64 {
 
 /// The TLS-side router: `POST /mutate-taskrun` with body limit and timeout.
 pub fn router(state: WebhookState, limits: Limits) -> Router {
+    let max = limits.max_body_bytes;
     Router::new()
-        .route(MUTATE_PATH, post(mutate))
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .route(
+            MUTATE_PATH,
+            post(move |State(state): State<WebhookState>, request: Request| {
+                mutate(state, max, request)
+            }),
+        )
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,
@@ -130,22 +135,43 @@ pub fn router(state: WebhookState, limits: Limits) -> Router {
         .with_state(state)
 }
 
-async fn mutate(
-    State(state): State<WebhookState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+/// Reads a body of at most `max` bytes; a larger declared `Content-Length` is refused before
+/// anything is read.
+async fn read_body(request: Request, max: usize) -> Result<Bytes, (StatusCode, &'static str)> {
+    let too_large = (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large);
+    }
+    axum::body::to_bytes(request.into_body(), max)
+        .await
+        .map_err(|e| {
+            let limit = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if limit {
+                too_large
+            } else {
+                (StatusCode::BAD_REQUEST, "request body not read\n")
+            }
+        })
+}
+
+async fn mutate(state: WebhookState, max_body: usize, request: Request) -> Response {
     let started = Instant::now();
     let observe = |outcome: &str| {
         if let Some(m) = &state.metrics {
             m.observe(outcome, started);
         }
     };
-    let body = match body {
+    let body = match read_body(request, max_body).await {
         Ok(b) => b,
-        Err(rejection) => {
-            tracing::warn!(error = %rejection.body_text(), "webhook request body not read");
+        Err((status, text)) => {
+            tracing::warn!(status = status.as_u16(), "webhook request body not read");
             observe(OUTCOME_BAD_REQUEST);
-            return rejection.into_response();
+            return (status, text).into_response();
         }
     };
     let Some(config) = state.config.current() else {
