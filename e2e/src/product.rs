@@ -201,6 +201,9 @@ pub struct Product {
     pub hosts: Vec<BuildHost>,
     /// Extra flags for every controller started from now on.
     pub controller_flags: Vec<String>,
+    /// Controllers started from now on talk to the API server as their identity (the request
+    /// log and fault rules tell replicas apart) instead of as `KUBECONFIG_USER`.
+    pub user_per_replica: bool,
     /// `--cluster-id` of controllers started from now on; `None` leaves it unset, so the
     /// controller reads the `kube-system` namespace's UID as a cluster does.
     pub cluster_id: Option<String>,
@@ -283,6 +286,7 @@ impl Product {
             controllers: Vec::new(),
             hosts: Vec::new(),
             controller_flags: Vec::new(),
+            user_per_replica: false,
             cluster_id: Some("e2e-cluster".into()),
             mpc: mpc.to_owned(),
             webhook_certs,
@@ -430,7 +434,14 @@ impl Product {
         };
         let otp_dir = self.dir.path().join("otp");
         let ssh_dir = self.dir.path().join(format!("ssh-{identity}"));
-        let (mpc, kubeconfig) = (self.mpc.clone(), self.api.kubeconfig_path());
+        let kubeconfig = if self.user_per_replica {
+            let path = self.dir.path().join(format!("kubeconfig-{identity}"));
+            std::fs::write(&path, self.api.kubeconfig_yaml_as(identity))?;
+            path
+        } else {
+            self.api.kubeconfig_path()
+        };
+        let mpc = self.mpc.clone();
         let (otp_port, certs) = (self.otp_port, self.webhook_certs.clone());
         let (identity_arg, flags) = (identity.to_owned(), self.controller_flags.clone());
         let cluster_id = self.cluster_id.clone();
