@@ -291,4 +291,17 @@ mod tests {
         };
         assert_eq!(decide(&never, "a", now), Decision::Acquire);
     }
+
+    #[test]
+    fn a_round_ends_by_the_end_of_the_claim_or_one_renew_deadline() {
+        let t = Timing::default();
+        let start = Instant::now();
+        assert_eq!(t.round_limit(start, None), start + t.renew_deadline);
+        let claim_ends = start + Duration::from_secs(3);
+        assert_eq!(t.round_limit(start, Some(claim_ends)), claim_ends);
+        assert_eq!(
+            t.round_limit(start, Some(start + Duration::from_secs(60))),
+            start + t.renew_deadline
+        );
+    }
 }
