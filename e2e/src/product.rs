@@ -201,6 +201,9 @@ pub struct Product {
     pub hosts: Vec<BuildHost>,
     /// Extra flags for every controller started from now on.
     pub controller_flags: Vec<String>,
+    /// Controllers started from now on talk to the API server as their identity (the request
+    /// log and fault rules tell replicas apart) instead of as `KUBECONFIG_USER`.
+    pub user_per_replica: bool,
     /// `--cluster-id` of controllers started from now on; `None` leaves it unset, so the
     /// controller reads the `kube-system` namespace's UID as a cluster does.
     pub cluster_id: Option<String>,
@@ -287,6 +290,7 @@ impl Product {
             controllers: Vec::new(),
             hosts: Vec::new(),
             controller_flags: Vec::new(),
+            user_per_replica: false,
             cluster_id: Some("e2e-cluster".into()),
             controller_user: crate::apiserver::KUBECONFIG_USER.to_owned(),
             mpc: mpc.to_owned(),
@@ -435,11 +439,16 @@ impl Product {
         };
         let otp_dir = self.dir.path().join("otp");
         let ssh_dir = self.dir.path().join(format!("ssh-{identity}"));
-        let kubeconfig = if self.controller_user == crate::apiserver::KUBECONFIG_USER {
+        let user = if self.user_per_replica {
+            identity
+        } else {
+            self.controller_user.as_str()
+        };
+        let kubeconfig = if user == crate::apiserver::KUBECONFIG_USER {
             self.api.kubeconfig_path()
         } else {
             let path = self.dir.path().join(format!("kubeconfig-{identity}"));
-            std::fs::write(&path, self.api.kubeconfig_yaml_as(&self.controller_user))?;
+            std::fs::write(&path, self.api.kubeconfig_yaml_as(user))?;
             path
         };
         let mpc = self.mpc.clone();

@@ -131,7 +131,12 @@ pub async fn run(
     loop {
         let current = config.borrow().clone();
         if let Some(cfg) = current {
-            match scan(&ctx, &cfg).await {
+            // Its writes belong to the term: none may land after it ended.
+            let scanned = tokio::select! {
+                () = ctx.cancel.cancelled() => return,
+                r = scan(&ctx, &cfg) => r,
+            };
+            match scanned {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(
                     marked = n,

@@ -11,7 +11,10 @@
 //!   events that arrive meanwhile are buffered and replayed;
 //! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
 //!   done;
-//! - losing the Lease cancels every job of the term at once and drops the scheduler.
+//! - losing the Lease cancels every job of the term at once and drops the scheduler: the term's
+//!   context is a child of the elector's term token, which the elector cancels itself at the
+//!   renew deadline, so in-flight writes of an ended term are abandoned even before this loop
+//!   reads the change.
 //!
 //! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
 //! so replays after a buffer or a relist are safe.
@@ -22,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use kube::runtime::watcher;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::execute::{self, Context, Job};
@@ -42,14 +45,19 @@ pub enum Input {
     TaskRuns(Box<watcher::Event<TaskRun>>),
     /// The served config changed.
     Config(Arc<HostConfig>),
-    /// Leadership changed.
-    Leading(bool),
     /// A snapshot for the term's recovery is ready.
     Recovered { term: u64, snapshot: Snapshot },
     /// A periodic listing or sweep produced an event for the scheduler.
     Sweep(Event),
     /// Stop.
     Shutdown,
+}
+
+/// The controller's own writes one TaskRun needs.
+struct Wanted {
+    taskrun: TaskRunRef,
+    finalizer: bool,
+    ungate: bool,
 }
 
 /// A finished job.
@@ -104,10 +112,17 @@ pub struct Driver {
     relist: Option<HashSet<String>>,
     synced: bool,
     config: Option<Arc<HostConfig>>,
-    leading: bool,
+    /// Leadership as the elector publishes it: the term token while leading.
+    leadership: watch::Receiver<Option<CancellationToken>>,
+    leading: Option<CancellationToken>,
     term: Option<Term>,
     next_term: u64,
-    /// Controller writes in flight, so repeated watch events do not repeat them.
+    /// The controller's own writes the watched TaskRuns still need (a finalizer to add, a gate
+    /// to clear), by UID: kept whether or not this replica leads, so a term that starts does
+    /// them for TaskRuns seen before it.
+    wanted: HashMap<String, Wanted>,
+    /// Writes of `wanted` submitted in the current term, so repeated watch events do not
+    /// repeat them.
     finalizing: HashSet<String>,
     ungating: HashSet<String>,
     results_tx: mpsc::UnboundedSender<Completion>,
@@ -132,6 +147,7 @@ impl Driver {
         policy: Policy,
         inputs_tx: mpsc::Sender<Input>,
         config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
+        leadership: watch::Receiver<Option<CancellationToken>>,
         every: Intervals,
     ) -> Self {
         let (results_tx, results_rx) = mpsc::unbounded_channel();
@@ -145,9 +161,11 @@ impl Driver {
             relist: None,
             synced: false,
             config: None,
-            leading: false,
+            leadership,
+            leading: None,
             term: None,
             next_term: 1,
+            wanted: HashMap::new(),
             finalizing: HashSet::new(),
             ungating: HashSet::new(),
             results_tx,
@@ -161,10 +179,23 @@ impl Driver {
     pub async fn run(mut self, mut inputs: mpsc::Receiver<Input>) {
         let mut gauges = tokio::time::interval(Duration::from_secs(5));
         gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.on_leadership();
+        let mut elector_gone = false;
         loop {
             let deadline = self.deadline();
             tokio::select! {
                 biased;
+                // First: a lost Lease must end the term before anything else is dispatched.
+                changed = self.leadership.changed(), if !elector_gone => match changed {
+                    Ok(()) => self.on_leadership(),
+                    Err(_) => {
+                        // The elector stopped: nobody renews the Lease any more.
+                        elector_gone = true;
+                        self.leading = None;
+                        self.base.metrics.set_leader(false);
+                        self.end_term();
+                    }
+                },
                 Some(done) = self.results_rx.recv() => self.on_completion(done),
                 input = inputs.recv() => match input {
                     None | Some(Input::Shutdown) => break,
@@ -195,17 +226,21 @@ impl Driver {
                 self.config = Some(cfg.clone());
                 self.feed(Event::ConfigReplaced(Box::new((*cfg).clone())));
             }
-            Input::Leading(l) => {
-                self.leading = l;
-                self.base.metrics.set_leader(l);
-                if !l {
-                    self.end_term();
-                }
-            }
             Input::Recovered { term, snapshot } => self.on_recovered(term, snapshot),
             Input::Sweep(ev) => self.feed(ev),
             Input::Shutdown => {}
         }
+        self.maybe_start_term();
+    }
+
+    fn on_leadership(&mut self) {
+        let leading = self.leadership.borrow_and_update().clone();
+        self.base.metrics.set_leader(leading.is_some());
+        if leading != self.leading {
+            // A new token is a new term even without a gap seen in between.
+            self.end_term();
+        }
+        self.leading = leading;
         self.maybe_start_term();
     }
 
@@ -216,6 +251,7 @@ impl Driver {
             watcher::Event::Delete(tr) => {
                 if let Some((ns, name, uid)) = tr.identity() {
                     self.index.remove(uid);
+                    self.wanted.remove(uid);
                     self.done(ns, name, uid, true);
                 }
             }
@@ -227,6 +263,7 @@ impl Driver {
                         .filter(|uid| !seen.contains(*uid))
                         .cloned()
                         .collect();
+                    self.wanted.retain(|uid, _| seen.contains(uid));
                     for uid in vanished {
                         if let Some(e) = self.index.remove(&uid) {
                             let r = e.record;
@@ -272,36 +309,52 @@ impl Driver {
                 self.index.remove(uid);
             }
         }
+        let finalizer = matches!(&observed, Observed::Active { spec, needs_finalizer: true }
+            if self.is_remote(&spec.platform));
+        let ungate = matches!(
+            observed,
+            Observed::Done { ungate: true, .. } | Observed::Undecided { ungate: true }
+        );
+        if finalizer || ungate {
+            self.wanted.insert(
+                uid.to_owned(),
+                Wanted {
+                    taskrun: TaskRunRef::new(ns, name, Uid::new(uid)),
+                    finalizer,
+                    ungate,
+                },
+            );
+            self.request_writes(uid);
+        } else {
+            self.wanted.remove(uid);
+        }
         match observed {
-            Observed::Ignore => {}
-            Observed::Active {
-                spec,
-                needs_finalizer,
-            } => {
-                if needs_finalizer
-                    && self.is_remote(&spec.platform)
-                    && self.finalizing.insert(uid.to_owned())
-                {
-                    let r = TaskRunRef::new(ns, name, Uid::new(uid));
-                    self.controller_job(Job::AddFinalizer(r));
-                }
-                self.feed(Event::TaskRun(spec));
-            }
-            Observed::Done {
-                tracked_only,
-                ungate,
-                ..
-            } => {
-                if ungate {
-                    self.ungate(ns, name, uid);
-                }
-                self.done(ns, name, uid, tracked_only);
-            }
-            Observed::Undecided { ungate } => {
-                if ungate {
-                    self.ungate(ns, name, uid);
-                }
-            }
+            Observed::Ignore | Observed::Undecided { .. } => {}
+            Observed::Active { spec, .. } => self.feed(Event::TaskRun(spec)),
+            Observed::Done { tracked_only, .. } => self.done(ns, name, uid, tracked_only),
+        }
+    }
+
+    /// Submits the writes `uid` wants that this term has not submitted yet (none unless
+    /// leading).
+    fn request_writes(&mut self, uid: &str) {
+        if self.term.is_none() {
+            return;
+        }
+        let Some(w) = self.wanted.get(uid) else {
+            return;
+        };
+        let mut jobs = Vec::new();
+        if w.finalizer && self.finalizing.insert(uid.to_owned()) {
+            jobs.push(Job::AddFinalizer(w.taskrun.clone()));
+        }
+        if w.ungate && self.ungating.insert(uid.to_owned()) {
+            jobs.push(Job::Action(Action::Ungate {
+                taskrun: w.taskrun.clone(),
+            }));
+        }
+        for job in jobs {
+            self.controller_job(job);
         }
     }
 
@@ -314,13 +367,6 @@ impl Driver {
         match Platform::parse(platform) {
             Ok(p) => !matches!(cfg.resolve(&p), Strategy::Local),
             Err(_) => true,
-        }
-    }
-
-    fn ungate(&mut self, ns: &str, name: &str, uid: &str) {
-        if self.ungating.insert(uid.to_owned()) {
-            let taskrun = TaskRunRef::new(ns, name, Uid::new(uid));
-            self.controller_job(Job::Action(Action::Ungate { taskrun }));
         }
     }
 
@@ -435,16 +481,19 @@ impl Driver {
     }
 
     fn maybe_start_term(&mut self) {
-        if self.term.is_some() || !self.leading || !self.synced {
+        if self.term.is_some() || !self.synced {
             return;
         }
+        let Some(leadership) = self.leading.as_ref().filter(|t| !t.is_cancelled()) else {
+            return;
+        };
         let Some(config) = self.config.clone() else {
             return;
         };
         let id = self.next_term;
         self.next_term += 1;
         let mut ctx = self.base.clone();
-        ctx.cancel = self.base.cancel.child_token();
+        ctx.cancel = leadership.child_token();
         tracing::info!(
             term = id,
             live = self.index.len(),
@@ -501,6 +550,13 @@ impl Driver {
             phase: Phase::Recovering(Vec::new()),
             lanes: Lanes::default(),
         });
+        // What the TaskRuns seen while following still need; nothing of it was submitted.
+        self.finalizing.clear();
+        self.ungating.clear();
+        let wanted: Vec<String> = self.wanted.keys().cloned().collect();
+        for uid in wanted {
+            self.request_writes(&uid);
+        }
     }
 
     fn on_recovered(&mut self, id: u64, snapshot: Snapshot) {

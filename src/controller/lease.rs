@@ -5,10 +5,12 @@
 //! reads and writes the Lease with optimistic concurrency (a write that loses a race is a 409 and
 //! changes nothing) and publishes leadership on a watch channel.
 //!
-//! Guarantees: a replica reports leadership only while its last successful renewal is younger
-//! than `renew_deadline`, which is shorter than the Lease duration, so the old holder has stopped
-//! (reported `false`) before any other replica can take an expired Lease. Graceful shutdown
-//! releases the Lease so a successor takes over at once.
+//! Guarantees: a replica reports leadership only while the round of its last successful renewal
+//! started less than `renew_deadline` ago, which is shorter than the Lease duration, so the old
+//! holder has stopped (reported `false`, its term token cancelled) before any other replica can
+//! take an expired Lease. This holds when the API server hangs: a round that has not answered by
+//! the deadline is abandoned and leadership ends on time, not when the request returns. Graceful
+//! shutdown releases the Lease so a successor takes over at once.
 //! Assumptions: clocks of the replicas agree to well within `lease_duration - renew_deadline`.
 
 use std::time::{Duration, SystemTime};
@@ -17,6 +19,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The Lease as [`decide`] reads it.
@@ -66,6 +69,16 @@ pub struct Timing {
     pub retry_period: Duration,
 }
 
+impl Timing {
+    /// When a round of Lease requests that starts at `started` must have answered: by the end
+    /// of the current claim (`valid_until`) while leading, else one renew deadline later (an
+    /// answer after that could not make this replica leader anyway).
+    pub fn round_limit(&self, started: Instant, valid_until: Option<Instant>) -> Instant {
+        let own = started + self.renew_deadline;
+        valid_until.map_or(own, |v| v.min(own))
+    }
+}
+
 impl Default for Timing {
     fn default() -> Self {
         // client-go's leader-election defaults.
@@ -97,43 +110,75 @@ impl Elector {
         }
     }
 
-    /// Runs until `stop` is cancelled; `leading` follows leadership.
-    pub async fn run(self, leading: watch::Sender<bool>, stop: CancellationToken) {
-        let mut last_renewed: Option<tokio::time::Instant> = None;
+    /// Runs until `stop` is cancelled. While this replica leads, `leading` holds a token that is
+    /// cancelled the moment leadership ends locally (the renew deadline passed, whatever a Lease
+    /// request is doing, or `stop`), so work of the term can stop without waiting for a reader
+    /// of the channel; otherwise it holds `None`.
+    pub async fn run(
+        self,
+        leading: watch::Sender<Option<CancellationToken>>,
+        stop: CancellationToken,
+    ) {
+        // Until when the current claim is ours: `renew_deadline` after the start of the round
+        // that renewed it. The Lease records a renew time taken later than that start, so this
+        // replica stops before any other can see the Lease expire.
+        let mut valid_until: Option<Instant> = None;
         loop {
-            let outcome = self.try_once().await;
-            let now = tokio::time::Instant::now();
+            let started = Instant::now();
+            let limit = self.timing.round_limit(started, valid_until);
+            let outcome = tokio::select! {
+                () = stop.cancelled() => break,
+                r = tokio::time::timeout_at(limit, self.try_once()) => r,
+            };
             match outcome {
-                Ok(true) => last_renewed = Some(now),
-                Ok(false) => last_renewed = None,
-                Err(error) => {
+                Ok(Ok(true)) => valid_until = Some(started + self.timing.renew_deadline),
+                Ok(Ok(false)) => valid_until = None,
+                Ok(Err(error)) => {
                     tracing::warn!(%error, lease = %self.name, "lease renewal failed");
                 }
-            }
-            let lead =
-                last_renewed.is_some_and(|t| now.duration_since(t) < self.timing.renew_deadline);
-            leading.send_if_modified(|l| {
-                if *l != lead {
-                    tracing::info!(leading = lead, identity = %self.identity, lease = %self.name, "leadership changed");
-                    *l = lead;
-                    true
-                } else {
-                    false
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, limit = ?limit.duration_since(started), "lease request did not answer in time; abandoned");
                 }
-            });
+            }
+            valid_until = valid_until.filter(|v| *v > Instant::now());
+            self.publish(&leading, valid_until.is_some());
+            // Sleep until the next round, waking at the deadline to step down on time.
+            let next = Instant::now() + self.timing.retry_period;
+            let wake = valid_until.map_or(next, |v| v.min(next));
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = tokio::time::sleep(self.timing.retry_period) => {}
+                () = tokio::time::sleep_until(wake) => {}
+            }
+            if valid_until.is_some_and(|v| v <= Instant::now()) {
+                valid_until = None;
+                self.publish(&leading, false);
             }
         }
-        if *leading.borrow() {
-            leading.send_replace(false);
-            if let Err(error) = self.release().await {
-                tracing::warn!(%error, "could not release the lease");
-            } else {
-                tracing::info!(lease = %self.name, "lease released");
+        if leading.borrow().is_some() {
+            self.publish(&leading, false);
+            let released = tokio::time::timeout(self.timing.renew_deadline, self.release()).await;
+            match released {
+                Ok(Ok(())) => tracing::info!(lease = %self.name, "lease released"),
+                Ok(Err(error)) => tracing::warn!(%error, "could not release the lease"),
+                Err(_) => tracing::warn!("could not release the lease: no answer in time"),
             }
         }
+    }
+
+    /// Publishes a change of leadership: a fresh term token on gain, the old one cancelled on
+    /// loss.
+    fn publish(&self, leading: &watch::Sender<Option<CancellationToken>>, lead: bool) {
+        leading.send_if_modified(|current| {
+            if current.is_some() == lead {
+                return false;
+            }
+            tracing::info!(leading = lead, identity = %self.identity, lease = %self.name, "leadership changed");
+            match current.take() {
+                Some(term) => term.cancel(),
+                None => *current = Some(CancellationToken::new()),
+            }
+            true
+        });
     }
 
     /// One round: true when we hold the Lease afterwards.
@@ -245,5 +290,18 @@ mod tests {
             duration: Duration::from_secs(15),
         };
         assert_eq!(decide(&never, "a", now), Decision::Acquire);
+    }
+
+    #[test]
+    fn a_round_ends_by_the_end_of_the_claim_or_one_renew_deadline() {
+        let t = Timing::default();
+        let start = Instant::now();
+        assert_eq!(t.round_limit(start, None), start + t.renew_deadline);
+        let claim_ends = start + Duration::from_secs(3);
+        assert_eq!(t.round_limit(start, Some(claim_ends)), claim_ends);
+        assert_eq!(
+            t.round_limit(start, Some(start + Duration::from_secs(60))),
+            start + t.renew_deadline
+        );
     }
 }

@@ -200,8 +200,13 @@ impl KeyStore for OtpKeys {
     }
 }
 
-async fn kube_client(args: &ControllerArgs) -> Result<kube::Client, ControllerError> {
-    let config = match &args.kubeconfig {
+/// A client for `args`; `read_timeout` bounds each response (unset for watches, which stay idle
+/// between events).
+async fn kube_client(
+    args: &ControllerArgs,
+    read_timeout: Option<Duration>,
+) -> Result<kube::Client, ControllerError> {
+    let mut config = match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?;
@@ -213,6 +218,11 @@ async fn kube_client(args: &ControllerArgs) -> Result<kube::Client, ControllerEr
             .await
             .map_err(|e| ControllerError::Kube(e.to_string()))?,
     };
+    if read_timeout.is_some() {
+        config.read_timeout = read_timeout;
+        // Counted from each request, not from when its pooled connection went idle.
+        config.reset_reader_on_write = true;
+    }
     kube::Client::try_from(config).map_err(|e| ControllerError::Kube(e.to_string()))
 }
 
@@ -259,7 +269,7 @@ impl Controller {
         let client = if args.webhook_only && args.webhook.config.is_some() {
             None
         } else {
-            Some(kube_client(args).await?)
+            Some(kube_client(args, None).await?)
         };
         let recorder = |client: &kube::Client, instance: &str| {
             Recorder::new(
@@ -294,6 +304,9 @@ impl Controller {
             });
         }
         let client = client.expect("created unless webhook-only with a file");
+        // The leader's requests (Lease, writes, reads, lists) get an answer within the renew
+        // deadline or fail, so none outlives the term it was made in; watches use `client`.
+        let requests = kube_client(args, Some(args.lease_renew_deadline)).await?;
         let metrics = ControllerMetrics::register(&registry)?;
         let registry_for_cloud = registry.clone();
         let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
@@ -323,7 +336,7 @@ impl Controller {
         let provisioner = Provisioner::new(SshOptions::new(&args.ssh_state_dir))
             .map_err(|e| ControllerError::Ssh(e.to_string()))?;
         let ctx = Context {
-            client: client.clone(),
+            client: requests.clone(),
             namespace: args.namespace.clone(),
             otp: otp_endpoint,
             secret_proof,
@@ -338,7 +351,7 @@ impl Controller {
                 args.ec2_endpoint.clone(),
                 crate::cloud::metrics::CloudMetrics::new(&registry_for_cloud)?,
             )),
-            recorder: recorder(&client, &identity),
+            recorder: recorder(&requests, &identity),
             metrics: metrics.clone(),
             limits: Arc::new(Limits::default()),
             cancel: stop.child_token(),
@@ -346,6 +359,7 @@ impl Controller {
         tracing::info!(%identity, cluster = %cluster, namespace = %args.namespace, "controller starting");
 
         let (tx, rx) = mpsc::channel(1024);
+        let (lead_tx, lead_rx) = watch::channel(None);
         let driver = Driver::new(
             ctx.clone(),
             Policy {
@@ -354,6 +368,7 @@ impl Controller {
             },
             tx.clone(),
             config.subscribe(),
+            lead_rx,
             driver::Intervals {
                 adopt: args.adopt_interval,
                 instances: args.instance_list_interval,
@@ -368,9 +383,8 @@ impl Controller {
         ));
         tasks.spawn(forward_config(config.subscribe(), tx.clone(), stop.clone()));
 
-        let (lead_tx, lead_rx) = watch::channel(false);
         let elector = lease::Elector::new(
-            kube::Api::namespaced(client.clone(), &args.namespace),
+            kube::Api::namespaced(requests, &args.namespace),
             args.lease_name.clone(),
             identity,
             lease::Timing {
@@ -380,7 +394,6 @@ impl Controller {
             },
         );
         tasks.spawn(elector.run(lead_tx, stop.clone()));
-        tasks.spawn(forward_leadership(lead_rx, tx.clone()));
         Ok(Controller {
             webhook,
             stop,
@@ -428,19 +441,6 @@ async fn forward_config(
         tokio::select! {
             () = stop.cancelled() => return,
             r = rx.changed() => if r.is_err() { return },
-        }
-    }
-}
-
-async fn forward_leadership(mut rx: watch::Receiver<bool>, tx: mpsc::Sender<Input>) {
-    loop {
-        let l = *rx.borrow_and_update();
-        if tx.send(Input::Leading(l)).await.is_err() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            let _ = tx.send(Input::Leading(false)).await;
-            return;
         }
     }
 }

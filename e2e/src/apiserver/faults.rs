@@ -54,6 +54,8 @@ pub struct RequestMatch {
     pub namespace: Option<String>,
     /// Object name.
     pub name: Option<String>,
+    /// Client (its bearer token, as the request log names it).
+    pub user: Option<String>,
 }
 
 impl RequestMatch {
@@ -83,6 +85,12 @@ impl RequestMatch {
         self
     }
 
+    /// Restricts to one client (the bearer token of its kubeconfig).
+    pub fn by(mut self, user: &str) -> Self {
+        self.user = Some(user.to_owned());
+        self
+    }
+
     /// Whether a request matches.
     pub fn matches(&self, req: &RequestFacts) -> bool {
         self.verb.is_none_or(|v| v == req.verb)
@@ -101,6 +109,7 @@ impl RequestMatch {
                 .name
                 .as_deref()
                 .is_none_or(|n| req.name.as_deref() == Some(n))
+            && self.user.as_deref().is_none_or(|u| u == req.user)
     }
 }
 
@@ -117,6 +126,8 @@ pub struct RequestFacts {
     pub namespace: Option<String>,
     /// Name.
     pub name: Option<String>,
+    /// Client, as the request log names it.
+    pub user: String,
 }
 
 #[derive(Debug)]
@@ -231,6 +242,7 @@ mod tests {
             subresource: sub.map(Into::into),
             namespace: Some("ns".into()),
             name: Some("x".into()),
+            user: "mpc".into(),
         }
     }
 
@@ -272,5 +284,16 @@ mod tests {
         );
         f.clear();
         assert_eq!(f.check(&facts(Verb::Get, "pods", None)).0, Duration::ZERO);
+        f.add_latency(RequestMatch::any().by("other"), Duration::from_secs(60));
+        assert_eq!(f.check(&facts(Verb::Get, "pods", None)).0, Duration::ZERO);
+        f.add_latency(
+            RequestMatch::on(Verb::Update, "leases").by("mpc"),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            f.check(&facts(Verb::Update, "leases", None)).0,
+            Duration::from_secs(60)
+        );
+        assert_eq!(f.check(&facts(Verb::Get, "leases", None)).0, Duration::ZERO);
     }
 }

@@ -205,12 +205,18 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             "the server does not allow this method on the requested resource ({method} {path})"
         )));
     }
+    let user = super::audit::user_of(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
     let facts = RequestFacts {
         verb,
         resource: def.plural.clone(),
         subresource: sub.clone(),
         namespace: namespace.clone(),
         name: name.clone(),
+        user: user.clone(),
     };
     let user = super::audit::user_of(
         req.headers()

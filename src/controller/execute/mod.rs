@@ -5,7 +5,8 @@
 //! result event, also on timeout or error; actions without one yield nothing, or
 //! `TaskRunDone` when the TaskRun turned out to be gone. Work is bounded by semaphores per class
 //! (API requests, SSH operations, Events), never by the result channel, which is unbounded so
-//! the loop ↔ executor cycle cannot deadlock. Every action has a time limit; a cancelled context
+//! the loop ↔ executor cycle cannot deadlock. Every action has a time limit, but a finalizer
+//! removal tries again after a refusal or a timeout until it lands; a cancelled context
 //! (leadership lost) stops work at once and reports nothing: the scheduler it would report to is
 //! gone.
 
@@ -166,6 +167,31 @@ fn written(
     }
 }
 
+/// First and longest wait between attempts to remove a finalizer.
+const FINALIZER_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
+
+/// Removes our finalizer, attempt after attempt until it is gone (or the TaskRun is, or the term
+/// ended: the next leader's recovery finds the finalizer again). The scheduler forgets a TaskRun
+/// once it asked for this, so a write given up on here would leave a TaskRun nobody can delete.
+async fn remove_finalizer(ctx: &Context, taskrun: &TaskRunRef) {
+    let (mut delay, longest) = FINALIZER_RETRY;
+    loop {
+        let r = tokio::time::timeout(API_WRITE_LIMIT, kube::remove_finalizer(ctx, taskrun)).await;
+        let error = match r {
+            Ok(Ok(()) | Err(kube::WriteError::Gone | kube::WriteError::Cancelled)) => return,
+            Ok(Err(kube::WriteError::Refused(error))) => error,
+            Err(_) => format!("did not land within {API_WRITE_LIMIT:?}"),
+        };
+        ctx.metrics.failed("remove_finalizer");
+        tracing::error!(taskrun = %taskrun, %error, retry_in = ?delay, "finalizer not removed; retrying");
+        tokio::select! {
+            () = ctx.cancel.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(longest);
+    }
+}
+
 async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
     let kind = job.kind();
     let action = match job {
@@ -201,9 +227,8 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
                 ctx.metrics.failed("otp_revoke");
                 tracing::warn!(taskrun = %taskrun, %error, "could not revoke the TaskRun's OTP entries");
             }
-            let r =
-                tokio::time::timeout(API_WRITE_LIMIT, kube::remove_finalizer(ctx, &taskrun)).await;
-            written(ctx, kind, &taskrun, r)
+            remove_finalizer(ctx, &taskrun).await;
+            Vec::new()
         }
         Action::Provision {
             op,
