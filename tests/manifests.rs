@@ -720,7 +720,10 @@ fn example_installation_is_complete_and_its_host_config_valid() {
     // Images by digest, never by a tag that can be moved to other content.
     for dep in [CONTROLLER, OTP] {
         let pod = pod_spec(&o, dep);
-        for c in seq(&pod["containers"]).iter().chain(seq(&pod["initContainers"])) {
+        for c in seq(&pod["containers"])
+            .iter()
+            .chain(seq(&pod["initContainers"]))
+        {
             let image = s(&c["image"]);
             let digest = image.split_once("@sha256:").map(|(_, d)| d);
             assert!(

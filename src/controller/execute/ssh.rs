@@ -261,7 +261,8 @@ impl KnownHosts {
                     return;
                 }
             };
-            if !cm.data.as_mut().is_some_and(|d| d.remove(id).is_some()) {
+            let removed = cm.data.as_mut().and_then(|d| d.remove(id));
+            if removed.is_none() {
                 return;
             }
             match api.replace(&self.name, &PostParams::default(), &cm).await {
