@@ -195,22 +195,28 @@ sweep() {
     for id in $(ipc_ids sem "$2"); do ipcrm -s "$id" >/dev/null 2>&1; done
   fi
   # Anywhere under them, not only at the top: a file in another user's directory counts too.
+  # One pass each (they can be large); a removal that fails is reported by leftover.
+  unremoved=
   for d in $shared_dirs; do
-    [ -d "$d" ] && find "$d" -xdev -mindepth 1 -uid "$2" -prune -exec rm -rf -- {} + 2>/dev/null
+    [ -d "$d" ] || continue
+    find "$d" -xdev -mindepth 1 -uid "$2" -prune -exec rm -rf -- {} + 2>/dev/null || unremoved=$d
   done
   [ -d "/run/user/$2" ] && rm -rf -- "/run/user/$2" 2>/dev/null
   return 0
 }
-# Prints the first thing of uid $2 (user $1) that is still there.
+# Prints the first thing of uid $2 (user $1) that is still there after sweep (its processes are
+# gone and the account is expired, so nothing new appears in the shared directories: those are
+# not scanned again, sweep says whether removing there failed).
 leftover() {
   if pgrep -u "$2" >/dev/null 2>&1; then echo "a process"; return; fi
+  if [ -n "$unremoved" ]; then echo "files in $unremoved"; return; fi
   for f in "/var/spool/cron/crontabs/$1" "/var/spool/cron/$1" "/var/lib/systemd/linger/$1"; do
     if [ -e "$f" ]; then echo "$f"; return; fi
   done
-  for d in $at_spools $shared_dirs; do
+  for d in $at_spools; do
     [ -d "$d" ] || continue
-    f=$(find "$d" -xdev -mindepth 1 -uid "$2" -print 2>/dev/null | head -n 1)
-    if [ -n "$f" ]; then echo "$f"; return; fi
+    f=$(find "$d" -xdev -mindepth 1 -maxdepth 1 -uid "$2" 2>/dev/null)
+    if [ -n "$f" ]; then echo "an at job"; return; fi
   done
   for kind in shm msg sem; do
     if [ -n "$(ipc_ids "$kind" "$2")" ]; then echo "a SysV IPC object ($kind)"; return; fi
