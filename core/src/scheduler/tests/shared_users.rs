@@ -8,16 +8,13 @@ const A: (&str, &str) = ("team-a", "build-x1");
 const B: (&str, &str) = ("1team-a", "build-x");
 
 #[test]
-fn the_pair_shares_a_user_name() {
-    assert_eq!(
-        crate::contract::remote_user_name(A.1, A.0),
-        crate::contract::remote_user_name(B.1, B.0)
-    );
-}
-
-#[test]
 fn static_host_takes_the_second_only_after_the_first_is_cleaned_up() {
     const P: &str = "linux/s390x";
+    assert_eq!(
+        crate::contract::remote_user_name(A.1, A.0),
+        crate::contract::remote_user_name(B.1, B.0),
+        "the pair shares a user name"
+    );
     let mut h = H::new(&static_pairs(&[("h1", 4)]));
     let op = provision_op(&h.submit(A.0, A.1, P), A.1);
     h.send(Event::Provisioned {
@@ -54,6 +51,9 @@ fn static_pool_places_the_second_on_another_host_at_once() {
     let mut h = H::new(&static_pairs(&[("h1", 4), ("h2", 4)]));
     let p = provisions(&h.submit(A.0, A.1, P));
     assert_eq!(p[0].2, "h1");
+    let p = provisions(&h.submit("ns", "other", P));
+    assert_eq!(p[0].2, "h2");
+    // Equal load: h1 would be next (by name).
     let p = provisions(&h.submit(B.0, B.1, P));
     assert_eq!(p.len(), 1);
     assert_eq!(p[0].2, "h2", "not on h1, where A's user lives");
