@@ -6,6 +6,9 @@
 #   - kubectl >= 1.27 (renders the kustomizations, drives the test API server); installed from the
 #     distribution if it has none, which must then be recent enough
 #   - podman (provisioning requires podman on build hosts)
+#   - at and cron (a build user's at jobs and crontab must not survive its cleanup)
+#   - cargo-deny (licence, ban and source checks of the dependency graph), built with
+#     `cargo install --locked` when missing
 #   - a Python venv with moto[server] (the EC2 emulator)
 # Fails, naming what is missing, when a tool is still missing or too old afterwards.
 # Prints the moto venv path at the end. Honours MPC_E2E_HOME (default ~/.cache/mpc-e2e).
@@ -35,6 +38,8 @@ if ! command -v kubectl >/dev/null 2>&1; then
   if apt-cache show kubectl >/dev/null 2>&1; then missing+=(kubectl); else missing+=(kubernetes-client); fi
 fi
 command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v at >/dev/null 2>&1 || missing+=(at)
+command -v crontab >/dev/null 2>&1 || missing+=(cron)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -42,7 +47,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # --no-install-recommends keeps the prometheus package from pulling exporters and a web UI.
   sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # The Debian package enables services we do not want running; tests start their own.
-  for svc in ssh prometheus; do
+  for svc in ssh prometheus atd cron; do
     if command -v systemctl >/dev/null 2>&1; then sudo_ systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
     sudo_ service "$svc" stop >/dev/null 2>&1 || true
   done
@@ -57,13 +62,19 @@ if ! "$venv/bin/python" -c 'import moto, flask' >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
 fi
 
+if ! cargo deny --version >/dev/null 2>&1; then
+  echo "setup: building cargo-deny (a few minutes, once)"
+  cargo install --locked --quiet cargo-deny
+fi
+
 # Everything must be there now; say exactly what is not.
 problems=()
 has_sshd || problems+=("sshd (package openssh-server)")
-for tool in ssh curl rsync promtool visudo kubectl podman; do
+for tool in ssh curl rsync promtool visudo kubectl podman at crontab; do
   command -v "$tool" >/dev/null 2>&1 || problems+=("$tool")
 done
 [ -x "$venv/bin/moto_server" ] || problems+=("moto_server in $venv")
+cargo deny --version >/dev/null 2>&1 || problems+=("cargo-deny (cargo install --locked cargo-deny)")
 if command -v kubectl >/dev/null 2>&1; then
   minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
   if [ -z "$minor" ] || [ "$minor" -lt "$kubectl_min_minor" ]; then

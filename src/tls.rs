@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::pki_types::pem::{Error as PemError, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -40,7 +41,7 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
         /// The parse error.
-        source: std::io::Error,
+        source: PemError,
     },
     /// rustls refused the key or the pair.
     #[error("{0}")]
@@ -78,7 +79,7 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// Parses every PEM certificate in `pem`.
 pub fn parse_certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..])
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
         .map_err(|source| TlsError::Pem {
             path: path.to_owned(),
@@ -97,12 +98,16 @@ pub fn certified_key(
     paths: &CertPaths,
 ) -> Result<CertifiedKey, TlsError> {
     let certs = parse_certs(cert_pem, &paths.cert)?;
-    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &key_pem[..])
-        .map_err(|source| TlsError::Pem {
-            path: paths.key.clone(),
-            source,
-        })?
-        .ok_or_else(|| TlsError::NoKey(paths.key.clone()))?;
+    let key = match PrivateKeyDer::from_pem_slice(key_pem) {
+        Ok(key) => key,
+        Err(PemError::NoItemsFound) => return Err(TlsError::NoKey(paths.key.clone())),
+        Err(source) => {
+            return Err(TlsError::Pem {
+                path: paths.key.clone(),
+                source,
+            });
+        }
+    };
     let provider = rustls::crypto::CryptoProvider::get_default()
         .cloned()
         .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
@@ -234,4 +239,55 @@ pub fn client_config_trusting(
 /// Idempotent.
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths() -> CertPaths {
+        CertPaths::in_dir(Path::new("/certs"))
+    }
+
+    #[test]
+    fn a_generated_pair_loads_and_keys_are_matched() {
+        install_crypto_provider();
+        let b = crate::certs::generate("mpc", &["mpc.example".into()], 1).unwrap();
+        assert!(certified_key(b.cert_pem.as_bytes(), b.key_pem.as_bytes(), &paths()).is_ok());
+        // Two certificates in one file (serving + CA bundle) are both read.
+        let both = format!("{}{}", b.cert_pem, b.ca_pem);
+        assert_eq!(
+            parse_certs(both.as_bytes(), &paths().cert).unwrap().len(),
+            2
+        );
+        let other = crate::certs::generate("other", &["other.example".into()], 1).unwrap();
+        assert!(matches!(
+            certified_key(b.cert_pem.as_bytes(), other.key_pem.as_bytes(), &paths()),
+            Err(TlsError::KeyMismatch)
+        ));
+    }
+
+    #[test]
+    fn missing_and_malformed_pem_are_told_apart() {
+        install_crypto_provider();
+        let b = crate::certs::generate("mpc", &["mpc.example".into()], 1).unwrap();
+        assert!(matches!(
+            parse_certs(b"not pem at all", &paths().cert),
+            Err(TlsError::NoCertificate(_))
+        ));
+        // A key file that holds only a certificate has no key.
+        assert!(matches!(
+            certified_key(b.cert_pem.as_bytes(), b.cert_pem.as_bytes(), &paths()),
+            Err(TlsError::NoKey(p)) if p == paths().key
+        ));
+        let broken = b.cert_pem.replace("-----END CERTIFICATE-----", "");
+        assert!(
+            matches!(
+                parse_certs(broken.as_bytes(), &paths().cert),
+                Err(TlsError::Pem { .. })
+            ),
+            "{:?}",
+            parse_certs(broken.as_bytes(), &paths().cert)
+        );
+    }
 }

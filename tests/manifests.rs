@@ -717,6 +717,21 @@ fn example_installation_is_complete_and_its_host_config_valid() {
         b"store-token"
     );
     assert!(!o["Secret/mpc-otp-seal"]["data"]["key"].is_null());
+    // Images by digest, never by a tag that can be moved to other content.
+    for dep in [CONTROLLER, OTP] {
+        let pod = pod_spec(&o, dep);
+        for c in seq(&pod["containers"])
+            .iter()
+            .chain(seq(&pod["initContainers"]))
+        {
+            let image = s(&c["image"]);
+            let digest = image.split_once("@sha256:").map(|(_, d)| d);
+            assert!(
+                digest.is_some_and(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit())),
+                "{dep}: image {image} is not pinned by digest"
+            );
+        }
+    }
 
     let cm = &o["ConfigMap/host-config"];
     assert_eq!(s(&cm["metadata"]["namespace"]), NAMESPACE);

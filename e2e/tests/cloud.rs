@@ -370,6 +370,52 @@ async fn launch_with_every_option_reads_back_from_moto() {
     assert_eq!(r.param("TagSpecification.2.ResourceType"), Some("volume"));
 }
 
+/// Instance role credentials stay off the network path of build containers: IMDSv2 only, with a
+/// PUT response hop limit of 1, unless the platform says otherwise.
+#[tokio::test]
+async fn launches_require_imdsv2_with_hop_limit_one_unless_configured() {
+    use aws_sdk_ec2::types::HttpTokensState;
+    let h = harness().await;
+    let read_back = |id: String| {
+        let ec2 = h.moto.ec2(REGION);
+        async move {
+            let out = ec2
+                .describe_instances()
+                .instance_ids(&id)
+                .send()
+                .await
+                .unwrap();
+            let m = out.reservations()[0].instances()[0]
+                .metadata_options()
+                .cloned()
+                .expect("metadata options");
+            (m.http_tokens().cloned(), m.http_put_response_hop_limit())
+        }
+    };
+    let cfg = host_config(&h.fx, &[]);
+    let id = usable(h.launch(&cfg, taskrun("imds-default")).await.unwrap()).id;
+    assert_eq!(
+        read_back(id).await,
+        (Some(HttpTokensState::Required), Some(1))
+    );
+    let r = &h.proxy.requests_of("RunInstances")[0];
+    assert_eq!(r.param("MetadataOptions.HttpTokens"), Some("required"));
+    assert_eq!(
+        r.param("MetadataOptions.HttpPutResponseHopLimit"),
+        Some("1")
+    );
+
+    let cfg = host_config(
+        &h.fx,
+        &[("imds-hop-limit", "2"), ("imds-tokens", "optional")],
+    );
+    let id = usable(h.launch(&cfg, taskrun("imds-relaxed")).await.unwrap()).id;
+    assert_eq!(
+        read_back(id).await,
+        (Some(HttpTokensState::Optional), Some(2))
+    );
+}
+
 #[tokio::test]
 async fn launch_with_group_name_and_profile_arn() {
     let h = harness().await;

@@ -732,12 +732,23 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
         Some("e2e-dynamic")
     );
     assert!(t.values().any(|v| v == "e2e-cluster"), "cluster tag: {t:?}");
+    // The instance's host key, learned on first contact, is where every replica reads it.
+    let stored = p.known_hosts().await;
+    assert!(
+        stored.get(&id).is_some_and(|k| k.contains("ssh-ed25519")),
+        "{stored:?}"
+    );
 
     p.build("tenant-a", "dyn-1").await;
     // The instance is terminated, not deprovisioned: its user goes with it.
     p.cleaned_up("tenant-a", "dyn-1").await;
     otp_store_empty(&p).await;
     terminated(&p, &moto, &id).await;
+    // A terminated instance's key is dropped (its address may serve another instance later).
+    p.wait(T, "the terminated instance's host key removed", || async {
+        (!p.known_hosts().await.contains_key(&id)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -689,3 +689,125 @@ fn admin_sessions_have_a_home_of_their_own() {
     assert!(home.ends_with("/admin-home"), "{home}");
     assert_ne!(home, "/root");
 }
+
+/// Whatever of uid `uid` is still on this machine outside homes: processes, crontab, `at` jobs,
+/// lingering, SysV IPC objects, files in the shared directories.
+fn leftovers_of(user: &str, uid: &str, shared: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let pgrep = std::process::Command::new("pgrep")
+        .args(["-u", uid])
+        .output()
+        .unwrap();
+    if pgrep.status.success() {
+        found.push(format!("processes {}", stdout(&pgrep)));
+    }
+    for f in [
+        format!("/var/spool/cron/crontabs/{user}"),
+        format!("/var/lib/systemd/linger/{user}"),
+    ] {
+        if Path::new(&f).exists() {
+            found.push(f);
+        }
+    }
+    let dirs = [
+        Path::new("/var/spool/cron/atjobs"),
+        Path::new("/tmp"),
+        Path::new("/var/tmp"),
+        Path::new("/dev/shm"),
+        shared,
+    ];
+    for d in dirs {
+        let out = std::process::Command::new("find")
+            .arg(d)
+            .args(["-xdev", "-mindepth", "1", "-uid", uid])
+            .output()
+            .unwrap();
+        found.extend(stdout(&out).lines().map(str::to_owned));
+    }
+    for (kind, cols) in [("shm", [7, 9]), ("msg", [7, 9]), ("sem", [4, 6])] {
+        let table = std::fs::read_to_string(format!("/proc/sysvipc/{kind}")).unwrap();
+        let n = table
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                cols.iter().any(|&c| f.get(c) == Some(&uid))
+            })
+            .count();
+        if n > 0 {
+            found.push(format!("{n} SysV {kind} object(s)"));
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[tokio::test]
+async fn cleanup_removes_everything_a_build_user_leaves_behind() {
+    require_tools(&["at", "crontab", "ipcmk", "pgrep", "find"]).unwrap();
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("static-1");
+    let (name, user) = new_user(&host, "leftovers");
+    let got = p.provision(&target, &request(&name, &[])).await.unwrap();
+    let uid = stdout(
+        &std::process::Command::new("id")
+            .args(["-u", &user])
+            .output()
+            .unwrap(),
+    );
+    // A world-writable directory someone else owns (like /tmp/.X11-unix or a shared cache): a
+    // file the build leaves inside it is not at the top of /tmp.
+    let shared = tempfile::Builder::new()
+        .prefix("mpc-shared-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let tag = unique_name("left");
+    let script = format!(
+        "nohup sleep 600 >/dev/null 2>&1 &
+echo '* * * * * touch /tmp/{tag}-cron' | crontab - || exit 10
+echo 'touch /tmp/{tag}-at' | at now + 1 hour 2>/dev/null || exit 11
+mkdir -p /tmp/{tag}/deep && touch /tmp/{tag}/deep/file || exit 12
+echo x > /dev/shm/{tag} && echo x > /var/tmp/{tag} && echo x > {shared}/{tag} || exit 13
+ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null || exit 14",
+        shared = shared.path().display()
+    );
+    let out = host.ssh_as(&user, &got.private_key, &script).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // Lingering, as `loginctl enable-linger` (which polkit lets users run for themselves) records
+    // it; logind does not run here.
+    std::fs::create_dir_all("/var/lib/systemd/linger").unwrap();
+    std::fs::write(format!("/var/lib/systemd/linger/{user}"), "").unwrap();
+
+    let before = leftovers_of(&user, &uid, shared.path());
+    for want in [
+        "processes".to_owned(),
+        format!("/var/spool/cron/crontabs/{user}"),
+        format!("/var/lib/systemd/linger/{user}"),
+        "/var/spool/cron/atjobs/".to_owned(),
+        format!("/tmp/{tag}/deep/file"),
+        format!("/dev/shm/{tag}"),
+        format!("/var/tmp/{tag}"),
+        format!("{}/{tag}", shared.path().display()),
+        "SysV shm".to_owned(),
+        "SysV msg".to_owned(),
+        "SysV sem".to_owned(),
+    ] {
+        assert!(
+            before.iter().any(|f| f.contains(&want)),
+            "the build left no {want}: {before:#?}"
+        );
+    }
+
+    p.deprovision(&target, &user).await.unwrap();
+    assert!(!user_exists(&user));
+    let after = leftovers_of(&user, &uid, shared.path());
+    assert!(after.is_empty(), "left behind by uid {uid}: {after:#?}");
+}

@@ -16,10 +16,10 @@ use aws_sdk_ec2::config::timeout::TimeoutConfig;
 use aws_sdk_ec2::config::{BehaviorVersion, Region};
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
-    BlockDeviceMapping, EbsBlockDevice, Filter, IamInstanceProfileSpecification,
-    InstanceInterruptionBehavior, InstanceMarketOptionsRequest, InstanceType, MarketType,
-    ResourceType, ShutdownBehavior, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
-    VolumeType,
+    BlockDeviceMapping, EbsBlockDevice, Filter, HttpTokensState, IamInstanceProfileSpecification,
+    InstanceInterruptionBehavior, InstanceMarketOptionsRequest, InstanceMetadataEndpointState,
+    InstanceMetadataOptionsRequest, InstanceType, MarketType, ResourceType, ShutdownBehavior,
+    SpotInstanceType, SpotMarketOptions, Tag, TagSpecification, VolumeType,
 };
 use futures::future::BoxFuture;
 
@@ -623,7 +623,18 @@ impl AwsCloud {
             .tag_specifications(spec(ResourceType::Volume))
             .set_key_name(p.key_name.clone())
             .set_subnet_id(p.subnet_id.clone())
-            .set_user_data(p.user_data.as_deref().map(encode_user_data));
+            .set_user_data(p.user_data.as_deref().map(encode_user_data))
+            .metadata_options(
+                InstanceMetadataOptionsRequest::builder()
+                    .http_endpoint(InstanceMetadataEndpointState::Enabled)
+                    .http_tokens(if p.imds.tokens_required {
+                        HttpTokensState::Required
+                    } else {
+                        HttpTokensState::Optional
+                    })
+                    .http_put_response_hop_limit(i32::try_from(p.imds.hop_limit).unwrap_or(1))
+                    .build(),
+            );
         if let Some(id) = &p.security_group_id {
             b = b.security_group_ids(id);
         } else if let Some(name) = &p.security_group {

@@ -34,6 +34,7 @@ pub(crate) fn platform() -> DynamicPlatform {
         sudo_commands: vec![],
         spot: false,
         host_key_policy: HostKeyPolicy::TrustOnFirstUse,
+        imds: crate::config::ImdsOptions::default(),
     }
 }
 

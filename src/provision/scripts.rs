@@ -83,8 +83,10 @@ if ! id -u "$user" >/dev/null 2>&1; then
     esac
   done
 else
-  # Accounts made by other tools may be locked ('!'), which sshd refuses without PAM.
+  # Accounts made by other tools may be locked ('!'), which sshd refuses without PAM; one an
+  # interrupted cleanup expired refuses logins with PAM too.
   usermod -p '*' "$user" >/dev/null 2>&1 || true
+  usermod -e '' "$user" >/dev/null 2>&1 || true
 fi
 gid=$(id -g "$user") || fail 75 "user $user vanished while being provisioned"
 [ -d "$home" ] || install -d -m 0755 -o "$user" -g "$gid" "$home" || fail 75 "cannot create $home"
@@ -155,30 +157,97 @@ fi
 "#
 );
 
-/// Removes build users and everything provisioning created for them. Arguments: the users.
-/// A user already gone is not an error.
+/// Removes build users, everything provisioning created for them and everything a build can
+/// leave behind outside its home: processes, crontab, `at` jobs, lingering and the systemd user
+/// manager, SysV IPC objects, and files anywhere under the world-writable directories. The
+/// account goes last, only once none of that is found any more, so its uid is not handed to a
+/// new user while something of the old one remains (that would make it the new user's). A user
+/// already gone is not an error. Arguments: the users.
 pub const DEPROVISION: &str = concat!(
     r#"set -u
 fail() { code=$1; shift; printf 'mpc-deprovision: %s\n' "$*" >&2; exit "$code"; }
 "#,
     systemd_running_fn!(),
-    r#"reload=
+    r#"shared_dirs="/tmp /var/tmp /dev/shm /dev/mqueue /var/crash"
+at_spools="/var/spool/cron/atjobs /var/spool/at /var/spool/atjobs"
+# Ids of the SysV IPC objects of kind $1 (shm, msg, sem) that uid $2 owns or created. Columns of
+# /proc/sysvipc: the id is the 2nd; owner and creator uid the 8th and 10th, the 5th and 7th for sem.
+ipc_ids() {
+  [ -r "/proc/sysvipc/$1" ] && command -v awk >/dev/null 2>&1 || return 0
+  case $1 in sem) o=5 c=7 ;; *) o=8 c=10 ;; esac
+  awk -v u="$2" -v o="$o" -v c="$c" 'NR > 1 && ($o == u || $c == u) { print $2 }' "/proc/sysvipc/$1"
+}
+# Removes what uid $2 (user $1) may have left outside its home.
+sweep() {
+  if command -v crontab >/dev/null 2>&1; then crontab -r -u "$1" >/dev/null 2>&1; fi
+  rm -f -- "/var/spool/cron/crontabs/$1" "/var/spool/cron/$1" "/var/spool/cron/tabs/$1"
+  for d in $at_spools; do
+    [ -d "$d" ] && find "$d" -xdev -mindepth 1 -maxdepth 1 -uid "$2" -type f -exec rm -f -- {} + 2>/dev/null
+  done
+  if command -v loginctl >/dev/null 2>&1; then
+    loginctl disable-linger "$1" >/dev/null 2>&1
+    loginctl terminate-user "$1" >/dev/null 2>&1
+  fi
+  rm -f -- "/var/lib/systemd/linger/$1"
+  if command -v ipcrm >/dev/null 2>&1; then
+    for id in $(ipc_ids shm "$2"); do ipcrm -m "$id" >/dev/null 2>&1; done
+    for id in $(ipc_ids msg "$2"); do ipcrm -q "$id" >/dev/null 2>&1; done
+    for id in $(ipc_ids sem "$2"); do ipcrm -s "$id" >/dev/null 2>&1; done
+  fi
+  # Anywhere under them, not only at the top: a file in another user's directory counts too.
+  # One pass each (they can be large); a removal that fails is reported by leftover.
+  unremoved=
+  for d in $shared_dirs; do
+    [ -d "$d" ] || continue
+    find "$d" -xdev -mindepth 1 -uid "$2" -prune -exec rm -rf -- {} + 2>/dev/null || unremoved=$d
+  done
+  [ -d "/run/user/$2" ] && rm -rf -- "/run/user/$2" 2>/dev/null
+  return 0
+}
+# Prints the first thing of uid $2 (user $1) that is still there after sweep (its processes are
+# gone and the account is expired, so nothing new appears in the shared directories: those are
+# not scanned again, sweep says whether removing there failed).
+leftover() {
+  if pgrep -u "$2" >/dev/null 2>&1; then echo "a process"; return; fi
+  if [ -n "$unremoved" ]; then echo "files in $unremoved"; return; fi
+  for f in "/var/spool/cron/crontabs/$1" "/var/spool/cron/$1" "/var/lib/systemd/linger/$1"; do
+    if [ -e "$f" ]; then echo "$f"; return; fi
+  done
+  for d in $at_spools; do
+    [ -d "$d" ] || continue
+    f=$(find "$d" -xdev -mindepth 1 -maxdepth 1 -uid "$2" 2>/dev/null)
+    if [ -n "$f" ]; then echo "an at job"; return; fi
+  done
+  for kind in shm msg sem; do
+    if [ -n "$(ipc_ids "$kind" "$2")" ]; then echo "a SysV IPC object ($kind)"; return; fi
+  done
+}
+reload=
 for user in "$@"; do
   tries=0
-  while id -u "$user" >/dev/null 2>&1; do
+  while uid=$(id -u "$user" 2>/dev/null); do
+    # Everything below removes by uid: never for root's.
+    [ "$uid" -gt 0 ] || fail 65 "$user has uid 0; refusing to remove it"
+    # No new logins, cron or at runs from here on: the account is expired.
+    usermod -e 1 "$user" >/dev/null 2>&1
     # Freeze first so nothing can fork while the rest is being killed. No process found: no
-    # kill round (each scans /proc); one started after this makes userdel fail and come back here.
-    if pkill -STOP -u "$user" 2>/dev/null; then
+    # kill round (each scans /proc); one started after this is found below and comes back here.
+    if pkill -STOP -u "$uid" 2>/dev/null; then
       kills=0
-      while pkill -KILL -u "$user" 2>/dev/null; do
+      while pkill -KILL -u "$uid" 2>/dev/null; do
         kills=$((kills + 1))
         [ "$kills" -lt 250 ] || fail 75 "processes of $user survive SIGKILL"
         sleep 0.02
       done
     fi
-    for d in /tmp /var/tmp /dev/shm; do
-      [ -d "$d" ] && find "$d" -xdev -mindepth 1 -maxdepth 1 -user "$user" -exec rm -rf -- {} + 2>/dev/null
-    done
+    sweep "$user" "$uid"
+    left=$(leftover "$user" "$uid")
+    if [ -n "$left" ]; then
+      tries=$((tries + 1))
+      [ "$tries" -lt 100 ] || fail 75 "$user (uid $uid) still has $left; the account is kept so the uid is not reused"
+      sleep 0.05
+      continue
+    fi
     out=$(userdel -r "$user" 2>&1)
     rc=$?
     case $rc in

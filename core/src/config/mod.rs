@@ -105,6 +105,27 @@ pub enum HostKeyPolicy {
     TrustOnFirstUse,
 }
 
+/// Instance metadata service (IMDS) options of launched instances. The default requires IMDSv2
+/// session tokens with a PUT response hop limit of 1: a build container behind a bridge (one hop
+/// more) or a request forgery on the instance (a GET) cannot read the instance role's
+/// credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImdsOptions {
+    /// `imds-tokens`: `required` (IMDSv2 only, the default) or `optional` (IMDSv1 allowed).
+    pub tokens_required: bool,
+    /// `imds-hop-limit`: 1..=64, default 1.
+    pub hop_limit: u32,
+}
+
+impl Default for ImdsOptions {
+    fn default() -> Self {
+        Self {
+            tokens_required: true,
+            hop_limit: 1,
+        }
+    }
+}
+
 /// A dynamic platform: one cloud instance per TaskRun (also the instance template of a pool).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DynamicPlatform {
@@ -160,6 +181,8 @@ pub struct DynamicPlatform {
     pub spot: bool,
     /// Host key trust policy.
     pub host_key_policy: HostKeyPolicy,
+    /// Instance metadata service options.
+    pub imds: ImdsOptions,
 }
 
 /// A dynamic pool: instances shared by up to `concurrency` TaskRuns each.
@@ -335,7 +358,7 @@ const GLOBAL_KEYS: [&str; 8] = [
     "otp-server-url",
 ];
 
-const DYNAMIC_FIELDS: [&str; 29] = [
+const DYNAMIC_FIELDS: [&str; 31] = [
     "type",
     "region",
     "ami",
@@ -361,6 +384,8 @@ const DYNAMIC_FIELDS: [&str; 29] = [
     "sudo-commands",
     "spot",
     "host-key-policy",
+    "imds-tokens",
+    "imds-hop-limit",
     // Pool-only.
     "concurrency",
     "max-age",
@@ -819,6 +844,7 @@ fn parse_dynamic(
     let check_interval = num("check-interval", 1, 3_600, sink)
         .map(|s| Duration::from_secs(s.into()))
         .unwrap_or(DEFAULT_CHECK_INTERVAL);
+    let imds_hop_limit = num("imds-hop-limit", 1, 64, sink);
     let pool = if kind == DynKind::Pool {
         let concurrency = match f.get("concurrency") {
             None => {
@@ -902,6 +928,16 @@ fn parse_dynamic(
             Vec::new()
         }),
     };
+    for why in sudo_commands
+        .iter()
+        .filter_map(|c| values::sudo_grants_root(c))
+    {
+        sink.warn(
+            &key("sudo-commands"),
+            f.get("sudo-commands").copied(),
+            format!("{why}: every build user of the platform can become root on its instance, and another TaskRun's build on a shared (pool) instance is then theirs"),
+        );
+    }
     let host_key_policy = match f.get("host-key-policy").map(|v| v.trim()) {
         None | Some("tofu") | Some("trust-on-first-use") => HostKeyPolicy::TrustOnFirstUse,
         Some(other) => {
@@ -913,6 +949,30 @@ fn parse_dynamic(
             ok = false;
             HostKeyPolicy::TrustOnFirstUse
         }
+    };
+    let imds_tokens_required = match f.get("imds-tokens").map(|v| v.trim()) {
+        None | Some("required") => true,
+        Some("optional") => {
+            sink.warn(
+                &key("imds-tokens"),
+                Some("optional"),
+                "IMDSv1 allowed: a request forgery on the instance (a plain GET) can read its role's credentials",
+            );
+            false
+        }
+        Some(other) => {
+            sink.error(
+                &key("imds-tokens"),
+                Some(other),
+                "expected \"required\" (IMDSv2 only, the default) or \"optional\"",
+            );
+            ok = false;
+            true
+        }
+    };
+    let imds = ImdsOptions {
+        tokens_required: imds_tokens_required,
+        hop_limit: imds_hop_limit.unwrap_or(1),
     };
     let build_user = BuildUserSettings::parse(
         |field| f.get(field).copied(),
@@ -985,6 +1045,7 @@ fn parse_dynamic(
             sudo_commands,
             spot,
             host_key_policy,
+            imds,
         },
         pool,
         build_user.ok()?,
@@ -1075,7 +1136,14 @@ fn parse_host(
         },
     };
     let host_key = match f.get("host-key") {
-        None => None,
+        None => {
+            sink.warn(
+                &key("host-key"),
+                None,
+                "not set: the host's SSH key is trusted on first contact (then kept in the known-hosts ConfigMap), so whoever answers at the address first is trusted; pin it (`ssh-keyscan -t ed25519 <address>`)",
+            );
+            None
+        }
         Some(v) => match values::host_key(v) {
             Ok(k) => Some(k),
             Err(e) => {

@@ -131,13 +131,18 @@ fn production_like_fixture_parses_cleanly() {
     );
     assert!(matches!(c.resolve(&p("linux/x86_64")), Strategy::Local));
     assert!(matches!(c.resolve(&p("linux/riscv64")), Strategy::Unknown));
-    // key-name missing on nothing here; the only warnings are the ones we expect none of.
-    assert_eq!(
-        parsed.of(Severity::Warning).count(),
-        0,
-        "{:#?}",
-        parsed.diagnostics
-    );
+    // A Go-era config pins no static host key: those warnings, and no other.
+    let warned: Vec<_> = parsed
+        .of(Severity::Warning)
+        .map(|d| d.key.as_str())
+        .collect();
+    let unpinned: Vec<String> = c
+        .static_pools
+        .values()
+        .flat_map(|p| &p.hosts)
+        .map(|h| format!("host.{}.host-key", h.name))
+        .collect();
+    assert_eq!(warned, unpinned, "{:#?}", parsed.diagnostics);
 }
 
 #[test]
@@ -663,5 +668,125 @@ fn check_interval_default_and_range() {
         let e = errors_for(&parsed, "dynamic.linux-arm64.check-interval");
         assert_eq!(e.len(), 1, "{bad}: {:#?}", parsed.diagnostics);
         assert_eq!(e[0].value.as_deref(), Some(bad));
+    }
+}
+
+#[test]
+fn static_hosts_without_a_pinned_key_are_warned_about() {
+    let host = |name: &str| {
+        [
+            ("address", "10.0.0.1"),
+            ("user", "root"),
+            ("platform", "linux/s390x"),
+            ("secret", "ssh"),
+            ("concurrency", "2"),
+        ]
+        .iter()
+        .map(|(f, v)| (format!("host.{name}.{f}"), (*v).to_owned()))
+        .collect::<Vec<_>>()
+    };
+    let mut pairs = host("open");
+    pairs.extend(host("pinned"));
+    let d = with(
+        pairs,
+        &[(
+            "host.pinned.host-key",
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
+        )],
+    );
+    let parsed = parse(&d);
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let warned: Vec<_> = parsed
+        .of(Severity::Warning)
+        .map(|d| d.key.as_str())
+        .collect();
+    assert_eq!(warned, ["host.open.host-key"], "{:#?}", parsed.diagnostics);
+    let report = report::render_report("test", &parsed);
+    assert!(
+        report.contains("host.open.host-key") && report.contains("trusted on first contact"),
+        "{report}"
+    );
+}
+
+#[test]
+fn sudo_commands_that_grant_root_are_warned_about() {
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("instance-tag", "t"),
+            (
+                "dynamic.linux-arm64.sudo-commands",
+                "/usr/bin/podman, /bin/bash, /usr/bin/*",
+            ),
+        ],
+    );
+    let parsed = parse(&d);
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let warned: Vec<_> = parsed
+        .of(Severity::Warning)
+        .filter(|d| d.key == "dynamic.linux-arm64.sudo-commands")
+        .map(|d| d.message.clone())
+        .collect();
+    assert_eq!(warned.len(), 2, "{warned:#?}");
+    assert!(warned[0].contains("\"/bin/bash\" runs any command as root"));
+    assert!(warned[1].contains("\"/usr/bin/*\" matches any command"));
+    // `ALL` (sudoers' everything) is not a command path at all: refused outright.
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("dynamic.linux-arm64.sudo-commands", "ALL"),
+        ],
+    );
+    assert!(!errors_for(&parse(&d), "dynamic.linux-arm64.sudo-commands").is_empty());
+}
+
+#[test]
+fn imds_defaults_to_v2_with_one_hop() {
+    let base = || {
+        with(
+            dynamic_keys("linux-arm64"),
+            &[("dynamic-platforms", "linux/arm64"), ("instance-tag", "t")],
+        )
+    };
+    let parsed = parse(&base());
+    let d = &parsed.config.dynamic[&p("linux/arm64")];
+    assert_eq!(
+        d.imds,
+        ImdsOptions {
+            tokens_required: true,
+            hop_limit: 1
+        }
+    );
+    let mut data = base();
+    data.insert("dynamic.linux-arm64.imds-hop-limit".into(), "2".into());
+    data.insert("dynamic.linux-arm64.imds-tokens".into(), "optional".into());
+    let parsed = parse(&data);
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    assert_eq!(
+        parsed.config.dynamic[&p("linux/arm64")].imds,
+        ImdsOptions {
+            tokens_required: false,
+            hop_limit: 2
+        }
+    );
+    assert!(
+        parsed
+            .of(Severity::Warning)
+            .any(|d| d.key == "dynamic.linux-arm64.imds-tokens")
+    );
+    for (field, bad) in [
+        ("imds-hop-limit", "0"),
+        ("imds-hop-limit", "65"),
+        ("imds-tokens", "v1"),
+    ] {
+        let mut data = base();
+        data.insert(format!("dynamic.linux-arm64.{field}"), bad.into());
+        let parsed = parse(&data);
+        assert!(
+            !errors_for(&parsed, &format!("dynamic.linux-arm64.{field}")).is_empty(),
+            "{field}={bad}"
+        );
     }
 }

@@ -186,6 +186,54 @@ pub fn sudo_commands(value: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// Why sudo on `command` (as [`sudo_commands`] normalised it) amounts to root, if it does: a
+/// shell, a command that runs another one as root (`su`, `sudo`, `env`, ...), an interpreter, or
+/// a wildcard in the command's path. Arguments are not judged: `/usr/bin/rm /etc/x` is fine.
+pub fn sudo_grants_root(command: &str) -> Option<String> {
+    const RUNS_ANYTHING: [&str; 24] = [
+        "sh",
+        "bash",
+        "dash",
+        "ash",
+        "zsh",
+        "ksh",
+        "mksh",
+        "csh",
+        "tcsh",
+        "fish",
+        "busybox",
+        "su",
+        "sudo",
+        "sudoedit",
+        "doas",
+        "runuser",
+        "pkexec",
+        "env",
+        "nsenter",
+        "chroot",
+        "setpriv",
+        "unshare",
+        "systemd-run",
+        "xargs",
+    ];
+    const INTERPRETERS: [&str; 5] = ["python", "perl", "ruby", "node", "lua"];
+    let path = command.split(' ').next().unwrap_or(command);
+    if path.contains('*') {
+        return Some(format!("{path:?} matches any command in its directory"));
+    }
+    let base = path.rsplit('/').next().unwrap_or(path);
+    if RUNS_ANYTHING.contains(&base) {
+        return Some(format!("{path:?} runs any command as root"));
+    }
+    let stem = base.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    if INTERPRETERS.contains(&stem) {
+        return Some(format!(
+            "{path:?} is an interpreter: it runs any code as root"
+        ));
+    }
+    None
+}
+
 /// An OpenSSH public host key line: `<algorithm> <base64> [comment]`.
 pub fn host_key(value: &str) -> Result<String, String> {
     use base64::Engine;
@@ -254,6 +302,33 @@ mod tests {
         assert!(sudo_commands("/bin/true; rm -rf /").is_err());
         assert!(sudo_commands("/bin/x $(id)").is_err());
         assert!(sudo_commands(" , ").is_err());
+    }
+
+    #[test]
+    fn sudo_commands_that_amount_to_root() {
+        for root in [
+            "/bin/sh",
+            "/usr/bin/bash",
+            "/bin/su -",
+            "/usr/bin/sudo /bin/id",
+            "/usr/bin/env",
+            "/usr/bin/python3",
+            "/usr/bin/python3.12 -m http.server",
+            "/usr/bin/*",
+            "/usr/local/bin/pod*",
+            "/usr/bin/systemd-run",
+        ] {
+            assert!(sudo_grants_root(root).is_some(), "{root}");
+        }
+        for fine in [
+            "/usr/bin/podman",
+            "/usr/bin/rm /usr/share/containers/mounts.conf",
+            "/usr/bin/buildah",
+            "/usr/bin/shasum",
+            "/usr/bin/bashbug-not",
+        ] {
+            assert_eq!(sudo_grants_root(fine), None, "{fine}");
+        }
     }
 
     #[test]

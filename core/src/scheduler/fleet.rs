@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::arena::Key;
 use super::lifecycle::{Placed, backoff};
+use super::users::Target;
 use super::{
     Action, DynamicPlatform, DynamicPool, Extra, HostRef, InstState, Instance, InstanceState,
     LaunchId, LaunchOwner, Mode, NO_PLATFORM, Op, OpId, Phase, Placement, PlatformId, ProbeResult,
@@ -67,10 +68,14 @@ impl Scheduler {
         }
         // A ready instance with room (most loaded first, so idle ones can drain), else a
         // booting one, else launch.
+        let guard = self.user_guard(key);
         let pick = |set: &std::collections::BTreeSet<(u32, u64, Key)>| {
             set.iter().map(|e| e.2).find(|&k| {
                 let id = self.instances.get(k).and_then(|i| i.id.clone());
                 !id.is_some_and(|id| self.failed_on(key, &id))
+                    && !guard
+                        .as_ref()
+                        .is_some_and(|g| self.user_blocked(g, Target::Instance(k)))
             })
         };
         let ps = &self.platforms[p as usize];

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::arena::Key;
 use super::lifecycle::Placed;
+use super::users::Target;
 use super::{
     Action, HostId, HostRef, NO_PLATFORM, Phase, PlatformId, Scheduler, State, Timer, messages,
 };
@@ -23,14 +24,27 @@ impl Scheduler {
         key: Key,
         out: &mut Vec<Action>,
     ) -> Placed {
+        let guard = self.user_guard(key);
         let mut chosen = None;
+        let mut kept_off = false;
         for &(_, _, hid) in &self.platforms[p as usize].avail {
-            if !self.failed_on(key, &self.hosts[hid as usize].name) {
-                chosen = Some(hid);
-                break;
+            if self.failed_on(key, &self.hosts[hid as usize].name) {
+                continue;
             }
+            if guard
+                .as_ref()
+                .is_some_and(|g| self.user_blocked(g, Target::Host(hid)))
+            {
+                kept_off = true;
+                continue;
+            }
+            chosen = Some(hid);
+            break;
         }
         let Some(hid) = chosen else {
+            if kept_off {
+                return Placed::NoRoom;
+            }
             if self.fail_if_all_hosts_failed(p, key, out) {
                 return Placed::Done;
             }

@@ -62,6 +62,7 @@ impl Scheduler {
             extra: None,
         });
         self.by_uid.insert(key, &self.taskruns);
+        self.index_user(key);
         match parsed {
             Err(e) => {
                 let msg = messages::bad_platform(&spec.platform, &e.to_string());
@@ -246,19 +247,21 @@ impl Scheduler {
                 i += 1;
             }
         }
+        let mut kept = 0;
         while self.has_room(p) {
             let Some(entry) = self.pop_waiter(p) else {
                 break;
             };
             if self.place(p, entry.taskrun, out) == Placed::NoRoom {
-                // Cannot happen for a waiter without failures; keep it served first anyway.
+                // Every host with room holds a TaskRun with its build user's name: keep it
+                // served first, and serve the next waiter.
                 if let Some(State::Waiting { retry, .. }) =
                     self.taskruns.get_mut(entry.taskrun).map(|t| &mut t.state)
                 {
                     *retry = true;
                 }
-                self.platforms[p as usize].retry.insert(0, entry.taskrun);
-                break;
+                self.platforms[p as usize].retry.insert(kept, entry.taskrun);
+                kept += 1;
             }
         }
     }
@@ -730,8 +733,17 @@ impl Scheduler {
 
     /// Issues (or re-issues after a delay) a cleanup operation under a new id.
     pub(super) fn reissue(&mut self, op: Op, out: &mut Vec<Action>) {
-        if let Op::Deprovision { user, host, .. } = &op {
+        if let Op::Deprovision {
+            user,
+            host,
+            attempt,
+            ..
+        } = &op
+        {
             let (user, host) = (user.clone(), host.clone());
+            if *attempt == 0 {
+                self.cleaning_started(user.name(), host.name());
+            }
             let op = self.ops.insert(op);
             out.push(Action::Deprovision { op, user, host });
         }
@@ -784,6 +796,9 @@ impl Scheduler {
                 message: messages::cleanup_failed(&user.name(), host.name(), &error),
             });
         }
+        // Given up or done: a same-named TaskRun may go there (a user left behind after the
+        // last attempt is the host sweep's to remove).
+        self.cleaning_finished(&user.name(), host.name(), platform, out);
         if let Some(tr) = tr {
             self.cleanup_done(tr, out);
         }
@@ -810,6 +825,7 @@ impl Scheduler {
         if let Some(t) = self.taskruns.remove(key) {
             self.by_uid.remove(&t.uid, key);
             self.tombstones.insert(&t.uid);
+            self.unindex_user(key, &t.path, out);
         }
     }
 

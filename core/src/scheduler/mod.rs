@@ -58,6 +58,7 @@ mod sweep;
 mod time;
 mod tombstones;
 mod uid_index;
+mod users;
 
 #[cfg(test)]
 mod tests;
@@ -115,6 +116,11 @@ pub struct Scheduler {
     started: bool,
     /// `additional-instance-tags` of the config in force, shared by every launch.
     additional_tags: Arc<[(String, String)]>,
+    /// Tracked TaskRuns by a hash of their build user's name (see `users`).
+    by_user: BTreeSet<(u64, Key)>,
+    /// Removals of a build user in flight or waiting for a retry: user name to the hosts or
+    /// instance ids (one entry per removal).
+    cleaning: BTreeMap<String, Vec<Arc<str>>>,
 }
 
 /// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
@@ -363,6 +369,8 @@ impl Scheduler {
             delayed: BTreeMap::new(),
             started: false,
             additional_tags: Arc::new([]),
+            by_user: BTreeSet::new(),
+            cleaning: BTreeMap::new(),
         };
         let mut ignored = Vec::new();
         s.apply_config(config, &mut ignored);

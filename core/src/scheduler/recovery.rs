@@ -139,6 +139,7 @@ impl Scheduler {
                 extra,
             });
             self.by_uid.insert(key, &self.taskruns);
+            self.index_user(key);
             if rec.finished {
                 self.recover_finished(key, rec, &listed, &pool_members, &live_named, out);
                 continue;

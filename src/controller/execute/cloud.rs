@@ -93,12 +93,25 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
             };
         }
     };
-    ctx.cloud
+    let terminated = match &action {
+        Action::Terminate { instance_id, .. } => Some(instance_id.clone()),
+        _ => None,
+    };
+    let events: Vec<Event> = ctx
+        .cloud
         .runner
         .run(&action, &creds)
         .await
         .into_iter()
-        .collect()
+        .collect();
+    if let Some(id) = terminated
+        && events
+            .iter()
+            .any(|e| matches!(e, Event::Terminated { error: None, .. }))
+    {
+        ctx.known_hosts.forget(ctx, &id).await;
+    }
+    events
 }
 
 /// Every dynamic platform and pool of `config`, with its instance template.

@@ -79,9 +79,9 @@ pub async fn provision(
         .provision(&target, &req)
         .await
         .map_err(|e| e.to_string())?;
-    if let HostRef::Static(_) = host {
-        ctx.known_hosts.record(ctx, &target).await;
-    }
+    // Instances too: a replica taking over must not trust whatever answers at a pool
+    // instance's address next.
+    ctx.known_hosts.record(ctx, &target).await;
     let rearm_token = if rearm {
         match k8s::read_secret(ctx, taskrun).await {
             Ok(s) => s.as_ref().and_then(crate::controller::patch::secret_token),
@@ -168,9 +168,10 @@ pub async fn list_host_users(
     }
 }
 
-/// Host keys of static hosts learned on first use, kept in a ConfigMap of the controller's
-/// namespace so they survive restarts and every replica trusts the same keys (an emptyDir would
-/// forget them, and a replaced host key would then be accepted again).
+/// Host keys learned on first use, of static hosts (by name) and instances (by instance id),
+/// kept in a ConfigMap of the controller's namespace so they survive restarts and failovers and
+/// every replica trusts the same keys (an emptyDir would forget them, and a replaced host key
+/// would then be accepted again). An instance's entry goes when the instance is terminated.
 #[derive(Debug)]
 pub struct KnownHosts {
     /// The ConfigMap's name.
@@ -241,6 +242,42 @@ impl KnownHosts {
                 tracing::warn!(host = %target.id, %error, "could not store the learned host key")
             }
         }
+    }
+
+    /// Forgets the key of a terminated instance: the ConfigMap entry and the local record.
+    pub async fn forget(&self, ctx: &Context, id: &str) {
+        let _ = std::fs::remove_file(ctx.provisioner.connections().tofu_file(id));
+        self.synced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        for _ in 0..5 {
+            let mut cm = match api.get_opt(&self.name).await {
+                Ok(Some(cm)) => cm,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(host = %id, %error, "could not remove the host key");
+                    return;
+                }
+            };
+            let removed = cm.data.as_mut().and_then(|d| d.remove(id));
+            if removed.is_none() {
+                return;
+            }
+            match api.replace(&self.name, &PostParams::default(), &cm).await {
+                Ok(_) => {
+                    tracing::info!(host = %id, configmap = %self.name, "host key removed");
+                    return;
+                }
+                Err(::kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(error) => {
+                    tracing::warn!(host = %id, %error, "could not remove the host key");
+                    return;
+                }
+            }
+        }
+        tracing::warn!(host = %id, "could not remove the host key: the ConfigMap kept changing");
     }
 
     async fn store(&self, ctx: &Context, id: &str, text: &str) -> Result<(), String> {

@@ -78,6 +78,8 @@ fn failed_taskrun_retry_gets_a_new_chance() {
         error: "down".into(),
     });
     error_of(&a, "a");
+    let removal = deprovisions(&a);
+    assert_eq!(removal.len(), 1, "the half-made user is removed");
     let mut spec = H::spec("ns", "a", "linux/s390x");
     spec.retries = 1;
     let a = h.send(Event::TaskRun(spec));
@@ -85,6 +87,12 @@ fn failed_taskrun_retry_gets_a_new_chance() {
         matches!(a[0], Action::DeleteSecret { .. }),
         "old error removed first"
     );
+    // Its user's removal on h1 is still in flight (a retry of it would remove the new user).
+    assert!(provisions(&a).is_empty(), "{a:#?}");
+    let a = h.send(Event::Deprovisioned {
+        op: removal[0].0,
+        error: None,
+    });
     assert_eq!(provisions(&a)[0].2, "h1");
 }
 

@@ -6,6 +6,7 @@ mod lifecycle;
 mod ownership;
 mod pool;
 mod recovery;
+mod shared_users;
 mod static_pool;
 mod tenant;
 

@@ -281,15 +281,21 @@ fn recreated_taskrun_with_the_same_name_is_a_new_allocation() {
     let d = deprovisions(&a)[0].0;
     let mut spec = H::spec("ns", "a", P);
     spec.uid = "uid-second".into();
+    // Same name, same user: it waits for the old one's user to be removed from the host.
     let a = h.send(Event::TaskRun(spec));
+    assert!(provisions(&a).is_empty(), "{a:#?}");
+    // The old one's cleanup completes, names the old UID, and the new one gets the host.
+    let a = h.send(Event::Deprovisioned { op: d, error: None });
+    let finalized: Vec<_> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::RemoveFinalizer { taskrun } => Some(taskrun.uid().clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finalized, [Uid::new("uid-ns-a")]);
     let op2 = provision_op(&a, "a");
     assert_ne!(op1, op2);
-    // The old one's cleanup completes independently and names the old UID.
-    let a = h.send(Event::Deprovisioned { op: d, error: None });
-    match &a[..] {
-        [Action::RemoveFinalizer { taskrun }] => assert_eq!(*taskrun.uid(), Uid::new("uid-ns-a")),
-        other => panic!("{other:#?}"),
-    }
     assert_eq!(h.s.gauges().platforms[P].running, 1);
 }
 
