@@ -299,7 +299,10 @@ async fn at_create_controller_keys_are_refused_and_webhook_keys_pass() {
         .expect("with the webhook up, a forged key is removed before the policy sees it");
     // Both layers: the webhook strips the controller's keys, the policy refuses what is left.
     let labels = r.metadata.labels.unwrap_or_default();
-    assert!(!labels.contains_key(contract::ASSIGNED_HOST_LABEL), "{labels:?}");
+    assert!(
+        !labels.contains_key(contract::ASSIGNED_HOST_LABEL),
+        "{labels:?}"
+    );
     assert_eq!(labels[contract::TARGET_PLATFORM_LABEL], "linux-arm64");
 }
 

@@ -156,12 +156,17 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     let k = w.join("examples/kustomization.yaml");
     let text = std::fs::read_to_string(&k).unwrap();
     let (name, tag) = IMAGE.rsplit_once(':').unwrap();
-    let pointed = text
-        .replace(
-            "newName: quay.io/konflux-ci/multi-platform-controller-rs",
-            &format!("newName: {name}"),
-        )
-        .replace("newTag: latest", &format!("newTag: {tag}"));
+    // What `kustomize edit set image quay.io/...=registry.example.com/mpc:dev` writes: the entry
+    // gets newName and newTag, and loses the example's placeholder digest.
+    let mut pointed = String::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("digest: sha256:") {
+            pointed.push_str(&format!("    newName: {name}\n    newTag: {tag}\n"));
+        } else {
+            pointed.push_str(line);
+            pointed.push('\n');
+        }
+    }
     assert_ne!(
         pointed, text,
         "examples/kustomization.yaml names no image to replace"
