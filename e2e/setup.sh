@@ -5,7 +5,10 @@
 #   - prometheus (for promtool: lints our /metrics exposition, unit-tests the alerts)
 #   - kubectl >= 1.27 (renders the kustomizations, drives the test API server); installed from the
 #     distribution if it has none, which must then be recent enough
-#   - podman (provisioning requires podman on build hosts)
+#   - podman (provisioning requires podman on build hosts), with runc (the runtime podman is run
+#     with here: crun refuses some machines' cgroup layouts) and debootstrap (e2e/image.sh makes
+#     the image's base images locally), for the deployed-pods test
+#   - iproute2 (`ip netns`: each deployed pod gets its own network namespace)
 #   - at and cron (a build user's at jobs and crontab must not survive its cleanup)
 #   - cargo-deny (licence, ban and source checks of the dependency graph), built with
 #     `cargo install --locked` when missing
@@ -38,6 +41,9 @@ if ! command -v kubectl >/dev/null 2>&1; then
   if apt-cache show kubectl >/dev/null 2>&1; then missing+=(kubectl); else missing+=(kubernetes-client); fi
 fi
 command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v at >/dev/null 2>&1 || missing+=(at)
 command -v crontab >/dev/null 2>&1 || missing+=(cron)
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -70,7 +76,7 @@ fi
 # Everything must be there now; say exactly what is not.
 problems=()
 has_sshd || problems+=("sshd (package openssh-server)")
-for tool in ssh curl rsync promtool visudo kubectl podman at crontab; do
+for tool in ssh curl rsync promtool visudo kubectl podman runc debootstrap ip at crontab; do
   command -v "$tool" >/dev/null 2>&1 || problems+=("$tool")
 done
 [ -x "$venv/bin/moto_server" ] || problems+=("moto_server in $venv")
