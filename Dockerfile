@@ -1,12 +1,28 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build of the `mpc` binary: Rust builder → Debian slim runtime with openssh-client.
-# Build: docker build -t multi-platform-controller .
-# Runs as a non-root user and writes nothing outside mounted volumes (HOME and TMPDIR are emptyDirs
-# in manifests/deployment.yaml), so it works with readOnlyRootFilesystem.
+#   docker build -t multi-platform-controller .
+# Or around an `mpc` built elsewhere (CI builds it once for the tests; nothing is compiled here):
+#   docker build --build-arg MPC_FROM=prebuilt -f Dockerfile -t multi-platform-controller DIR
+# where DIR holds only the `mpc` binary (a context of its own, so the repository's context never
+# carries target/). The stage not named by MPC_FROM is skipped by BuildKit and buildah.
+# On a machine without Docker or registry access, e2e/image.sh does both with podman.
+# Runs as the non-root user 65532 and writes nothing outside mounted volumes (HOME and TMPDIR are
+# emptyDirs in manifests/deployment.yaml), so it works with readOnlyRootFilesystem.
+#
+# Decided against, for now:
+# - A UBI variant (registry.access.redhat.com/ubi9/ubi-minimal): the binary built here links
+#   glibc 2.41 symbols and would not run on UBI 9's glibc 2.34, so it needs a builder on UBI too,
+#   and neither base is reachable from the machines this is built and tested on. Not provided
+#   rather than shipped untested.
+# - FIPS: TLS is rustls on aws-lc-rs built in its default (non-FIPS) mode, and ssh is Debian's
+#   OpenSSH/OpenSSL; neither is a validated module here, so no FIPS claim is made. aws-lc-rs's
+#   `fips` feature (aws-lc-fips-sys, which needs Go and cmake at build time) would be the path.
 
 # Keep in step with rust-toolchain.toml (not copied: the image already is that toolchain).
 ARG RUST_VERSION=1.95.0
 ARG DEBIAN_RELEASE=trixie
+# Where the runtime stage takes `mpc` from: the `builder` stage, or `prebuilt` (./mpc of the context).
+ARG MPC_FROM=builder
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
 WORKDIR /src
@@ -27,6 +43,11 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p multi-platform-controller --bin mpc \
  && install -m 0755 target/release/mpc /usr/local/bin/mpc
 
+FROM scratch AS prebuilt
+COPY mpc /usr/local/bin/mpc
+
+FROM ${MPC_FROM} AS mpc-binary
+
 FROM docker.io/library/debian:${DEBIAN_RELEASE}-slim
 # openssh-client: provisioning runs ssh with multiplexed connections; ca-certificates: cloud APIs.
 RUN apt-get update \
@@ -34,7 +55,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 mpc \
  && useradd --system --uid 65532 --gid 65532 --home-dir /home/mpc --no-create-home --shell /usr/sbin/nologin mpc
-COPY --from=builder /usr/local/bin/mpc /usr/local/bin/mpc
+COPY --from=mpc-binary /usr/local/bin/mpc /usr/local/bin/mpc
 ENV HOME=/home/mpc \
     TMPDIR=/tmp \
     MPC_LOG_FORMAT=json
@@ -42,3 +63,14 @@ USER 65532:65532
 EXPOSE 9443 8080
 ENTRYPOINT ["/usr/local/bin/mpc"]
 CMD ["controller", "--config=/etc/mpc/host-config"]
+# Last, so a new revision reuses every layer above.
+ARG DEBIAN_RELEASE
+ARG VERSION=0.0.0-dev
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="multi-platform-controller" \
+      org.opencontainers.image.description="Konflux multi-platform-controller: assigns Tekton TaskRuns build hosts (static pools, EC2, local) over SSH" \
+      org.opencontainers.image.source="https://github.com/konflux-ci/multi-platform-controller-rs" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.base.name="docker.io/library/debian:${DEBIAN_RELEASE}-slim"
