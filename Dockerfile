@@ -2,9 +2,10 @@
 # Multi-stage build of the `mpc` binary: Rust builder → Debian slim runtime with openssh-client.
 #   docker build -t multi-platform-controller .
 # Or around an `mpc` built elsewhere (CI builds it once for the tests; nothing is compiled here):
-#   docker build --build-arg MPC_FROM=prebuilt -f Dockerfile -t multi-platform-controller DIR
+#   docker build --target prebuilt -f Dockerfile -t multi-platform-controller DIR
 # where DIR holds only the `mpc` binary (a context of its own, so the repository's context never
-# carries target/). The stage not named by MPC_FROM is skipped by BuildKit and buildah.
+# carries target/). BuildKit and buildah build only the stages the target needs: the default
+# (last) stage never reads ./mpc, and `prebuilt` never compiles.
 # On a machine without Docker or registry access, e2e/image.sh does both with podman.
 # Runs as the non-root user 65532 and writes nothing outside mounted volumes (HOME and TMPDIR are
 # emptyDirs in manifests/deployment.yaml), so it works with readOnlyRootFilesystem.
@@ -21,8 +22,6 @@
 # Keep in step with rust-toolchain.toml (not copied: the image already is that toolchain).
 ARG RUST_VERSION=1.95.0
 ARG DEBIAN_RELEASE=trixie
-# Where the runtime stage takes `mpc` from: the `builder` stage, or `prebuilt` (./mpc of the context).
-ARG MPC_FROM=builder
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
 WORKDIR /src
@@ -43,19 +42,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p multi-platform-controller --bin mpc \
  && install -m 0755 target/release/mpc /usr/local/bin/mpc
 
-FROM scratch AS prebuilt
-COPY mpc /usr/local/bin/mpc
-
-FROM ${MPC_FROM} AS mpc-binary
-
-FROM docker.io/library/debian:${DEBIAN_RELEASE}-slim
+# Everything of the runtime image but `mpc`, which the last two stages add.
+FROM docker.io/library/debian:${DEBIAN_RELEASE}-slim AS runtime-base
 # openssh-client: provisioning runs ssh with multiplexed connections; ca-certificates: cloud APIs.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openssh-client ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 mpc \
  && useradd --system --uid 65532 --gid 65532 --home-dir /home/mpc --no-create-home --shell /usr/sbin/nologin mpc
-COPY --from=mpc-binary /usr/local/bin/mpc /usr/local/bin/mpc
 ENV HOME=/home/mpc \
     TMPDIR=/tmp \
     MPC_LOG_FORMAT=json
@@ -63,7 +57,7 @@ USER 65532:65532
 EXPOSE 9443 8080
 ENTRYPOINT ["/usr/local/bin/mpc"]
 CMD ["controller", "--config=/etc/mpc/host-config"]
-# Last, so a new revision reuses every layer above.
+# After the RUN step, so a new revision reuses its layer.
 ARG DEBIAN_RELEASE
 ARG VERSION=0.0.0-dev
 ARG REVISION=unknown
@@ -74,3 +68,11 @@ LABEL org.opencontainers.image.title="multi-platform-controller" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.base.name="docker.io/library/debian:${DEBIAN_RELEASE}-slim"
+
+# `mpc` from the build context (see the top).
+FROM runtime-base AS prebuilt
+COPY mpc /usr/local/bin/mpc
+
+# The default: `mpc` from the builder stage.
+FROM runtime-base AS runtime
+COPY --from=builder /usr/local/bin/mpc /usr/local/bin/mpc

@@ -7,7 +7,7 @@
 #   bash e2e/image.sh full [TAG]          bases, then the whole Dockerfile as written (the builder
 #                                         stage compiles `mpc`); prints build time, size and contents
 #   bash e2e/image.sh runtime BINARY TAG  the runtime base, then the Dockerfile's runtime stage around
-#                                         a host-built `mpc` (MPC_FROM=prebuilt: no compile; for CI)
+#                                         a host-built `mpc` (--target prebuilt: no compile; for CI)
 #   bash e2e/image.sh check TAG           runs `mpc --version` in TAG read-only as 65532:65532
 #
 # Works from any directory of a checkout, as root (podman's root storage) or through sudo. Installs
@@ -342,7 +342,7 @@ cmd_runtime() {
   install -m 0755 "$binary" "$ctx/mpc"
   mapfile -t labels < <(label_args)
   start=$(date +%s)
-  podman_ build "${build_flags[@]}" --build-arg MPC_FROM=prebuilt \
+  podman_ build "${build_flags[@]}" --target prebuilt \
     "${labels[@]}" -t "$tag" -f "$dockerfile" "$ctx" >&2
   rm -rf "$ctx"
   trap - EXIT
