@@ -11,13 +11,14 @@
 # emptyDirs in manifests/deployment.yaml), so it works with readOnlyRootFilesystem.
 #
 # Decided against, for now:
-# - A UBI variant (registry.access.redhat.com/ubi9/ubi-minimal): the binary built here links
-#   glibc 2.41 symbols and would not run on UBI 9's glibc 2.34, so it needs a builder on UBI too,
-#   and neither base is reachable from the machines this is built and tested on. Not provided
-#   rather than shipped untested.
-# - FIPS: TLS is rustls on aws-lc-rs built in its default (non-FIPS) mode, and ssh is Debian's
-#   OpenSSH/OpenSSL; neither is a validated module here, so no FIPS claim is made. aws-lc-rs's
-#   `fips` feature (aws-lc-fips-sys, which needs Go and cmake at build time) would be the path.
+# - A UBI variant (registry.access.redhat.com/ubi9/ubi-minimal): that base is neither reachable nor
+#   reproducible (as the Debian one is, from a Debian mirror) on the machines this is built and
+#   tested on, and a `mpc` built on trixie (glibc 2.41) may need glibc symbols newer than UBI 9's
+#   2.34, so the variant wants a UBI builder stage too. Not provided rather than shipped untested.
+# - FIPS: TLS is rustls on aws-lc-rs in its default (non-FIPS) build, and ssh is Debian's OpenSSH
+#   on OpenSSL; neither is a validated module here, so no FIPS claim is made. The path would be
+#   aws-lc-rs's `fips` feature (aws-lc-fips-sys: Go and cmake in the builder) with rustls' FIPS
+#   provider selected at start, and a FIPS OpenSSL for ssh: not built or tested yet.
 
 # Keep in step with rust-toolchain.toml (not copied: the image already is that toolchain).
 ARG RUST_VERSION=1.95.0
