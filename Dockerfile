@@ -14,7 +14,8 @@
 # - A UBI variant (registry.access.redhat.com/ubi9/ubi-minimal): that base is neither reachable nor
 #   reproducible (as the Debian one is, from a Debian mirror) on the machines this is built and
 #   tested on, and the `mpc` built on trixie needs GLIBC_2.39 symbols (checked with objdump -T),
-#   newer than UBI 9's glibc 2.34, so the variant wants a UBI builder stage too. Not provided rather than shipped untested.
+#   newer than UBI 9's glibc 2.34, so the variant wants a UBI builder stage too. Not provided
+#   rather than shipped untested.
 # - FIPS: TLS is rustls on aws-lc-rs in its default (non-FIPS) build, and ssh is Debian's OpenSSH
 #   on OpenSSL; neither is a validated module here, so no FIPS claim is made. The path would be
 #   aws-lc-rs's `fips` feature (aws-lc-fips-sys: Go and cmake in the builder) with rustls' FIPS
