@@ -248,6 +248,10 @@ fn base_renders_the_controller_and_otp_server_consistently() {
             "Service",
             "ServiceAccount",
             "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
         ],
         "the base carries no host-config (it would overwrite a real one) and no secrets"
     );
