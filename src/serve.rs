@@ -128,7 +128,7 @@ impl Conn {
 
     /// Eviction order among idle connections: never used first, then longest idle.
     fn eviction_key(&self) -> Option<(bool, Instant)> {
-        (self.in_flight == 0).then(|| match self.last_request {
+        (self.in_flight == 0).then_some(match self.last_request {
             None => (false, self.opened),
             Some(t) => (true, t),
         })

@@ -433,10 +433,10 @@ pub fn parse_bytes(q: &str) -> anyhow::Result<u64> {
         ("", 1),
     ];
     for (suffix, mult) in units {
-        if let Some(n) = q.strip_suffix(suffix) {
-            if let Ok(n) = n.parse::<f64>() {
-                return Ok((n * mult as f64) as u64);
-            }
+        if let Some(n) = q.strip_suffix(suffix)
+            && let Ok(n) = n.parse::<f64>()
+        {
+            return Ok((n * mult as f64) as u64);
         }
     }
     bail!("not a quantity: {q:?}")
