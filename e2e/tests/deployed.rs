@@ -191,22 +191,24 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     // Step 5, against the test API server.
     let api = ApiServer::start(Options::default()).await.unwrap();
     api.create_yaml(TEKTON_CRDS).await.unwrap();
-    let kubectl = |args: &[&str]| {
+    // kubectl as the cluster's admin, from the copied checkout: its stdout, or everything it said.
+    let try_kubectl = |args: &[&str]| -> Result<String, String> {
         let out = Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(api.kubeconfig_path())
             .args(args)
             .current_dir(w)
             .output()
-            .expect("kubectl runs");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+            .map_err(|e| format!("kubectl does not run: {e}"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+        }
     };
+    let kubectl =
+        |args: &[&str]| try_kubectl(args).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
     kubectl(&["apply", "-k", "examples"]);
     // The admin key of the host, a Secret the operator keeps in the controller's namespace.
     let key_file = w.join("host-1-id_rsa");
@@ -280,21 +282,17 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     // One replica takes the Lease.
     let names: BTreeSet<String> = controllers.iter().map(|p| p.name.clone()).collect();
     let leader = eventually(Duration::from_secs(60), "a Lease holder", &all, || async {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(api.kubeconfig_path())
-            .args([
-                "get",
-                "lease",
-                "-n",
-                NS,
-                "multi-platform-controller",
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ])
-            .output()
-            .ok()?;
-        let holder = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let holder = try_kubectl(&[
+            "get",
+            "lease",
+            "-n",
+            NS,
+            "multi-platform-controller",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .ok()?;
+        let holder = holder.trim().to_owned();
         names.contains(&holder).then_some(holder)
     })
     .await;
@@ -308,24 +306,17 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
         "the TaskRun's secret",
         &all,
         || async {
-            let out = Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(api.kubeconfig_path())
-                .args([
-                    "get",
-                    "secret",
-                    "-n",
-                    TENANT,
-                    &format!("multi-platform-ssh-{tr}"),
-                    "-o",
-                    "json",
-                ])
-                .output()
-                .ok()?;
-            out.status
-                .success()
-                .then(|| serde_json::from_slice::<Value>(&out.stdout).ok())
-                .flatten()
+            let json = try_kubectl(&[
+                "get",
+                "secret",
+                "-n",
+                TENANT,
+                &format!("multi-platform-ssh-{tr}"),
+                "-o",
+                "json",
+            ])
+            .ok()?;
+            serde_json::from_str::<Value>(&json).ok()
         },
     )
     .await;
@@ -389,16 +380,8 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     assert!(user_exists(&user), "the build user {user} is on the host");
     kubectl(&["delete", "taskrun", "-n", TENANT, tr, "--wait=false"]);
     eventually(Duration::from_secs(60), "cleanup", &all, || async {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(api.kubeconfig_path())
-            .args(["get", "taskrun,secret", "-n", TENANT, "-o", "name"])
-            .output()
-            .ok()?;
-        (out.status.success()
-            && String::from_utf8_lossy(&out.stdout).trim().is_empty()
-            && !user_exists(&user))
-        .then_some(())
+        let left = try_kubectl(&["get", "taskrun,secret", "-n", TENANT, "-o", "name"]).ok()?;
+        (left.trim().is_empty() && !user_exists(&user)).then_some(())
     })
     .await;
 
