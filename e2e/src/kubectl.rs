@@ -11,6 +11,24 @@ use tokio::io::AsyncWriteExt;
 /// Longest a single kubectl call may take.
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The documents `kubectl kustomize DIR` renders (no cluster needed); panics with kubectl's
+/// error, as the tests that use it would.
+pub fn kustomize(dir: &Path) -> Vec<Value> {
+    let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+    let out = std::process::Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl runs (install it with e2e/setup.sh)");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::apiserver::parse_documents(&String::from_utf8_lossy(&out.stdout)).expect("valid YAML")
+}
+
 /// A kubectl bound to one kubeconfig.
 pub struct Kubectl {
     kubeconfig: PathBuf,

@@ -31,19 +31,9 @@ const NS: &str = "tenant-a";
 
 /// The documents `kubectl kustomize manifests` renders.
 fn rendered() -> Vec<Value> {
-    let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests");
-    let out = std::process::Command::new(kubectl)
-        .arg("kustomize")
-        .arg(&dir)
-        .output()
-        .expect("kubectl runs (install it with e2e/setup.sh)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    e2e::apiserver::parse_documents(&String::from_utf8(out.stdout).unwrap()).unwrap()
+    e2e::kubectl::kustomize(
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests"),
+    )
 }
 
 /// A server with the Tekton CRDs, the tenant and controller namespaces, and the rendered

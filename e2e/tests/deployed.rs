@@ -68,17 +68,7 @@ const README_COMMANDS: [&str; 7] = [
 ];
 
 fn rendered(dir: &Path, kustomization: &str) -> Vec<Value> {
-    let out = Command::new("kubectl")
-        .args(["kustomize", kustomization])
-        .current_dir(dir)
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {kustomization}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    e2e::apiserver::parse_documents(&String::from_utf8_lossy(&out.stdout)).expect("valid YAML")
+    e2e::kubectl::kustomize(&dir.join(kustomization))
 }
 
 fn logs(pods: &[&Pod]) -> String {

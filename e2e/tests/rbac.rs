@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use e2e::apiserver::KUBECONFIG_USER;
@@ -52,19 +51,7 @@ fn strings(v: &Value) -> Vec<String> {
 
 /// What `kubectl kustomize manifests` renders.
 fn rendered() -> Vec<Value> {
-    let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests");
-    let out = Command::new(kubectl)
-        .arg("kustomize")
-        .arg(&dir)
-        .output()
-        .expect("kubectl runs (install it with e2e/setup.sh)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    e2e::apiserver::parse_documents(&String::from_utf8(out.stdout).unwrap()).unwrap()
+    e2e::kubectl::kustomize(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests"))
 }
 
 /// The controller's ClusterRole and Role rules in `docs`, after checking the bindings give them
