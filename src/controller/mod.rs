@@ -8,6 +8,7 @@
 
 pub mod adopt;
 pub mod driver;
+pub mod events;
 pub mod execute;
 pub mod lanes;
 pub mod lease;
@@ -37,6 +38,9 @@ use crate::server::{self, WebhookArgs, WebhookServer};
 use driver::{Driver, Input};
 use execute::{Context, KeyStore, Limits};
 use metrics::ControllerMetrics;
+
+/// Events published at once; the outbox's rate, not this, bounds their flow.
+const EVENTS_IN_FLIGHT: usize = 4;
 
 /// Errors that stop the controller before it runs.
 #[derive(Debug, thiserror::Error)]
@@ -309,6 +313,7 @@ impl Controller {
         let requests = kube_client(args, Some(args.lease_renew_deadline)).await?;
         let metrics = ControllerMetrics::register(&registry)?;
         let registry_for_cloud = registry.clone();
+        let events_dropped = events::dropped_counter(&registry)?;
         let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
 
         let required = |v: &Option<PathBuf>| {
@@ -351,7 +356,13 @@ impl Controller {
                 args.ec2_endpoint.clone(),
                 crate::cloud::metrics::CloudMetrics::new(&registry_for_cloud)?,
             )),
-            recorder: recorder(&requests, &identity),
+            events: events::EventSink::start(
+                recorder(&requests, &identity),
+                events::OutboxLimits::default(),
+                EVENTS_IN_FLIGHT,
+                events_dropped,
+                stop.clone(),
+            ),
             metrics: metrics.clone(),
             limits: Arc::new(Limits::default()),
             cancel: stop.child_token(),
@@ -508,8 +519,13 @@ async fn watch_config_map(
             namespace: Some(namespace.clone()),
             ..Default::default()
         };
-        execute::kube::publish_with(&recorder, None, reference, true, "InvalidConfig", &message)
-            .await;
+        let note = events::Note {
+            reference,
+            warning: true,
+            reason: "InvalidConfig",
+            message,
+        };
+        events::publish(&recorder, &note).await;
     }
 }
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use serde_json::Value;
 
 use super::Context;
@@ -350,67 +349,4 @@ pub fn taskrun_reference(tr: &TaskRunRef) -> ObjectReference {
         uid: Some(tr.uid().to_string()),
         ..ObjectReference::default()
     }
-}
-
-/// Publishes an Event (best effort: a lost Event is logged, never retried for long).
-pub async fn publish(
-    ctx: &Context,
-    reference: ObjectReference,
-    warning: bool,
-    reason: &str,
-    message: &str,
-) {
-    publish_with(
-        &ctx.recorder,
-        Some(&ctx.limits.events),
-        reference,
-        warning,
-        reason,
-        message,
-    )
-    .await;
-}
-
-/// [`publish`] through `recorder`, at most as many at once as `limit` allows.
-pub async fn publish_with(
-    recorder: &Recorder,
-    limit: Option<&tokio::sync::Semaphore>,
-    reference: ObjectReference,
-    warning: bool,
-    reason: &str,
-    message: &str,
-) {
-    let ev = KubeEvent {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.to_owned(),
-        // The Events API caps notes at 1 kB.
-        note: Some(truncate(message, 1000)),
-        action: "Allocate".to_owned(),
-        secondary: None,
-    };
-    let _permit = match limit {
-        Some(l) => l.acquire().await.ok(),
-        None => None,
-    };
-    let sent = tokio::time::timeout(REQUEST_TIMEOUT, recorder.publish(&ev, &reference)).await;
-    match sent {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::debug!(%error, reason, "event not recorded"),
-        Err(_) => tracing::debug!(reason, "event not recorded: timed out"),
-    }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }

@@ -4,7 +4,7 @@
 //! Contract kept (see `scheduler/action.rs`): every action with an `OpId` yields exactly one
 //! result event, also on timeout or error; actions without one yield nothing, or
 //! `TaskRunDone` when the TaskRun turned out to be gone. Work is bounded by semaphores per class
-//! (API requests, SSH operations, Events), never by the result channel, which is unbounded so
+//! (API requests, SSH operations; Events by their outbox, `super::events`), never by the result channel, which is unbounded so
 //! the loop ↔ executor cycle cannot deadlock. Every action has a time limit, but a finalizer
 //! removal tries again after a refusal or a timeout until it lands; a cancelled context
 //! (leadership lost) stops work at once and reports nothing: the scheduler it would report to is
@@ -21,6 +21,7 @@ use futures::future::BoxFuture;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::events::{EventSink, Note};
 use super::metrics::ControllerMetrics;
 use super::patch::{OtpEndpoint, SecretProof};
 use crate::config::HostConfig;
@@ -51,8 +52,6 @@ pub struct Limits {
     pub api: Semaphore,
     /// SSH operations in flight (each host also caps its own sessions).
     pub ssh: Semaphore,
-    /// Events being published.
-    pub events: Semaphore,
 }
 
 impl Default for Limits {
@@ -60,7 +59,6 @@ impl Default for Limits {
         Limits {
             api: Semaphore::new(32),
             ssh: Semaphore::new(32),
-            events: Semaphore::new(4),
         }
     }
 }
@@ -80,7 +78,7 @@ pub struct Context {
     /// The served host-config (build-user settings are read from it at use time).
     pub config: crate::config_source::ConfigSource,
     pub cloud: Arc<cloud::CloudExec>,
-    pub recorder: ::kube::runtime::events::Recorder,
+    pub events: EventSink,
     pub metrics: ControllerMetrics,
     pub limits: Arc<Limits>,
     /// Cancelled when the term ends (leadership lost, shutdown).
@@ -275,7 +273,12 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
                 Some(tr) => kube::taskrun_reference(tr),
                 None => ctx.config_reference(),
             };
-            kube::publish(ctx, reference, warning, reason, &message).await;
+            ctx.events.submit(Note {
+                reference,
+                warning,
+                reason,
+                message,
+            });
             Vec::new()
         }
         Action::Observe(o) => {
