@@ -58,8 +58,6 @@ fn classify(e: &kube::Error) -> Class {
 
 /// Longest wait between retries of one write.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// Limit of one API request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Runs `f` until it succeeds or fails for good; `Ok(Err(e))` hands a 422 back to the caller.
 async fn retrying<T, F, Fut>(
@@ -75,7 +73,7 @@ where
     loop {
         let attempt = async {
             let _permit = ctx.limits.api.acquire().await;
-            tokio::time::timeout(REQUEST_TIMEOUT, f()).await
+            tokio::time::timeout(ctx.limits.request_timeout, f()).await
         };
         let result = tokio::select! {
             () = ctx.cancel.cancelled() => return Err(WriteError::Cancelled),
@@ -371,6 +369,9 @@ pub async fn publish(
     .await;
 }
 
+/// Limit of one Event's publication (best effort: an Event that does not land is dropped).
+const EVENT_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// [`publish`] through `recorder`, at most as many at once as `limit` allows.
 pub async fn publish_with(
     recorder: &Recorder,
@@ -396,7 +397,7 @@ pub async fn publish_with(
         Some(l) => l.acquire().await.ok(),
         None => None,
     };
-    let sent = tokio::time::timeout(REQUEST_TIMEOUT, recorder.publish(&ev, &reference)).await;
+    let sent = tokio::time::timeout(EVENT_TIMEOUT, recorder.publish(&ev, &reference)).await;
     match sent {
         Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::debug!(%error, reason, "event not recorded"),
