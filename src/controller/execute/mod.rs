@@ -4,11 +4,11 @@
 //! Contract kept (see `scheduler/action.rs`): every action with an `OpId` yields exactly one
 //! result event, also on timeout or error; actions without one yield nothing, or
 //! `TaskRunDone` when the TaskRun turned out to be gone. Work is bounded by semaphores per class
-//! (API requests, SSH operations, Events), never by the result channel, which is unbounded so
-//! the loop ↔ executor cycle cannot deadlock. Every action has a time limit, but a finalizer
-//! removal tries again after a refusal or a timeout until it lands; a cancelled context
-//! (leadership lost) stops work at once and reports nothing: the scheduler it would report to is
-//! gone.
+//! (API requests, SSH operations, cloud launches and terminations, Events; sized by [`Limits`]),
+//! never by the result channel, which is unbounded so the loop ↔ executor cycle cannot deadlock.
+//! Every action has a time limit ([`Limits`] too), but a finalizer removal tries again after a
+//! refusal or a timeout until it lands; a cancelled context (leadership lost) stops work at once
+//! and reports nothing: the scheduler it would report to is gone.
 
 pub mod cloud;
 pub mod kube;
