@@ -9,7 +9,8 @@
 //! The last good config keeps serving: an unreadable or unparsable input changes nothing, and a
 //! readable update with entry errors keeps the previous definition of whatever those errors would
 //! disable ([`config::keep_last_good`]). Problems are logged and counted in `config_errors`;
-//! `platform_pool_size{platform}` follows the config that is actually served.
+//! `platform_pool_size{platform}` (Go's: static slots, or `max-instances`) and
+//! `platform_capacity{platform}` (concurrent TaskRuns) follow the config that is actually served.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -27,10 +28,12 @@ use crate::metrics;
 pub struct ConfigMetrics {
     errors: IntCounter,
     pool_size: IntGaugeVec,
+    capacity: IntGaugeVec,
 }
 
 impl ConfigMetrics {
-    /// Creates `config_errors` and `platform_pool_size` and registers them in `registry`.
+    /// Creates `config_errors`, `platform_pool_size` and `platform_capacity` and registers them in
+    /// `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let errors = IntCounter::with_opts(Opts::new(
             metrics::name("config_errors"),
@@ -39,24 +42,43 @@ impl ConfigMetrics {
         let pool_size = IntGaugeVec::new(
             Opts::new(
                 metrics::name("platform_pool_size"),
-                "Concurrent TaskRuns each remote platform can serve under the served config (0 when disabled).",
+                "The size of the platform's machine pool under the served config: static hosts' concurrency summed, max-instances of a dynamic platform or pool (0 when disabled)",
+            ),
+            &["platform"],
+        )?;
+        let capacity = IntGaugeVec::new(
+            Opts::new(
+                metrics::name("platform_capacity"),
+                "Concurrent TaskRuns each remote platform can serve under the served config: a dynamic pool's max-instances x concurrency (0 when disabled)",
             ),
             &["platform"],
         )?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(pool_size.clone()))?;
-        Ok(Self { errors, pool_size })
+        registry.register(Box::new(capacity.clone()))?;
+        Ok(Self {
+            errors,
+            pool_size,
+            capacity,
+        })
     }
 
     fn set_pool_sizes(&self, cfg: &HostConfig) {
         self.pool_size.reset();
+        self.capacity.reset();
         for p in cfg.platforms() {
-            if let Some(n) = cfg.capacity(p) {
-                self.pool_size
-                    // Go's label value: `linux-arm64`.
-                    .with_label_values(&[&p.label_value()])
-                    .set(i64::from(n));
-            }
+            let Some(n) = cfg.capacity(p) else { continue };
+            // Go's label value: `linux-arm64`.
+            let label = [p.label_value()];
+            self.capacity.with_label_values(&label).set(i64::from(n));
+            // Go registers a pool with its `max-instances`: the instance alerts divide by it.
+            let machines = match cfg.resolve(p) {
+                config::Strategy::DynamicPool(pool) => pool.instance.max_instances,
+                _ => n,
+            };
+            self.pool_size
+                .with_label_values(&label)
+                .set(i64::from(machines));
         }
     }
 }
@@ -389,6 +411,46 @@ mod tests {
         let text = metrics::encode(&registry);
         assert!(!text.contains("platform=\"linux-arm64\""), "{text}");
         assert!(text.contains("platform=\"linux-ppc64le\"} 5"), "{text}");
+    }
+
+    /// Go's `platform_pool_size` is `max-instances` for a dynamic pool (what the instance alerts
+    /// divide by), not the concurrent TaskRuns it can serve.
+    #[test]
+    fn pool_size_of_a_dynamic_pool_is_max_instances() {
+        let registry = Registry::new();
+        let metrics = ConfigMetrics::register(&registry).unwrap();
+        let src = ConfigSource::new(Some(metrics.clone()));
+        let mut data = base();
+        data.insert("dynamic-pool-platforms".into(), "linux/amd64".into());
+        for (k, v) in [
+            ("type", "aws"),
+            ("region", "us-east-1"),
+            ("ami", "ami-1"),
+            ("instance-type", "m6i.large"),
+            ("aws-secret", "aws"),
+            ("ssh-secret", "ssh"),
+            ("max-instances", "3"),
+            ("concurrency", "4"),
+            ("max-age", "60"),
+        ] {
+            data.insert(format!("dynamic.linux-amd64.{k}"), v.into());
+        }
+        assert!(matches!(
+            src.publish("t", data, Vec::new()),
+            Update::Applied { errors: 0, .. }
+        ));
+        let text = metrics::encode(&registry);
+        let has = |series: &str| text.lines().any(|l| l == series);
+        for series in [
+            "multi_platform_controller_platform_pool_size{platform=\"linux-amd64\"} 3",
+            "multi_platform_controller_platform_pool_size{platform=\"linux-arm64\"} 4",
+            "multi_platform_controller_platform_pool_size{platform=\"linux-ppc64le\"} 5",
+            "multi_platform_controller_platform_capacity{platform=\"linux-amd64\"} 12",
+            "multi_platform_controller_platform_capacity{platform=\"linux-arm64\"} 4",
+            "multi_platform_controller_platform_capacity{platform=\"linux-ppc64le\"} 5",
+        ] {
+            assert!(has(series), "{series} in\n{text}");
+        }
     }
 
     #[test]

@@ -315,6 +315,34 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
         .collect();
     assert!(values.contains("linux-arm64"), "{values:?}");
     assert!(values.iter().all(|v| !v.contains('/')), "{values:?}");
+    // Values, not only names (docs/metrics.md): two builds went through the one-slot static
+    // host, the second queued behind the first. Go's `wait_time` sees only the one that waited,
+    // `queue_wait_seconds` both; a static host is allocated at once (Go measures from the
+    // allocation attempt, not from creation), so `host_allocation_time` sums to exactly zero.
+    let value = |family: &str| {
+        let series = format!(
+            "{}{family}{{platform=\"linux-arm64\"}} ",
+            mpc::metrics::PREFIX
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse::<f64>().ok())
+    };
+    for (family, expected) in [
+        ("wait_time_count", 1.0),
+        ("queue_wait_seconds_count", 2.0),
+        ("host_allocation_time_count", 2.0),
+        ("host_allocation_time_sum", 0.0),
+        ("host_ready_seconds_count", 2.0),
+    ] {
+        assert_eq!(value(family), Some(expected), "{family} in\n{text}");
+    }
+    // The waiter waited for a whole build, so its wait is its queue wait and more.
+    let waited = value("wait_time_sum").unwrap_or_default();
+    let queued = value("queue_wait_seconds_sum").unwrap_or_default();
+    assert!(
+        waited > 0.0 && queued > 0.0 && waited + 1.0 >= queued,
+        "{text}"
+    );
     // The checker is not vacuous: a misspelt family and a label no series has are refused.
     let bad = promql::uses(&format!(
         "sum by (tenant) ({}wait_times_bucket) + {}leader{{zone=\"a\"}}",

@@ -1,6 +1,8 @@
-//! The scheduler's metric families (design §8; `platform_pool_size` and `config_errors` belong to
-//! the config source), under the Go controller's names, labels, buckets
-//! and meaning, plus ours: queue length and age, actions in flight and failed, leadership.
+//! The scheduler's metric families (design §8; `platform_pool_size`, `platform_capacity` and
+//! `config_errors` belong to the config source), under the Go controller's names, labels, buckets
+//! and meaning, plus ours: queue wait, time to a ready host, build time, queue length and age,
+//! actions in flight and failed, leadership. `docs/metrics.md` gives each family's exact start
+//! and end; the values come from the scheduler's [`Observation`]s.
 //!
 //! Go registers one unlabelled histogram per platform with a constant `platform` label; the
 //! exposition is the same as a vector labelled `platform`, which is what this is. Counters carry
@@ -24,6 +26,14 @@ const BIG_BUCKETS: &[f64] = &[
     20.0, 40.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1200.0, 2400.0, 4800.0, 6000.0, 7200.0, 8400.0,
     9600.0,
 ];
+/// Queue waits: most are zero or sub-second while there is room.
+const QUEUE_BUCKETS: &[f64] = &[
+    0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
+];
+/// Creation to a ready host: seconds on a free static host, minutes through a cloud boot.
+const READY_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+];
 
 /// The controller's families.
 #[derive(Clone)]
@@ -31,6 +41,9 @@ pub struct ControllerMetrics {
     allocation_time: HistogramVec,
     wait_time: HistogramVec,
     task_run_time: HistogramVec,
+    queue_wait: HistogramVec,
+    host_ready: HistogramVec,
+    build_time: HistogramVec,
     provisioning_failures: IntCounterVec,
     provisioning_successes: IntCounterVec,
     cleanup_failures: IntCounterVec,
@@ -75,6 +88,21 @@ impl ControllerMetrics {
             task_run_time: histogram(
                 "task_run_time",
                 "The total time taken by a task, including wait and allocation time",
+                BIG_BUCKETS,
+            )?,
+            queue_wait: histogram(
+                "queue_wait_seconds",
+                "Time in seconds each TaskRun needing a host spent in the platform's queue, from joining it to its placement (zero when placed at once)",
+                QUEUE_BUCKETS,
+            )?,
+            host_ready: histogram(
+                "host_ready_seconds",
+                "Time in seconds from a TaskRun's creation to its secret naming a provisioned host (queue, instance boot and provisioning)",
+                READY_BUCKETS,
+            )?,
+            build_time: histogram(
+                "build_time_seconds",
+                "Time in seconds from a TaskRun's secret naming a host to the TaskRun finishing",
                 BIG_BUCKETS,
             )?,
             provisioning_failures: counter(
@@ -155,6 +183,9 @@ impl ControllerMetrics {
             Box::new(self.allocation_time.clone()),
             Box::new(self.wait_time.clone()),
             Box::new(self.task_run_time.clone()),
+            Box::new(self.queue_wait.clone()),
+            Box::new(self.host_ready.clone()),
+            Box::new(self.build_time.clone()),
             Box::new(self.provisioning_failures.clone()),
             Box::new(self.provisioning_successes.clone()),
             Box::new(self.cleanup_failures.clone()),
@@ -174,16 +205,36 @@ impl ControllerMetrics {
     /// Records one scheduler measurement.
     pub fn observe(&self, o: &Observation) {
         match o {
-            Observation::Waited { platform, wait, .. } => self
-                .wait_time
-                .with_label_values(&[&platform.label_value()])
-                .observe(wait.as_secs_f64()),
+            Observation::Waited {
+                platform,
+                wait,
+                waited,
+                ..
+            } => {
+                let l = [platform.label_value()];
+                self.queue_wait
+                    .with_label_values(&l)
+                    .observe(wait.as_secs_f64());
+                if let Some(waited) = waited {
+                    self.wait_time
+                        .with_label_values(&l)
+                        .observe(waited.as_secs_f64());
+                }
+            }
             Observation::Allocated { platform, took } => self
                 .allocation_time
                 .with_label_values(&[&platform.label_value()])
                 .observe(took.as_secs_f64()),
             Observation::Ran { platform, took } => self
                 .task_run_time
+                .with_label_values(&[&platform.label_value()])
+                .observe(took.as_secs_f64()),
+            Observation::Served { platform, took } => self
+                .host_ready
+                .with_label_values(&[&platform.label_value()])
+                .observe(took.as_secs_f64()),
+            Observation::Built { platform, took } => self
+                .build_time
                 .with_label_values(&[&platform.label_value()])
                 .observe(took.as_secs_f64()),
             Observation::ProvisionSucceeded(p) => self
@@ -212,7 +263,14 @@ impl ControllerMetrics {
         for p in platforms {
             let value = p.label_value();
             let l = [value.as_str()];
-            for h in [&self.allocation_time, &self.wait_time, &self.task_run_time] {
+            for h in [
+                &self.allocation_time,
+                &self.wait_time,
+                &self.task_run_time,
+                &self.queue_wait,
+                &self.host_ready,
+                &self.build_time,
+            ] {
                 h.with_label_values(&l);
             }
             for c in [
@@ -311,5 +369,71 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
         }
+    }
+    /// Each observation lands in its family with its value: Go's families keep Go's meaning
+    /// (`wait_time` only for TaskRuns that waited), ours get every placement.
+    #[test]
+    fn observations_land_in_their_families_with_their_values() {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use crate::scheduler::{TaskRunRef, Uid};
+        let registry = Registry::new();
+        let m = ControllerMetrics::register(&registry).unwrap();
+        let p = Arc::new(Platform::parse("linux/arm64").unwrap());
+        let taskrun = TaskRunRef::new("ns", "a", Uid::new("u"));
+        let secs = Duration::from_secs_f64;
+        for o in [
+            Observation::Waited {
+                platform: p.clone(),
+                wait: Duration::ZERO,
+                waited: None,
+                taskrun: taskrun.clone(),
+            },
+            Observation::Waited {
+                platform: p.clone(),
+                wait: secs(2.5),
+                waited: Some(secs(4.0)),
+                taskrun,
+            },
+            Observation::Allocated {
+                platform: p.clone(),
+                took: secs(21.0),
+            },
+            Observation::Served {
+                platform: p.clone(),
+                took: secs(23.0),
+            },
+            Observation::Built {
+                platform: p.clone(),
+                took: secs(100.0),
+            },
+            Observation::Ran {
+                platform: p.clone(),
+                took: secs(125.0),
+            },
+        ] {
+            m.observe(&o);
+        }
+        let text = crate::metrics::encode(&registry);
+        let l = "{platform=\"linux-arm64\"}";
+        for (family, count, sum) in [
+            ("queue_wait_seconds", 2, "2.5"),
+            ("wait_time", 1, "4"),
+            ("host_allocation_time", 1, "21"),
+            ("host_ready_seconds", 1, "23"),
+            ("build_time_seconds", 1, "100"),
+            ("task_run_time", 1, "125"),
+        ] {
+            for series in [
+                format!("multi_platform_controller_{family}_count{l} {count}"),
+                format!("multi_platform_controller_{family}_sum{l} {sum}"),
+            ] {
+                assert!(text.lines().any(|x| x == series), "{series} in\n{text}");
+            }
+        }
+        // The zero wait is in the lowest bucket.
+        let first = "multi_platform_controller_queue_wait_seconds_bucket{platform=\"linux-arm64\",le=\"0.1\"} 1";
+        assert!(text.lines().any(|x| x == first), "{text}");
     }
 }

@@ -36,11 +36,8 @@ use crate::provision::{Provisioner, SshOptions, Zeroizing};
 use crate::scheduler::Policy;
 use crate::server::{self, WebhookArgs, WebhookServer};
 use driver::{Driver, Input};
-use execute::{Context, KeyStore, Limits};
+use execute::{Context, KeyStore, LimitSettings, Limits};
 use metrics::ControllerMetrics;
-
-/// Events published at once; the outbox's rate, not this, bounds their flow.
-const EVENTS_IN_FLIGHT: usize = 4;
 
 /// Errors that stop the controller before it runs.
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +155,62 @@ pub struct ControllerArgs {
     /// EC2 endpoint override (an EC2-compatible cloud).
     #[arg(long, env = "MPC_EC2_ENDPOINT")]
     pub ec2_endpoint: Option<String>,
+    /// API requests the leader's executor has in flight at once (TaskRun and secret writes and
+    /// the reads they need). More drains a burst of creations sooner; each one is load on the
+    /// API server and its priority-and-fairness queue.
+    #[arg(long, env = "MPC_API_PARALLELISM", default_value_t = LimitSettings::default().api, value_parser = positive)]
+    pub api_parallelism: usize,
+    /// SSH operations (provisioning, build-user removal, host user listings) in flight at once,
+    /// all hosts together. Bounds the controller's ssh processes and memory.
+    #[arg(long, env = "MPC_SSH_PARALLELISM", default_value_t = LimitSettings::default().ssh, value_parser = positive)]
+    pub ssh_parallelism: usize,
+    /// SSH commands in flight on one build host, over its one multiplexed connection; keep it
+    /// under the host sshd's `MaxSessions` (10 by default).
+    #[arg(long, env = "MPC_SSH_SESSIONS_PER_HOST", default_value_t = SshOptions::new("").max_sessions_per_host, value_parser = positive)]
+    pub ssh_sessions_per_host: usize,
+    /// Cloud launches, terminations and retags in flight at once (probes are batched apart).
+    /// Lower it when the account's API rate limits throttle the calls.
+    #[arg(long, env = "MPC_CLOUD_PARALLELISM", default_value_t = LimitSettings::default().cloud, value_parser = positive)]
+    pub cloud_parallelism: usize,
+    /// Kubernetes Events being published at once. Best effort: they wait in a bounded outbox
+    /// that lets 20 a second leave (`controller::events`; drops are counted in `events_dropped`).
+    #[arg(long, env = "MPC_EVENT_PARALLELISM", default_value_t = LimitSettings::default().events, value_parser = positive)]
+    pub event_parallelism: usize,
+    /// Longest time one API request of the executor may take before it is abandoned and retried.
+    #[arg(long, env = "MPC_API_REQUEST_TIMEOUT", default_value = "15s", value_parser = crate::duration::parse_nonzero)]
+    pub api_request_timeout: Duration,
+    /// Longest time one TaskRun or secret write may take, retries included, before it is given
+    /// up and counted in `action_failures` (a finalizer removal starts over instead).
+    #[arg(long, env = "MPC_API_WRITE_TIMEOUT", default_value = "10m", value_parser = crate::duration::parse_nonzero)]
+    pub api_write_timeout: Duration,
+    /// Longest time one provisioning or build-user removal may take, waiting for an SSH slot
+    /// included; a provisioning that takes longer counts as failed and the TaskRun moves on.
+    #[arg(long, env = "MPC_SSH_TIMEOUT", default_value = "5m", value_parser = crate::duration::parse_nonzero)]
+    pub ssh_timeout: Duration,
+}
+
+/// A count of at least one.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl ControllerArgs {
+    /// The executor's bounds as the flags set them.
+    pub fn limits(&self) -> LimitSettings {
+        LimitSettings {
+            api: self.api_parallelism,
+            ssh: self.ssh_parallelism,
+            cloud: self.cloud_parallelism,
+            events: self.event_parallelism,
+            request_timeout: self.api_request_timeout,
+            write_timeout: self.api_write_timeout,
+            ssh_timeout: self.ssh_timeout,
+        }
+    }
 }
 
 /// The OTP server as the executor's key store.
@@ -338,8 +391,9 @@ impl Controller {
         let cluster = cluster_id(&client, args).await?;
         let cluster_id_checked = crate::cloud::ClusterId::new(&cluster)
             .map_err(|e| ControllerError::ClusterId(format!("{cluster:?}: {e}")))?;
-        let provisioner = Provisioner::new(SshOptions::new(&args.ssh_state_dir))
-            .map_err(|e| ControllerError::Ssh(e.to_string()))?;
+        let mut ssh = SshOptions::new(&args.ssh_state_dir);
+        ssh.max_sessions_per_host = args.ssh_sessions_per_host;
+        let provisioner = Provisioner::new(ssh).map_err(|e| ControllerError::Ssh(e.to_string()))?;
         let ctx = Context {
             client: requests.clone(),
             namespace: args.namespace.clone(),
@@ -359,12 +413,12 @@ impl Controller {
             events: events::EventSink::start(
                 recorder(&requests, &identity),
                 events::OutboxLimits::default(),
-                EVENTS_IN_FLIGHT,
+                args.event_parallelism,
                 events_dropped,
                 stop.clone(),
             ),
             metrics: metrics.clone(),
-            limits: Arc::new(Limits::default()),
+            limits: Arc::new(Limits::new(args.limits())),
             cancel: stop.child_token(),
         };
         tracing::info!(%identity, cluster = %cluster, namespace = %args.namespace, "controller starting");
@@ -540,5 +594,61 @@ pub async fn run(args: ControllerArgs) -> Result<(), ControllerError> {
 impl From<prometheus::Error> for ControllerError {
     fn from(e: prometheus::Error) -> Self {
         ControllerError::Server(server::ServerError::Metrics(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<ControllerArgs, clap::Error> {
+        let argv = ["mpc", "--webhook-only"].iter().chain(extra);
+        Cli::try_parse_from(argv).map(|c| c.args)
+    }
+
+    #[test]
+    fn executor_limits_come_from_the_flags() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.limits(), LimitSettings::default());
+        assert_eq!(args.ssh_sessions_per_host, 8);
+        let args = parse(&[
+            "--api-parallelism=64",
+            "--ssh-parallelism=16",
+            "--ssh-sessions-per-host=4",
+            "--cloud-parallelism=2",
+            "--event-parallelism=1",
+            "--api-request-timeout=5s",
+            "--api-write-timeout=2m",
+            "--ssh-timeout=90s",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.limits(),
+            LimitSettings {
+                api: 64,
+                ssh: 16,
+                cloud: 2,
+                events: 1,
+                request_timeout: Duration::from_secs(5),
+                write_timeout: Duration::from_secs(120),
+                ssh_timeout: Duration::from_secs(90),
+            }
+        );
+        assert_eq!(args.ssh_sessions_per_host, 4);
+        for bad in [
+            "--api-parallelism=0",
+            "--ssh-timeout=0s",
+            "--cloud-parallelism=x",
+        ] {
+            assert!(parse(&[bad]).is_err(), "{bad} is refused");
+        }
     }
 }

@@ -261,27 +261,51 @@ impl SecretData {
     }
 }
 
-/// A measurement (design §8 metric names in the variant docs).
+/// A measurement (design §8; the metric families, with the exact start and end of each, are in
+/// `docs/metrics.md`). Times are the scheduler's clock; "creation" is the TaskRun's
+/// [`since`](super::TaskRunSpec::since) (its creation, or a later `allocation-start-time`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Observation {
-    /// `wait_time`: time queued for capacity, observed as the waiter leaves the queue.
+    /// A TaskRun left the queue for a placement (a host, a launch, an instance).
     Waited {
         /// Platform.
         platform: Arc<Platform>,
-        /// Duration.
+        /// `queue_wait_seconds`: from joining the queue to leaving it (zero when placed at once).
         wait: Duration,
+        /// `wait_time` (Go's measure): from creation to leaving the queue, for a TaskRun that
+        /// was labelled waiting; `None` when it was placed without waiting.
+        waited: Option<Duration>,
         /// Who left the queue (the order of these is the queue's service order).
         taskrun: TaskRunRef,
     },
-    /// `host_allocation_time`: from allocation start to the secret.
+    /// `host_allocation_time` (Go's measure): from the placement that ended the wait (for an
+    /// instance: its launch, if later) to the host being reachable and provisioning asked for.
+    /// Zero for a static host or a ready pool instance; a cloud boot for a launch.
     Allocated {
         /// Platform.
         platform: Arc<Platform>,
         /// Duration.
         took: Duration,
     },
-    /// `task_run_time`: from the secret to the TaskRun finishing.
+    /// `host_ready_seconds`: from creation to the TaskRun's remote secret (queue, boot and
+    /// provisioning: all the build waited for).
+    Served {
+        /// Platform.
+        platform: Arc<Platform>,
+        /// Duration.
+        took: Duration,
+    },
+    /// `task_run_time` (Go's measure): from creation to the TaskRun finishing, for every TaskRun
+    /// that was given a host, an instance, `localhost` or an error secret.
     Ran {
+        /// Platform.
+        platform: Arc<Platform>,
+        /// Duration.
+        took: Duration,
+    },
+    /// `build_time_seconds`: from the TaskRun's remote secret to its finishing (the time its
+    /// build used the host).
+    Built {
         /// Platform.
         platform: Arc<Platform>,
         /// Duration.

@@ -470,6 +470,18 @@ impl Scheduler {
         let Some(host) = self.instance_host(inst) else {
             return;
         };
+        // A new attempt of a TaskRun that had its secret re-provisions: no new allocation.
+        let reprovision = matches!(
+            self.taskruns.get(key).map(|t| &t.state),
+            Some(State::OnInstance {
+                phase: Phase::Ready(_),
+                ..
+            })
+        );
+        if !reprovision {
+            let launched = self.instances.get(inst).map(|i| i.created);
+            self.observe_allocated(key, launched, out);
+        }
         let op = self.provision_op(key, &host);
         let i = self.instances.get_mut(inst).expect("resolved above");
         i.used = true;

@@ -57,6 +57,7 @@ impl Scheduler {
         self.hosts[hid as usize].load += 1;
         self.reindex_host(hid);
         self.observe_wait(key, out);
+        self.observe_allocated(key, None, out);
         self.start_static_provisioning(key, hid, def, out);
         Placed::Done
     }

@@ -339,13 +339,43 @@ impl Scheduler {
         }
     }
 
-    /// Time spent queued, observed when a waiter leaves the queue.
+    /// Time spent queued, observed when a waiter leaves the queue for a placement. From here on
+    /// `queued` is when the allocation started (see [`Scheduler::observe_allocated`]).
     pub(super) fn observe_wait(&mut self, key: Key, out: &mut Vec<Action>) {
-        if let (Some(t), Some(taskrun)) = (self.taskruns.get(key), self.taskrun_ref(key)) {
-            out.push(Action::Observe(Observation::Waited {
+        let Some(taskrun) = self.taskrun_ref(key) else {
+            return;
+        };
+        let now = self.now;
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        // Joined the queue before this instant: it was labelled waiting (the label is written
+        // when a TaskRun that joined the queue could not be placed at once).
+        let labelled = t.queued < now;
+        let (queued, since) = (t.queued, t.since);
+        t.queued = now;
+        out.push(Action::Observe(Observation::Waited {
+            platform: self.platforms[t.platform as usize].platform.clone(),
+            wait: now.since(queued),
+            waited: labelled.then(|| now.since(since)),
+            taskrun,
+        }));
+    }
+
+    /// The host of a new placement is reachable and provisioning is asked for: the allocation
+    /// took from its start (leaving the queue, or `launched` when the instance was launched
+    /// later) to now.
+    pub(super) fn observe_allocated(
+        &self,
+        key: Key,
+        launched: Option<super::Time>,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(t) = self.taskruns.get(key) {
+            let start = launched.map_or(t.queued, |l| l.max(t.queued));
+            out.push(Action::Observe(Observation::Allocated {
                 platform: self.platforms[t.platform as usize].platform.clone(),
-                wait: self.now.since(t.queued),
-                taskrun,
+                took: self.now.since(start),
             }));
         }
     }
@@ -643,7 +673,7 @@ impl Scheduler {
                 out.push(Action::Observe(Observation::ProvisionSucceeded(
                     platform.clone(),
                 )));
-                out.push(Action::Observe(Observation::Allocated {
+                out.push(Action::Observe(Observation::Served {
                     platform,
                     took: self.now.since(since),
                 }));
@@ -849,6 +879,7 @@ impl Scheduler {
             self.tombstones.insert(&uid);
             return;
         };
+        self.observe_finished(key, out);
         let t = self.taskruns.get_mut(key).expect("indexed TaskRuns exist");
         let p = t.platform;
         let state = std::mem::replace(&mut t.state, State::Cleanup { pending: 0 });
@@ -930,10 +961,32 @@ impl Scheduler {
         }
     }
 
+    /// The build that got its secret `at` finished.
     pub(super) fn observe_ran(&self, p: PlatformId, at: super::Time, out: &mut Vec<Action>) {
-        out.push(Action::Observe(Observation::Ran {
+        out.push(Action::Observe(Observation::Built {
             platform: self.platforms[p as usize].platform.clone(),
             took: self.now.since(at),
+        }));
+    }
+
+    /// A TaskRun finished: Go's `task_run_time` counts those it finalizes (given a host, an
+    /// instance, `localhost` or an error secret), from their creation. A duplicate report finds
+    /// it in cleanup and counts nothing.
+    fn observe_finished(&self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get(key) else {
+            return;
+        };
+        let served = matches!(
+            t.state,
+            State::OnHost { .. } | State::OnInstance { .. } | State::Local | State::Failed
+        );
+        let p = t.platform;
+        if !served || p == NO_PLATFORM || self.platforms[p as usize].mode == Mode::Unknown {
+            return;
+        }
+        out.push(Action::Observe(Observation::Ran {
+            platform: self.platforms[p as usize].platform.clone(),
+            took: self.now.since(t.since),
         }));
     }
 

@@ -97,13 +97,20 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
         Action::Terminate { instance_id, .. } => Some(instance_id.clone()),
         _ => None,
     };
-    let events: Vec<Event> = ctx
-        .cloud
-        .runner
-        .run(&action, &creds)
-        .await
-        .into_iter()
-        .collect();
+    let events: Vec<Event> = {
+        // Probes are not counted: their lookups are coalesced into batched calls already, and
+        // holding them back would split the batches.
+        let _permit = match &action {
+            Action::Probe { .. } => None,
+            _ => ctx.limits.cloud.acquire().await.ok(),
+        };
+        ctx.cloud
+            .runner
+            .run(&action, &creds)
+            .await
+            .into_iter()
+            .collect()
+    };
     if let Some(id) = terminated
         && events
             .iter()

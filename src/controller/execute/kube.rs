@@ -57,8 +57,6 @@ fn classify(e: &kube::Error) -> Class {
 
 /// Longest wait between retries of one write.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// Limit of one API request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Runs `f` until it succeeds or fails for good; `Ok(Err(e))` hands a 422 back to the caller.
 async fn retrying<T, F, Fut>(
@@ -74,7 +72,7 @@ where
     loop {
         let attempt = async {
             let _permit = ctx.limits.api.acquire().await;
-            tokio::time::timeout(REQUEST_TIMEOUT, f()).await
+            tokio::time::timeout(ctx.limits.request_timeout, f()).await
         };
         let result = tokio::select! {
             () = ctx.cancel.cancelled() => return Err(WriteError::Cancelled),

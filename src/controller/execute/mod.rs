@@ -4,11 +4,12 @@
 //! Contract kept (see `scheduler/action.rs`): every action with an `OpId` yields exactly one
 //! result event, also on timeout or error; actions without one yield nothing, or
 //! `TaskRunDone` when the TaskRun turned out to be gone. Work is bounded by semaphores per class
-//! (API requests, SSH operations; Events by their outbox, `super::events`), never by the result channel, which is unbounded so
-//! the loop ↔ executor cycle cannot deadlock. Every action has a time limit, but a finalizer
-//! removal tries again after a refusal or a timeout until it lands; a cancelled context
-//! (leadership lost) stops work at once and reports nothing: the scheduler it would report to is
-//! gone.
+//! (API requests, SSH operations, cloud launches and terminations; sized by [`Limits`]; Events
+//! by their outbox, `super::events`),
+//! never by the result channel, which is unbounded so the loop ↔ executor cycle cannot deadlock.
+//! Every action has a time limit ([`Limits`] too), but a finalizer removal tries again after a
+//! refusal or a timeout until it lands; a cancelled context (leadership lost) stops work at once
+//! and reports nothing: the scheduler it would report to is gone.
 
 pub mod cloud;
 pub mod kube;
@@ -45,21 +46,68 @@ pub trait KeyStore: Send + Sync {
     fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), String>>;
 }
 
-/// Concurrency bounds per class of work.
+/// Concurrency bounds per class of work and time limits per kind of action (`mpc controller`
+/// flags; the defaults and their trade-offs are in the README's flags section).
 #[derive(Debug)]
 pub struct Limits {
     /// API requests in flight.
     pub api: Semaphore,
-    /// SSH operations in flight (each host also caps its own sessions).
+    /// SSH operations in flight, all hosts together (each host also caps its own sessions).
     pub ssh: Semaphore,
+    /// Cloud launches, terminations and retags in flight (probes are batched apart).
+    pub cloud: Semaphore,
+    /// One API request; a request that takes longer is abandoned and retried.
+    pub request_timeout: Duration,
+    /// One TaskRun or secret write, its retries included; then it is given up (and counted in
+    /// `action_failures`), except a finalizer removal, which starts over.
+    pub write_timeout: Duration,
+    /// One provisioning or build-user removal, waiting for a permit included.
+    pub ssh_timeout: Duration,
+}
+
+/// The flags' values as [`Limits`]; see [`Limits::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitSettings {
+    pub api: usize,
+    pub ssh: usize,
+    pub cloud: usize,
+    pub events: usize,
+    pub request_timeout: Duration,
+    pub write_timeout: Duration,
+    pub ssh_timeout: Duration,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        LimitSettings {
+            api: 32,
+            ssh: 32,
+            cloud: 16,
+            events: 4,
+            request_timeout: Duration::from_secs(15),
+            write_timeout: Duration::from_secs(600),
+            ssh_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Limits {
+    /// Bounds from settings; a zero count is taken as one (no class of work may stall).
+    pub fn new(s: LimitSettings) -> Self {
+        Limits {
+            api: Semaphore::new(s.api.max(1)),
+            ssh: Semaphore::new(s.ssh.max(1)),
+            cloud: Semaphore::new(s.cloud.max(1)),
+            request_timeout: s.request_timeout,
+            write_timeout: s.write_timeout,
+            ssh_timeout: s.ssh_timeout,
+        }
+    }
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            api: Semaphore::new(32),
-            ssh: Semaphore::new(32),
-        }
+        Limits::new(LimitSettings::default())
     }
 }
 
@@ -117,10 +165,6 @@ impl Job {
     }
 }
 
-/// Time limits per kind of work.
-const API_WRITE_LIMIT: Duration = Duration::from_secs(600);
-const SSH_LIMIT: Duration = Duration::from_secs(300);
-
 /// Runs a job; returns the events to feed back to the scheduler (empty when cancelled).
 pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
     let kind = job.kind();
@@ -159,7 +203,7 @@ fn written(
         }
         Err(_) => {
             ctx.metrics.failed(kind);
-            tracing::error!(taskrun = %tr, kind, limit = ?API_WRITE_LIMIT, "write did not land in time");
+            tracing::error!(taskrun = %tr, kind, limit = ?ctx.limits.write_timeout, "write did not land in time");
             Vec::new()
         }
     }
@@ -173,12 +217,13 @@ const FINALIZER_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration:
 /// once it asked for this, so a write given up on here would leave a TaskRun nobody can delete.
 async fn remove_finalizer(ctx: &Context, taskrun: &TaskRunRef) {
     let (mut delay, longest) = FINALIZER_RETRY;
+    let limit = ctx.limits.write_timeout;
     loop {
-        let r = tokio::time::timeout(API_WRITE_LIMIT, kube::remove_finalizer(ctx, taskrun)).await;
+        let r = tokio::time::timeout(limit, kube::remove_finalizer(ctx, taskrun)).await;
         let error = match r {
             Ok(Ok(()) | Err(kube::WriteError::Gone | kube::WriteError::Cancelled)) => return,
             Ok(Err(kube::WriteError::Refused(error))) => error,
-            Err(_) => format!("did not land within {API_WRITE_LIMIT:?}"),
+            Err(_) => format!("did not land within {limit:?}"),
         };
         ctx.metrics.failed("remove_finalizer");
         tracing::error!(taskrun = %taskrun, %error, retry_in = ?delay, "finalizer not removed; retrying");
@@ -192,31 +237,31 @@ async fn remove_finalizer(ctx: &Context, taskrun: &TaskRunRef) {
 
 async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
     let kind = job.kind();
+    let (write_limit, ssh_limit) = (ctx.limits.write_timeout, ctx.limits.ssh_timeout);
     let action = match job {
         Job::AddFinalizer(tr) => {
-            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::add_finalizer(ctx, &tr)).await;
+            let r = tokio::time::timeout(write_limit, kube::add_finalizer(ctx, &tr)).await;
             return written(ctx, kind, &tr, r);
         }
         Job::Action(a) => a,
     };
     match action {
         Action::Record { taskrun, placement } => {
-            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::record(ctx, &taskrun, &placement))
-                .await;
+            let r =
+                tokio::time::timeout(write_limit, kube::record(ctx, &taskrun, &placement)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::WriteSecret { taskrun, secret } => {
             let r =
-                tokio::time::timeout(API_WRITE_LIMIT, kube::write_secret(ctx, &taskrun, &secret))
-                    .await;
+                tokio::time::timeout(write_limit, kube::write_secret(ctx, &taskrun, &secret)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::DeleteSecret { taskrun } => {
-            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::delete_secret(ctx, &taskrun)).await;
+            let r = tokio::time::timeout(write_limit, kube::delete_secret(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::Ungate { taskrun } => {
-            let r = tokio::time::timeout(API_WRITE_LIMIT, kube::ungate(ctx, &taskrun)).await;
+            let r = tokio::time::timeout(write_limit, kube::ungate(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::RemoveFinalizer { taskrun } => {
@@ -235,10 +280,10 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             rearm,
         } => {
             let r =
-                tokio::time::timeout(SSH_LIMIT, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
+                tokio::time::timeout(ssh_limit, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
                     .await
                     .unwrap_or_else(|_| {
-                        Err(format!("provisioning took longer than {SSH_LIMIT:?}"))
+                        Err(format!("provisioning took longer than {ssh_limit:?}"))
                     });
             match r {
                 Ok(otp) => vec![Event::Provisioned { op, otp }],
@@ -250,9 +295,9 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             }
         }
         Action::Deprovision { op, user, host } => {
-            let r = tokio::time::timeout(SSH_LIMIT, ssh::deprovision(ctx, &user, &host))
+            let r = tokio::time::timeout(ssh_limit, ssh::deprovision(ctx, &user, &host))
                 .await
-                .unwrap_or_else(|_| Err(format!("removal took longer than {SSH_LIMIT:?}")));
+                .unwrap_or_else(|_| Err(format!("removal took longer than {ssh_limit:?}")));
             if let Err(error) = &r {
                 ctx.metrics.failed(kind);
                 tracing::warn!(user = %user.name(), host = host.name(), %error, "build user removal failed");

@@ -3,6 +3,7 @@
 
 mod dynamic;
 mod lifecycle;
+mod metrics;
 mod ownership;
 mod pool;
 mod recovery;
