@@ -6,7 +6,8 @@
 //!   create-or-replace, launch with its client token, terminate/deprovision of something gone).
 //! - Actions carrying an [`OpId`] must report exactly one result event echoing it; actions
 //!   without one report nothing (retry transient API errors; a TaskRun that is gone is reported
-//!   as [`Event::TaskRunDone`](super::Event::TaskRunDone)).
+//!   as [`Event::TaskRunDone`](super::Event::TaskRunDone); a secret the API server refuses, or
+//!   that does not land in time, as [`Event::SecretRefused`](super::Event::SecretRefused)).
 //! - Writes about a TaskRun are conditional on its UID (a recreated TaskRun with the same name is
 //!   a different TaskRun).
 //! - Cloud actions ([`Action::Launch`], [`Action::Probe`], [`Action::Terminate`],
@@ -48,7 +49,8 @@ pub enum Action {
         /// (re-armed) rather than a new one (design §1.4).
         rearm: bool,
     },
-    /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun).
+    /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun). A refusal is reported
+    /// as [`Event::SecretRefused`](super::Event::SecretRefused).
     WriteSecret {
         /// The TaskRun.
         taskrun: TaskRunRef,

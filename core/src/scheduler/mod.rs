@@ -157,6 +157,15 @@ const NO_PLATFORM: PlatformId = PlatformId::MAX;
 struct Extra {
     /// Hosts or instances whose provisioning failed for this TaskRun, with the error.
     failed: Vec<(Arc<str>, String)>,
+    /// Being cleaned up after [`Event::TaskRunReleased`]: not finished, so its UID is not
+    /// remembered as finished once the cleanup is over.
+    released: bool,
+    /// Said to need a host again while that cleanup ran: served once it is over.
+    revived: bool,
+    /// Its secret was refused this many times.
+    secret_refusals: u32,
+    /// The refused secret, written again when [`Timer::SecretRetry`] fires.
+    refused_secret: Option<SecretData>,
 }
 
 enum State {
@@ -274,6 +283,9 @@ struct Instance {
     overdue: bool,
     provision_failures: u32,
     terminate_attempts: u32,
+    /// Termination kept failing: no longer counted against `max-instances` (its termination is
+    /// still retried; operators see it in the `leaked` gauge and an Event).
+    leaked: bool,
     probes: u32,
     probe_op: Option<OpId>,
     idle_since: Option<Time>,
@@ -335,6 +347,8 @@ enum Timer {
     Requeue(Key, u32),
     /// A retry's re-provisioning on its host, tried again after a failure.
     Rearm(Key),
+    /// A refused secret written again (after that many refusals).
+    SecretRetry(Key, u32),
     Delayed(u64),
     Warm(PlatformId),
     Orphan(Key),
@@ -407,7 +421,17 @@ impl Scheduler {
                 namespace,
                 name,
                 uid,
-            } => self.on_done(&namespace, &name, &uid, out),
+            } => self.on_done(&namespace, &name, &uid, false, out),
+            Event::TaskRunReleased {
+                namespace,
+                name,
+                uid,
+            } => self.on_done(&namespace, &name, &uid, true, out),
+            Event::SecretRefused {
+                taskrun,
+                secret,
+                error,
+            } => self.on_secret_refused(&taskrun, secret, &error, out),
             Event::Provisioned { op, otp } => self.on_provisioned(op, Ok(otp), out),
             Event::ProvisionFailed { op, error } => self.on_provisioned(op, Err(error), out),
             Event::Deprovisioned { op, error } => self.on_deprovisioned(op, error, out),
@@ -470,6 +494,7 @@ impl Scheduler {
             Timer::HostBack(host, level) => self.host_back_due(host, level, out),
             Timer::Requeue(tr, ticket) => self.requeue_due(tr, ticket, out),
             Timer::Rearm(tr) => self.rearm_due(tr, out),
+            Timer::SecretRetry(tr, n) => self.secret_retry_due(tr, n, out),
             Timer::Delayed(seq) => {
                 if let Some(op) = self.delayed.remove(&seq) {
                     self.reissue(op, out);

@@ -3,7 +3,8 @@
 //!
 //! Contract kept (see `scheduler/action.rs`): every action with an `OpId` yields exactly one
 //! result event, also on timeout or error; actions without one yield nothing, or
-//! `TaskRunDone` when the TaskRun turned out to be gone. Work is bounded by semaphores per class
+//! `TaskRunDone` when the TaskRun turned out to be gone, or `SecretRefused` when the API server
+//! refused a secret (or it did not land in time). Work is bounded by semaphores per class
 //! (API requests, SSH operations, Events), never by the result channel, which is unbounded so
 //! the loop ↔ executor cycle cannot deadlock. Every action has a time limit, but a finalizer
 //! removal tries again after a refusal or a timeout until it lands; a cancelled context
@@ -211,7 +212,19 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             let r =
                 tokio::time::timeout(API_WRITE_LIMIT, kube::write_secret(ctx, &taskrun, &secret))
                     .await;
-            written(ctx, kind, &taskrun, r)
+            // A refusal is the scheduler's to decide on (write again, or free the host).
+            let error = match r {
+                Ok(Err(kube::WriteError::Refused(error))) => error,
+                Err(_) => format!("did not land within {API_WRITE_LIMIT:?}"),
+                r => return written(ctx, kind, &taskrun, r),
+            };
+            ctx.metrics.failed(kind);
+            tracing::warn!(taskrun = %taskrun, %error, "API refused the TaskRun's secret");
+            vec![Event::SecretRefused {
+                taskrun,
+                secret,
+                error,
+            }]
         }
         Action::DeleteSecret { taskrun } => {
             let r = tokio::time::timeout(API_WRITE_LIMIT, kube::delete_secret(ctx, &taskrun)).await;

@@ -2,6 +2,7 @@
 //! controller by hand.
 
 mod dynamic;
+mod faults;
 mod lifecycle;
 mod ownership;
 mod pool;
