@@ -1688,9 +1688,9 @@ async fn young_unknown_instances_count_and_a_refused_terminate_is_bounded() {
         "{leaked:#?}"
     );
     assert!(
-        leaked
-            .iter()
-            .any(|x| matches!(x, Action::RemoveFinalizer { taskrun } if taskrun.name() == "a1"))
+        leaked.iter().any(
+            |x| matches!(x, Action::RemoveFinalizer { taskrun, .. } if taskrun.name() == "a1")
+        )
     );
     let g = gauges(&c);
     assert_eq!(

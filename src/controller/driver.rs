@@ -646,7 +646,7 @@ fn lane_of(action: &Action) -> Option<LaneKey> {
         | Action::WriteSecret { taskrun, .. }
         | Action::DeleteSecret { taskrun }
         | Action::Ungate { taskrun }
-        | Action::RemoveFinalizer { taskrun } => tr(taskrun),
+        | Action::RemoveFinalizer { taskrun, .. } => tr(taskrun),
         Action::Deprovision { user, host, .. } => {
             Some(LaneKey::HostUser(host.name().into(), user.name()))
         }

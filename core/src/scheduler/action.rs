@@ -71,6 +71,12 @@ pub enum Action {
     RemoveFinalizer {
         /// The TaskRun.
         taskrun: TaskRunRef,
+        /// Revoke its one-time keys too (the key server then refuses new ones for it): it
+        /// ended. False for a TaskRun only released
+        /// ([`Event::TaskRunReleased`](super::Event::TaskRunReleased)): it may need a host again;
+        /// its build user is removed and its secret deleted, so a key left to its TTL opens
+        /// nothing.
+        revoke: bool,
     },
     /// Remove a user from a host: kill its processes, `userdel -r`, remove what provisioning
     /// created. Result: [`Event::Deprovisioned`](super::Event::Deprovisioned).

@@ -981,7 +981,10 @@ impl Scheduler {
             return;
         }
         if let Some(taskrun) = self.taskrun_ref(key) {
-            out.push(Action::RemoveFinalizer { taskrun });
+            out.push(Action::RemoveFinalizer {
+                taskrun,
+                revoke: !released,
+            });
         }
         if let Some(t) = self.taskruns.remove(key) {
             self.by_uid.remove(&t.uid, key);
@@ -1018,7 +1021,10 @@ impl Scheduler {
             out.push(Action::DeleteSecret {
                 taskrun: taskrun.clone(),
             });
-            out.push(Action::RemoveFinalizer { taskrun });
+            out.push(Action::RemoveFinalizer {
+                taskrun,
+                revoke: !released,
+            });
             if !released {
                 self.tombstones.insert(&uid);
             }

@@ -234,9 +234,9 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             let r = tokio::time::timeout(API_WRITE_LIMIT, kube::ungate(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
-        Action::RemoveFinalizer { taskrun } => {
+        Action::RemoveFinalizer { taskrun, revoke } => {
             // The key of a TaskRun that ended must not stay redeemable (the TTL is a safety net).
-            if let Err(error) = ctx.keys.revoke(&taskrun.uid().to_string()).await {
+            if revoke && let Err(error) = ctx.keys.revoke(&taskrun.uid().to_string()).await {
                 ctx.metrics.failed("otp_revoke");
                 tracing::warn!(taskrun = %taskrun, %error, "could not revoke the TaskRun's OTP entries");
             }

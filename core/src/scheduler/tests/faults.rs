@@ -28,6 +28,16 @@ fn refuse(h: &mut H, name: &str, secret: &SecretData) -> Vec<Action> {
     })
 }
 
+/// `revoke` of each RemoveFinalizer.
+fn revokes(acts: &[Action]) -> Vec<bool> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::RemoveFinalizer { revoke, .. } => Some(*revoke),
+            _ => None,
+        })
+        .collect()
+}
+
 fn notified(acts: &[Action], reason: &str) -> Vec<String> {
     acts.iter()
         .filter_map(|a| match a {
@@ -86,6 +96,11 @@ fn a_taskrun_released_before_it_was_seen_is_served_when_it_needs_a_host() {
     // Released on a remembered answer before the scheduler ever saw it: the finalizer goes.
     let r = release(&mut h, "ns", "b");
     assert_eq!(finalized(&r), ["b"]);
+    assert_eq!(
+        revokes(&r),
+        [false],
+        "its keys stay storable: it may need a host"
+    );
     // Its resolved Task mounts the secret after all: the controller adds the finalizer back and
     // the scheduler serves it (it is not remembered as finished).
     let a = h.submit("ns", "b", S390X);
@@ -96,6 +111,7 @@ fn a_taskrun_released_before_it_was_seen_is_served_when_it_needs_a_host() {
         error: None,
     });
     assert_eq!(finalized(&a), ["b"], "the finalizer added again is removed");
+    assert_eq!(revokes(&a), [true], "ended: its keys are revoked");
 }
 
 #[test]
