@@ -29,10 +29,19 @@
 //! room while `ledger + foreign < max-instances`, where the ledger counts this cluster's instances
 //! strictly (from the launch request until termination is acknowledged) and `foreign` is the
 //! number of live instances the platform's last [`Event::InstancesListed`] showed that the ledger
-//! does not track. Launches by others after that listing are unseen until the next one, so across
+//! does not track (this cluster's own untracked ones included, unless a launch in flight may have
+//! started them). Launches by others after that listing are unseen until the next one, so across
 //! all the clusters (and platforms) sharing a tag, live instances exceed `max-instances` by at
 //! most the launches the others made since each one's last listing: with listings every `L`, at
-//! most one interval `L`'s worth of launches.
+//! most one interval `L`'s worth of launches. One exception, by choice: an instance whose
+//! termination failed [`Policy::cleanup_attempts`] times is leaked: it stops counting (a refusal
+//! that lasts must not block the platform for good), its termination is still retried, and
+//! operators see it (`leaked` gauge, an `InstanceLeaked` Event).
+//!
+//! Refused writes: a secret the API server refuses ([`Event::SecretRefused`]) is written again
+//! with back-off, [`Policy::secret_attempts`] times in all; then the TaskRun's host is freed and
+//! it gets an error. A TaskRun released because it needs no host ([`Event::TaskRunReleased`]) is
+//! not remembered as finished: if it needs one after all, it is served.
 //!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup

@@ -65,7 +65,9 @@ pub struct Policy {
     /// Unowned tagged instances younger than this are left alone by the sweep (a launch result
     /// may still be on its way).
     pub orphan_grace: Duration,
-    /// Deprovision attempts before giving up (the host sweep removes what is left).
+    /// Deprovision attempts before giving up (the host sweep removes what is left); terminate
+    /// attempts before an instance is reported leaked and stops counting against
+    /// `max-instances` (its termination is still retried).
     pub cleanup_attempts: u32,
     /// Delay between cleanup attempts (deprovision, terminate); doubles per attempt up to 5 min.
     pub cleanup_backoff: Duration,
