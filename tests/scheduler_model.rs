@@ -647,7 +647,7 @@ impl World {
             }
             Action::DeleteSecret { ref taskrun }
             | Action::Ungate { ref taskrun }
-            | Action::RemoveFinalizer { ref taskrun } => {
+            | Action::RemoveFinalizer { ref taskrun, .. } => {
                 let uid = taskrun.uid().to_string();
                 self.write(uid, a);
             }
@@ -855,7 +855,7 @@ impl World {
                 let _ = json_patch(&mut t.obj, &patch::ungate(&uid));
                 self.watched(&uid).into_iter().collect()
             }
-            Action::RemoveFinalizer { taskrun } => {
+            Action::RemoveFinalizer { taskrun, .. } => {
                 let uid = taskrun.uid().to_string();
                 let Some(t) = self.taskruns.get_mut(&uid) else {
                     return Vec::new();

@@ -1611,6 +1611,107 @@ async fn two_clusters_share_an_account_without_touching_each_others_instances() 
     assert_eq!(running, 5, "a5, a6, b5, b6 and b1's, now b2's");
 }
 
+/// A launch of ours that a listing shows before anything here tracks it (a leader that crashed
+/// before the launch result came back) counts against `max-instances` while it is younger than
+/// the orphan grace, and is terminated as an orphan after it. A terminate the cloud keeps
+/// refusing (403 `UnauthorizedOperation` through the proxy) is retried with back-off; at the
+/// bound the instance stops counting (the platform is not blocked for good), an Event reports
+/// it leaked, and its termination is still retried until it lands.
+#[tokio::test]
+async fn young_unknown_instances_count_and_a_refused_terminate_is_bounded() {
+    let moto = Moto::start().await.unwrap();
+    let fx = moto.fixture(REGION).await.unwrap();
+    let cfg = host_config(
+        &fx,
+        &[("max-instances", "2"), ("allocation-timeout", "7200")],
+    );
+    let mut now = wall(Duration::ZERO);
+    let mut c = Ctl::start(&moto, CLUSTER, &cfg, now).await;
+    let gauges = |c: &Ctl| c.sched.gauges().platforms[PLATFORM].clone();
+
+    let young = moto
+        .launch_raw(REGION, &fx.ami, 1, &launched_by(CLUSTER, "uid-crashed"))
+        .await
+        .unwrap();
+    assert!(
+        terminated_in(&c.list(now).await).is_empty(),
+        "young: left alone"
+    );
+    assert_eq!(gauges(&c).foreign, 1);
+    assert_eq!(launched_in(&c.submit(now, "a1").await), 1);
+    assert_eq!(
+        launched_in(&c.submit(now, "a2").await),
+        0,
+        "a1's and the young one fill max-instances"
+    );
+    assert_eq!(live_with_tag(&moto).await, 2);
+    now = wall(Duration::from_secs(11 * 60));
+    let listed = c.list(now).await;
+    assert_eq!(terminated_in(&listed), young, "an orphan past the grace");
+    assert_eq!(launched_in(&listed), 1, "a2 takes its place");
+
+    // Terminations are refused from here on.
+    c.proxy.inject(Fault::error(
+        "TerminateInstances",
+        403,
+        "UnauthorizedOperation",
+        1000,
+    ));
+    // a1 ends before anyone waits (a waiter would take over its unused instance).
+    let done = c.done(now, "a1").await;
+    let stuck = terminated_in(&done);
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(
+        launched_in(&c.submit(now, "a3").await),
+        0,
+        "a1's still counts"
+    );
+    let mut tries = 1;
+    let mut leaked = Vec::new();
+    while leaked.is_empty() {
+        assert!(tries < 10, "never bounded");
+        now = now + Duration::from_secs(301);
+        let a = c.step(now, Event::Tick).await;
+        assert_eq!(terminated_in(&a), stuck, "retried");
+        tries += 1;
+        if launched_in(&a) == 1 {
+            leaked = a;
+        }
+    }
+    assert_eq!(
+        tries,
+        Policy::mpc().cleanup_attempts,
+        "bounded by cleanup_attempts"
+    );
+    assert!(
+        leaked.iter().any(|x| matches!(x, Action::Notify { reason: "InstanceLeaked", message, .. } if message.contains(&stuck[0]))),
+        "{leaked:#?}"
+    );
+    assert!(
+        leaked.iter().any(
+            |x| matches!(x, Action::RemoveFinalizer { taskrun, .. } if taskrun.name() == "a1")
+        )
+    );
+    let g = gauges(&c);
+    assert_eq!(
+        (g.instances, g.leaked),
+        (2, 1),
+        "a2's and a3's count; a1's leaked"
+    );
+    assert_eq!(live_with_tag(&moto).await, 3, "the leaked one still runs");
+    assert_eq!(
+        c.proxy.requests_of("TerminateInstances").len(),
+        tries as usize + 1
+    );
+
+    // Still retried: once the cloud accepts, the leak is over.
+    c.proxy.clear_faults();
+    now = now + Duration::from_secs(301);
+    assert_eq!(terminated_in(&c.step(now, Event::Tick).await), stuck);
+    assert_eq!(gauges(&c).leaked, 0);
+    assert_eq!(live_with_tag(&moto).await, 2);
+}
+
 /// Time runs this much faster than the scheduler's clock in the probing measurement.
 const SPEED: f64 = 3.0;
 

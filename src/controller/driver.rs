@@ -252,7 +252,7 @@ impl Driver {
                 if let Some((ns, name, uid)) = tr.identity() {
                     self.index.remove(uid);
                     self.wanted.remove(uid);
-                    self.done(ns, name, uid, true);
+                    self.done(ns, name, uid, true, false);
                 }
             }
             watcher::Event::InitDone => {
@@ -267,7 +267,7 @@ impl Driver {
                     for uid in vanished {
                         if let Some(e) = self.index.remove(&uid) {
                             let r = e.record;
-                            self.done(&r.namespace, &r.name, &r.uid, true);
+                            self.done(&r.namespace, &r.name, &r.uid, true, false);
                         }
                     }
                 }
@@ -331,7 +331,11 @@ impl Driver {
         match observed {
             Observed::Ignore | Observed::Undecided { .. } => {}
             Observed::Active { spec, .. } => self.feed(Event::TaskRun(spec)),
-            Observed::Done { tracked_only, .. } => self.done(ns, name, uid, tracked_only),
+            Observed::Done {
+                tracked_only,
+                released,
+                ..
+            } => self.done(ns, name, uid, tracked_only, released),
         }
     }
 
@@ -370,8 +374,8 @@ impl Driver {
         }
     }
 
-    /// Tells the scheduler a TaskRun is done (when it may hold something).
-    fn done(&mut self, ns: &str, name: &str, uid: &str, tracked_only: bool) {
+    /// Tells the scheduler a TaskRun is done, or only released (when it may hold something).
+    fn done(&mut self, ns: &str, name: &str, uid: &str, tracked_only: bool, released: bool) {
         if tracked_only {
             let tracked = match &self.term {
                 Some(Term {
@@ -389,10 +393,19 @@ impl Driver {
                 return;
             }
         }
-        self.feed(Event::TaskRunDone {
-            namespace: ns.to_owned(),
-            name: name.to_owned(),
-            uid: uid.to_owned(),
+        let (namespace, name, uid) = (ns.to_owned(), name.to_owned(), uid.to_owned());
+        self.feed(if released {
+            Event::TaskRunReleased {
+                namespace,
+                name,
+                uid,
+            }
+        } else {
+            Event::TaskRunDone {
+                namespace,
+                name,
+                uid,
+            }
         });
     }
 
@@ -633,7 +646,7 @@ fn lane_of(action: &Action) -> Option<LaneKey> {
         | Action::WriteSecret { taskrun, .. }
         | Action::DeleteSecret { taskrun }
         | Action::Ungate { taskrun }
-        | Action::RemoveFinalizer { taskrun } => tr(taskrun),
+        | Action::RemoveFinalizer { taskrun, .. } => tr(taskrun),
         Action::Deprovision { user, host, .. } => {
             Some(LaneKey::HostUser(host.name().into(), user.name()))
         }

@@ -154,7 +154,7 @@ impl ControllerMetrics {
             )?,
             instances: gauge(
                 "scheduler_instances",
-                "Cloud instances in the scheduler's ledger by state (booting, ready, terminating)",
+                "Cloud instances in the scheduler's ledger by state (booting, ready, terminating; leaked: termination kept failing, no longer counted against max-instances)",
                 &["platform", "state"],
             )?,
             actions_in_flight: gauge(
@@ -315,12 +315,13 @@ impl ControllerMetrics {
                     .with_label_values(&[&label])
                     .set(i64::from(capacity > 0));
             }
-            if p.instances > 0 {
+            if p.instances > 0 || p.leaked > 0 {
                 let ready = p.instances.saturating_sub(p.booting + p.terminating);
                 for (state, n) in [
                     ("booting", p.booting),
                     ("ready", ready),
                     ("terminating", p.terminating),
+                    ("leaked", p.leaked),
                 ] {
                     self.instances
                         .with_label_values(&[&label, state])

@@ -41,6 +41,11 @@ pub enum Observed {
         tracked_only: bool,
         /// Still gated: clear the gate so Tekton runs (and fails or succeeds) it.
         ungate: bool,
+        /// Not finished, only needing no host (its Task does not mount the secret, it is
+        /// internal, or has no platform): send
+        /// [`Event::TaskRunReleased`](crate::scheduler::Event::TaskRunReleased) instead, since a
+        /// later answer may say it needs one after all.
+        released: bool,
     },
     /// Its Task is not resolved yet; decided when `status.taskSpec` appears.
     Undecided {
@@ -91,14 +96,16 @@ pub fn observe(tr: &TaskRun, memo: &mut MountMemo) -> Observed {
         return Observed::Ignore;
     };
     let has_finalizer = tr.has_finalizer();
+    let finished = tr.is_deleting() || tr.is_finished();
     let done = |ungate: bool| Observed::Done {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         uid: uid.to_owned(),
         tracked_only: !has_finalizer,
         ungate,
+        released: !finished,
     };
-    if tr.is_deleting() || tr.is_finished() {
+    if finished {
         return done(false);
     }
     // Internal TaskRuns are never allocated (the webhook skips them; a label added later
@@ -346,7 +353,8 @@ mod tests {
                 name: "b1".into(),
                 uid: "u1".into(),
                 tracked_only: false,
-                ungate: true
+                ungate: true,
+                released: true,
             }
         );
         // Once the finalizer is gone, nothing more to do unless the scheduler still tracks it.

@@ -6,7 +6,8 @@
 //!   create-or-replace, launch with its client token, terminate/deprovision of something gone).
 //! - Actions carrying an [`OpId`] must report exactly one result event echoing it; actions
 //!   without one report nothing (retry transient API errors; a TaskRun that is gone is reported
-//!   as [`Event::TaskRunDone`](super::Event::TaskRunDone)).
+//!   as [`Event::TaskRunDone`](super::Event::TaskRunDone); a secret the API server refuses, or
+//!   that does not land in time, as [`Event::SecretRefused`](super::Event::SecretRefused)).
 //! - Writes about a TaskRun are conditional on its UID (a recreated TaskRun with the same name is
 //!   a different TaskRun).
 //! - Cloud actions ([`Action::Launch`], [`Action::Probe`], [`Action::Terminate`],
@@ -48,7 +49,8 @@ pub enum Action {
         /// (re-armed) rather than a new one (design §1.4).
         rearm: bool,
     },
-    /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun).
+    /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun). A refusal is reported
+    /// as [`Event::SecretRefused`](super::Event::SecretRefused).
     WriteSecret {
         /// The TaskRun.
         taskrun: TaskRunRef,
@@ -69,6 +71,12 @@ pub enum Action {
     RemoveFinalizer {
         /// The TaskRun.
         taskrun: TaskRunRef,
+        /// Revoke its one-time keys too (the key server then refuses new ones for it): it
+        /// ended. False for a TaskRun only released
+        /// ([`Event::TaskRunReleased`](super::Event::TaskRunReleased)): it may need a host again;
+        /// its build user is removed and its secret deleted, so a key left to its TTL opens
+        /// nothing.
+        revoke: bool,
     },
     /// Remove a user from a host: kill its processes, `userdel -r`, remove what provisioning
     /// created. Result: [`Event::Deprovisioned`](super::Event::Deprovisioned).

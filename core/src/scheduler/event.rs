@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::ids::{OpId, Uid};
+use super::action::SecretData;
+use super::ids::{OpId, TaskRunRef, Uid};
 use super::snapshot::{InstanceRecord, InstanceState};
 use super::time::Time;
 use crate::config::HostConfig;
@@ -24,6 +25,33 @@ pub enum Event {
         name: String,
         /// UID.
         uid: String,
+    },
+    /// The TaskRun needs no host after all, though it has not finished: its resolved Task does
+    /// not mount the secret (a remembered answer for its Task was wrong), it became internal, or
+    /// it lost its platform. What it holds is freed and the finalizer removed as for
+    /// [`Event::TaskRunDone`], but its UID is not remembered as finished: when a later
+    /// [`Event::TaskRun`] says it needs a host after all, it is served (and its finalizer, added
+    /// again by the controller, removed when it is done).
+    TaskRunReleased {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// UID.
+        uid: String,
+    },
+    /// [`Action::WriteSecret`](super::Action::WriteSecret) was refused for a reason retrying the
+    /// request cannot fix (403: a quota, an admission policy), or did not land in time. The core
+    /// writes it again after a back-off, [`Policy::secret_attempts`](super::Policy) times in
+    /// all; then the TaskRun's host is freed and it gets an error: a Warning Event, and the error
+    /// secret when that can be written.
+    SecretRefused {
+        /// The TaskRun.
+        taskrun: TaskRunRef,
+        /// The refused content.
+        secret: SecretData,
+        /// The API server's answer.
+        error: String,
     },
     /// [`Action::Provision`](super::Action::Provision) succeeded: the user exists with a fresh key
     /// and the private key is stored in the OTP server under `otp`.

@@ -164,6 +164,7 @@ impl Scheduler {
             overdue: false,
             provision_failures: 0,
             terminate_attempts: 0,
+            leaked: false,
             probes: 0,
             probe_op: None,
             idle_since: None,
@@ -514,6 +515,29 @@ impl Scheduler {
         self.enqueue(key, true, out);
     }
 
+    /// A TaskRun gives its instance up without finishing (its secret could not be written): a
+    /// dynamic instance is terminated, a pool instance loses the TaskRun's user. Nothing waits for
+    /// that cleanup: the TaskRun gets an error and may finish at any time.
+    pub(super) fn give_up_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
+        let host = self.instance_host(inst);
+        let Some(i) = self.instances.get_mut(inst) else {
+            return;
+        };
+        let p = i.platform;
+        if i.pool.is_none() {
+            // It counts until terminated; the count goes when that is acknowledged.
+            i.owner = None;
+            self.terminate(inst, "its TaskRun's secret was refused", out);
+            return;
+        }
+        self.detach(inst, key);
+        if let (Some(host), Some(r)) = (host, self.taskrun_ref(key)) {
+            self.deprovision(None, p, RemoteUser::Of(r), host, out);
+        }
+        self.settle(inst, out);
+        self.capacity_freed(p, out);
+    }
+
     pub(super) fn provision_failed_on_instance(
         &mut self,
         key: Key,
@@ -606,7 +630,9 @@ impl Scheduler {
             self.instance_ids.remove(id);
         }
         let ps = &mut self.platforms[p as usize];
-        ps.instances = ps.instances.saturating_sub(1);
+        if !i.leaked {
+            ps.instances = ps.instances.saturating_sub(1);
+        }
         ps.members.remove(&inst);
         if let Some(tr) = cleanup_for {
             self.cleanup_done(tr, out);
@@ -1144,13 +1170,20 @@ impl Scheduler {
         let at = self.now + backoff(self.policy.cleanup_backoff, n - 1);
         let p = i.platform;
         let id = i.id.clone().unwrap_or_else(|| "?".into());
-        let give_up = n >= self.policy.cleanup_attempts;
+        // Leaked at the bound, once: it stops counting against `max-instances` (a refusal that
+        // lasts must not block the platform for good) and its termination keeps being retried
+        // every few minutes (the back-off's cap) until it lands or a listing shows it gone.
+        let give_up = n == self.policy.cleanup_attempts.max(1) && !i.leaked;
         let waiting = if give_up { i.cleanup_for.take() } else { None };
+        if give_up {
+            i.leaked = true;
+        }
         self.arm(at, Timer::TerminateRetry(inst, n));
         if give_up {
-            // The instance stays counted and keeps being retried; only the finalizer is freed.
+            let ps = &mut self.platforms[p as usize];
+            ps.instances = ps.instances.saturating_sub(1);
             out.push(Action::Observe(super::Observation::CleanupFailed(
-                self.platforms[p as usize].platform.clone(),
+                ps.platform.clone(),
             )));
             out.push(Action::Notify {
                 taskrun: waiting.and_then(|k| self.taskrun_ref(k)),
@@ -1158,9 +1191,21 @@ impl Scheduler {
                 reason: "CleanupFailed",
                 message: messages::terminate_failed(&id, &error),
             });
+            out.push(Action::Notify {
+                taskrun: None,
+                warning: true,
+                reason: "InstanceLeaked",
+                message: format!(
+                    "instance {id} could not be terminated after {n} attempts (last: {error}); it \
+                     no longer counts against max-instances and its termination is retried every \
+                     few minutes: terminate it by hand if it stays"
+                ),
+            });
             if let Some(k) = waiting {
                 self.cleanup_done(k, out);
             }
+            self.capacity_freed(p, out);
+            self.ensure_warm(p, out);
         }
     }
 

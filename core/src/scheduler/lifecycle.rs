@@ -34,6 +34,14 @@ impl Scheduler {
             if !spec.gated {
                 t.gated = false;
             }
+            if matches!(t.state, State::Cleanup { .. })
+                && t.platform != NO_PLATFORM
+                && let Some(e) = t.extra.as_mut().filter(|e| e.released)
+            {
+                // Released, and needing a host after all: served once the cleanup is over.
+                e.revived = true;
+                return;
+            }
             if spec.retries > t.retries {
                 t.retries = spec.retries;
                 self.new_attempt(key, out);
@@ -432,6 +440,10 @@ impl Scheduler {
         };
         let gated = self.taskruns.get_mut(key).is_some_and(|t| {
             t.foreign_secret = false;
+            if let Some(e) = t.extra.as_mut() {
+                // Superseded: a refused earlier secret is not written again.
+                e.refused_secret = None;
+            }
             std::mem::take(&mut t.gated)
         });
         if gated {
@@ -442,6 +454,140 @@ impl Scheduler {
             out.push(Action::Ungate { taskrun });
         } else {
             out.push(Action::WriteSecret { taskrun, secret });
+        }
+    }
+
+    /// The API server refused a secret ([`Event::SecretRefused`](super::Event::SecretRefused)):
+    /// written again after a back-off; after [`Policy::secret_attempts`](super::Policy) refusals
+    /// the host is freed and the TaskRun gets an error secret (one try: a refused error secret
+    /// leaves the Warning Event as the only word to the user).
+    pub(super) fn on_secret_refused(
+        &mut self,
+        taskrun: &TaskRunRef,
+        secret: SecretData,
+        error: &str,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(key) = self.by_uid.get(taskrun.uid(), &self.taskruns) else {
+            return;
+        };
+        if !self.secret_current(key, &secret) {
+            // Written for an earlier state: nothing of it is served any more.
+            return;
+        }
+        let (attempts, base) = (self.policy.secret_attempts, self.policy.secret_backoff);
+        let Some(t) = self.taskruns.get_mut(key) else {
+            return;
+        };
+        let e = t.extra.get_or_insert_with(Box::<Extra>::default);
+        e.secret_refusals += 1;
+        let n = e.secret_refusals;
+        let name = taskrun.secret_name();
+        if n < attempts {
+            e.refused_secret = Some(secret);
+            let at = self.now + backoff(base, n - 1);
+            self.arm(at, Timer::SecretRetry(key, n));
+            if n == 1 {
+                out.push(Action::Notify {
+                    taskrun: Some(taskrun.clone()),
+                    warning: true,
+                    reason: "SecretRefused",
+                    message: format!(
+                        "the API server refused the Secret {name}: {error}; trying again"
+                    ),
+                });
+            }
+            return;
+        }
+        e.refused_secret = None;
+        if let SecretData::Error(_) = secret {
+            out.push(Action::Notify {
+                taskrun: Some(taskrun.clone()),
+                warning: true,
+                reason: "SecretRefused",
+                message: format!(
+                    "the API server refused the error Secret {name} too: {error}; the TaskRun \
+                     cannot get a build host until it can write Secrets in its namespace"
+                ),
+            });
+            return;
+        }
+        self.give_up_placement(key, out);
+        let message = format!(
+            "the API server refused the Secret {name} {n} times (last: {error}); the build host \
+             was freed. Check the namespace's Secret quota and admission policies, then re-run."
+        );
+        self.fail(key, message, out);
+    }
+
+    /// Whether `secret` is what the TaskRun's current state was served.
+    fn secret_current(&self, key: Key, secret: &SecretData) -> bool {
+        let Some(t) = self.taskruns.get(key) else {
+            return false;
+        };
+        match (secret, &t.state) {
+            (
+                SecretData::Remote { host, .. },
+                State::OnHost {
+                    host: hid,
+                    phase: Phase::Ready(_),
+                    ..
+                },
+            ) => *self.hosts[*hid as usize].name == *host.name(),
+            (
+                SecretData::Remote { host, .. },
+                State::OnInstance {
+                    inst,
+                    phase: Phase::Ready(_),
+                },
+            ) => self.instances.get(*inst).and_then(|i| i.id.as_deref()) == Some(host.name()),
+            (SecretData::Localhost, State::Local) | (SecretData::Error(_), State::Failed) => true,
+            _ => false,
+        }
+    }
+
+    /// Writes a refused secret again, unless something newer was written meanwhile.
+    pub(super) fn secret_retry_due(&mut self, key: Key, n: u32, out: &mut Vec<Action>) {
+        let Some(e) = self.taskruns.get_mut(key).and_then(|t| t.extra.as_mut()) else {
+            return;
+        };
+        if e.secret_refusals != n {
+            return;
+        }
+        let Some(secret) = e.refused_secret.take() else {
+            return;
+        };
+        if !self.secret_current(key, &secret) {
+            return;
+        }
+        if let Some(taskrun) = self.taskrun_ref(key) {
+            out.push(Action::WriteSecret { taskrun, secret });
+        }
+    }
+
+    /// Frees what the TaskRun holds without finishing it (nothing waits for the cleanup).
+    fn give_up_placement(&mut self, key: Key, out: &mut Vec<Action>) {
+        let Some(t) = self.taskruns.get(key) else {
+            return;
+        };
+        let p = t.platform;
+        match &t.state {
+            State::OnHost { host, def, .. } => {
+                let (host, def) = (*host, def.clone());
+                self.release_host(host);
+                if let (Some(def), Some(r)) = (
+                    def.or_else(|| self.hosts[host as usize].def.clone()),
+                    self.taskrun_ref(key),
+                ) {
+                    self.deprovision(None, p, RemoteUser::Of(r), HostRef::Static(def), out);
+                }
+                self.capacity_freed(p, out);
+            }
+            State::OnInstance { inst, .. } => {
+                let inst = *inst;
+                self.give_up_instance(key, inst, out);
+            }
+            _ => {}
         }
     }
 
@@ -847,14 +993,34 @@ impl Scheduler {
         }
     }
 
-    /// Removes the finalizer and forgets the TaskRun.
+    /// Removes the finalizer and forgets the TaskRun (remembering it as finished unless it was
+    /// only released); a released TaskRun that needs a host again is admitted anew instead.
     pub(super) fn finalize(&mut self, key: Key, out: &mut Vec<Action>) {
+        let (released, revived) = self
+            .taskruns
+            .get(key)
+            .and_then(|t| t.extra.as_ref())
+            .map_or((false, false), |e| (e.released, e.revived));
+        if revived {
+            if let Some(e) = self.taskruns.get_mut(key).and_then(|t| t.extra.as_mut()) {
+                e.released = false;
+                e.revived = false;
+            }
+            // Its finalizer stays: it is served from here as if new.
+            self.admit(key, false, out);
+            return;
+        }
         if let Some(taskrun) = self.taskrun_ref(key) {
-            out.push(Action::RemoveFinalizer { taskrun });
+            out.push(Action::RemoveFinalizer {
+                taskrun,
+                revoke: !released,
+            });
         }
         if let Some(t) = self.taskruns.remove(key) {
             self.by_uid.remove(&t.uid, key);
-            self.tombstones.insert(&t.uid);
+            if !released {
+                self.tombstones.insert(&t.uid);
+            }
             self.unindex_user(key, &t.path, out);
         }
     }
@@ -864,28 +1030,60 @@ impl Scheduler {
         self.tombstones.contains(uid)
     }
 
-    pub(super) fn on_done(&mut self, ns: &str, name: &str, uid: &str, out: &mut Vec<Action>) {
+    /// The TaskRun finished (or was deleted), or, when `released`, needs no host after all
+    /// ([`Event::TaskRunReleased`](super::Event::TaskRunReleased)).
+    pub(super) fn on_done(
+        &mut self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        released: bool,
+        out: &mut Vec<Action>,
+    ) {
         let uid = Uid::new(uid);
         let Some(key) = self.by_uid.get(&uid, &self.taskruns) else {
             if self.is_tombstoned(&uid) {
                 return;
             }
-            // Never seen (finished before we caught up): nothing allocated, just let it go.
+            // Never seen (finished before we caught up, or released before it was decided):
+            // nothing allocated, just let it go.
             let taskrun = TaskRunRef::new(ns, name, uid.clone());
             out.push(Action::DeleteSecret {
                 taskrun: taskrun.clone(),
             });
-            out.push(Action::RemoveFinalizer { taskrun });
-            self.tombstones.insert(&uid);
+            out.push(Action::RemoveFinalizer {
+                taskrun,
+                revoke: !released,
+            });
+            if !released {
+                self.tombstones.insert(&uid);
+            }
             return;
         };
         self.observe_finished(key, out);
         let t = self.taskruns.get_mut(key).expect("indexed TaskRuns exist");
         let p = t.platform;
+        if let State::Cleanup { .. } = t.state {
+            if let Some(e) = t.extra.as_mut() {
+                if released {
+                    // Released again: whatever revived it no longer holds.
+                    e.revived = false;
+                } else {
+                    // Finished while a release was being cleaned up: it is over for good.
+                    e.released = false;
+                    e.revived = false;
+                }
+            }
+            // Keep waiting for what is pending.
+            return;
+        }
+        if released {
+            t.extra.get_or_insert_with(Box::default).released = true;
+        }
         let state = std::mem::replace(&mut t.state, State::Cleanup { pending: 0 });
         let pending = match state {
             State::Cleanup { pending } => {
-                // Duplicate: keep waiting for what is pending.
+                // Handled above; kept whole.
                 t.state = State::Cleanup { pending };
                 return;
             }

@@ -29,10 +29,19 @@
 //! room while `ledger + foreign < max-instances`, where the ledger counts this cluster's instances
 //! strictly (from the launch request until termination is acknowledged) and `foreign` is the
 //! number of live instances the platform's last [`Event::InstancesListed`] showed that the ledger
-//! does not track. Launches by others after that listing are unseen until the next one, so across
+//! does not track (this cluster's own untracked ones included, unless a launch in flight may have
+//! started them). Launches by others after that listing are unseen until the next one, so across
 //! all the clusters (and platforms) sharing a tag, live instances exceed `max-instances` by at
 //! most the launches the others made since each one's last listing: with listings every `L`, at
-//! most one interval `L`'s worth of launches.
+//! most one interval `L`'s worth of launches. One exception, by choice: an instance whose
+//! termination failed [`Policy::cleanup_attempts`] times is leaked: it stops counting (a refusal
+//! that lasts must not block the platform for good), its termination is still retried, and
+//! operators see it (`leaked` gauge, an `InstanceLeaked` Event).
+//!
+//! Refused writes: a secret the API server refuses ([`Event::SecretRefused`]) is written again
+//! with back-off, [`Policy::secret_attempts`] times in all; then the TaskRun's host is freed and
+//! it gets an error. A TaskRun released because it needs no host ([`Event::TaskRunReleased`]) is
+//! not remembered as finished: if it needs one after all, it is served.
 //!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
@@ -157,6 +166,15 @@ const NO_PLATFORM: PlatformId = PlatformId::MAX;
 struct Extra {
     /// Hosts or instances whose provisioning failed for this TaskRun, with the error.
     failed: Vec<(Arc<str>, String)>,
+    /// Being cleaned up after [`Event::TaskRunReleased`]: not finished, so its UID is not
+    /// remembered as finished once the cleanup is over.
+    released: bool,
+    /// Said to need a host again while that cleanup ran: served once it is over.
+    revived: bool,
+    /// Its secret was refused this many times.
+    secret_refusals: u32,
+    /// The refused secret, written again when [`Timer::SecretRetry`] fires.
+    refused_secret: Option<SecretData>,
 }
 
 enum State {
@@ -274,6 +292,9 @@ struct Instance {
     overdue: bool,
     provision_failures: u32,
     terminate_attempts: u32,
+    /// Termination kept failing: no longer counted against `max-instances` (its termination is
+    /// still retried; operators see it in the `leaked` gauge and an Event).
+    leaked: bool,
     probes: u32,
     probe_op: Option<OpId>,
     idle_since: Option<Time>,
@@ -335,6 +356,8 @@ enum Timer {
     Requeue(Key, u32),
     /// A retry's re-provisioning on its host, tried again after a failure.
     Rearm(Key),
+    /// A refused secret written again (after that many refusals).
+    SecretRetry(Key, u32),
     Delayed(u64),
     Warm(PlatformId),
     Orphan(Key),
@@ -407,7 +430,17 @@ impl Scheduler {
                 namespace,
                 name,
                 uid,
-            } => self.on_done(&namespace, &name, &uid, out),
+            } => self.on_done(&namespace, &name, &uid, false, out),
+            Event::TaskRunReleased {
+                namespace,
+                name,
+                uid,
+            } => self.on_done(&namespace, &name, &uid, true, out),
+            Event::SecretRefused {
+                taskrun,
+                secret,
+                error,
+            } => self.on_secret_refused(&taskrun, secret, &error, out),
             Event::Provisioned { op, otp } => self.on_provisioned(op, Ok(otp), out),
             Event::ProvisionFailed { op, error } => self.on_provisioned(op, Err(error), out),
             Event::Deprovisioned { op, error } => self.on_deprovisioned(op, error, out),
@@ -470,6 +503,7 @@ impl Scheduler {
             Timer::HostBack(host, level) => self.host_back_due(host, level, out),
             Timer::Requeue(tr, ticket) => self.requeue_due(tr, ticket, out),
             Timer::Rearm(tr) => self.rearm_due(tr, out),
+            Timer::SecretRetry(tr, n) => self.secret_retry_due(tr, n, out),
             Timer::Delayed(seq) => {
                 if let Some(op) = self.delayed.remove(&seq) {
                     self.reissue(op, out);

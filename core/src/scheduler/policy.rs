@@ -65,7 +65,9 @@ pub struct Policy {
     /// Unowned tagged instances younger than this are left alone by the sweep (a launch result
     /// may still be on its way).
     pub orphan_grace: Duration,
-    /// Deprovision attempts before giving up (the host sweep removes what is left).
+    /// Deprovision attempts before giving up (the host sweep removes what is left); terminate
+    /// attempts before an instance is reported leaked and stops counting against
+    /// `max-instances` (its termination is still retried).
     pub cleanup_attempts: u32,
     /// Delay between cleanup attempts (deprovision, terminate); doubles per attempt up to 5 min.
     pub cleanup_backoff: Duration,
@@ -76,6 +78,11 @@ pub struct Policy {
     pub rearm_attempts: u32,
     /// Delay before the first re-try of such a re-provisioning; doubles per try.
     pub rearm_backoff: Duration,
+    /// Tries of a TaskRun's secret the API server refuses (403: a quota, a policy) before its
+    /// host is freed and it gets an error instead.
+    pub secret_attempts: u32,
+    /// Delay before the first re-try of a refused secret; doubles per try.
+    pub secret_backoff: Duration,
     /// The host sweep removes only build users at least this old: younger ones may belong to an
     /// allocation whose result is still on its way, or to the Go controller during a switch (its
     /// own host cleanup waits a day too).
@@ -106,6 +113,8 @@ impl Policy {
             cleanup_backoff: Duration::from_secs(5),
             rearm_attempts: 4,
             rearm_backoff: Duration::from_secs(2),
+            secret_attempts: 4,
+            secret_backoff: Duration::from_secs(2),
             host_user_grace: HOST_USER_GRACE,
         }
     }
@@ -134,6 +143,8 @@ impl Policy {
             // Go hands a retry no new key at all; one try, then elsewhere.
             rearm_attempts: 1,
             rearm_backoff: Duration::from_secs(2),
+            secret_attempts: 4,
+            secret_backoff: Duration::from_secs(2),
             host_user_grace: HOST_USER_GRACE,
         }
     }

@@ -118,6 +118,7 @@ impl Scheduler {
                         .iter()
                         .map(|h| (Arc::from(h.as_str()), "failed before a restart".to_owned()))
                         .collect(),
+                    ..Extra::default()
                 })
             });
             let key = self.taskruns.insert(TaskRun {

@@ -20,8 +20,10 @@ pub struct PlatformGauges {
     pub foreign: u32,
     /// Instances launching or booting.
     pub booting: u32,
-    /// Instances being terminated.
+    /// Instances being terminated (counted).
     pub terminating: u32,
+    /// Instances whose termination kept failing: still retried, no longer counted.
+    pub leaked: u32,
     /// Concurrent TaskRuns the platform can serve (`platform_pool_size`).
     pub capacity: Option<u32>,
     /// When the longest-waiting queued TaskRun joined the queue.
@@ -65,6 +67,9 @@ impl Scheduler {
                 match i.state {
                     InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => {
                         pg.booting += 1
+                    }
+                    InstState::Terminating(_) | InstState::TerminateWait if i.leaked => {
+                        pg.leaked += 1
                     }
                     InstState::Terminating(_) | InstState::TerminateWait => pg.terminating += 1,
                     InstState::Ready => {}

@@ -4,7 +4,7 @@
 //! what is listed (and, for users, in tracked TaskRuns); they run every few minutes, not per
 //! decision.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::snapshot::{InstanceRecord, InstanceState};
 use super::{Action, HostRef, InstState, Mode, Op, PlatformId, RemoteUser, Scheduler, State};
@@ -67,8 +67,10 @@ impl Scheduler {
 
     /// Sets the platform's foreign count from its listing: live instances the ledger does not
     /// track as the platform's own (other clusters', the Go controller's, other platforms'
-    /// sharing the tag), excluding this cluster's instances of the platform that are not tracked
-    /// yet (a launch in flight, already counted by the ledger). Serves waiters when it dropped.
+    /// sharing the tag, and this cluster's own that nothing here tracks yet: ones younger than
+    /// the orphan grace, which the sweep leaves alone), except those a launch in flight may have
+    /// started (same owner tag; the ledger counts that launch already). Serves waiters when it
+    /// dropped.
     pub(super) fn count_foreign<'a>(
         &mut self,
         p: PlatformId,
@@ -76,13 +78,22 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let label = self.platforms[p as usize].label.clone();
+        let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
+        for i in self.platforms[p as usize]
+            .members
+            .iter()
+            .filter_map(|k| self.instances.get(*k))
+        {
+            if i.id.is_none()
+                && let Some(l) = &i.launch
+            {
+                *in_flight.entry(l.owner_key()).or_default() += 1;
+            }
+        }
         let mut seen = BTreeSet::new();
         let mut n = 0u32;
         for rec in listed {
-            if !rec.state.counts_toward_limit()
-                || rec.is_ours_for(&label)
-                || !seen.insert(rec.id.as_str())
-            {
+            if !rec.state.counts_toward_limit() || !seen.insert(rec.id.as_str()) {
                 continue;
             }
             let tracked = self
@@ -90,9 +101,20 @@ impl Scheduler {
                 .get(rec.id.as_str())
                 .and_then(|&k| self.instances.get(k))
                 .is_some_and(|i| i.platform == p);
-            if !tracked {
-                n += 1;
+            if tracked {
+                continue;
             }
+            if rec.is_ours_for(&label)
+                && let Some(left) = rec
+                    .owner
+                    .as_ref()
+                    .and_then(|o| in_flight.get_mut(o))
+                    .filter(|left| **left > 0)
+            {
+                *left -= 1;
+                continue;
+            }
+            n += 1;
         }
         let ps = &mut self.platforms[p as usize];
         let dropped = n < ps.foreign;

@@ -3,13 +3,14 @@
 //!
 //! Contract kept (see `scheduler/action.rs`): every action with an `OpId` yields exactly one
 //! result event, also on timeout or error; actions without one yield nothing, or
-//! `TaskRunDone` when the TaskRun turned out to be gone. Work is bounded by semaphores per class
-//! (API requests, SSH operations, cloud launches and terminations; sized by [`Limits`]; Events
-//! by their outbox, `super::events`),
-//! never by the result channel, which is unbounded so the loop ↔ executor cycle cannot deadlock.
-//! Every action has a time limit ([`Limits`] too), but a finalizer removal tries again after a
-//! refusal or a timeout until it lands; a cancelled context (leadership lost) stops work at once
-//! and reports nothing: the scheduler it would report to is gone.
+//! `TaskRunDone` when the TaskRun turned out to be gone, or `SecretRefused` when the API server
+//! refused a secret (or it did not land in time). Work is bounded by semaphores per class (API
+//! requests, SSH operations, cloud launches and terminations; sized by [`Limits`]; Events by
+//! their outbox, `super::events`), never by the result channel, which is unbounded so the loop ↔
+//! executor cycle cannot deadlock. Every action has a time limit ([`Limits`] too), but a
+//! finalizer removal tries again after a refusal or a timeout until it lands; a cancelled context
+//! (leadership lost) stops work at once and reports nothing: the scheduler it would report to is
+//! gone.
 
 pub mod cloud;
 pub mod kube;
@@ -254,7 +255,19 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
         Action::WriteSecret { taskrun, secret } => {
             let r =
                 tokio::time::timeout(write_limit, kube::write_secret(ctx, &taskrun, &secret)).await;
-            written(ctx, kind, &taskrun, r)
+            // A refusal is the scheduler's to decide on (write again, or free the host).
+            let error = match r {
+                Ok(Err(kube::WriteError::Refused(error))) => error,
+                Err(_) => format!("did not land within {write_limit:?}"),
+                r => return written(ctx, kind, &taskrun, r),
+            };
+            ctx.metrics.failed(kind);
+            tracing::warn!(taskrun = %taskrun, %error, "API refused the TaskRun's secret");
+            vec![Event::SecretRefused {
+                taskrun,
+                secret,
+                error,
+            }]
         }
         Action::DeleteSecret { taskrun } => {
             let r = tokio::time::timeout(write_limit, kube::delete_secret(ctx, &taskrun)).await;
@@ -264,9 +277,9 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             let r = tokio::time::timeout(write_limit, kube::ungate(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
-        Action::RemoveFinalizer { taskrun } => {
+        Action::RemoveFinalizer { taskrun, revoke } => {
             // The key of a TaskRun that ended must not stay redeemable (the TTL is a safety net).
-            if let Err(error) = ctx.keys.revoke(&taskrun.uid().to_string()).await {
+            if revoke && let Err(error) = ctx.keys.revoke(&taskrun.uid().to_string()).await {
                 ctx.metrics.failed("otp_revoke");
                 tracing::warn!(taskrun = %taskrun, %error, "could not revoke the TaskRun's OTP entries");
             }

@@ -325,31 +325,6 @@ fn used_instances_are_never_adopted() {
 }
 
 #[test]
-fn terminate_failures_keep_the_instance_counted_and_retry() {
-    let mut h = H::new(&dynamic_pairs(1, None));
-    let op = ready_taskrun(&mut h, "a", "i-1");
-    h.send(Event::Provisioned {
-        op,
-        otp: "t".into(),
-    });
-    let mut t = terminates(&h.done("ns", "a"))[0].0;
-    assert!(launches(&h.submit("ns", "b", P)).is_empty());
-    let mut released = false;
-    for _ in 0..6 {
-        let a = h.send(Event::Terminated {
-            op: t,
-            error: Some("throttled".into()),
-        });
-        released |= finalized(&a) == vec!["a"];
-        assert!(launches(&a).is_empty(), "still counted: b must not launch");
-        t = terminates(&h.wait(301))[0].0;
-    }
-    assert!(released, "finalizer released after the cleanup attempts");
-    let a = h.send(Event::Terminated { op: t, error: None });
-    assert_eq!(launches(&a).len(), 1);
-}
-
-#[test]
 fn vanished_instance_while_booting_is_replaced() {
     let mut h = H::new(&dynamic_pairs(2, None));
     let l = launches(&h.submit("ns", "a", P))[0].0;

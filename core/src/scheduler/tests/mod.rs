@@ -2,6 +2,7 @@
 //! controller by hand.
 
 mod dynamic;
+mod faults;
 mod lifecycle;
 mod metrics;
 mod ownership;
@@ -247,7 +248,7 @@ pub(super) fn deprovisions(acts: &[Action]) -> Vec<(OpId, String, String)> {
 pub(super) fn finalized(acts: &[Action]) -> Vec<String> {
     acts.iter()
         .filter_map(|a| match a {
-            Action::RemoveFinalizer { taskrun } => Some(taskrun.name().to_string()),
+            Action::RemoveFinalizer { taskrun, .. } => Some(taskrun.name().to_string()),
             _ => None,
         })
         .collect()

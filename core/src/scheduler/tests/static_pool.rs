@@ -289,7 +289,7 @@ fn recreated_taskrun_with_the_same_name_is_a_new_allocation() {
     let finalized: Vec<_> = a
         .iter()
         .filter_map(|x| match x {
-            Action::RemoveFinalizer { taskrun } => Some(taskrun.uid().clone()),
+            Action::RemoveFinalizer { taskrun, .. } => Some(taskrun.uid().clone()),
             _ => None,
         })
         .collect();
