@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::serve::{ServeOptions, serve_plain, serve_tls};
 use crate::tls::{CertPaths, ReloadingCert, TlsError};
 
-pub use client::{OtpClient, OtpClientError};
+pub use client::{OtpClient, OtpClientError, Rearm};
 pub use store::{Clock, SystemClock};
 
 /// Errors that stop the OTP server.
