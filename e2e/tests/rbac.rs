@@ -401,15 +401,19 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         .create(&pp, &tr)
         .await
         .unwrap();
-    let secret = |name: &str, type_: &str, data: &str| -> Secret {
-        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "type": type_,
+    // Owned by the TaskRun (in its namespace: the garbage collector deletes a Secret whose
+    // owner is not found there).
+    let secret = |name: &str, type_: &str, data: &str, owned: bool| -> Secret {
+        let mut s = json!({"apiVersion": "v1", "kind": "Secret", "type": type_,
             "metadata": {"name": name,
                 "labels": {contract::MULTI_PLATFORM_SECRET_LABEL: "true"},
-                "annotations": {"kubernetes.io/service-account.name": "clusterrole-aggregation-controller"},
-                "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun",
-                    "name": "tr", "uid": tr.metadata.uid.clone().unwrap()}]},
-            "stringData": {"otp": data}}))
-        .unwrap()
+                "annotations": {"kubernetes.io/service-account.name": "clusterrole-aggregation-controller"}},
+            "stringData": {"otp": data}});
+        if owned {
+            s["metadata"]["ownerReferences"] = json!([{"apiVersion": "tekton.dev/v1",
+                "kind": "TaskRun", "name": "tr", "uid": tr.metadata.uid.clone().unwrap()}]);
+        }
+        serde_json::from_value(s).unwrap()
     };
     let refusal = |r: Result<Secret, kube::Error>| match r {
         Err(kube::Error::Api(e)) => (e.code, e.reason, e.message),
@@ -427,21 +431,27 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
 
     // A kube-system token Secret, and the TaskRun's secret in a tenant namespace: unreadable.
     as_admin("kube-system")
-        .create(&pp, &secret("root-token", "kubernetes.io/service-account-token", "t"))
+        .create(
+            &pp,
+            &secret("root-token", "kubernetes.io/service-account-token", "t", false),
+        )
         .await
         .unwrap();
     let r = as_controller("kube-system").get("root-token").await;
     assert_eq!(refusal(r), forbidden("get", "root-token", "kube-system"));
     let name = contract::secret_name("tr");
     as_admin(tenant)
-        .create(&pp, &secret(&name, "Opaque", "tenant's"))
+        .create(&pp, &secret(&name, "Opaque", "tenant's", true))
         .await
         .unwrap();
     let r = as_controller(tenant).get(&name).await;
     assert_eq!(refusal(r), forbidden("get", &name, tenant));
     // Nor can it mint a token Secret to read later.
     let r = as_controller("kube-system")
-        .create(&pp, &secret("multi-platform-ssh-x", "kubernetes.io/service-account-token", ""))
+        .create(
+            &pp,
+            &secret("multi-platform-ssh-x", "kubernetes.io/service-account-token", "", true),
+        )
         .await;
     let (code, _, message) = refusal(r);
     assert_eq!(code, 422, "{message}");
@@ -453,20 +463,20 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         ..PostParams::default()
     };
     let r = as_controller(tenant)
-        .create(&dry, &secret(&name, "Opaque", ""))
+        .create(&dry, &secret(&name, "Opaque", "", true))
         .await;
     let (code, reason, message) = refusal(r);
     assert_eq!((code, reason.as_str()), (409, "AlreadyExists"), "{message}");
     assert!(!message.contains("tenant's"));
     let free = contract::secret_name("free");
     as_controller(tenant)
-        .create(&dry, &secret(&free, "Opaque", ""))
+        .create(&dry, &secret(&free, "Opaque", "", true))
         .await
         .unwrap();
     assert!(as_admin(tenant).get_opt(&free).await.unwrap().is_none());
     // Replaced without reading (no resourceVersion), then deleted.
     as_controller(tenant)
-        .replace(&name, &pp, &secret(&name, "Opaque", "ours"))
+        .replace(&name, &pp, &secret(&name, "Opaque", "ours", true))
         .await
         .unwrap();
     let stored = as_admin(tenant).get(&name).await.unwrap();
@@ -477,7 +487,7 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         .unwrap();
     // Its own namespace's Secrets (admin keys, cloud credentials) stay readable.
     as_admin(NS)
-        .create(&pp, &secret("h1-admin", "Opaque", "k"))
+        .create(&pp, &secret("h1-admin", "Opaque", "k", false))
         .await
         .unwrap();
     as_controller(NS).get("h1-admin").await.unwrap();

@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lc_rs::digest;
-use redb::{Database, MultimapTableDefinition, ReadableTable, TableDefinition};
+use redb::{
+    Database, MultimapTableDefinition, ReadableMultimapTable, ReadableTable, TableDefinition,
+};
 use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 

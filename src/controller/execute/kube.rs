@@ -328,11 +328,8 @@ pub async fn delete_secret(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteEr
     }
     let api = secrets(ctx, tr.namespace());
     let name = tr.secret_name();
-    match retrying(ctx, "delete secret", || {
-        api.delete(&name, &DeleteParams::default())
-    })
-    .await
-    {
+    let dp = DeleteParams::default();
+    match retrying(ctx, "delete secret", || api.delete(&name, &dp)).await {
         Ok(_) | Err(WriteError::Gone) => Ok(()),
         Err(e) => Err(e),
     }
