@@ -7,8 +7,8 @@
 //!   adds passes; on UPDATE only the controller may change its labels, annotations and
 //!   finalizer, and Tekton's controller and tenants may change everything else.
 //! - Secrets (secret-policy.yaml, rbac.yaml): the controller may write only its own
-//!   `multi-platform-ssh-*` Secrets, may not list or watch Secrets, and has no rights its roles
-//!   do not grant.
+//!   `multi-platform-ssh-*` Secrets, may not read, list or watch Secrets outside its namespace,
+//!   and has no rights its roles do not grant.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
