@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use mpc::otp::{OtpClient, Rearm};
 use mpc::otp::token::Token;
+use mpc::otp::{OtpClient, Rearm};
 use mpc::provision::Zeroizing;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -366,8 +366,7 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         rbac: true,
         ..Options::default()
     };
-    opts.namespaces
-        .extend([tenant, NS].map(str::to_owned));
+    opts.namespaces.extend([tenant, NS].map(str::to_owned));
     let s = ApiServer::start(opts).await.unwrap();
     s.create_yaml(TEKTON_CRDS).await.unwrap();
     let enforced = [
@@ -397,10 +396,14 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         "apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {"name": "tr"},
         "spec": {"params": [{"name": "PLATFORM", "value": "linux/arm64"}]}}))
     .unwrap();
-    let tr = Api::<DynamicObject>::namespaced_with(s.client_as(HARNESS_USER).await.unwrap(), tenant, &ar)
-        .create(&pp, &tr)
-        .await
-        .unwrap();
+    let tr = Api::<DynamicObject>::namespaced_with(
+        s.client_as(HARNESS_USER).await.unwrap(),
+        tenant,
+        &ar,
+    )
+    .create(&pp, &tr)
+    .await
+    .unwrap();
     // Owned by the TaskRun (in its namespace: the garbage collector deletes a Secret whose
     // owner is not found there).
     let secret = |name: &str, type_: &str, data: &str, owned: bool| -> Secret {
@@ -433,7 +436,12 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
     as_admin("kube-system")
         .create(
             &pp,
-            &secret("root-token", "kubernetes.io/service-account-token", "t", false),
+            &secret(
+                "root-token",
+                "kubernetes.io/service-account-token",
+                "t",
+                false,
+            ),
         )
         .await
         .unwrap();
@@ -450,7 +458,12 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
     let r = as_controller("kube-system")
         .create(
             &pp,
-            &secret("multi-platform-ssh-x", "kubernetes.io/service-account-token", "", true),
+            &secret(
+                "multi-platform-ssh-x",
+                "kubernetes.io/service-account-token",
+                "",
+                true,
+            ),
         )
         .await;
     let (code, _, message) = refusal(r);

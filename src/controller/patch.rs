@@ -554,11 +554,13 @@ mod tests {
         assert!(!proof().verify_allocation(&namesake, Some("h1"), Some(&ours)));
         let other_ns = TaskRunRef::new("tenant2", "build-1", Uid::new("u-1"));
         assert!(!proof().verify_allocation(&other_ns, Some("h1"), Some(&ours)));
-        assert!(!SecretProof::from_store_token(b"rotated").verify_allocation(
-            &r,
-            Some("h1"),
-            Some(&ours)
-        ));
+        assert!(
+            !SecretProof::from_store_token(b"rotated").verify_allocation(
+                &r,
+                Some("h1"),
+                Some(&ours)
+            )
+        );
         // Copied from the tenant's other TaskRun, or made up.
         let copied = tag(&proof().sign_allocation(&namesake, "h1"));
         assert!(!proof().verify_allocation(&r, Some("h1"), Some(&copied)));
@@ -645,7 +647,10 @@ mod tests {
     fn the_existence_probe_passes_the_secret_write_policy_and_holds_nothing() {
         let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
         let p = secret_probe(&r);
-        assert_eq!(p.metadata.name.as_deref(), Some("multi-platform-ssh-build-1"));
+        assert_eq!(
+            p.metadata.name.as_deref(),
+            Some("multi-platform-ssh-build-1")
+        );
         assert_eq!(p.type_.as_deref(), Some("Opaque"));
         assert!(owned_by(&p, &r));
         assert_eq!(

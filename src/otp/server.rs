@@ -28,8 +28,8 @@ use super::metrics::OtpMetrics;
 use super::seal::Sealer;
 use super::secret_file::SecretFile;
 use super::store::{
-    Claim, MAX_ARMS, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreRefusal, StoreRequest, Stored,
-    request_digest,
+    Claim, MAX_ARMS, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreRefusal, StoreRequest,
+    Stored, request_digest,
 };
 use super::token::{Token, TokenHash};
 
@@ -211,7 +211,10 @@ pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams
         .map(|n| match n.parse::<u32>() {
             // More than an entry can be armed is as good as unbounded.
             Ok(n) => Ok(n.min(MAX_ARMS as u32) as u8),
-            Err(_) => Err(format!("rearms must be a count, got {:?}", n.chars().take(12).collect::<String>())),
+            Err(_) => Err(format!(
+                "rearms must be a count, got {:?}",
+                n.chars().take(12).collect::<String>()
+            )),
         })
         .transpose()?;
     Ok(StoreParams::Owned {

@@ -873,7 +873,12 @@ fn apply_purge(t: &mut Tables<'_>, now: u64) -> Result<Purged, StoreError> {
                 .remove(owner.as_slice(), k.as_slice())
                 .map_err(db_err)?;
             // An owner without entries has no latest token either.
-            let left = t.owners.get(owner.as_slice()).map_err(db_err)?.next().is_some();
+            let left = t
+                .owners
+                .get(owner.as_slice())
+                .map_err(db_err)?
+                .next()
+                .is_some();
             if !left {
                 t.latest.remove(owner.as_slice()).map_err(db_err)?;
             }
@@ -1184,7 +1189,10 @@ mod tests {
         h.store(t, budgeted("u", "r1", false, Some(1)), b"K1")
             .await
             .unwrap();
-        assert_eq!(h.store.latest(b"u".to_vec()).await.unwrap(), Some(b"r1".to_vec()));
+        assert_eq!(
+            h.store.latest(b"u".to_vec()).await.unwrap(),
+            Some(b"r1".to_vec())
+        );
         h.redeem(t).await.unwrap();
         assert_eq!(
             h.redeem(t).await,
@@ -1229,7 +1237,10 @@ mod tests {
                 arms: 1
             })
         );
-        assert_eq!(h.store.latest(b"u".to_vec()).await.unwrap(), Some(b"z1".to_vec()));
+        assert_eq!(
+            h.store.latest(b"u".to_vec()).await.unwrap(),
+            Some(b"z1".to_vec())
+        );
         // A revoke forgets the latest; so does the purge of an owner's last entry.
         h.store.revoke(b"u".to_vec(), TTL).await.unwrap();
         assert_eq!(h.store.latest(b"u".to_vec()).await.unwrap(), None);

@@ -292,7 +292,10 @@ mod tests {
             SecretKind::for_assigned_host(Some("localhost")),
             SecretKind::Localhost
         );
-        assert_eq!(SecretKind::for_assigned_host(Some("h1")), SecretKind::Remote);
+        assert_eq!(
+            SecretKind::for_assigned_host(Some("h1")),
+            SecretKind::Remote
+        );
     }
 
     #[test]
