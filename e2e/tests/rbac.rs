@@ -475,6 +475,15 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         dry_run: true,
         ..PostParams::default()
     };
+    let revision = || async {
+        as_admin(tenant)
+            .list_metadata(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+    };
+    let before = revision().await;
     let r = as_controller(tenant)
         .create(&dry, &secret(&name, "Opaque", "", true))
         .await;
@@ -487,6 +496,11 @@ async fn the_controller_account_reads_no_secret_outside_its_namespace() {
         .await
         .unwrap();
     assert!(as_admin(tenant).get_opt(&free).await.unwrap().is_none());
+    assert_eq!(
+        revision().await,
+        before,
+        "a dry run writes nothing a watch could see"
+    );
     // Replaced without reading (no resourceVersion), then deleted.
     as_controller(tenant)
         .replace(&name, &pp, &secret(&name, "Opaque", "ours", true))

@@ -644,6 +644,36 @@ mod tests {
     }
 
     #[test]
+    fn recovery_reads_back_the_proof_the_allocation_patch_wrote() {
+        let doc = taskrun();
+        let m = &doc["metadata"];
+        let r = TaskRunRef::new(
+            m["namespace"].as_str().unwrap(),
+            m["name"].as_str().unwrap(),
+            Uid::new(m["uid"].as_str().unwrap()),
+        );
+        let uid = r.uid().to_string();
+        let placement = Placement {
+            assigned_host: Some(Arc::from("i-0abc")),
+            instance_id: Some(Arc::from("i-0abc")),
+            ..Placement::default()
+        };
+        let signed = proof().sign_allocation(&r, "i-0abc");
+        let written = apply(
+            &doc,
+            &record_proven(&uid, &placement, Some(&signed), Maps::MARKED),
+        )
+        .unwrap();
+        let map = |k: &str| -> BTreeMap<String, String> {
+            serde_json::from_value(written["metadata"][k].clone()).unwrap()
+        };
+        let mut rec = crate::scheduler::TaskRunRecord::default();
+        rec.read_metadata(&map("labels"), &map("annotations"));
+        assert_eq!(rec.assigned_host.as_deref(), Some("i-0abc"));
+        assert!(proof().verify_allocation(&r, rec.assigned_host.as_deref(), rec.proof.as_ref()));
+    }
+
+    #[test]
     fn the_existence_probe_passes_the_secret_write_policy_and_holds_nothing() {
         let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
         let p = secret_probe(&r);
