@@ -7,8 +7,8 @@
 //! Guarantees:
 //! - nothing is allocated before the ledger is rebuilt: on leadership gain the TaskRun watch
 //!   must have listed everything, then [`Scheduler::recover`] runs on a [`Snapshot`] of the
-//!   index (with each relevant TaskRun's Secret read, and cloud listings) before live events flow;
-//!   events that arrive meanwhile are buffered and replayed;
+//!   index (with whether each relevant TaskRun's Secret exists, and cloud listings) before live
+//!   events flow; events that arrive meanwhile are buffered and replayed;
 //! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
 //!   done;
 //! - losing the Lease cancels every job of the term at once and drops the scheduler: the term's
@@ -69,7 +69,7 @@ pub struct Completion {
 /// One entry of the index: what recovery needs of a live TaskRun.
 struct Entry {
     record: TaskRunRecord,
-    /// Recovery must read its Secret to know its state.
+    /// Recovery must know whether its Secret exists to know its state.
     secret_matters: bool,
 }
 
@@ -690,7 +690,7 @@ async fn collect_snapshot(
                     }
                     Err(execute::kube::WriteError::Cancelled) => return None,
                     Err(error) => {
-                        tracing::warn!(taskrun = %r, %error, "reading the TaskRun's secret for recovery; retrying");
+                        tracing::warn!(taskrun = %r, %error, "probing the TaskRun's secret for recovery; retrying");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
