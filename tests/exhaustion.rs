@@ -532,6 +532,10 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
     for r in refused {
         assert_eq!(r.await.unwrap(), 410);
     }
+    eprintln!(
+        "260 redeems of a used token with no retry to come: all 410 in {:?}",
+        started.elapsed()
+    );
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
