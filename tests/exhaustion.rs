@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use mpc::otp::OtpClient;
 use mpc::otp::token::Token;
+use mpc::otp::{OtpClient, Rearm};
 use mpc::provision::Zeroizing;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -485,22 +485,29 @@ async fn idle_connections_are_capped_and_closed() {
 
 /// A tenant holds its TaskRun's used token (it is in a Secret of its namespace) and redeems it
 /// 260 times at once. Each redeem used to take a place among the 256 that may wait for a re-arm,
-/// for `--rearm-wait`, so another tenant's retry was answered 503. Now a token waits in one place
-/// only, for one window per re-arm.
+/// for `--rearm-wait`, so another tenant's retry was answered 503. Now a token whose TaskRun has
+/// no retry to come is never held (every redeem refused at once), and one with a retry to come
+/// waits in one place only, for one window per re-arm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
     let otp = Otp::start(&["--rearm-wait", "6s"]);
     let client = otp.client();
-    let mine = client
-        .store_key_for("uid-attacker", "p1", None, b"KEY-A")
-        .await
-        .unwrap();
-    let theirs = client
-        .store_key_for("uid-victim", "p1", None, b"KEY-B1")
-        .await
-        .unwrap();
-    client.redeem(mine.as_str()).await.unwrap();
-    client.redeem(theirs.as_str()).await.unwrap();
+    // The controller stores each key with the retries its TaskRun may still start.
+    let store = |owner: &'static str, left: u32, key: &'static [u8]| {
+        let client = client.clone();
+        async move {
+            client
+                .store_key_owned(owner, "p1", Rearm::No, Some(left), key)
+                .await
+                .unwrap()
+        }
+    };
+    let no_retry = store("uid-attacker-0", 0, b"KEY-A0").await;
+    let mine = store("uid-attacker", 1, b"KEY-A").await;
+    let theirs = store("uid-victim", 1, b"KEY-B1").await;
+    for t in [&no_retry, &mine, &theirs] {
+        client.redeem(t.as_str()).await.unwrap();
+    }
 
     let (addr, tls) = (otp.server.addr, Arc::clone(&otp.certs.client));
     let redeem = move |token: String| {
@@ -517,6 +524,24 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
             .await
         }
     };
+    // No retry to come: 260 redeems at once are all refused at once, none held.
+    let started = Instant::now();
+    let refused: Vec<_> = (0..260)
+        .map(|_| tokio::spawn(redeem(no_retry.as_str().to_owned())))
+        .collect();
+    for r in refused {
+        assert_eq!(r.await.unwrap(), 410);
+    }
+    eprintln!(
+        "260 redeems of a used token with no retry to come: all 410 in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
     let started = Instant::now();
     let sent = Arc::new(AtomicUsize::new(0));
     let attackers: Vec<_> = (0..260)

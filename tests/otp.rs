@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use mpc::otp::token::Token;
-use mpc::otp::{OtpClient, OtpClientError, OtpServerArgs, RunningServer};
+use mpc::otp::{OtpClient, OtpClientError, OtpServerArgs, Rearm, RunningServer};
 use mpc::provision::Zeroizing;
 
 /// Certificates, secrets and a database path in a temp dir.
@@ -815,6 +815,92 @@ async fn a_retry_attempt_redeems_the_same_token_after_a_rearm() {
     for secret in [token.as_str(), &f.bearer] {
         assert!(!log.contains(secret), "secret in logs");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_token_with_a_rearm_to_come_is_held_and_the_owner_rearms_it_by_name() {
+    let f = Fixture::new();
+    let args = ["--rearm-wait", "3s"];
+    let mut server = ServerProcess::start(&f, &args, "budget.log");
+    let client = f.client(server.addr());
+    let (k1, k2, k3) = (private_key(21), private_key(22), private_key(23));
+    // A TaskRun with one retry: its used token waits for the re-arm...
+    let token = client
+        .store_key_owned("uid-b", "attempt-0", Rearm::No, Some(1), k1.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        client.redeem(token.as_str()).await.unwrap().as_slice(),
+        k1.as_bytes()
+    );
+    let waiting = {
+        let (c, t) = (client.clone(), token.clone());
+        tokio::spawn(async move { c.redeem(t.as_str()).await })
+    };
+    server.wait_metric(HELD, 1.0).await;
+    // ...which names the owner only: the controller never reads the token back.
+    let rearmed = client
+        .store_key_owned("uid-b", "attempt-1", Rearm::Latest, Some(0), k2.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(rearmed, token);
+    assert_eq!(
+        waiting.await.unwrap().unwrap().as_slice(),
+        k2.as_bytes(),
+        "the held redeem gets the re-armed key"
+    );
+    // No retry left: a redeem of the used token is refused at once, never held.
+    let refused_at_once = |c: OtpClient, t: Token| async move {
+        let started = Instant::now();
+        let e = c.redeem(t.as_str()).await.unwrap_err();
+        assert_eq!(rejected_status(&e), 410, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "held for {:?}",
+            started.elapsed()
+        );
+    };
+    refused_at_once(client.clone(), token.clone()).await;
+    // A TaskRun without retries: its used token is never held.
+    let t0 = client
+        .store_key_owned("uid-c", "attempt-0", Rearm::No, Some(0), k3.as_bytes())
+        .await
+        .unwrap();
+    client.redeem(t0.as_str()).await.unwrap();
+    for _ in 0..3 {
+        refused_at_once(client.clone(), t0.clone()).await;
+    }
+    assert_eq!(server.metric(HELD), 0.0);
+    assert_eq!(server.metric(&hold_count("served")), 1.0);
+
+    // The budget and the owner's latest token survive a restart.
+    let t_d = client
+        .store_key_owned("uid-d", "attempt-0", Rearm::No, Some(0), k1.as_bytes())
+        .await
+        .unwrap();
+    let newer = client
+        .store_key_owned("uid-b", "fresh-0", Rearm::No, Some(2), k3.as_bytes())
+        .await
+        .unwrap();
+    assert_ne!(newer, token);
+    server.kill9();
+    let server = ServerProcess::start(&f, &args, "budget-2.log");
+    let client = f.client(server.addr());
+    client.redeem(t_d.as_str()).await.unwrap();
+    refused_at_once(client.clone(), t_d).await;
+    // The latest first store of the owner is what `Latest` re-arms.
+    client.redeem(newer.as_str()).await.unwrap();
+    let again = client
+        .store_key_owned("uid-b", "attempt-2", Rearm::Latest, Some(1), k2.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(again, newer);
+    // An owner without a token has nothing to re-arm.
+    let e = client
+        .store_key_owned("uid-none", "r", Rearm::Latest, Some(1), k2.as_bytes())
+        .await
+        .unwrap_err();
+    assert_eq!(rejected_status(&e), 404, "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

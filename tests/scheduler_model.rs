@@ -6,7 +6,8 @@
 //! ([`mpc::controller::patch`]), applied in per-TaskRun order, and may fail (409, 500: retried
 //! later) or be lost in a crash; every TaskRun change reaches the scheduler the way the watch
 //! delivers it ([`observe::observe`]); a restarted scheduler recovers from a snapshot built over
-//! those objects as the controller builds it ([`observe::recovery_entry`], [`patch::secret_kind`]).
+//! those objects as the controller builds it ([`observe::recovery_entry`], the secret's existence and
+//! the allocation proof).
 //! Cloud and SSH actions complete with random delays, in order per instance and per user on a
 //! host (results in random order otherwise), fail, and are replayed; the config changes; the
 //! scheduler crashes (in-flight operations complete unseen or are lost).
@@ -33,7 +34,7 @@ use mpc::platform::Platform;
 use mpc::provision::HostUser;
 use mpc::scheduler::{
     Action, Event, InstanceRecord, InstanceState, Observation, OpId, Ownership, Policy,
-    ProbeResult, RemoteUser, Scheduler, SecretData, Snapshot, TaskRunRef, Time, Uid,
+    ProbeResult, RemoteUser, Scheduler, SecretData, SecretKind, Snapshot, TaskRunRef, Time, Uid,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -833,7 +834,12 @@ impl World {
                     return vec![gone(&taskrun)];
                 };
                 let t = self.taskruns.get_mut(&target).expect("named");
-                if json_patch(&mut t.obj, &patch::record(&uid, &placement, Maps::MARKED)).is_err() {
+                let signed = placement
+                    .assigned_host
+                    .as_deref()
+                    .map(|h| proof().sign_allocation(&taskrun, h));
+                let record = |maps| patch::record_proven(&uid, &placement, signed.as_deref(), maps);
+                if json_patch(&mut t.obj, &record(Maps::MARKED)).is_err() {
                     if target != uid {
                         return vec![gone(&taskrun)];
                     }
@@ -841,7 +847,7 @@ impl World {
                         labels: t.obj["metadata"]["labels"].is_object(),
                         annotations: t.obj["metadata"]["annotations"].is_object(),
                     };
-                    json_patch(&mut t.obj, &patch::record(&uid, &placement, maps))
+                    json_patch(&mut t.obj, &record(maps))
                         .expect("a record patch with the maps the TaskRun has");
                 }
                 self.watched(&uid).into_iter().collect()
@@ -890,11 +896,11 @@ impl World {
                 Vec::new()
             }
             Action::DeleteSecret { taskrun } => {
+                // Unread: whatever has the name, while the TaskRun is still there (no namesake
+                // can own it then); for a TaskRun already gone, left to the garbage collector.
                 let key = (taskrun.namespace().to_owned(), taskrun.secret_name());
-                if self
-                    .secrets
-                    .get(&key)
-                    .is_some_and(|s| patch::owned_by(s, &taskrun))
+                if self.named(taskrun.namespace(), taskrun.name())
+                    == Some(taskrun.uid().to_string())
                 {
                     self.secrets.remove(&key);
                 }
@@ -1177,11 +1183,15 @@ impl World {
                 let (mut rec, matters) =
                     observe::recovery_entry(&tr, &observe::observe(&tr, &mut memo))?;
                 if matters {
-                    let s = self.secret_of(&t.reference());
-                    rec.secret = s.and_then(patch::secret_kind);
-                    rec.secret_proven = s.is_some_and(|s| {
-                        proof().verify(s, &t.reference(), rec.assigned_host.as_deref())
-                    });
+                    // The controller learns only that the name is taken (a dry-run create).
+                    let r = t.reference();
+                    let exists = self
+                        .secrets
+                        .contains_key(&(r.namespace().to_owned(), r.secret_name()));
+                    let host = rec.assigned_host.as_deref();
+                    rec.secret = exists.then(|| SecretKind::for_assigned_host(host));
+                    rec.secret_proven =
+                        exists && proof().verify_allocation(&r, host, rec.proof.as_ref());
                 }
                 Some(rec)
             })

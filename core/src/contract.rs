@@ -30,6 +30,11 @@ pub const CLOUD_ADDRESS_ANNOTATION: &str = "build.appstudio.redhat.com/cloud-add
 pub const ALLOCATION_START_TIME_ANNOTATION: &str =
     "build.appstudio.redhat.com/allocation-start-time";
 
+/// Annotation: the controller's proof that it made the TaskRun's allocation (`v1:` and a hex
+/// HMAC-SHA256 over namespace, name, UID and `assigned-host`). The same key on the TaskRun's
+/// Secret carries the proof for the Secret.
+pub const ALLOCATION_PROOF_ANNOTATION: &str = "build.appstudio.redhat.com/multi-platform-proof";
+
 /// Labels only the controller writes: a TaskRun's creator never sets them (the webhook removes
 /// them at creation), and recovery rebuilds allocations from them.
 pub const CONTROLLER_ONLY_LABELS: [&str; 2] = [ASSIGNED_HOST_LABEL, WAITING_FOR_PLATFORM_LABEL];

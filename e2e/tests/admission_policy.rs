@@ -7,8 +7,8 @@
 //!   adds passes; on UPDATE only the controller may change its labels, annotations and
 //!   finalizer, and Tekton's controller and tenants may change everything else.
 //! - Secrets (secret-policy.yaml, rbac.yaml): the controller may write only its own
-//!   `multi-platform-ssh-*` Secrets, may not list or watch Secrets, and has no rights its roles
-//!   do not grant.
+//!   `multi-platform-ssh-*` Secrets, may not read, list or watch Secrets outside its namespace,
+//!   and has no rights its roles do not grant.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -648,16 +648,20 @@ async fn the_controller_account_writes_only_its_own_secrets() {
         .delete("multi-platform-ssh-x", &DeleteParams::default())
         .await
         .unwrap();
-    // A stale Secret of that name a tenant left behind is replaced by ours (and so becomes ours).
+    // A stale Secret of that name a tenant left behind is replaced by ours (and so becomes
+    // ours), unread: the controller may not read it, and updates Secrets unconditionally.
     Api::<Secret>::namespaced(admin.clone(), NS)
         .create(&pp, &secret("multi-platform-ssh-y", "Opaque", false, None))
         .await
         .unwrap();
-    let stale = secrets(NS).get("multi-platform-ssh-y").await.unwrap();
-    let mut next = secret("multi-platform-ssh-y", "Opaque", true, owner);
-    next.metadata.resource_version = stale.metadata.resource_version;
+    let r = secrets(NS).get("multi-platform-ssh-y").await;
+    assert_eq!(refusal(r).0, 403);
     secrets(NS)
-        .replace("multi-platform-ssh-y", &pp, &next)
+        .replace(
+            "multi-platform-ssh-y",
+            &pp,
+            &secret("multi-platform-ssh-y", "Opaque", true, owner),
+        )
         .await
         .unwrap();
 }

@@ -349,6 +349,177 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
     }
 }
 
+/// Acting as the controller's ServiceAccount, with the rendered RBAC and admission policies in
+/// force: no Secret outside its own namespace can be read (a kube-system token Secret, or a
+/// tenant's), nor a token Secret minted, while what the controller does with its TaskRuns'
+/// secrets without reading them passes: learning that a name is taken from a dry-run create
+/// (which stores nothing), replacing by an unconditional update, deleting.
+#[tokio::test]
+async fn the_controller_account_reads_no_secret_outside_its_namespace() {
+    use e2e::apiserver::{ApiServer, HARNESS_USER, Options, TEKTON_CRDS};
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+
+    let tenant = "tenant-a";
+    let mut opts = Options {
+        rbac: true,
+        ..Options::default()
+    };
+    opts.namespaces.extend([tenant, NS].map(str::to_owned));
+    let s = ApiServer::start(opts).await.unwrap();
+    s.create_yaml(TEKTON_CRDS).await.unwrap();
+    let enforced = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    for d in rendered()
+        .into_iter()
+        .filter(|d| enforced.contains(&d["kind"].as_str().unwrap()))
+    {
+        s.create(d).await.unwrap();
+    }
+    let pp = PostParams::default();
+    let admin = s.client().await.unwrap();
+    let controller = s.client_as(CONTROLLER).await.unwrap();
+    let as_admin = |ns: &str| Api::<Secret>::namespaced(admin.clone(), ns);
+    let as_controller = |ns: &str| Api::<Secret>::namespaced(controller.clone(), ns);
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tekton.dev", "v1", "TaskRun"),
+        "taskruns",
+    );
+    let tr: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {"name": "tr"},
+        "spec": {"params": [{"name": "PLATFORM", "value": "linux/arm64"}]}}))
+    .unwrap();
+    let tr = Api::<DynamicObject>::namespaced_with(
+        s.client_as(HARNESS_USER).await.unwrap(),
+        tenant,
+        &ar,
+    )
+    .create(&pp, &tr)
+    .await
+    .unwrap();
+    // Owned by the TaskRun (in its namespace: the garbage collector deletes a Secret whose
+    // owner is not found there).
+    let secret = |name: &str, type_: &str, data: &str, owned: bool| -> Secret {
+        let mut s = json!({"apiVersion": "v1", "kind": "Secret", "type": type_,
+            "metadata": {"name": name,
+                "labels": {contract::MULTI_PLATFORM_SECRET_LABEL: "true"},
+                "annotations": {"kubernetes.io/service-account.name": "clusterrole-aggregation-controller"}},
+            "stringData": {"otp": data}});
+        if owned {
+            s["metadata"]["ownerReferences"] = json!([{"apiVersion": "tekton.dev/v1",
+                "kind": "TaskRun", "name": "tr", "uid": tr.metadata.uid.clone().unwrap()}]);
+        }
+        serde_json::from_value(s).unwrap()
+    };
+    let refusal = |r: Result<Secret, kube::Error>| match r {
+        Err(kube::Error::Api(e)) => (e.code, e.reason, e.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let forbidden = |verb: &str, name: &str, ns: &str| {
+        (
+            403,
+            "Forbidden".to_owned(),
+            format!(
+                "secrets {name:?} is forbidden: User {CONTROLLER:?} cannot {verb} resource \"secrets\" in API group \"\" in the namespace {ns:?}"
+            ),
+        )
+    };
+
+    // A kube-system token Secret, and the TaskRun's secret in a tenant namespace: unreadable.
+    as_admin("kube-system")
+        .create(
+            &pp,
+            &secret(
+                "root-token",
+                "kubernetes.io/service-account-token",
+                "t",
+                false,
+            ),
+        )
+        .await
+        .unwrap();
+    let r = as_controller("kube-system").get("root-token").await;
+    assert_eq!(refusal(r), forbidden("get", "root-token", "kube-system"));
+    let name = contract::secret_name("tr");
+    as_admin(tenant)
+        .create(&pp, &secret(&name, "Opaque", "tenant's", true))
+        .await
+        .unwrap();
+    let r = as_controller(tenant).get(&name).await;
+    assert_eq!(refusal(r), forbidden("get", &name, tenant));
+    // Nor can it mint a token Secret to read later.
+    let r = as_controller("kube-system")
+        .create(
+            &pp,
+            &secret(
+                "multi-platform-ssh-x",
+                "kubernetes.io/service-account-token",
+                "",
+                true,
+            ),
+        )
+        .await;
+    let (code, _, message) = refusal(r);
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("only writes Opaque Secrets"), "{message}");
+
+    // Whether the name is taken, from a dry-run create: 409 when it is, nothing stored when not.
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let revision = || async {
+        as_admin(tenant)
+            .list_metadata(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+    };
+    let before = revision().await;
+    let r = as_controller(tenant)
+        .create(&dry, &secret(&name, "Opaque", "", true))
+        .await;
+    let (code, reason, message) = refusal(r);
+    assert_eq!((code, reason.as_str()), (409, "AlreadyExists"), "{message}");
+    assert!(!message.contains("tenant's"));
+    let free = contract::secret_name("free");
+    as_controller(tenant)
+        .create(&dry, &secret(&free, "Opaque", "", true))
+        .await
+        .unwrap();
+    assert!(as_admin(tenant).get_opt(&free).await.unwrap().is_none());
+    assert_eq!(
+        revision().await,
+        before,
+        "a dry run writes nothing a watch could see"
+    );
+    // Replaced without reading (no resourceVersion), then deleted.
+    as_controller(tenant)
+        .replace(&name, &pp, &secret(&name, "Opaque", "ours", true))
+        .await
+        .unwrap();
+    let stored = as_admin(tenant).get(&name).await.unwrap();
+    assert_eq!(stored.data.unwrap()["otp"].0, b"ours");
+    as_controller(tenant)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    // Its own namespace's Secrets (admin keys, cloud credentials) stay readable.
+    as_admin(NS)
+        .create(&pp, &secret("h1-admin", "Opaque", "k", false))
+        .await
+        .unwrap();
+    as_controller(NS).get("h1-admin").await.unwrap();
+}
+
 #[test]
 fn allows_follows_the_rbac_authorizer() {
     let req = |verb, group: &str, resource: &str, ns: Option<&str>, name: Option<&str>| Request {

@@ -7,8 +7,8 @@
 //! Guarantees:
 //! - nothing is allocated before the ledger is rebuilt: on leadership gain the TaskRun watch
 //!   must have listed everything, then [`Scheduler::recover`] runs on a [`Snapshot`] of the
-//!   index (with each relevant TaskRun's Secret read, and cloud listings) before live events flow;
-//!   events that arrive meanwhile are buffered and replayed;
+//!   index (with whether each relevant TaskRun's Secret exists, and cloud listings) before live
+//!   events flow; events that arrive meanwhile are buffered and replayed;
 //! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
 //!   done;
 //! - losing the Lease cancels every job of the term at once and drops the scheduler: the term's
@@ -31,12 +31,11 @@ use tokio_util::sync::CancellationToken;
 use super::execute::{self, Context, Job};
 use super::lanes::{LaneKey, Lanes};
 use super::observe::{self, MountMemo, Observed};
-use super::patch;
 use super::taskrun::TaskRun;
 use crate::config::{HostConfig, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
-    Action, Event, Policy, Scheduler, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid,
+    Action, Event, Policy, Scheduler, SecretKind, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid,
 };
 
 /// What the loop reacts to.
@@ -70,7 +69,7 @@ pub struct Completion {
 /// One entry of the index: what recovery needs of a live TaskRun.
 struct Entry {
     record: TaskRunRecord,
-    /// Recovery must read its Secret to know its state.
+    /// Recovery must know whether its Secret exists to know its state.
     secret_matters: bool,
 }
 
@@ -681,8 +680,10 @@ async fn sleep_until(deadline: Option<Time>) {
     }
 }
 
-/// Reads what the snapshot needs beyond the index: the Secret of each TaskRun whose state
-/// depends on it (a few at a time), and the cloud's instances. `None` when cancelled.
+/// Looks up what the snapshot needs beyond the index: whether the Secret of each TaskRun whose
+/// state depends on it exists (a dry-run create, a few at a time: tenants' Secrets are never
+/// read), whether the TaskRun carries our proof for its allocation, and the cloud's instances.
+/// `None` when cancelled.
 async fn collect_snapshot(
     ctx: &Context,
     records: Vec<(TaskRunRecord, bool)>,
@@ -692,17 +693,17 @@ async fn collect_snapshot(
         if matters {
             let r = TaskRunRef::new(&rec.namespace, &rec.name, Uid::new(&rec.uid));
             loop {
-                match execute::kube::read_secret(ctx, &r).await {
-                    Ok(s) => {
-                        rec.secret = s.as_ref().and_then(patch::secret_kind);
-                        rec.secret_proven = s.as_ref().is_some_and(|s| {
-                            ctx.secret_proof.verify(s, &r, rec.assigned_host.as_deref())
-                        });
+                match execute::kube::secret_exists(ctx, &r).await {
+                    Ok(exists) => {
+                        let host = rec.assigned_host.as_deref();
+                        rec.secret = exists.then(|| SecretKind::for_assigned_host(host));
+                        rec.secret_proven = exists
+                            && ctx.secret_proof.verify_allocation(&r, host, rec.proof.as_ref());
                         break;
                     }
                     Err(execute::kube::WriteError::Cancelled) => return None,
                     Err(error) => {
-                        tracing::warn!(taskrun = %r, %error, "reading the TaskRun's secret for recovery; retrying");
+                        tracing::warn!(taskrun = %r, %error, "probing the TaskRun's secret for recovery; retrying");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config_source::{ConfigMetrics, ConfigSource, Update};
-use crate::otp::OtpClient;
+use crate::otp::{OtpClient, Rearm};
 use crate::provision::{Provisioner, SshOptions, Zeroizing};
 use crate::scheduler::Policy;
 use crate::server::{self, WebhookArgs, WebhookServer};
@@ -221,22 +221,25 @@ impl KeyStore for OtpKeys {
         &'a self,
         owner: &'a str,
         request: &'a str,
-        rearm: Option<&'a str>,
+        rearm: bool,
+        rearms_left: u32,
         key: &'a [u8],
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
-            match self.0.store_key_for(owner, request, rearm, key).await {
+            let left = Some(rearms_left);
+            let how = if rearm { Rearm::Latest } else { Rearm::No };
+            match self.0.store_key_owned(owner, request, how, left, key).await {
                 Ok(t) => Ok(t.as_str().to_owned()),
                 // The mounted token is unknown or expired: a fresh token (the secret is replaced
                 // with it; a pod that already mounted the old one fails and Tekton retries).
                 Err(e)
-                    if rearm.is_some()
+                    if rearm
                         && e.status()
                             .is_some_and(|s| s.as_u16() == 404 || s.as_u16() == 410) =>
                 {
                     tracing::warn!(%owner, error = %e, "re-arm refused; storing under a fresh token");
                     self.0
-                        .store_key_for(owner, request, None, key)
+                        .store_key_owned(owner, request, Rearm::No, left, key)
                         .await
                         .map(|t| t.as_str().to_owned())
                         .map_err(|e| e.to_string())

@@ -4,8 +4,10 @@
 //! and recreated under the same name is never touched by a write meant for the old one (the API
 //! server answers 422; the executor then checks whether the TaskRun is gone). Label and annotation
 //! removals are written as `add ""` then `remove`, which succeeds whether or not the key exists, so
-//! no read is needed first. Secrets are whole objects owned by their TaskRun, carrying a proof
-//! that the controller wrote them ([`SecretProof`]).
+//! no read is needed first. Secrets are whole objects owned by their TaskRun, written without
+//! reading what has the name (the controller cannot read tenants' Secrets). What recovery must
+//! trust rides on the TaskRun instead: the allocation patch carries the controller's proof
+//! ([`SecretProof`]) for the host it records.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +63,26 @@ fn set_entries(ops: &mut Vec<Value>, map: &str, exists: bool, entries: &[(&str, 
 
 /// Sets the allocation labels and annotations of a TaskRun to exactly `placement`.
 pub fn record(uid: &str, placement: &Placement, maps: Maps) -> Vec<Value> {
+    record_entries(uid, placement, None, maps)
+}
+
+/// [`record`], with the allocation's proof ([`SecretProof::sign_allocation`]) set to `proof`
+/// (removed when `None`): what the controller writes.
+pub fn record_proven(
+    uid: &str,
+    placement: &Placement,
+    proof: Option<&str>,
+    maps: Maps,
+) -> Vec<Value> {
+    record_entries(uid, placement, Some(proof), maps)
+}
+
+fn record_entries(
+    uid: &str,
+    placement: &Placement,
+    proof: Option<Option<&str>>,
+    maps: Maps,
+) -> Vec<Value> {
     let mut ops = vec![test_uid(uid)];
     set_entries(
         &mut ops,
@@ -77,25 +99,24 @@ pub fn record(uid: &str, placement: &Placement, maps: Maps) -> Vec<Value> {
             ),
         ],
     );
-    set_entries(
-        &mut ops,
-        "annotations",
-        maps.annotations,
-        &[
-            (
-                contract::FAILED_HOSTS_ANNOTATION,
-                placement.failed_hosts.as_deref(),
-            ),
-            (
-                contract::CLOUD_INSTANCE_ID_ANNOTATION,
-                placement.instance_id.as_deref(),
-            ),
-            (
-                contract::CLOUD_ADDRESS_ANNOTATION,
-                placement.instance_address.as_deref(),
-            ),
-        ],
-    );
+    let mut annotations = vec![
+        (
+            contract::FAILED_HOSTS_ANNOTATION,
+            placement.failed_hosts.as_deref(),
+        ),
+        (
+            contract::CLOUD_INSTANCE_ID_ANNOTATION,
+            placement.instance_id.as_deref(),
+        ),
+        (
+            contract::CLOUD_ADDRESS_ANNOTATION,
+            placement.instance_address.as_deref(),
+        ),
+    ];
+    if let Some(proof) = proof {
+        annotations.push((contract::ALLOCATION_PROOF_ANNOTATION, proof));
+    }
+    set_entries(&mut ops, "annotations", maps.annotations, &annotations);
     ops
 }
 
@@ -142,17 +163,22 @@ pub struct OtpEndpoint {
     pub ca_pem: String,
 }
 
-/// Secret annotation holding [`SecretProof`]'s proof: `v1:` and the hex HMAC-SHA256.
-pub const SECRET_PROOF_ANNOTATION: &str = "build.appstudio.redhat.com/multi-platform-proof";
+/// Annotation holding [`SecretProof`]'s proof, on the TaskRun and on its secret: `v1:` and the
+/// hex HMAC-SHA256.
+pub const SECRET_PROOF_ANNOTATION: &str = contract::ALLOCATION_PROOF_ANNOTATION;
 
-/// Proves a TaskRun's secret was written by this controller, for this TaskRun and host.
+/// Proves an allocation (and the secret serving it) was made by this controller, for this
+/// TaskRun and host.
 ///
-/// A tenant can create a Secret of the right name in its namespace, owned by its TaskRun, with
-/// any `otp`; recovery must not take that for ours. Each secret we write carries an HMAC-SHA256
-/// over its kind, the TaskRun's namespace, name and UID, and the host it serves (`assigned-host`:
-/// host name or instance id; `localhost`; empty for an error), in the annotation
-/// [`SECRET_PROOF_ANNOTATION`]. Recovery counts a secret as ours only when that verifies
-/// (constant-time) against the TaskRun it is read for and the host its labels name.
+/// Recovery must not take a tenant's claim for ours: a TaskRun's labels where no admission
+/// policy guards them (or the Go controller's), or a Secret a tenant created under the right
+/// name. The proof is an HMAC-SHA256 over the kind, the TaskRun's namespace, name and UID, and
+/// the host it serves (`assigned-host`: host name or instance id; `localhost`; empty for an
+/// error), in the annotation [`SECRET_PROOF_ANNOTATION`]. The allocation patch writes it onto the
+/// TaskRun with the `assigned-host` it records, so recovery checks it without reading the
+/// Secret (which the controller may not read); the secret carries one too, for an operator to
+/// check. Recovery counts an allocation as ours only when the TaskRun's verifies
+/// (constant-time) against its namespace, name, UID and `assigned-host`.
 ///
 /// The key is derived from the OTP server's store token (`--otp-store-token-file`): every
 /// replica that schedules already holds it, tenants never see it (it is mounted only into the
@@ -193,36 +219,26 @@ impl SecretProof {
         format!("v1:{}", hex::encode(tag.as_ref()))
     }
 
-    /// Whether `secret` carries a valid proof for `taskrun` and, when remote, `assigned_host`
-    /// (the TaskRun's label; a remote secret without one proves nothing).
-    pub fn verify(
+    /// The TaskRun's proof for an allocation to `assigned_host` (a host or instance, or
+    /// `localhost`).
+    pub fn sign_allocation(&self, taskrun: &TaskRunRef, assigned_host: &str) -> String {
+        let kind = SecretKind::for_assigned_host(Some(assigned_host));
+        self.sign(kind, taskrun, assigned_host)
+    }
+
+    /// Whether `tag` (the TaskRun's proof, parsed) proves the allocation of `taskrun` to
+    /// `assigned_host` (its label; without one there is nothing to prove).
+    pub fn verify_allocation(
         &self,
-        secret: &Secret,
         taskrun: &TaskRunRef,
         assigned_host: Option<&str>,
+        tag: Option<&[u8; 32]>,
     ) -> bool {
-        let Some(kind) = secret_kind(secret) else {
+        let (Some(host), Some(tag)) = (assigned_host, tag) else {
             return false;
         };
-        let host = match kind {
-            SecretKind::Remote => match assigned_host {
-                Some(h) => h,
-                None => return false,
-            },
-            SecretKind::Localhost => contract::LOCALHOST,
-            SecretKind::Error => "",
-        };
-        let Some(tag) = secret
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SECRET_PROOF_ANNOTATION))
-            .and_then(|v| v.strip_prefix("v1:"))
-            .and_then(|h| hex::decode(h).ok())
-        else {
-            return false;
-        };
-        hmac::verify(&self.0, &Self::message(kind, taskrun, host), &tag).is_ok()
+        let kind = SecretKind::for_assigned_host(Some(host));
+        hmac::verify(&self.0, &Self::message(kind, taskrun, host), tag).is_ok()
     }
 }
 
@@ -298,6 +314,25 @@ pub fn owner(taskrun: &TaskRunRef) -> OwnerReference {
     }
 }
 
+/// What a dry-run create sends to learn whether the TaskRun's secret exists without reading it:
+/// the name, and what the admission policy on the controller's Secret writes requires.
+pub fn secret_probe(taskrun: &TaskRunRef) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(taskrun.secret_name()),
+            namespace: Some(taskrun.namespace().to_owned()),
+            labels: Some(BTreeMap::from([(
+                contract::MULTI_PLATFORM_SECRET_LABEL.to_owned(),
+                "true".to_owned(),
+            )])),
+            owner_references: Some(vec![owner(taskrun)]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    }
+}
+
 /// Whether a secret is owned by exactly this TaskRun (same UID).
 pub fn owned_by(secret: &Secret, taskrun: &TaskRunRef) -> bool {
     let uid = taskrun.uid().to_string();
@@ -310,8 +345,7 @@ pub fn owned_by(secret: &Secret, taskrun: &TaskRunRef) -> bool {
         .any(|o| o.kind == "TaskRun" && o.uid == uid)
 }
 
-/// What an existing secret holds (for recovery), whoever wrote it ([`SecretProof::verify`]
-/// says whether we did).
+/// What a secret holds, whoever wrote it.
 pub fn secret_kind(secret: &Secret) -> Option<SecretKind> {
     let data = secret.data.as_ref()?;
     if data.contains_key(secret_keys::ERROR) {
@@ -326,14 +360,6 @@ pub fn secret_kind(secret: &Secret) -> Option<SecretKind> {
     } else {
         None
     }
-}
-
-/// The one-time token in an existing remote secret.
-pub fn secret_token(secret: &Secret) -> Option<String> {
-    let v = secret.data.as_ref()?.get(secret_keys::OTP)?;
-    String::from_utf8(v.0.clone())
-        .ok()
-        .filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]
@@ -484,7 +510,7 @@ mod tests {
         assert_eq!(get("host"), format!("{user}@10.0.0.1"));
         assert_eq!(get("user-dir"), format!("/home/{user}"));
         assert_eq!(get("otp-server"), otp.url);
-        assert_eq!(secret_token(&s).as_deref(), Some("tok"));
+        assert_eq!(get("otp"), "tok");
         assert_eq!(
             s.metadata.name.as_deref(),
             Some("multi-platform-ssh-build-1")
@@ -507,57 +533,160 @@ mod tests {
         assert_eq!(secret_kind(&err), Some(crate::scheduler::SecretKind::Error));
     }
 
+    fn tag(value: &str) -> [u8; 32] {
+        hex::decode(value.strip_prefix("v1:").unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap()
+    }
+
     #[test]
-    fn only_the_controllers_own_secret_for_this_taskrun_and_host_is_proven() {
+    fn only_the_controllers_allocation_of_this_taskrun_and_host_is_proven() {
         let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
-        let host = |name: &str| {
-            crate::scheduler::HostRef::Static(Arc::new(crate::config::StaticHost {
-                name: name.into(),
-                address: "127.0.0.2".into(),
-                user: "root".into(),
-                platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
-                secret: "s".into(),
-                concurrency: 1,
-                host_key: None,
-            }))
-        };
+        let ours = tag(&proof().sign_allocation(&r, "h1"));
+        assert!(proof().verify_allocation(&r, Some("h1"), Some(&ours)));
+        // The same proof for another host, TaskRun, or UID (a namesake), or under another key
+        // (a rotated token): not proven.
+        assert!(!proof().verify_allocation(&r, Some("h2"), Some(&ours)));
+        assert!(!proof().verify_allocation(&r, None, Some(&ours)));
+        assert!(!proof().verify_allocation(&r, Some("h1"), None));
+        let namesake = TaskRunRef::new("tenant", "build-1", Uid::new("u-2"));
+        assert!(!proof().verify_allocation(&namesake, Some("h1"), Some(&ours)));
+        let other_ns = TaskRunRef::new("tenant2", "build-1", Uid::new("u-1"));
+        assert!(!proof().verify_allocation(&other_ns, Some("h1"), Some(&ours)));
+        assert!(
+            !SecretProof::from_store_token(b"rotated").verify_allocation(
+                &r,
+                Some("h1"),
+                Some(&ours)
+            )
+        );
+        // Copied from the tenant's other TaskRun, or made up.
+        let copied = tag(&proof().sign_allocation(&namesake, "h1"));
+        assert!(!proof().verify_allocation(&r, Some("h1"), Some(&copied)));
+        assert!(!proof().verify_allocation(&r, Some("h1"), Some(&[0; 32])));
+        // A proof is for its kind: a host named like localhost is the localhost allocation.
+        let local = tag(&proof().sign_allocation(&r, contract::LOCALHOST));
+        assert!(proof().verify_allocation(&r, Some(contract::LOCALHOST), Some(&local)));
+        assert_eq!(
+            proof().sign_allocation(&r, contract::LOCALHOST),
+            proof().sign(SecretKind::Localhost, &r, contract::LOCALHOST)
+        );
+        // The secret carries the proof of the allocation it serves.
+        let host = crate::scheduler::HostRef::Static(Arc::new(crate::config::StaticHost {
+            name: "h1".into(),
+            address: "127.0.0.2".into(),
+            user: "root".into(),
+            platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+            secret: "s".into(),
+            concurrency: 1,
+            host_key: None,
+        }));
         let remote = SecretData::Remote {
             otp: "tok".into(),
-            host: host("h1"),
+            host,
         };
-        let otp = OtpEndpoint::default();
-        let ours = secret(&r, &remote, &otp, &proof());
-        assert!(proof().verify(&ours, &r, Some("h1")));
-        // The same secret read for another host, TaskRun, or UID (a namesake), or under another
-        // key (a rotated token): not proven.
-        assert!(!proof().verify(&ours, &r, Some("h2")));
-        assert!(!proof().verify(&ours, &r, None));
-        let namesake = TaskRunRef::new("tenant", "build-1", Uid::new("u-2"));
-        assert!(!proof().verify(&ours, &namesake, Some("h1")));
-        let other_ns = TaskRunRef::new("tenant2", "build-1", Uid::new("u-1"));
-        assert!(!proof().verify(&ours, &other_ns, Some("h1")));
-        assert!(!SecretProof::from_store_token(b"rotated").verify(&ours, &r, Some("h1")));
-        // A tenant's Secret: right name, owner and keys, no proof, a copied proof, or a made-up one.
-        let mut forged = ours.clone();
-        forged.metadata.annotations = None;
-        assert!(owned_by(&forged, &r) && secret_kind(&forged) == Some(SecretKind::Remote));
-        assert!(!proof().verify(&forged, &r, Some("h1")));
-        let copied = secret(&namesake, &remote, &otp, &proof());
-        forged.metadata.annotations = copied.metadata.annotations.clone();
-        assert!(!proof().verify(&forged, &r, Some("h1")));
-        for bad in ["v1:zz", "v1:", "00", &format!("v1:{}", "0".repeat(64))] {
-            forged.metadata.annotations = Some(BTreeMap::from([(
-                SECRET_PROOF_ANNOTATION.to_owned(),
-                bad.to_owned(),
-            )]));
-            assert!(!proof().verify(&forged, &r, Some("h1")), "{bad}");
-        }
-        // A proof is for its kind: a localhost proof does not make an error secret ours.
-        let local = secret(&r, &SecretData::Localhost, &otp, &proof());
-        assert!(proof().verify(&local, &r, None));
-        let mut err = secret(&r, &SecretData::Error("no".into()), &otp, &proof());
-        assert!(proof().verify(&err, &r, Some("anything")));
-        err.metadata.annotations = local.metadata.annotations.clone();
-        assert!(!proof().verify(&err, &r, None));
+        let written = secret(&r, &remote, &OtpEndpoint::default(), &proof());
+        assert_eq!(
+            written.metadata.annotations.as_ref().unwrap()[SECRET_PROOF_ANNOTATION],
+            proof().sign_allocation(&r, "h1")
+        );
+    }
+
+    #[test]
+    fn the_allocation_patch_carries_the_proof_and_a_cleared_one_drops_it() {
+        let doc = taskrun();
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        let assigned = Placement {
+            assigned_host: Some(Arc::from("host-1")),
+            ..Placement::default()
+        };
+        let with = apply(
+            &doc,
+            &record_proven(&uid, &assigned, Some("v1:ab"), Maps::MARKED),
+        )
+        .unwrap();
+        assert_eq!(
+            with["metadata"]["annotations"][SECRET_PROOF_ANNOTATION],
+            "v1:ab"
+        );
+        // `record` leaves the proof as it is.
+        let kept = apply(&with, &record(&uid, &assigned, Maps::MARKED)).unwrap();
+        assert_eq!(
+            kept["metadata"]["annotations"][SECRET_PROOF_ANNOTATION],
+            "v1:ab"
+        );
+        let cleared = apply(
+            &with,
+            &record_proven(&uid, &Placement::default(), None, Maps::MARKED),
+        )
+        .unwrap();
+        assert!(
+            cleared["metadata"]["annotations"]
+                .get(SECRET_PROOF_ANNOTATION)
+                .is_none()
+        );
+        // A TaskRun without annotations gets the map with the proof in it.
+        let mut bare = doc.clone();
+        bare["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        let maps = Maps {
+            labels: true,
+            annotations: false,
+        };
+        let set = apply(&bare, &record_proven(&uid, &assigned, Some("v1:cd"), maps)).unwrap();
+        assert_eq!(
+            set["metadata"]["annotations"][SECRET_PROOF_ANNOTATION],
+            "v1:cd"
+        );
+    }
+
+    #[test]
+    fn recovery_reads_back_the_proof_the_allocation_patch_wrote() {
+        let doc = taskrun();
+        let m = &doc["metadata"];
+        let r = TaskRunRef::new(
+            m["namespace"].as_str().unwrap(),
+            m["name"].as_str().unwrap(),
+            Uid::new(m["uid"].as_str().unwrap()),
+        );
+        let uid = r.uid().to_string();
+        let placement = Placement {
+            assigned_host: Some(Arc::from("i-0abc")),
+            instance_id: Some(Arc::from("i-0abc")),
+            ..Placement::default()
+        };
+        let signed = proof().sign_allocation(&r, "i-0abc");
+        let written = apply(
+            &doc,
+            &record_proven(&uid, &placement, Some(&signed), Maps::MARKED),
+        )
+        .unwrap();
+        let map = |k: &str| -> BTreeMap<String, String> {
+            serde_json::from_value(written["metadata"][k].clone()).unwrap()
+        };
+        let mut rec = crate::scheduler::TaskRunRecord::default();
+        rec.read_metadata(&map("labels"), &map("annotations"));
+        assert_eq!(rec.assigned_host.as_deref(), Some("i-0abc"));
+        assert!(proof().verify_allocation(&r, rec.assigned_host.as_deref(), rec.proof.as_ref()));
+    }
+
+    #[test]
+    fn the_existence_probe_passes_the_secret_write_policy_and_holds_nothing() {
+        let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
+        let p = secret_probe(&r);
+        assert_eq!(
+            p.metadata.name.as_deref(),
+            Some("multi-platform-ssh-build-1")
+        );
+        assert_eq!(p.type_.as_deref(), Some("Opaque"));
+        assert!(owned_by(&p, &r));
+        assert_eq!(
+            p.metadata.labels.as_ref().unwrap()[contract::MULTI_PLATFORM_SECRET_LABEL],
+            "true"
+        );
+        assert!(p.data.is_none() && p.string_data.is_none());
     }
 }

@@ -36,6 +36,8 @@ pub struct Spec {
     pub status: Option<String>,
     pub task_ref: Option<TaskRef>,
     pub task_spec: Option<TaskSpec>,
+    /// How many retries Tekton may start after a failed attempt.
+    pub retries: u32,
 }
 
 /// A param: its value may be a string, an array or an object.

@@ -122,6 +122,17 @@ fn query_value(v: &str) -> String {
     out
 }
 
+/// Which token an owner's store re-arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rearm<'a> {
+    /// None: a first store (a new token).
+    No,
+    /// This token, which the owner holds.
+    Token(&'a str),
+    /// The owner's latest token (the one its first store of the latest request created).
+    Latest,
+}
+
 /// HTTPS client for one OTP server.
 #[derive(Clone)]
 pub struct OtpClient {
@@ -307,17 +318,44 @@ impl OtpClient {
         rearm: Option<&str>,
         private_key: &[u8],
     ) -> Result<Token, OtpClientError> {
+        let rearm = rearm.map_or(Rearm::No, Rearm::Token);
+        self.store_key_owned(owner, request_id, rearm, None, private_key)
+            .await
+    }
+
+    /// [`Self::store_key_for`] with the re-arm named by owner ([`Rearm::Latest`]: the token of
+    /// the owner's latest first store, so the caller need not know it) and `rearms_left`: how
+    /// many more times the owner may re-arm this token (the TaskRun's retries not yet started).
+    /// A used token with none left is refused at once when redeemed again; without the
+    /// parameter (older callers) a used owned token may always wait for a re-arm.
+    pub async fn store_key_owned(
+        &self,
+        owner: &str,
+        request_id: &str,
+        rearm: Rearm<'_>,
+        rearms_left: Option<u32>,
+        private_key: &[u8],
+    ) -> Result<Token, OtpClientError> {
         let mut path = format!(
             "/store-key?owner={}&request={}",
             query_value(owner),
             query_value(request_id)
         );
-        if let Some(t) = rearm {
-            path.push_str("&rearm=");
-            path.push_str(&query_value(t.trim()));
+        match rearm {
+            Rearm::No => {}
+            Rearm::Token(t) => {
+                path.push_str("&rearm=");
+                path.push_str(&query_value(t.trim()));
+            }
+            Rearm::Latest => path.push_str("&rearm=latest"),
+        }
+        if let Some(n) = rearms_left {
+            path.push_str(&format!("&rearms={n}"));
         }
         let token = self.call_for_token(&path, private_key, None).await?;
-        if rearm.is_some_and(|t| t.trim() != token.as_str()) {
+        if let Rearm::Token(t) = rearm
+            && t.trim() != token.as_str()
+        {
             return Err(OtpClientError::UnexpectedAnswer("the re-armed token"));
         }
         Ok(token)

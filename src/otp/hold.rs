@@ -4,7 +4,10 @@
 //! up).
 //!
 //! The token is in a Secret its tenant can read, so the tenant can redeem it as often as it likes.
-//! Waiting is therefore bounded three ways, none of which lets one token deny another's retry:
+//! Only a token the controller will re-arm waits at all: the controller stores each key with the
+//! retries its TaskRun may still start, and a used token with none to come is refused at once
+//! ([`super::store::Entry::rearmable`]). Waiting is further bounded three ways, none of which lets
+//! one token deny another's retry:
 //! - one waiter per token: a newer redeem of the token takes the place of the one waiting (a
 //!   retry pod's redeem is never stuck behind a stale one), so a token holds one place at most;
 //! - one window per arm: the first wait for a token's current arm opens a window of `wait`, and

@@ -7,8 +7,9 @@
 //!
 //! For the controller's retries and TaskRun retry attempts (design §1.4), a store may name its
 //! owner (the TaskRun UID) and request: retries of a request get the same token and entry, a later
-//! request may re-arm the owner's used token with a new key, and a redeem of a used token waits
-//! ([`hold`]) for that re-arm. `POST /revoke` deletes an owner's entries when its TaskRun ends.
+//! request may re-arm the owner's used token (named by the token, or as the owner's latest) with
+//! a new key, and a redeem of a used token whose TaskRun has a retry to come waits ([`hold`]) for
+//! that re-arm. `POST /revoke` deletes an owner's entries when its TaskRun ends.
 //!
 //! - Storage: [`store`] (redb on a volume, group-committed; a restart loses nothing and the redeem
 //!   is one atomic transaction). Only the SHA-256 of a token is stored and every key is sealed with
@@ -41,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::serve::{ServeOptions, serve_plain, serve_tls};
 use crate::tls::{CertPaths, ReloadingCert, TlsError};
 
-pub use client::{OtpClient, OtpClientError};
+pub use client::{OtpClient, OtpClientError, Rearm};
 pub use store::{Clock, SystemClock};
 
 /// Errors that stop the OTP server.
@@ -125,9 +126,10 @@ pub struct OtpServerArgs {
     #[arg(long, env = "MPC_OTP_REARM_WAIT", default_value = "90s", value_parser = crate::duration::parse_nonzero)]
     pub rearm_wait: Duration,
     /// Most redeems waiting for a re-arm at once (each holds a connection); more are answered 503
-    /// at once. Retries arrive one pod per failed attempt, so this is far above normal need. A
-    /// token holds at most one place (a newer redeem of it takes the older one's), and only for
-    /// one `--rearm-wait` per re-arm, so a tenant redeeming its own used token cannot fill it.
+    /// at once. Retries arrive one pod per failed attempt, so this is far above normal need. Only
+    /// a token whose TaskRun has a retry to come waits; it holds at most one place (a newer
+    /// redeem of it takes the older one's), and only for one `--rearm-wait` per re-arm, so a
+    /// tenant redeeming its own used token cannot fill it.
     #[arg(long, env = "MPC_OTP_MAX_HELD_REDEEMS", default_value_t = 256)]
     pub max_held_redeems: usize,
     /// How often expired entries are purged.

@@ -5,9 +5,11 @@
 //! `/store-key` speaks the Go controller's protocol (body: key, answer: token) and, with
 //! `?owner=<TaskRun UID>&request=<id>`, the controller's idempotent one: retries of one request
 //! get the same token and entry. `&rearm=<token>` makes a used token of the same owner redeem once
-//! more with the new key (a TaskRun retry attempt mounts the token its failed attempt used), and a
-//! redeem of such a token waits up to `--rearm-wait` for that re-arm. `/revoke?owner=<uid>`
-//! deletes an owner's entries when its TaskRun ends.
+//! more with the new key (a TaskRun retry attempt mounts the token its failed attempt used);
+//! `&rearm=latest` names the owner's latest token without the caller knowing it. `&rearms=<n>`
+//! says how many more re-arms may follow (the TaskRun's retries not yet started): a redeem of a
+//! used token with one to come waits up to `--rearm-wait` for it, any other is refused at once.
+//! `/revoke?owner=<uid>` deletes an owner's entries when its TaskRun ends.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,8 +28,8 @@ use super::metrics::OtpMetrics;
 use super::seal::Sealer;
 use super::secret_file::SecretFile;
 use super::store::{
-    Claim, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreRefusal, StoreRequest, Stored,
-    request_digest,
+    Claim, MAX_ARMS, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreRefusal, StoreRequest,
+    Stored, request_digest,
 };
 use super::token::{Token, TokenHash};
 
@@ -116,9 +118,20 @@ pub enum StoreParams {
         owner: String,
         /// The controller's id for this provisioning.
         request: String,
-        /// The token to re-arm.
-        rearm: Option<Token>,
+        /// What to re-arm, if anything.
+        rearm: Option<RearmParam>,
+        /// `rearms`: how many more re-arms may follow (at most [`MAX_ARMS`]).
+        rearms_left: Option<u8>,
     },
+}
+
+/// The `rearm` parameter.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RearmParam {
+    /// A token the owner holds.
+    Token(Token),
+    /// `latest`: the owner's latest token (of its latest first store).
+    Latest,
 }
 
 /// Checks an owner, request id or idempotency key: 1 to [`MAX_ID_LEN`] visible ASCII characters.
@@ -164,9 +177,10 @@ fn param(params: &[(&'static str, String)], name: &str) -> Option<String> {
         .map(|(_, v)| v.clone())
 }
 
-/// Parses `/store-key`'s query (`owner`, `request`, `rearm`) and `Idempotency-Key` header.
+/// Parses `/store-key`'s query (`owner`, `request`, `rearm`, `rearms`) and `Idempotency-Key`
+/// header.
 pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams, String> {
-    let params = query_params(uri, &["owner", "request", "rearm"])?;
+    let params = query_params(uri, &["owner", "request", "rearm", "rearms"])?;
     let idempotency = idempotency
         .map(|v| visible_id(IDEMPOTENCY_KEY, v).map(String::into_bytes))
         .transpose()?;
@@ -186,12 +200,28 @@ pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams
     let request = visible_id("request", request.as_bytes())?;
     // Never echo a token, even a malformed one.
     let rearm = param(&params, "rearm")
-        .map(|t| Token::parse(t.as_bytes()).map_err(|_| "rearm is not a token".to_owned()))
+        .map(|t| match t.as_str() {
+            "latest" => Ok(RearmParam::Latest),
+            t => Token::parse(t.as_bytes())
+                .map(RearmParam::Token)
+                .map_err(|_| "rearm is not a token nor \"latest\"".to_owned()),
+        })
+        .transpose()?;
+    let rearms_left = param(&params, "rearms")
+        .map(|n| match n.parse::<u32>() {
+            // More than an entry can be armed is as good as unbounded.
+            Ok(n) => Ok(n.min(MAX_ARMS as u32) as u8),
+            Err(_) => Err(format!(
+                "rearms must be a count, got {:?}",
+                n.chars().take(12).collect::<String>()
+            )),
+        })
         .transpose()?;
     Ok(StoreParams::Owned {
         owner,
         request,
         rearm,
+        rearms_left,
     })
 }
 
@@ -359,13 +389,31 @@ async fn store_key_inner(
             owner,
             request,
             rearm,
+            rearms_left,
         } => {
             let claim = Claim::Owned {
                 owner: owner.as_bytes().to_vec(),
                 request: request_digest(&request),
+                request_id: request.as_bytes().to_vec(),
                 rearm: rearm.is_some(),
+                rearms_left,
             };
-            let token = rearm.unwrap_or_else(|| state.sealer.token_for_owner(&owner, &request));
+            let token = match rearm {
+                Some(RearmParam::Token(t)) => t,
+                Some(RearmParam::Latest) => {
+                    match state.store.latest(owner.as_bytes().to_vec()).await {
+                        Ok(Some(first)) => state
+                            .sealer
+                            .token_for_owner(&owner, &String::from_utf8_lossy(&first)),
+                        Ok(None) => {
+                            let (reason, status, msg) = store_refusal(StoreRefusal::Unknown);
+                            return refuse(state, reason, status, msg);
+                        }
+                        Err(e) => return unavailable(state, &e),
+                    }
+                }
+                None => state.sealer.token_for_owner(&owner, &request),
+            };
             (token, claim)
         }
     };
@@ -592,9 +640,8 @@ async fn hold_for_rearm(state: &AppState, hash: TokenHash, arms: usize) -> Respo
         // nobody.
         match state.store.redeem(hash).await {
             Ok(Redeemed::Key(key)) => break ("served", served(state, &hash, &key)),
-            Ok(Redeemed::Refused(Refusal::Used {
-                rearmable: true, ..
-            })) => {}
+            // Still used (another redeem may have taken a re-arm's key): wait on for this arm.
+            Ok(Redeemed::Refused(Refusal::Used { .. })) => {}
             Ok(Redeemed::Refused(Refusal::Expired)) => {
                 break ("expired", refusal(state, Refusal::Expired));
             }
@@ -668,7 +715,26 @@ mod tests {
             Ok(StoreParams::Owned {
                 owner: "uid-1".into(),
                 request: "r/1".into(),
-                rearm: Some(t.clone()),
+                rearm: Some(RearmParam::Token(t.clone())),
+                rearms_left: None,
+            })
+        );
+        assert_eq!(
+            store_params("owner=u&request=r&rearm=latest&rearms=2", None),
+            Ok(StoreParams::Owned {
+                owner: "u".into(),
+                request: "r".into(),
+                rearm: Some(RearmParam::Latest),
+                rearms_left: Some(2),
+            })
+        );
+        assert_eq!(
+            store_params("owner=u&request=r&rearms=100000", None),
+            Ok(StoreParams::Owned {
+                owner: "u".into(),
+                request: "r".into(),
+                rearm: None,
+                rearms_left: Some(MAX_ARMS as u8),
             })
         );
         assert_eq!(
@@ -677,6 +743,7 @@ mod tests {
                 owner: "u".into(),
                 request: "r".into(),
                 rearm: None,
+                rearms_left: None,
             })
         );
         let err = |q: &str, h: Option<&[u8]>| store_params(q, h).unwrap_err();
@@ -693,6 +760,7 @@ mod tests {
             bad_token.contains("rearm is not a token") && !bad_token.contains("secret-ish"),
             "{bad_token}"
         );
+        assert!(err("owner=u&request=r&rearms=-1", None).contains("rearms must be a count"));
         assert!(err("owner=u&request=r", Some(b"k")).contains(IDEMPOTENCY_KEY));
         assert!(
             store_params("", Some(b"has space"))

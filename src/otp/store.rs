@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lc_rs::digest;
-use redb::{Database, MultimapTableDefinition, ReadableTable, TableDefinition};
+use redb::{
+    Database, MultimapTableDefinition, ReadableMultimapTable, ReadableTable, TableDefinition,
+};
 use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 
@@ -35,6 +37,10 @@ const ENTRIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("entries");
 const OWNERS: MultimapTableDefinition<&[u8], &[u8]> = MultimapTableDefinition::new("owners");
 /// Revoked owner → Unix ms until which stores for it are refused.
 const REVOKED: TableDefinition<&[u8], u64> = TableDefinition::new("revoked");
+/// Owner → the request id of its latest first store: what a re-arm by owner re-arms (the token
+/// is derived from owner and request, so the controller need not read it back from the
+/// TaskRun's Secret).
+const LATEST: TableDefinition<&[u8], &[u8]> = TableDefinition::new("latest");
 const MAX_BATCH: usize = 512;
 /// Most requests that may arm one entry (its first store plus re-arms): far more retries than any
 /// Task sets, and a bound on an entry's size.
@@ -88,6 +94,9 @@ pub struct Entry {
     pub owner: Option<Vec<u8>>,
     /// The requests that armed it, oldest first: the last one's key is the current one.
     pub arms: Vec<RequestDigest>,
+    /// How many more times the owner may re-arm it (its TaskRun's retries not yet started);
+    /// `None` for entries of stores that did not say (no bound).
+    pub rearms_left: Option<u8>,
 }
 
 // Entries of the first format: state byte, expiry, sealed key (live only).
@@ -97,11 +106,12 @@ const V2: u8 = 3;
 const F_LIVE: u8 = 1;
 const F_DIGEST: u8 = 2;
 const F_OWNER: u8 = 4;
+const F_BUDGET: u8 = 8;
 
 impl Entry {
     /// Serialised form: `3`, expiry (u64 BE), flags, then as flagged the key digest (32 bytes)
-    /// and the owner (length byte + bytes), the arms (count byte + 16 bytes each), and last the
-    /// sealed key.
+    /// and the owner (length byte + bytes), the arms (count byte + 16 bytes each), as flagged
+    /// the re-arms left (one byte), and last the sealed key.
     pub fn encode(&self) -> Vec<u8> {
         let owner_len = self.owner.as_ref().map_or(0, |o| 1 + o.len());
         let mut v = Vec::with_capacity(
@@ -112,7 +122,8 @@ impl Entry {
         let flag = |set: bool, f: u8| if set { f } else { 0 };
         let flags = flag(self.sealed.is_some(), F_LIVE)
             | flag(self.key_digest.is_some(), F_DIGEST)
-            | flag(self.owner.is_some(), F_OWNER);
+            | flag(self.owner.is_some(), F_OWNER)
+            | flag(self.rearms_left.is_some(), F_BUDGET);
         v.push(flags);
         if let Some(d) = &self.key_digest {
             v.extend_from_slice(d);
@@ -125,6 +136,9 @@ impl Entry {
         v.push(self.arms.len() as u8);
         for a in &self.arms {
             v.extend_from_slice(a);
+        }
+        if let Some(n) = self.rearms_left {
+            v.push(n);
         }
         if let Some(s) = &self.sealed {
             v.extend_from_slice(s);
@@ -143,6 +157,7 @@ impl Entry {
             key_digest: None,
             owner: None,
             arms: Vec::new(),
+            rearms_left: None,
         };
         match tag {
             V1_LIVE => return Some(v1(Some(rest.to_vec()))),
@@ -152,7 +167,7 @@ impl Entry {
         }
         let (&flags, r) = rest.split_first()?;
         rest = r;
-        if flags & !(F_LIVE | F_DIGEST | F_OWNER) != 0 {
+        if flags & !(F_LIVE | F_DIGEST | F_OWNER | F_BUDGET) != 0 {
             return None;
         }
         let mut key_digest = None;
@@ -169,11 +184,17 @@ impl Entry {
             rest = r;
         }
         let (&n, r) = rest.split_first()?;
-        let (arms, rest) = r.split_at_checked(16 * usize::from(n))?;
+        let (arms, mut rest) = r.split_at_checked(16 * usize::from(n))?;
         let arms = arms
             .chunks_exact(16)
             .map(|c| c.try_into().expect("16-byte chunk"))
             .collect();
+        let mut rearms_left = None;
+        if flags & F_BUDGET != 0 {
+            let (&n, r) = rest.split_first()?;
+            rearms_left = Some(n);
+            rest = r;
+        }
         let sealed = if flags & F_LIVE != 0 {
             Some(rest.to_vec())
         } else if rest.is_empty() {
@@ -187,7 +208,14 @@ impl Entry {
             key_digest,
             owner,
             arms,
+            rearms_left,
         })
+    }
+
+    /// A used entry its owner may still re-arm: owned, with a re-arm left (or no bound given).
+    /// Only a redeem of such an entry may wait for a re-arm.
+    pub fn rearmable(&self) -> bool {
+        self.owner.is_some() && self.rearms_left != Some(0)
     }
 }
 
@@ -198,7 +226,7 @@ pub enum Refusal {
     Unknown,
     /// Already redeemed. `rearmable`: its owner may re-arm it for a retry attempt.
     Used {
-        /// The entry is owner-keyed.
+        /// The entry is owner-keyed and has a re-arm left ([`Entry::rearmable`]).
         rearmable: bool,
         /// How many requests armed it so far: a re-arm raises it, so holds can tell one arm's
         /// wait from the next.
@@ -214,7 +242,7 @@ pub fn decide_redeem(entry: Option<&Entry>, now_ms: u64) -> Result<(), Refusal> 
         None => Err(Refusal::Unknown),
         Some(e) if e.expires_at_ms <= now_ms => Err(Refusal::Expired),
         Some(e) if e.sealed.is_none() => Err(Refusal::Used {
-            rearmable: e.owner.is_some(),
+            rearmable: e.rearmable(),
             arms: e.arms.len(),
         }),
         Some(_) => Ok(()),
@@ -233,8 +261,12 @@ pub enum Claim {
         owner: Vec<u8>,
         /// The controller's id for this provisioning, stable across its retries.
         request: RequestDigest,
+        /// The request id itself: a first store remembers it as the owner's latest.
+        request_id: Vec<u8>,
         /// Re-arm an existing token rather than create one.
         rearm: bool,
+        /// How many more re-arms may follow this store (`None`: not said, no bound).
+        rearms_left: Option<u8>,
     },
 }
 
@@ -312,20 +344,21 @@ pub fn decide_store(
     let expires_at_ms = now_ms.saturating_add(req.ttl.as_millis() as u64);
     let found_expired = entry.as_ref().is_some_and(|e| e.expires_at_ms <= now_ms);
     let current = entry.filter(|e| e.expires_at_ms > now_ms);
-    let fresh = |owner: Option<Vec<u8>>, arms| {
+    let fresh = |owner: Option<Vec<u8>>, arms, rearms_left| {
         let e = Entry {
             expires_at_ms,
             sealed: Some(req.sealed.clone()),
             key_digest: Some(req.key_digest),
             owner,
             arms,
+            rearms_left,
         };
         Plan::Write(e, Stored::Created)
     };
-    let (owner, request, rearm) = match &req.claim {
+    let (owner, request, rearm, rearms_left) = match &req.claim {
         Claim::Anonymous => {
             return match current {
-                None => fresh(None, Vec::new()),
+                None => fresh(None, Vec::new(), None),
                 Some(e) if e.owner.is_some() => Plan::Refuse(StoreRefusal::OtherOwner),
                 Some(e) if e.sealed.is_none() => Plan::Refuse(StoreRefusal::AlreadyRedeemed),
                 Some(e) if same_key(&e) => Plan::Answer(Stored::Replayed),
@@ -336,14 +369,16 @@ pub fn decide_store(
             owner,
             request,
             rearm,
-        } => (owner, request, *rearm),
+            rearms_left,
+            ..
+        } => (owner, request, *rearm, *rearms_left),
     };
     if owner_revoked {
         return Plan::Refuse(StoreRefusal::OwnerRevoked);
     }
     let Some(mut e) = current else {
         return match (rearm, found_expired) {
-            (false, _) => fresh(Some(owner.clone()), vec![*request]),
+            (false, _) => fresh(Some(owner.clone()), vec![*request], rearms_left),
             (true, true) => Plan::Refuse(StoreRefusal::Expired),
             (true, false) => Plan::Refuse(StoreRefusal::Unknown),
         };
@@ -371,6 +406,9 @@ pub fn decide_store(
     e.key_digest = Some(req.key_digest);
     e.arms.push(*request);
     e.expires_at_ms = expires_at_ms;
+    // The controller says how many retries are still to come; a store that does not say spends
+    // one.
+    e.rearms_left = rearms_left.or(e.rearms_left.map(|n| n.saturating_sub(1)));
     Plan::Write(e, Stored::Rearmed { was_redeemed })
 }
 
@@ -443,6 +481,10 @@ enum Op {
     Purge {
         reply: Reply<Purged>,
     },
+    Latest {
+        owner: Vec<u8>,
+        reply: Reply<Option<Vec<u8>>>,
+    },
 }
 
 impl Op {
@@ -454,6 +496,7 @@ impl Op {
             Self::Redeem { reply, .. } => drop(reply.send(Err(err()))),
             Self::Revoke { reply, .. } => drop(reply.send(Err(err()))),
             Self::Purge { reply } => drop(reply.send(Err(err()))),
+            Self::Latest { reply, .. } => drop(reply.send(Err(err()))),
         }
     }
 }
@@ -499,6 +542,7 @@ impl Store {
         txn.open_table(ENTRIES).map_err(db_err)?;
         txn.open_multimap_table(OWNERS).map_err(db_err)?;
         txn.open_table(REVOKED).map_err(db_err)?;
+        txn.open_table(LATEST).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         let handle = std::thread::Builder::new()
@@ -536,6 +580,13 @@ impl Store {
     pub async fn revoke(&self, owner: Vec<u8>, ttl: Duration) -> Result<Revoked, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.call(Op::Revoke { owner, ttl, reply }, rx).await
+    }
+
+    /// The request id of `owner`'s latest first store (whose token a re-arm by owner re-arms),
+    /// while the owner has entries.
+    pub async fn latest(&self, owner: Vec<u8>) -> Result<Option<Vec<u8>>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.call(Op::Latest { owner, reply }, rx).await
     }
 
     /// Deletes expired entries, tombstones and revoked owners.
@@ -586,6 +637,7 @@ struct Tables<'t> {
     entries: redb::Table<'t, &'static [u8], &'static [u8]>,
     owners: redb::MultimapTable<'t, &'static [u8], &'static [u8]>,
     revoked: redb::Table<'t, &'static [u8], u64>,
+    latest: redb::Table<'t, &'static [u8], &'static [u8]>,
 }
 
 impl<'t> Tables<'t> {
@@ -594,6 +646,7 @@ impl<'t> Tables<'t> {
             entries: txn.open_table(ENTRIES)?,
             owners: txn.open_multimap_table(OWNERS)?,
             revoked: txn.open_table(REVOKED)?,
+            latest: txn.open_table(LATEST)?,
         })
     }
 }
@@ -631,6 +684,14 @@ fn run_batch(db: &Database, batch: &mut Vec<Op>, sealer: &Sealer, clock: &dyn Cl
                     answer(reply, apply_revoke(&mut t, &owner, ttl, now), &mut fatal)
                 }
                 Op::Purge { reply } => answer(reply, apply_purge(&mut t, now), &mut fatal),
+                Op::Latest { owner, reply } => {
+                    let r = t
+                        .latest
+                        .get(owner.as_slice())
+                        .map(|v| v.map(|v| v.value().to_vec()))
+                        .map_err(db_err);
+                    answer(reply, r, &mut fatal)
+                }
             };
             answers.push(a);
         }
@@ -707,6 +768,17 @@ fn apply_store(
                     .map_err(db_err)?;
             }
             write(t, &req.hash, &e)?;
+            if let (
+                Stored::Created,
+                Claim::Owned {
+                    owner, request_id, ..
+                },
+            ) = (stored, &req.claim)
+            {
+                t.latest
+                    .insert(owner.as_slice(), request_id.as_slice())
+                    .map_err(db_err)?;
+            }
             Ok(Ok(stored))
         }
     }
@@ -727,7 +799,7 @@ fn apply_redeem(
     };
     let Some(sealed) = e.sealed.take() else {
         return Ok(Redeemed::Refused(Refusal::Used {
-            rearmable: e.owner.is_some(),
+            rearmable: e.rearmable(),
             arms: e.arms.len(),
         }));
     };
@@ -743,6 +815,7 @@ fn apply_revoke(
     ttl: Duration,
     now: u64,
 ) -> Result<Revoked, StoreError> {
+    t.latest.remove(owner).map_err(db_err)?;
     let mut hashes = Vec::new();
     for v in t.owners.remove_all(owner).map_err(db_err)? {
         let v = v.map_err(db_err)?;
@@ -799,6 +872,16 @@ fn apply_purge(t: &mut Tables<'_>, now: u64) -> Result<Purged, StoreError> {
             t.owners
                 .remove(owner.as_slice(), k.as_slice())
                 .map_err(db_err)?;
+            // An owner without entries has no latest token either.
+            let left = t
+                .owners
+                .get(owner.as_slice())
+                .map_err(db_err)?
+                .next()
+                .is_some();
+            if !left {
+                t.latest.remove(owner.as_slice()).map_err(db_err)?;
+            }
         }
     }
     let mut forgotten = Vec::new();
@@ -838,6 +921,7 @@ mod tests {
             key_digest: Some([3; 32]),
             owner: owner.map(|o| o.as_bytes().to_vec()),
             arms: arms.iter().map(|r| request_digest(r)).collect(),
+            rearms_left: None,
         }
     }
 
@@ -851,6 +935,14 @@ mod tests {
             Entry {
                 key_digest: None,
                 ..entry(Some(&"u".repeat(MAX_ID_LEN)), &["r"; MAX_ARMS], true)
+            },
+            Entry {
+                rearms_left: Some(0),
+                ..entry(Some("uid-1"), &["r1"], false)
+            },
+            Entry {
+                rearms_left: Some(3),
+                ..entry(Some("uid-1"), &["r1", "r2"], true)
             },
         ] {
             assert_eq!(Entry::decode(&e.encode()), Some(e));
@@ -883,6 +975,17 @@ mod tests {
         let live = entry(None, &[], true);
         let used = entry(None, &[], false);
         let owned_used = entry(Some("uid"), &["r"], false);
+        let no_retry_left = Entry {
+            rearms_left: Some(0),
+            ..owned_used.clone()
+        };
+        assert_eq!(
+            decide_redeem(Some(&no_retry_left), 50),
+            Err(Refusal::Used {
+                rearmable: false,
+                arms: 1
+            })
+        );
         assert_eq!(decide_redeem(Some(&live), 99), Ok(()));
         assert_eq!(decide_redeem(Some(&live), 100), Err(Refusal::Expired));
         assert_eq!(
@@ -915,11 +1018,7 @@ mod tests {
     }
 
     fn owned(owner: &str, req: &str, rearm: bool) -> StoreRequest {
-        request(Claim::Owned {
-            owner: owner.as_bytes().to_vec(),
-            request: request_digest(req),
-            rearm,
-        })
+        request(claim(owner, req, rearm))
     }
 
     #[test]
@@ -1069,11 +1168,89 @@ mod tests {
     }
 
     fn claim(owner: &str, req: &str, rearm: bool) -> Claim {
+        budgeted(owner, req, rearm, None)
+    }
+
+    fn budgeted(owner: &str, req: &str, rearm: bool, rearms_left: Option<u8>) -> Claim {
         Claim::Owned {
             owner: owner.as_bytes().to_vec(),
             request: request_digest(req),
+            request_id: req.as_bytes().to_vec(),
             rearm,
+            rearms_left,
         }
+    }
+
+    #[tokio::test]
+    async fn a_used_token_is_rearmable_only_while_a_rearm_is_to_come() {
+        let h = harness();
+        let t = Token::random().hash();
+        // One retry to come.
+        h.store(t, budgeted("u", "r1", false, Some(1)), b"K1")
+            .await
+            .unwrap();
+        assert_eq!(
+            h.store.latest(b"u".to_vec()).await.unwrap(),
+            Some(b"r1".to_vec())
+        );
+        h.redeem(t).await.unwrap();
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 1
+            })
+        );
+        // The re-arm for that retry spends it (a store that does not say spends one)...
+        h.store(t, claim("u", "r2", true), b"K2").await.unwrap();
+        assert_eq!(h.redeem(t).await.unwrap(), b"K2");
+        // ...so a redeem of the used token is no longer one to hold.
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: false,
+                arms: 2
+            })
+        );
+        // The controller may still re-arm (it alone decides), and says what is left.
+        h.store(t, budgeted("u", "r3", true, Some(2)), b"K3")
+            .await
+            .unwrap();
+        assert_eq!(h.redeem(t).await.unwrap(), b"K3");
+        assert_eq!(
+            h.redeem(t).await,
+            Err(Refusal::Used {
+                rearmable: true,
+                arms: 3
+            })
+        );
+        // No retries at all: never rearmable; a re-arm does not change the latest first store.
+        let z = Token::random().hash();
+        h.store(z, budgeted("u", "z1", false, Some(0)), b"Z")
+            .await
+            .unwrap();
+        h.redeem(z).await.unwrap();
+        assert_eq!(
+            h.redeem(z).await,
+            Err(Refusal::Used {
+                rearmable: false,
+                arms: 1
+            })
+        );
+        assert_eq!(
+            h.store.latest(b"u".to_vec()).await.unwrap(),
+            Some(b"z1".to_vec())
+        );
+        // A revoke forgets the latest; so does the purge of an owner's last entry.
+        h.store.revoke(b"u".to_vec(), TTL).await.unwrap();
+        assert_eq!(h.store.latest(b"u".to_vec()).await.unwrap(), None);
+        let v = Token::random().hash();
+        h.store(v, budgeted("v", "v1", false, Some(1)), b"V")
+            .await
+            .unwrap();
+        h.clock.0.store(1_000 + 10_000, Ordering::SeqCst);
+        h.store.purge().await.unwrap();
+        assert_eq!(h.store.latest(b"v".to_vec()).await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -12,16 +12,18 @@
 //! platform's `max-instances` until the next listing.
 //!
 //! Tenants write their TaskRuns' labels and annotations and the Secrets of their namespace, so
-//! every piece of evidence is checked before it counts:
+//! every piece of evidence is checked before it counts (the controller learns only whether a
+//! TaskRun's secret exists, never what it holds: [`TaskRunRecord::secret`]):
 //! - a `cloud-instance-id` only if the listing shows the instance as the TaskRun's
 //!   ([`InstanceRecord::belongs_to`]: our owner tag with its UID, or Go's `taskRunID` tag);
 //!   addresses come from the listing, never from the `cloud-address` annotation;
 //! - a static host only if it serves the TaskRun's platform and has room under its
 //!   `concurrency`; a pool instance only if it is the platform's and has room under the pool's;
-//!   a host the config dropped only with a proven secret. What does not fit is queued again;
-//! - allocations with a proven secret ([`TaskRunRecord::secret_proven`]) are rebuilt first, so
-//!   an unproven claim (Go's, or forged) never displaces one the controller made; only a proven
-//!   secret's token is re-armed;
+//!   a host the config dropped only with a proven allocation. What does not fit is queued again;
+//! - proven allocations ([`TaskRunRecord::secret_proven`]: the TaskRun carries the controller's
+//!   proof for its host, and its secret exists) are rebuilt first, so an unproven claim (Go's,
+//!   or forged) never displaces one the controller made; only a proven allocation's token is
+//!   re-armed;
 //! - `since` is never earlier than the creation time (see [`TaskRunRecord::since`]).
 
 use std::collections::{BTreeMap, BTreeSet};

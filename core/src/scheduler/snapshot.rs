@@ -46,12 +46,18 @@ pub struct TaskRunRecord {
     /// `cloud-instance-id` annotation: a claim recovery checks against the cloud listing. (The
     /// `cloud-address` annotation is not read: addresses come from the listing only.)
     pub instance_id: Option<String>,
-    /// What the TaskRun's secret holds, if it exists.
+    /// The TaskRun's secret, if it exists. The controller does not read tenants' Secrets: it
+    /// learns only that the name is taken, and the kind follows from the labels its writes
+    /// leave (`assigned-host` a host: remote; `localhost`: localhost; none: an error secret).
     pub secret: Option<SecretKind>,
-    /// The secret carries the controller's proof for this TaskRun and its `assigned-host`. The
-    /// Go controller's secrets and forged ones carry none: what they claim is kept only as far
-    /// as the host config and the cloud listing confirm it.
+    /// The allocation the secret serves is the controller's: the TaskRun carries its proof
+    /// ([`contract::ALLOCATION_PROOF_ANNOTATION`]) for this TaskRun and its `assigned-host`.
+    /// Go-era TaskRuns and forged labels carry none: what they claim is kept only as far as the
+    /// host config and the cloud listing confirm it.
     pub secret_proven: bool,
+    /// The proof annotation's HMAC tag, when well-formed (checked by the controller, which
+    /// holds the key).
+    pub proof: Option<[u8; 32]>,
 }
 
 impl TaskRunRecord {
@@ -66,6 +72,9 @@ impl TaskRunRecord {
         self.assigned_host = nonempty(labels.get(contract::ASSIGNED_HOST_LABEL));
         self.waiting = nonempty(labels.get(contract::WAITING_FOR_PLATFORM_LABEL)).is_some();
         self.instance_id = nonempty(annotations.get(contract::CLOUD_INSTANCE_ID_ANNOTATION));
+        self.proof = annotations
+            .get(contract::ALLOCATION_PROOF_ANNOTATION)
+            .and_then(|v| parse_proof(v));
         self.failed_hosts = annotations
             .get(contract::FAILED_HOSTS_ANNOTATION)
             .map(|v| {
@@ -81,6 +90,31 @@ impl TaskRunRecord {
             .and_then(|v| v.trim().parse::<u64>().ok())
         {
             self.since = self.since.max(Time::from_secs(secs));
+        }
+    }
+}
+
+/// The tag of a `v1:<64 hex digits>` proof.
+fn parse_proof(v: &str) -> Option<[u8; 32]> {
+    let hex = v.strip_prefix("v1:")?.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| char::from(c).to_digit(16);
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        *o = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+    }
+    Some(out)
+}
+
+impl SecretKind {
+    /// The kind of secret the controller writes for a TaskRun labelled with `assigned_host`.
+    pub fn for_assigned_host(assigned_host: Option<&str>) -> Self {
+        match assigned_host {
+            None => Self::Error,
+            Some(contract::LOCALHOST) => Self::Localhost,
+            Some(_) => Self::Remote,
         }
     }
 }
@@ -233,6 +267,36 @@ impl InstanceState {
 #[cfg(test)]
 mod tests {
     use super::InstanceState::*;
+
+    #[test]
+    fn proofs_parse_only_in_their_one_form() {
+        let tag: String = (0..32).map(|i| format!("{:02x}", i * 7)).collect();
+        let want: Vec<u8> = (0..32).map(|i| (i * 7) as u8).collect();
+        assert_eq!(
+            super::parse_proof(&format!("v1:{tag}")).map(|t| t.to_vec()),
+            Some(want)
+        );
+        for bad in [
+            String::new(),
+            tag.clone(),
+            format!("v2:{tag}"),
+            format!("v1:{}", &tag[2..]),
+            format!("v1:{tag}00"),
+            format!("v1:zz{}", &tag[2..]),
+        ] {
+            assert_eq!(super::parse_proof(&bad), None, "{bad}");
+        }
+        use super::SecretKind;
+        assert_eq!(SecretKind::for_assigned_host(None), SecretKind::Error);
+        assert_eq!(
+            SecretKind::for_assigned_host(Some("localhost")),
+            SecretKind::Localhost
+        );
+        assert_eq!(
+            SecretKind::for_assigned_host(Some("h1")),
+            SecretKind::Remote
+        );
+    }
 
     #[test]
     fn gone_means_stopped_or_going_down() {

@@ -1,5 +1,10 @@
 //! Kubernetes writes: TaskRun patches, the TaskRun's secret, Events, and the Secrets the
-//! controller reads (admin keys, cloud credentials).
+//! controller reads (admin keys, cloud credentials, in its own namespace only).
+//!
+//! Tenants' Secrets are never read (the controller's RBAC has no `get` on them): the TaskRun's
+//! secret is created, or replaced by an unconditional update (no resourceVersion: Secrets allow
+//! it); whether it exists is learnt from a dry-run create (409 when the name is taken, nothing
+//! stored); a delete is for the TaskRun that is still there (see [`delete_secret`]).
 //!
 //! Transient failures (connection errors, timeouts, 409, 429, 5xx) are retried with back-off until
 //! the write lands, the TaskRun turns out to be gone, or the action is cancelled (leadership lost).
@@ -9,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::Value;
 
 use super::Context;
@@ -180,7 +185,15 @@ pub async fn record(
     placement: &Placement,
 ) -> Result<(), WriteError> {
     let uid = tr.uid().to_string();
-    patch_taskrun(ctx, tr, |maps| patch::record(&uid, placement, maps)).await
+    // Recovery trusts the recorded host only with this proof (it does not read the secret).
+    let proof = placement
+        .assigned_host
+        .as_deref()
+        .map(|host| ctx.secret_proof.sign_allocation(tr, host));
+    patch_taskrun(ctx, tr, |maps| {
+        patch::record_proven(&uid, placement, proof.as_deref(), maps)
+    })
+    .await
 }
 
 /// `Action::Ungate`: fine when already un-gated.
@@ -245,7 +258,7 @@ fn secrets(ctx: &Context, ns: &str) -> Api<Secret> {
 }
 
 /// `Action::WriteSecret`: create, or replace whatever has the name (a stale secret of a deleted
-/// TaskRun of the same name included: it is re-owned by this one).
+/// TaskRun of the same name included: it is re-owned by this one) without reading it.
 pub async fn write_secret(
     ctx: &Context,
     tr: &TaskRunRef,
@@ -268,47 +281,51 @@ pub async fn write_secret(
             // 404: the namespace is gone, and the TaskRun with it.
             Err(e) => return Err(e),
         }
-        let existing = retrying(ctx, "read secret", || api.get_opt(&name)).await?;
-        let Ok(Some(existing)) = existing else {
-            continue;
-        };
-        let mut next = desired.clone();
-        next.metadata.resource_version = existing.metadata.resource_version.clone();
-        match retrying(ctx, "replace secret", || api.replace(&name, &pp, &next)).await {
+        // No resourceVersion: an unconditional update, which Secrets allow.
+        match retrying(ctx, "replace secret", || api.replace(&name, &pp, &desired)).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => return Err(WriteError::Refused(e.to_string())),
+            // Deleted in between: create it again.
             Err(WriteError::Gone) => continue,
             Err(e) => return Err(e),
         }
     }
 }
 
-/// The TaskRun's secret, if it exists and this TaskRun owns it.
-pub async fn read_secret(ctx: &Context, tr: &TaskRunRef) -> Result<Option<Secret>, WriteError> {
+/// Whether the TaskRun's secret exists, without reading it: a dry-run create is refused with
+/// 409 AlreadyExists when the name is taken, and stores nothing either way.
+pub async fn secret_exists(ctx: &Context, tr: &TaskRunRef) -> Result<bool, WriteError> {
     let api = secrets(ctx, tr.namespace());
-    let name = tr.secret_name();
-    match retrying(ctx, "read secret", || api.get_opt(&name)).await {
-        Ok(Ok(Some(s))) if patch::owned_by(&s, tr) => Ok(Some(s)),
-        Ok(Ok(_)) | Err(WriteError::Gone) => Ok(None),
+    let probe = patch::secret_probe(tr);
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    match retrying(ctx, "probe secret", || api.create(&pp, &probe)).await {
+        Ok(Ok(_)) => Ok(false),
+        Ok(Err(kube::Error::Api(s))) if s.reason == "AlreadyExists" => Ok(true),
         Ok(Err(e)) => Err(WriteError::Refused(e.to_string())),
+        // The namespace is gone: no secret.
+        Err(WriteError::Gone) => Ok(false),
         Err(e) => Err(e),
     }
 }
 
-/// `Action::DeleteSecret`: only a secret this TaskRun owns (UID precondition on the delete).
+/// `Action::DeleteSecret`, without reading the secret. The owner check is the TaskRun's: while a
+/// TaskRun of this UID exists (our finalizer keeps it until cleanup, which deletes the secret
+/// first), no namesake can own a Secret of this name, so what has it is this TaskRun's or a
+/// stale one. For a TaskRun already gone nothing is deleted: a namesake's secret may have the
+/// name now, and the GC deletes the old one through its ownerReference. The admission policy
+/// on the controller's Secret writes lets it delete only Secrets it could have written.
 pub async fn delete_secret(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteError> {
-    let Some(s) = read_secret(ctx, tr).await? else {
-        return Ok(());
-    };
+    match current(ctx, tr).await {
+        Ok(_) => {}
+        Err(WriteError::Gone) => return Ok(()),
+        Err(e) => return Err(e),
+    }
     let api = secrets(ctx, tr.namespace());
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: s.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
     let name = tr.secret_name();
+    let dp = DeleteParams::default();
     match retrying(ctx, "delete secret", || api.delete(&name, &dp)).await {
         Ok(_) | Err(WriteError::Gone) => Ok(()),
         Err(e) => Err(e),

@@ -32,14 +32,16 @@ use crate::scheduler::{Action, Event, TaskRunRef};
 
 /// Where private keys go: the OTP server (design §7).
 pub trait KeyStore: Send + Sync {
-    /// Stores `key` for `owner` (a TaskRun UID) under the idempotency id `request`; `rearm` names
-    /// the token already handed out that must redeem the new key instead of a new token. Returns
-    /// the token.
+    /// Stores `key` for `owner` (a TaskRun UID) under the idempotency id `request`; with `rearm`
+    /// the owner's token already handed out (its latest) redeems the new key instead of a new
+    /// token being issued. `rearms_left`: the TaskRun's retries not yet started (only a used
+    /// token with one to come may hold its redeems). Returns the token.
     fn store<'a>(
         &'a self,
         owner: &'a str,
         request: &'a str,
-        rearm: Option<&'a str>,
+        rearm: bool,
+        rearms_left: u32,
         key: &'a [u8],
     ) -> BoxFuture<'a, Result<String, String>>;
 

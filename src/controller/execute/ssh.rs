@@ -52,7 +52,8 @@ fn sudo_commands(host: &HostRef) -> &[String] {
 
 /// `Action::Provision`: creates the TaskRun's user with a fresh key and stores the private key in
 /// the OTP server; returns the token. `rearm`: a retry attempt, whose pod already holds the token
-/// of the secret as it is; that token is re-armed with the new key instead of a new one issued.
+/// of the secret as it is (the owner's latest in the OTP server); that token is re-armed with the
+/// new key instead of a new one issued.
 pub async fn provision(
     ctx: &Context,
     op: u64,
@@ -82,14 +83,13 @@ pub async fn provision(
     // Instances too: a replica taking over must not trust whatever answers at a pool
     // instance's address next.
     ctx.known_hosts.record(ctx, &target).await;
-    let rearm_token = if rearm {
-        match k8s::read_secret(ctx, taskrun).await {
-            Ok(s) => s.as_ref().and_then(crate::controller::patch::secret_token),
-            Err(e) => return Err(format!("reading the secret to re-arm its token: {e}")),
-        }
-    } else {
-        None
-    };
+    // Only a used token with a retry still to come may hold its redeems in the OTP server
+    // (a tenant can redeem its own token at will). Tekton's retry count is read now: a
+    // provisioning takes seconds of SSH, next to which this read is nothing.
+    let t = k8s::current(ctx, taskrun)
+        .await
+        .map_err(|e| format!("reading the TaskRun: {e}"))?;
+    let rearms_left = t.spec.retries.saturating_sub(t.status.retries);
     let owner = taskrun.uid().to_string();
     ctx.keys
         .store(
@@ -97,7 +97,9 @@ pub async fn provision(
             // Unique per provisioning (a fresh key each time, op ids restart with the process);
             // the client's own retries of this store reuse it.
             &format!("{op}-{}", hex_nonce()),
-            rearm_token.as_deref(),
+            // The token is named by owner: the controller never reads it back from the secret.
+            rearm,
+            rearms_left,
             provisioned.private_key.as_bytes(),
         )
         .await
