@@ -149,6 +149,8 @@ struct Record {
 struct Instance {
     ip: Option<Ipv4Addr>,
     tag: String,
+    /// Owner, attempt, `Name` and launch time: what a leftover's report needs to be traced.
+    about: String,
 }
 
 /// The simulated machines behind moto's instances.
@@ -622,11 +624,25 @@ async fn instances(s: &Soak) -> Option<HashMap<String, Instance>> {
             .and_then(|t| t.value())
             .unwrap_or_default()
             .to_owned();
+        let about = i
+            .tags()
+            .iter()
+            .filter(|t| {
+                matches!(
+                    t.key(),
+                    Some("multi-platform-owner" | "multi-platform-attempt" | "Name")
+                )
+            })
+            .map(|t| format!("{}={}", t.key().unwrap_or_default(), t.value().unwrap_or_default()))
+            .chain(i.launch_time().map(|t| format!("launched {t}")))
+            .collect::<Vec<_>>()
+            .join(", ");
         map.insert(
             id.to_owned(),
             Instance {
                 ip: i.private_ip_address().and_then(|a| a.parse().ok()),
                 tag,
+                about,
             },
         );
     }
@@ -1094,7 +1110,7 @@ async fn leftovers(s: &Soak, names: &[(String, String)]) -> Vec<String> {
         Some(all) => left.extend(
             all.iter()
                 .filter(|(_, i)| i.tag == DYNAMIC_TAG || i.tag == POOL_TAG)
-                .map(|(id, i)| format!("instance {id} ({}) running", i.tag)),
+                .map(|(id, i)| format!("instance {id} ({}) running: {}", i.tag, i.about)),
         ),
         None => left.push("moto did not answer".into()),
     }
