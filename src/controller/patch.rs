@@ -400,6 +400,103 @@ mod tests {
         assert!(apply(&doc, &ungate("other-uid")).is_err());
     }
 
+    /// Every TaskRun write the controller sends, built for the TaskRun `doc` (whose UID is
+    /// `uid`) in a state where the write applies. A new builder belongs here.
+    fn every_taskrun_write(doc: &Value, uid: &str) -> Vec<(&'static str, Value, Vec<Value>)> {
+        let with_finalizer = {
+            let mut d = doc.clone();
+            d["metadata"]["finalizers"] = json!(["x", contract::FINALIZER]);
+            d
+        };
+        let without_finalizer = {
+            let mut d = doc.clone();
+            d["metadata"]["finalizers"] = json!(["x"]);
+            d
+        };
+        let no_finalizers = {
+            let mut d = doc.clone();
+            d["metadata"].as_object_mut().unwrap().remove("finalizers");
+            d
+        };
+        let gated = {
+            let mut d = doc.clone();
+            d["spec"]["status"] = PENDING_STATUS.into();
+            d
+        };
+        let unmarked = {
+            let mut d = doc.clone();
+            let m = d["metadata"].as_object_mut().unwrap();
+            m.insert("finalizers".into(), json!([]));
+            m.insert("annotations".into(), json!({}));
+            m["labels"]
+                .as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("build.appstudio.redhat.com/"));
+            d
+        };
+        let config = {
+            let text = include_str!("../../core/tests/fixtures/admission/host-config.yaml");
+            let (data, _) = crate::config::read_configmap_yaml(text).unwrap();
+            crate::config::parse(&data).config
+        };
+        let placement = Placement {
+            assigned_host: Some(Arc::from("host-1")),
+            ..Placement::default()
+        };
+        let list = |d: &Value| -> Vec<String> {
+            serde_json::from_value(d["metadata"]["finalizers"].clone()).unwrap()
+        };
+        vec![
+            (
+                "record",
+                doc.clone(),
+                record(uid, &placement, Maps::MARKED).to_vec(),
+            ),
+            ("ungate", gated.clone(), ungate(uid).to_vec()),
+            (
+                "remove_finalizer",
+                with_finalizer.clone(),
+                remove_finalizer(uid, &list(&with_finalizer)).unwrap().to_vec(),
+            ),
+            (
+                "add_finalizer",
+                without_finalizer.clone(),
+                add_finalizer(uid, Some(&list(&without_finalizer)))
+                    .unwrap()
+                    .to_vec(),
+            ),
+            (
+                "add_finalizer (no list)",
+                no_finalizers,
+                add_finalizer(uid, None).unwrap().to_vec(),
+            ),
+            (
+                "adoption_patch",
+                unmarked.clone(),
+                crate::controller::adopt::adoption_patch(&unmarked, &config, 1_700_000_000)
+                    .unwrap(),
+            ),
+        ]
+    }
+
+    /// A TaskRun deleted and recreated under the same name (same finalizers, labels, status)
+    /// must refuse every write meant for the old one: each guard but the UID's passes on it.
+    #[test]
+    fn every_taskrun_write_starts_with_the_uid_test_and_a_namesake_refuses_it() {
+        let doc = taskrun();
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        for (name, target, ops) in every_taskrun_write(&doc, &uid) {
+            assert_eq!(ops.first(), Some(&test_uid(&uid)), "{name}: first op");
+            apply(&target, &ops).unwrap_or_else(|e| panic!("{name}: applies to its TaskRun: {e}"));
+            let mut namesake = target.clone();
+            namesake["metadata"]["uid"] = "recreated-uid".into();
+            assert!(
+                apply(&namesake, &ops).is_err(),
+                "{name}: a recreated TaskRun of the same name accepted a write for the old one"
+            );
+        }
+    }
+
     #[test]
     fn missing_maps_are_created_only_when_needed() {
         let mut doc = taskrun();

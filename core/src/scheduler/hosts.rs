@@ -216,3 +216,63 @@ impl Scheduler {
         self.capacity_freed(p, out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{H, provision_op, provisions, static_pairs};
+    use super::super::{Event, Policy};
+
+    const P: &str = "linux/s390x";
+
+    /// A retry's re-provisioning keeps its slot and tries its host again (no release, no
+    /// re-queueing): when those failures trip the host's back-off, the host must still leave the
+    /// index of hosts with room, or it keeps taking new work while backing off.
+    #[test]
+    fn a_host_backing_off_on_a_retrys_re_provisioning_takes_no_new_work() {
+        let mut h = H::new(&static_pairs(&[("h1", 4)]));
+        let op = provision_op(&h.submit("ns", "a", P), "a");
+        h.send(Event::Provisioned {
+            op,
+            otp: "first".into(),
+        });
+        let mut spec = H::spec("ns", "a", P);
+        spec.retries = 1;
+        let mut op = provision_op(&h.send(Event::TaskRun(spec)), "a");
+        let trips = Policy::mpc().host_backoff.expect("mpc backs off").after_failures;
+        assert!(trips < Policy::mpc().rearm_attempts, "trips on the retry path");
+        for n in 1..=trips {
+            let a = h.send(Event::ProvisionFailed {
+                op,
+                error: "connection refused".into(),
+            });
+            assert!(provisions(&a).is_empty(), "{a:#?}");
+            let backed_off = a.iter().any(|x| {
+                matches!(
+                    x,
+                    super::super::Action::Notify {
+                        reason: "HostBackedOff",
+                        ..
+                    }
+                )
+            });
+            assert_eq!(backed_off, n == trips, "failure {n}: {a:#?}");
+            if n < trips {
+                let a = h.wait(Policy::mpc().rearm_backoff.as_secs() * 4);
+                op = provision_op(&a, "a");
+            }
+        }
+        // h1 has room (1 of 4) but backs off: new work waits.
+        let b = h.submit("ns", "b", P);
+        assert!(
+            provisions(&b).is_empty(),
+            "a host backing off took new work: {b:#?}"
+        );
+        // Back after the back-off: b goes there.
+        let base = Policy::mpc().host_backoff.unwrap().base.as_secs();
+        let a = h.wait(base + 1);
+        assert!(
+            provisions(&a).iter().any(|(_, n, host)| n == "b" && host == "h1"),
+            "{a:#?}"
+        );
+    }
+}
