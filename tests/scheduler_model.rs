@@ -9,12 +9,19 @@
 //! those objects as the controller builds it ([`observe::recovery_entry`], [`patch::secret_kind`]).
 //! Cloud and SSH actions complete with random delays, in order per instance and per user on a
 //! host (results in random order otherwise), fail, and are replayed; the config changes; the
-//! scheduler crashes (in-flight operations complete unseen or are lost).
+//! scheduler crashes (in-flight operations complete unseen or are lost); other clusters sharing
+//! the instance tags launch and terminate instances, which the listings show.
 //!
-//! Checked on every action: host and pool-instance concurrency, `max-instances`, one secret per
-//! attempt, fair queueing ([`Fairness`]); after every command: each served secret belongs to its
-//! TaskRun and a remote one logs in as the TaskRun's user on a live host that holds that user.
-//! After the random phase the world quiesces and must end clean, every served TaskRun un-gated.
+//! Checked on every action: host and pool-instance concurrency, `max-instances` counting the
+//! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
+//! ([`Fairness`]), no action on another cluster's instance; at every finalizer removal: nothing
+//! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
+//! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
+//! up; after every command: each served secret belongs to its TaskRun and a remote one logs in
+//! as the TaskRun's user on a live host that holds that user. After the random phase the world
+//! quiesces and must end clean, every served TaskRun un-gated. A dedicated property
+//! (`waiters_are_served_in_queue_order`) builds queues in every case, so ordering faults show
+//! within the cases CI runs.
 //!
 //! The runs are reproducible: a fixed seed unless `PROPTEST_RNG_SEED=<n>` picks another.
 //! `MODEL_CASES=20000` searches deeper; `MODEL_TRACE=1` prints every command, event and action.
