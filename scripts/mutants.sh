@@ -28,8 +28,8 @@ cd "$(dirname "$0")/.."
 suite_args() {
     case "$1" in
     core) echo "-p mpc-core --lib scheduler::" ;;
-    model) echo "-p mpc --test scheduler_model" ;;
-    patch) echo "-p mpc --lib controller::patch::" ;;
+    model) echo "-p multi-platform-controller --test scheduler_model" ;;
+    patch) echo "-p multi-platform-controller --lib controller::patch::" ;;
     *) echo "unknown suite $1" >&2; return 1 ;;
     esac
 }

@@ -473,6 +473,14 @@ struct World {
     foreign_listed: BTreeMap<String, BTreeSet<String>>,
     /// Where the latest placement of each TaskRun puts it (host name or instance id).
     placed: BTreeMap<String, String>,
+    /// (TaskRun UID, host or instance) where the scheduler knows the TaskRun's user exists: it
+    /// saw the provisioning succeed, or recovered the TaskRun served there. (A user a failed
+    /// provisioning half-made, or one whose result a crash lost, is the sweeps' to remove.)
+    known_users: BTreeSet<(String, String)>,
+    /// The instance launched for each TaskRun, while the scheduler knows it as the TaskRun's
+    /// (from the launch result, or the TaskRun naming it at a restart, until the TaskRun is
+    /// placed elsewhere or launched for again).
+    launched_for: BTreeMap<String, String>,
     /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
     /// their finalizer goes with something left behind, for the sweeps.
     gave_up: BTreeSet<String>,
@@ -538,6 +546,8 @@ impl World {
             foreign: BTreeMap::new(),
             foreign_listed: BTreeMap::new(),
             placed: BTreeMap::new(),
+            known_users: BTreeSet::new(),
+            launched_for: BTreeMap::new(),
             gave_up: BTreeSet::new(),
             finalizing: Vec::new(),
         };
@@ -604,8 +614,9 @@ impl World {
         }
     }
 
-    /// What a TaskRun whose finalizer goes still has in the world: its build user on the host or
-    /// instance its latest placement names, or an instance launched for it. Nothing may remain
+    /// What a TaskRun whose finalizer goes still has in the world, on the host or instance its
+    /// latest placement names (as the scheduler knows it: a placement lost in a crash is the
+    /// sweeps' to clean up): its build user, or the dynamic instance itself. Nothing may remain
     /// unless the scheduler gave its cleanup up, or another live TaskRun has the same user name
     /// (the Go-compatible names of `ns1` and `s1` collide).
     fn left_behind(&self, r: &TaskRunRef) -> Option<String> {
@@ -620,14 +631,18 @@ impl World {
             .any(|(u, t)| *u != uid && !t.done && t.reference().remote_user() == user);
         if let Some(h) = self.placed.get(&uid)
             && !shared
+            && self.known_users.contains(&(uid.clone(), h.clone()))
             && self.users.get(h).is_some_and(|u| u.contains_key(&user))
         {
             return Some(format!("user {user} is still on {h}"));
         }
-        if let Some((id, _)) = self
-            .instances
-            .iter()
-            .find(|(_, i)| i.alive && i.owner == uid)
+        // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own (unless it
+        // was handed to another, which retags it; or failed, and the TaskRun moved on).
+        if let Some(id) = self.launched_for.get(&uid)
+            && let Some(i) = self.instances.get(id)
+            && i.alive
+            && i.owner == uid
+            && self.pool_slots(&i.platform).is_none()
         {
             return Some(format!("its instance {id} is still alive"));
         }
@@ -685,6 +700,12 @@ impl World {
                     Some(h) => self.placed.insert(uid.clone(), h.to_owned()),
                     None => self.placed.remove(&uid),
                 };
+                // Placed elsewhere, failed or waiting: its instance (failed) is no longer its own.
+                if self.launched_for.get(&uid).map(String::as_str)
+                    != placement.instance_id.as_deref()
+                {
+                    self.launched_for.remove(&uid);
+                }
                 match held {
                     Some(h) => {
                         let limit = match self.instances.get(h) {
@@ -802,6 +823,8 @@ impl World {
                      max {max}: no room for another"
                 );
                 let slots = self.pool_slots(&p).unwrap_or(1);
+                // A new launch for a TaskRun: the one before (failed) is no longer its own.
+                self.launched_for.remove(&launch.owner_key());
                 // The cloud's idempotency token: one per launch identity.
                 self.pending.push(Pending::Launch {
                     op,
@@ -1233,7 +1256,21 @@ impl World {
 
     fn deliver(&mut self, idx: usize, ok: bool) {
         let p = self.pending.remove(idx);
+        let whose = match &p {
+            Pending::Provision { uid, host, .. } => Some((uid.clone(), host.clone())),
+            Pending::Launch { owner, .. } => Some((owner.clone(), String::new())),
+            _ => None,
+        };
         let e = self.execute(p, ok);
+        match (whose, &e) {
+            (Some(k), Event::Provisioned { .. }) => {
+                self.known_users.insert(k);
+            }
+            (Some((owner, _)), Event::Launched { instance_id, .. }) => {
+                self.launched_for.insert(owner, instance_id.clone());
+            }
+            _ => {}
+        }
         self.history.push(e.clone());
         self.send(e);
     }
@@ -1392,6 +1429,8 @@ impl World {
         // pool instance under the config it adopts it with.
         self.alloc = Allocations::default();
         self.placed.clear();
+        let mut known = BTreeSet::new();
+        let mut launched = BTreeMap::new();
         for (uid, t) in &self.taskruns {
             let labels = &t.obj["metadata"]["labels"];
             let annotations = &t.obj["metadata"]["annotations"];
@@ -1407,7 +1446,18 @@ impl World {
             if let Some(h) = held {
                 self.placed.insert(uid.clone(), h.to_owned());
             }
+            let served = self
+                .secret_of(&t.reference())
+                .is_some_and(|s| patch::secret_kind(s) == Some(mpc::scheduler::SecretKind::Remote));
+            if let (Some(h), true) = (held, served) {
+                known.insert((uid.clone(), h.to_owned()));
+            }
+            if let Some(id) = annotations[contract::CLOUD_INSTANCE_ID_ANNOTATION].as_str() {
+                launched.insert(uid.clone(), id.to_owned());
+            }
         }
+        self.known_users = known;
+        self.launched_for = launched;
         let slots: Vec<(String, u32)> = self
             .instances
             .iter()
@@ -1609,7 +1659,8 @@ impl World {
                     .collect();
                 if up && theirs.len() < 2 {
                     self.next += 1;
-                    self.foreign.insert(format!("f-{}", self.next), p.to_owned());
+                    self.foreign
+                        .insert(format!("f-{}", self.next), p.to_owned());
                 } else if !up && let Some(id) = theirs.first() {
                     self.foreign.remove(id);
                 }

@@ -456,7 +456,9 @@ mod tests {
             (
                 "remove_finalizer",
                 with_finalizer.clone(),
-                remove_finalizer(uid, &list(&with_finalizer)).unwrap().to_vec(),
+                remove_finalizer(uid, &list(&with_finalizer))
+                    .unwrap()
+                    .to_vec(),
             ),
             (
                 "add_finalizer",

@@ -238,8 +238,14 @@ mod tests {
         let mut spec = H::spec("ns", "a", P);
         spec.retries = 1;
         let mut op = provision_op(&h.send(Event::TaskRun(spec)), "a");
-        let trips = Policy::mpc().host_backoff.expect("mpc backs off").after_failures;
-        assert!(trips < Policy::mpc().rearm_attempts, "trips on the retry path");
+        let trips = Policy::mpc()
+            .host_backoff
+            .expect("mpc backs off")
+            .after_failures;
+        assert!(
+            trips < Policy::mpc().rearm_attempts,
+            "trips on the retry path"
+        );
         for n in 1..=trips {
             let a = h.send(Event::ProvisionFailed {
                 op,
@@ -271,7 +277,9 @@ mod tests {
         let base = Policy::mpc().host_backoff.unwrap().base.as_secs();
         let a = h.wait(base + 1);
         assert!(
-            provisions(&a).iter().any(|(_, n, host)| n == "b" && host == "h1"),
+            provisions(&a)
+                .iter()
+                .any(|(_, n, host)| n == "b" && host == "h1"),
             "{a:#?}"
         );
     }
