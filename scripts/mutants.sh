@@ -24,6 +24,9 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 
+# A caught mutant need not be shrunk, nor its failing case saved as a regression to replay.
+export PROPTEST_DISABLE_FAILURE_PERSISTENCE=1 PROPTEST_MAX_SHRINK_ITERS=0
+
 # Suites by name: the cargo nextest arguments that run them.
 suite_args() {
     case "$1" in

@@ -2,7 +2,9 @@
 //!
 //! Every TaskRun write is a JSON Patch that starts with `test /metadata/uid`, so a TaskRun deleted
 //! and recreated under the same name is never touched by a write meant for the old one (the API
-//! server answers 422; the executor then checks whether the TaskRun is gone). Label and annotation
+//! server answers 422; the executor then checks whether the TaskRun is gone). That holds by
+//! construction: the builders return a [`TaskRunPatch`], whose only constructor puts the UID test
+//! first, and the executor sends TaskRun patches only as that type. Label and annotation
 //! removals are written as `add ""` then `remove`, which succeeds whether or not the key exists, so
 //! no read is needed first. Secrets are whole objects owned by their TaskRun, carrying a proof
 //! that the controller wrote them ([`SecretProof`]).
@@ -39,7 +41,35 @@ fn test_uid(uid: &str) -> Value {
     json!({"op": "test", "path": "/metadata/uid", "value": uid})
 }
 
-fn set_entries(ops: &mut Vec<Value>, map: &str, exists: bool, entries: &[(&str, Option<&str>)]) {
+/// A JSON Patch for one TaskRun, guarded by its UID: the first op is always
+/// `test /metadata/uid` (see the module docs). Read it as a slice of ops; build it only with
+/// [`TaskRunPatch::for_uid`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(transparent)]
+pub struct TaskRunPatch(Vec<Value>);
+
+impl TaskRunPatch {
+    /// A patch for the TaskRun with this UID, holding only the UID test so far.
+    pub fn for_uid(uid: &str) -> Self {
+        Self(vec![test_uid(uid)])
+    }
+
+    fn with(mut self, op: Value) -> Self {
+        self.0.push(op);
+        self
+    }
+}
+
+impl std::ops::Deref for TaskRunPatch {
+    type Target = [Value];
+
+    fn deref(&self) -> &[Value] {
+        &self.0
+    }
+}
+
+fn set_entries(ops: &mut TaskRunPatch, map: &str, exists: bool, entries: &[(&str, Option<&str>)]) {
+    let ops = &mut ops.0;
     if !exists {
         if entries.iter().all(|(_, v)| v.is_none()) {
             return;
@@ -60,8 +90,8 @@ fn set_entries(ops: &mut Vec<Value>, map: &str, exists: bool, entries: &[(&str, 
 }
 
 /// Sets the allocation labels and annotations of a TaskRun to exactly `placement`.
-pub fn record(uid: &str, placement: &Placement, maps: Maps) -> Vec<Value> {
-    let mut ops = vec![test_uid(uid)];
+pub fn record(uid: &str, placement: &Placement, maps: Maps) -> TaskRunPatch {
+    let mut ops = TaskRunPatch::for_uid(uid);
     set_entries(
         &mut ops,
         "labels",
@@ -100,27 +130,25 @@ pub fn record(uid: &str, placement: &Placement, maps: Maps) -> Vec<Value> {
 }
 
 /// Clears `spec.status: TaskRunPending` (fails with 422 once it is already cleared).
-pub fn ungate(uid: &str) -> Vec<Value> {
-    vec![
-        test_uid(uid),
-        json!({"op": "test", "path": "/spec/status", "value": PENDING_STATUS}),
-        json!({"op": "remove", "path": "/spec/status"}),
-    ]
+pub fn ungate(uid: &str) -> TaskRunPatch {
+    TaskRunPatch::for_uid(uid)
+        .with(json!({"op": "test", "path": "/spec/status", "value": PENDING_STATUS}))
+        .with(json!({"op": "remove", "path": "/spec/status"}))
 }
 
 /// Removes our finalizer from `finalizers` (the TaskRun's current list); `None` when absent.
-pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<Vec<Value>> {
+pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<TaskRunPatch> {
     let i = finalizers.iter().position(|f| f == contract::FINALIZER)?;
     let path = format!("/metadata/finalizers/{i}");
-    Some(vec![
-        test_uid(uid),
-        json!({"op": "test", "path": path, "value": contract::FINALIZER}),
-        json!({"op": "remove", "path": path}),
-    ])
+    Some(
+        TaskRunPatch::for_uid(uid)
+            .with(json!({"op": "test", "path": path, "value": contract::FINALIZER}))
+            .with(json!({"op": "remove", "path": path})),
+    )
 }
 
 /// Adds our finalizer; `None` when present.
-pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<Vec<Value>> {
+pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<TaskRunPatch> {
     let op = match finalizers {
         Some(list) if list.iter().any(|f| f == contract::FINALIZER) => return None,
         Some(_) => {
@@ -130,7 +158,7 @@ pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<Vec<Val
             json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::FINALIZER]})
         }
     };
-    Some(vec![test_uid(uid), op])
+    Some(TaskRunPatch::for_uid(uid).with(op))
 }
 
 /// Where build steps redeem keys, and the CA that verifies that server.
