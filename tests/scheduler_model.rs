@@ -14,7 +14,8 @@
 //!
 //! Checked on every action: host and pool-instance concurrency, `max-instances` counting the
 //! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
-//! ([`Fairness`]), no action on another cluster's instance; at every finalizer removal: nothing
+//! ([`Fairness`]), no action on another cluster's instance, no new TaskRun on a host while the
+//! back-off the scheduler announced for it lasts; at every finalizer removal: nothing
 //! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
 //! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
 //! up; after every command: each served secret belongs to its TaskRun and a remote one logs in
@@ -484,6 +485,8 @@ struct World {
     /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
     /// their finalizer goes with something left behind, for the sweeps.
     gave_up: BTreeSet<String>,
+    /// Static hosts backing off, until when, as the scheduler announced them (`HostBackedOff`).
+    backed_off: BTreeMap<String, Time>,
     /// Finalizer removals issued in the batch being applied, checked once it is.
     finalizing: Vec<TaskRunRef>,
 }
@@ -549,6 +552,7 @@ impl World {
             known_users: BTreeSet::new(),
             launched_for: BTreeMap::new(),
             gave_up: BTreeSet::new(),
+            backed_off: BTreeMap::new(),
             finalizing: Vec::new(),
         };
         let mut out = Vec::new();
@@ -696,6 +700,16 @@ impl World {
                     .as_deref()
                     .or(placement.instance_id.as_deref())
                     .filter(|h| *h != contract::LOCALHOST);
+                // A host backing off takes no new TaskRun (a retry keeps its own slot there).
+                if let Some(h) = held
+                    && self.placed.get(&uid).map(String::as_str) != Some(h)
+                    && let Some(until) = self.backed_off.get(h)
+                {
+                    assert!(
+                        self.now >= *until,
+                        "{h} took {uid} while backing off until {until}"
+                    );
+                }
                 match held {
                     Some(h) => self.placed.insert(uid.clone(), h.to_owned()),
                     None => self.placed.remove(&uid),
@@ -882,6 +896,27 @@ impl World {
                 ..
             } => {
                 self.gave_up.insert(taskrun.uid().to_string());
+            }
+            Action::Notify {
+                reason: "HostBackedOff",
+                message,
+                ..
+            } => {
+                // "host <name> failed provisioning <n> times in a row; no new builds go to it
+                // for <d> s"
+                let name = message
+                    .strip_prefix("host ")
+                    .and_then(|m| m.split_once(' '))
+                    .map(|(n, _)| n.to_owned());
+                let secs = message
+                    .rsplit_once("for ")
+                    .and_then(|(_, d)| d.strip_suffix(" s"))
+                    .and_then(|d| d.parse::<u64>().ok());
+                let (Some(name), Some(secs)) = (name, secs) else {
+                    panic!("unexpected HostBackedOff message: {message}");
+                };
+                self.backed_off
+                    .insert(name, self.now + Duration::from_secs(secs));
             }
             Action::Notify { .. } | Action::Observe(_) => {}
         }
@@ -1429,6 +1464,8 @@ impl World {
         // pool instance under the config it adopts it with.
         self.alloc = Allocations::default();
         self.placed.clear();
+        // A new process starts with every host healthy.
+        self.backed_off.clear();
         let mut known = BTreeSet::new();
         let mut launched = BTreeMap::new();
         for (uid, t) in &self.taskruns {
