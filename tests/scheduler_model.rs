@@ -466,9 +466,9 @@ struct World {
     creating: Option<String>,
     mutant: Option<Mutant>,
     next: u64,
-    /// Other clusters' live instances (id to platform), tagged like ours: counted against
-    /// `max-instances`, never ours to act on.
-    foreign: BTreeMap<String, String>,
+    /// Other clusters' live instances (id to platform and launch time), tagged like ours:
+    /// counted against `max-instances`, never ours to act on, however old.
+    foreign: BTreeMap<String, (String, Time)>,
     /// Per platform, the foreign instances its last listing showed the scheduler (the ones it
     /// can know of).
     foreign_listed: BTreeMap<String, BTreeSet<String>>,
@@ -1404,8 +1404,8 @@ impl World {
         let theirs = self
             .foreign
             .iter()
-            .filter(|(_, p)| platform.is_none_or(|want| want == *p))
-            .map(|(id, p)| {
+            .filter(|(_, (p, _))| platform.is_none_or(|want| want == p))
+            .map(|(id, (p, launched_at))| {
                 let platform = Platform::parse(p).unwrap();
                 InstanceRecord {
                     id: id.clone(),
@@ -1414,7 +1414,7 @@ impl World {
                     platform_label: Some(platform.label_value()),
                     owner: Some(format!("other-cluster-{id}")),
                     taskrun_id: None,
-                    launched_at: self.now,
+                    launched_at: *launched_at,
                     state: InstanceState::Running,
                     address: Some(format!("addr-{id}")),
                     platform,
@@ -1691,13 +1691,13 @@ impl World {
                 let theirs: Vec<String> = self
                     .foreign
                     .iter()
-                    .filter(|(_, fp)| *fp == p)
+                    .filter(|(_, (fp, _))| fp == p)
                     .map(|(id, _)| id.clone())
                     .collect();
                 if up && theirs.len() < 2 {
                     self.next += 1;
                     self.foreign
-                        .insert(format!("f-{}", self.next), p.to_owned());
+                        .insert(format!("f-{}", self.next), (p.to_owned(), self.now));
                 } else if !up && let Some(id) = theirs.first() {
                     self.foreign.remove(id);
                 }
