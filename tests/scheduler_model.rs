@@ -10,17 +10,25 @@
 //! the allocation proof).
 //! Cloud and SSH actions complete with random delays, in order per instance and per user on a
 //! host (results in random order otherwise), fail, and are replayed; the config changes; the
-//! scheduler crashes (in-flight operations complete unseen or are lost).
+//! scheduler crashes (in-flight operations complete unseen or are lost); other clusters sharing
+//! the instance tags launch and terminate instances, which the listings show.
 //!
-//! Checked on every action: host and pool-instance concurrency, `max-instances`, one secret per
-//! attempt, fair queueing ([`Fairness`]); after every command: each served secret belongs to its
-//! TaskRun and a remote one logs in as the TaskRun's user on a live host that holds that user.
-//! After the random phase the world quiesces and must end clean, every served TaskRun un-gated.
+//! Checked on every action: host and pool-instance concurrency, `max-instances` counting the
+//! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
+//! ([`Fairness`]), no action on another cluster's instance, no new TaskRun on a host while the
+//! back-off the scheduler announced for it lasts; at every finalizer removal: nothing
+//! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
+//! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
+//! up; after every command: each served secret belongs to its TaskRun and a remote one logs in
+//! as the TaskRun's user on a live host that holds that user. After the random phase the world
+//! quiesces and must end clean, every served TaskRun un-gated. A dedicated property
+//! (`waiters_are_served_in_queue_order`) builds queues in every case, so ordering faults show
+//! within the cases CI runs.
 //!
 //! The runs are reproducible: a fixed seed unless `PROPTEST_RNG_SEED=<n>` picks another.
 //! `MODEL_CASES=20000` searches deeper; `MODEL_TRACE=1` prints every command, event and action.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -139,6 +147,8 @@ enum Cmd {
     },
     /// Succeeds, fails or deletes a live TaskRun.
     Finish(u16),
+    /// Finishes a live TaskRun that holds a slot (frees it for a waiter).
+    Release(u16),
     Retry(u16),
     /// Completes a cloud or SSH action.
     Deliver {
@@ -158,6 +168,12 @@ enum Cmd {
     },
     Config(u8),
     Sweep,
+    /// Another cluster sharing the account, region and instance tags launches (`up`) or
+    /// terminates an instance of the dynamic (`pool: false`) or pool platform.
+    Foreign {
+        pool: bool,
+        up: bool,
+    },
 }
 
 fn cmd() -> impl Strategy<Value = Cmd> {
@@ -172,6 +188,23 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => any::<bool>().prop_map(|flush| Cmd::Restart { flush }),
         1 => (0u8..3).prop_map(Cmd::Config),
         1 => Just(Cmd::Sweep),
+        1 => (any::<bool>(), prop::bool::weighted(0.6)).prop_map(|(pool, up)| Cmd::Foreign { pool, up }),
+    ]
+}
+
+/// Commands that build queues: bursts onto the static, dynamic and pool platforms from a few
+/// namespaces, slots freed by finishing builds; nothing that rebuilds the queues (restarts,
+/// config changes), so every waiter's order is tracked from creation to service.
+fn queueing_cmd() -> impl Strategy<Value = Cmd> {
+    prop_oneof![
+        // Few lanes (two platforms, two namespaces), so waiters pile up in each.
+        8 => (prop_oneof![3 => Just(0usize), 1 => Just(1), 1 => Just(2)], 0u8..2)
+            .prop_map(|(platform, ns)| Cmd::Create { platform, ns }),
+        1 => any::<u16>().prop_map(Cmd::Finish),
+        3 => any::<u16>().prop_map(Cmd::Release),
+        4 => (any::<u16>(), prop::bool::weighted(0.9)).prop_map(|(pick, ok)| Cmd::Deliver { pick, ok }),
+        2 => (any::<u16>(), Just(true)).prop_map(|(pick, ok)| Cmd::Kube { pick, ok }),
+        1 => (0u16..60).prop_map(Cmd::Advance),
     ]
 }
 
@@ -439,6 +472,29 @@ struct World {
     creating: Option<String>,
     mutant: Option<Mutant>,
     next: u64,
+    /// Other clusters' live instances (id to platform and launch time), tagged like ours:
+    /// counted against `max-instances`, never ours to act on, however old.
+    foreign: BTreeMap<String, (String, Time)>,
+    /// Per platform, the foreign instances its last listing showed the scheduler (the ones it
+    /// can know of).
+    foreign_listed: BTreeMap<String, BTreeSet<String>>,
+    /// Where the latest placement of each TaskRun puts it (host name or instance id).
+    placed: BTreeMap<String, String>,
+    /// (TaskRun UID, host or instance) where the scheduler knows the TaskRun's user exists: it
+    /// saw the provisioning succeed, or recovered the TaskRun served there. (A user a failed
+    /// provisioning half-made, or one whose result a crash lost, is the sweeps' to remove.)
+    known_users: BTreeSet<(String, String)>,
+    /// The instance launched for each TaskRun, while the scheduler knows it as the TaskRun's
+    /// (from the launch result, or the TaskRun naming it at a restart, until the TaskRun is
+    /// placed elsewhere or launched for again).
+    launched_for: BTreeMap<String, String>,
+    /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
+    /// their finalizer goes with something left behind, for the sweeps.
+    gave_up: BTreeSet<String>,
+    /// Static hosts backing off, until when, as the scheduler announced them (`HostBackedOff`).
+    backed_off: BTreeMap<String, Time>,
+    /// Finalizer removals issued in the batch being applied, checked once it is.
+    finalizing: Vec<TaskRunRef>,
 }
 
 fn trace() -> bool {
@@ -496,6 +552,14 @@ impl World {
             creating: None,
             mutant,
             next: 0,
+            foreign: BTreeMap::new(),
+            foreign_listed: BTreeMap::new(),
+            placed: BTreeMap::new(),
+            known_users: BTreeSet::new(),
+            launched_for: BTreeMap::new(),
+            gave_up: BTreeSet::new(),
+            backed_off: BTreeMap::new(),
+            finalizing: Vec::new(),
         };
         let mut out = Vec::new();
         w.sched.recover(w.now, Snapshot::default(), &mut out);
@@ -553,6 +617,46 @@ impl World {
         for a in actions {
             self.apply_one(a);
         }
+        for r in std::mem::take(&mut self.finalizing) {
+            if let Some(v) = self.left_behind(&r) {
+                panic!("finalizer of {r} removed before its cleanup finished: {v}");
+            }
+        }
+    }
+
+    /// What a TaskRun whose finalizer goes still has in the world, on the host or instance its
+    /// latest placement names (as the scheduler knows it: a placement lost in a crash is the
+    /// sweeps' to clean up): its build user, or the dynamic instance itself. Nothing may remain
+    /// unless the scheduler gave its cleanup up, or another live TaskRun has the same user name
+    /// (the Go-compatible names of `ns1` and `s1` collide).
+    fn left_behind(&self, r: &TaskRunRef) -> Option<String> {
+        let uid = r.uid().to_string();
+        if self.gave_up.contains(&uid) {
+            return None;
+        }
+        let user = r.remote_user();
+        let shared = self
+            .taskruns
+            .iter()
+            .any(|(u, t)| *u != uid && !t.done && t.reference().remote_user() == user);
+        if let Some(h) = self.placed.get(&uid)
+            && !shared
+            && self.known_users.contains(&(uid.clone(), h.clone()))
+            && self.users.get(h).is_some_and(|u| u.contains_key(&user))
+        {
+            return Some(format!("user {user} is still on {h}"));
+        }
+        // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own (unless it
+        // was handed to another, which retags it; or failed, and the TaskRun moved on).
+        if let Some(id) = self.launched_for.get(&uid)
+            && let Some(i) = self.instances.get(id)
+            && i.alive
+            && i.owner == uid
+            && self.pool_slots(&i.platform).is_none()
+        {
+            return Some(format!("its instance {id} is still alive"));
+        }
+        None
     }
 
     fn fairness(&mut self, f: impl FnOnce(&mut Fairness) -> Result<(), String>) {
@@ -602,6 +706,26 @@ impl World {
                     .as_deref()
                     .or(placement.instance_id.as_deref())
                     .filter(|h| *h != contract::LOCALHOST);
+                // A host backing off takes no new TaskRun (a retry keeps its own slot there).
+                if let Some(h) = held
+                    && self.placed.get(&uid).map(String::as_str) != Some(h)
+                    && let Some(until) = self.backed_off.get(h)
+                {
+                    assert!(
+                        self.now >= *until,
+                        "{h} took {uid} while backing off until {until}"
+                    );
+                }
+                match held {
+                    Some(h) => self.placed.insert(uid.clone(), h.to_owned()),
+                    None => self.placed.remove(&uid),
+                };
+                // Placed elsewhere, failed or waiting: its instance (failed) is no longer its own.
+                if self.launched_for.get(&uid).map(String::as_str)
+                    != placement.instance_id.as_deref()
+                {
+                    self.launched_for.remove(&uid);
+                }
                 match held {
                     Some(h) => {
                         let limit = match self.instances.get(h) {
@@ -646,9 +770,12 @@ impl World {
                 }
                 self.write(uid, a);
             }
-            Action::DeleteSecret { ref taskrun }
-            | Action::Ungate { ref taskrun }
-            | Action::RemoveFinalizer { ref taskrun, .. } => {
+            Action::RemoveFinalizer { ref taskrun, .. } => {
+                self.finalizing.push(taskrun.clone());
+                let uid = taskrun.uid().to_string();
+                self.write(uid, a);
+            }
+            Action::DeleteSecret { ref taskrun } | Action::Ungate { ref taskrun } => {
                 let uid = taskrun.uid().to_string();
                 self.write(uid, a);
             }
@@ -701,12 +828,23 @@ impl World {
                     .iter()
                     .filter(|x| matches!(x, Pending::Launch { platform, .. } if *platform == p))
                     .count();
+                // Other clusters' instances the scheduler was shown, still alive, count too.
+                let foreign = self
+                    .foreign_listed
+                    .get(&p)
+                    .into_iter()
+                    .flatten()
+                    .filter(|id| self.foreign.contains_key(*id))
+                    .count();
                 let max = self.max_instances(&p) as usize;
                 assert!(
-                    alive + launching < max,
-                    "{p}: {alive} alive + {launching} launching, max {max}: no room for another"
+                    alive + launching + foreign < max,
+                    "{p}: {alive} alive + {launching} launching + {foreign} of other clusters, \
+                     max {max}: no room for another"
                 );
                 let slots = self.pool_slots(&p).unwrap_or(1);
+                // A new launch for a TaskRun: the one before (failed) is no longer its own.
+                self.launched_for.remove(&launch.owner_key());
                 // The cloud's idempotency token: one per launch identity.
                 self.pending.push(Pending::Launch {
                     op,
@@ -725,15 +863,25 @@ impl World {
             }),
             Action::Terminate {
                 op, instance_id, ..
-            } => self.pending.push(Pending::Terminate {
-                op,
-                id: instance_id.to_string(),
-            }),
+            } => {
+                assert!(
+                    !self.foreign.contains_key(&*instance_id),
+                    "terminated another cluster's instance {instance_id}"
+                );
+                self.pending.push(Pending::Terminate {
+                    op,
+                    id: instance_id.to_string(),
+                })
+            }
             Action::Retag {
                 instance_id,
                 launch,
                 ..
             } => {
+                assert!(
+                    !self.foreign.contains_key(&*instance_id),
+                    "retagged another cluster's instance {instance_id}"
+                );
                 if let Some(i) = self.instances.get_mut(&*instance_id) {
                     i.owner = launch.owner_key();
                 }
@@ -747,6 +895,34 @@ impl World {
                     taskrun.uid().to_string(),
                 );
                 self.fairness(|f| f.served(&label, &ns, &uid));
+            }
+            Action::Notify {
+                taskrun: Some(taskrun),
+                reason: "CleanupFailed",
+                ..
+            } => {
+                self.gave_up.insert(taskrun.uid().to_string());
+            }
+            Action::Notify {
+                reason: "HostBackedOff",
+                message,
+                ..
+            } => {
+                // "host <name> failed provisioning <n> times in a row; no new builds go to it
+                // for <d> s"
+                let name = message
+                    .strip_prefix("host ")
+                    .and_then(|m| m.split_once(' '))
+                    .map(|(n, _)| n.to_owned());
+                let secs = message
+                    .rsplit_once("for ")
+                    .and_then(|(_, d)| d.strip_suffix(" s"))
+                    .and_then(|d| d.parse::<u64>().ok());
+                let (Some(name), Some(secs)) = (name, secs) else {
+                    panic!("unexpected HostBackedOff message: {message}");
+                };
+                self.backed_off
+                    .insert(name, self.now + Duration::from_secs(secs));
             }
             Action::Notify { .. } | Action::Observe(_) => {}
         }
@@ -863,6 +1039,11 @@ impl World {
             }
             Action::RemoveFinalizer { taskrun, .. } => {
                 let uid = taskrun.uid().to_string();
+                // Its secret's deletion went first in its lane.
+                assert!(
+                    self.secret_of(&taskrun).is_none(),
+                    "finalizer of {taskrun} removed while its secret remains"
+                );
                 let Some(t) = self.taskruns.get_mut(&uid) else {
                     return Vec::new();
                 };
@@ -1121,7 +1302,21 @@ impl World {
 
     fn deliver(&mut self, idx: usize, ok: bool) {
         let p = self.pending.remove(idx);
+        let whose = match &p {
+            Pending::Provision { uid, host, .. } => Some((uid.clone(), host.clone())),
+            Pending::Launch { owner, .. } => Some((owner.clone(), String::new())),
+            _ => None,
+        };
         let e = self.execute(p, ok);
+        match (whose, &e) {
+            (Some(k), Event::Provisioned { .. }) => {
+                self.known_users.insert(k);
+            }
+            (Some((owner, _)), Event::Launched { instance_id, .. }) => {
+                self.launched_for.insert(owner, instance_id.clone());
+            }
+            _ => {}
+        }
         self.history.push(e.clone());
         self.send(e);
     }
@@ -1202,8 +1397,11 @@ impl World {
         }
     }
 
+    /// The cloud's listing: our live instances and other clusters' (same tag), of `platform` or
+    /// of all.
     fn listed(&self, platform: Option<&str>) -> Vec<InstanceRecord> {
-        self.instances
+        let ours = self
+            .instances
             .iter()
             .filter(|(_, i)| i.alive && platform.is_none_or(|p| p == i.platform))
             .map(|(id, i)| InstanceRecord {
@@ -1217,8 +1415,41 @@ impl World {
                 launched_at: i.launched_at,
                 state: InstanceState::Running,
                 address: Some(format!("addr-{id}")),
-            })
-            .collect()
+            });
+        let theirs = self
+            .foreign
+            .iter()
+            .filter(|(_, (p, _))| platform.is_none_or(|want| want == p))
+            .map(|(id, (p, launched_at))| {
+                let platform = Platform::parse(p).unwrap();
+                InstanceRecord {
+                    id: id.clone(),
+                    instance_tag: format!("tag-{}", platform.label_value()),
+                    ownership: Ownership::Foreign,
+                    platform_label: Some(platform.label_value()),
+                    owner: Some(format!("other-cluster-{id}")),
+                    taskrun_id: None,
+                    launched_at: *launched_at,
+                    state: InstanceState::Running,
+                    address: Some(format!("addr-{id}")),
+                    platform,
+                }
+            });
+        ours.chain(theirs).collect()
+    }
+
+    /// The scheduler was shown `listing` for `platform` (all platforms when `None`).
+    fn shown(&mut self, platform: Option<&str>, listing: &[InstanceRecord]) {
+        for p in ["linux/arm64", "linux/amd64"] {
+            if platform.is_none_or(|want| want == p) {
+                let ids = listing
+                    .iter()
+                    .filter(|r| r.ownership == Ownership::Foreign && r.platform.as_str() == p)
+                    .map(|r| r.id.clone())
+                    .collect();
+                self.foreign_listed.insert(p.to_owned(), ids);
+            }
+        }
     }
 
     fn restart(&mut self, flush: bool) {
@@ -1247,6 +1478,11 @@ impl World {
         // What the new process can know: the allocations the objects record, and each live
         // pool instance under the config it adopts it with.
         self.alloc = Allocations::default();
+        self.placed.clear();
+        // A new process starts with every host healthy.
+        self.backed_off.clear();
+        let mut known = BTreeSet::new();
+        let mut launched = BTreeMap::new();
         for (uid, t) in &self.taskruns {
             let labels = &t.obj["metadata"]["labels"];
             let annotations = &t.obj["metadata"]["annotations"];
@@ -1259,7 +1495,21 @@ impl World {
             if let (false, Some(h)) = (t.done, held) {
                 self.alloc.0.insert(uid.clone(), h.to_owned());
             }
+            if let Some(h) = held {
+                self.placed.insert(uid.clone(), h.to_owned());
+            }
+            let served = self
+                .secret_of(&t.reference())
+                .is_some_and(|s| patch::secret_kind(s) == Some(mpc::scheduler::SecretKind::Remote));
+            if let (Some(h), true) = (held, served) {
+                known.insert((uid.clone(), h.to_owned()));
+            }
+            if let Some(id) = annotations[contract::CLOUD_INSTANCE_ID_ANNOTATION].as_str() {
+                launched.insert(uid.clone(), id.to_owned());
+            }
         }
+        self.known_users = known;
+        self.launched_for = launched;
         let slots: Vec<(String, u32)> = self
             .instances
             .iter()
@@ -1271,15 +1521,18 @@ impl World {
         self.sched = Scheduler::new(self.config().clone(), self.policy.clone());
         let mut out = Vec::new();
         let snap = self.snapshot();
+        self.shown(None, &snap.instances);
         self.sched.recover(self.now, snap, &mut out);
         self.apply(out);
     }
 
     fn sweep(&mut self) {
         for p in ["linux/arm64", "linux/amd64"] {
+            let instances = self.listed(Some(p));
+            self.shown(Some(p), &instances);
             let e = Event::InstancesListed {
                 platform: Platform::parse(p).unwrap(),
-                instances: self.listed(Some(p)),
+                instances,
             };
             self.send(e);
         }
@@ -1385,6 +1638,17 @@ impl World {
                     self.finish(&uid, pick % 4 == 0);
                 }
             }
+            Cmd::Release(pick) => {
+                let holding: Vec<String> = self
+                    .live()
+                    .into_iter()
+                    .filter(|u| self.alloc.0.contains_key(u))
+                    .collect();
+                if !holding.is_empty() {
+                    let uid = holding[pick as usize % holding.len()].clone();
+                    self.finish(&uid, false);
+                }
+            }
             Cmd::Retry(pick) => {
                 // Only a running attempt fails and is retried: served and un-gated.
                 let live: Vec<String> = self
@@ -1448,6 +1712,22 @@ impl World {
                 self.send(Event::ConfigReplaced(Box::new(c)));
             }
             Cmd::Sweep => self.sweep(),
+            Cmd::Foreign { pool, up } => {
+                let p = if pool { "linux/amd64" } else { "linux/arm64" };
+                let theirs: Vec<String> = self
+                    .foreign
+                    .iter()
+                    .filter(|(_, (fp, _))| fp == p)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                if up && theirs.len() < 2 {
+                    self.next += 1;
+                    self.foreign
+                        .insert(format!("f-{}", self.next), (p.to_owned(), self.now));
+                } else if !up && let Some(id) = theirs.first() {
+                    self.foreign.remove(id);
+                }
+            }
         }
         self.check_secrets();
     }
@@ -1468,6 +1748,8 @@ impl World {
     /// No new work; everything succeeds; builds run once served and un-gated, and finish. Must
     /// reach a clean state in bounded time.
     fn quiesce(&mut self) {
+        // Other clusters' instances go too (the next listing shows it): the limit frees up.
+        self.foreign.clear();
         self.cfg = 3;
         if let Some(f) = &mut self.fair {
             f.clear();
@@ -1580,6 +1862,19 @@ proptest! {
 
     #[test]
     fn invariants_hold_under_random_events(cmds in prop::collection::vec(cmd(), 1..160)) {
+        check(Policy::mpc(), &cmds);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// Queue order, where random runs rarely look: every run queues several waiters per
+    /// platform and namespace and frees slots for them, so a queue served out of order (newest
+    /// first, a namespace skipped) fails here within the cases CI runs (newest-first queueing
+    /// fails about one case in six).
+    #[test]
+    fn waiters_are_served_in_queue_order(cmds in prop::collection::vec(queueing_cmd(), 10..80)) {
         check(Policy::mpc(), &cmds);
     }
 }
@@ -1800,6 +2095,23 @@ fn fairness_checker_reports_starvation_and_queue_jumping() {
     f.queued("linux-arm64", "a", "a2");
     let e = f.served("linux-arm64", "a", "a2").unwrap_err();
     assert!(e.contains("served before a1"), "{e}");
+}
+
+/// Queue order on a deterministic burst: two namespaces queue on a full static platform; each
+/// freed slot goes to the oldest waiter of the namespace whose turn it is.
+#[test]
+fn a_burst_is_served_oldest_first_round_robin() {
+    use Cmd::*;
+    let mut cmds = Vec::new();
+    for ns in [0, 0, 0, 0, 1, 1, 0, 1] {
+        cmds.push(Create { platform: 0, ns });
+    }
+    // Three slots (h1: 2, h22: 1): five wait. Finish the running ones, one at a time.
+    for _ in 0..6 {
+        cmds.push(Finish(0));
+        cmds.push(Deliver { pick: 0, ok: true });
+    }
+    check(Policy::mpc(), &cmds);
 }
 
 /// Found by the property test: TaskRuns requeued while an instance failed must not land on that

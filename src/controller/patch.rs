@@ -2,7 +2,9 @@
 //!
 //! Every TaskRun write is a JSON Patch that starts with `test /metadata/uid`, so a TaskRun deleted
 //! and recreated under the same name is never touched by a write meant for the old one (the API
-//! server answers 422; the executor then checks whether the TaskRun is gone). Label and annotation
+//! server answers 422; the executor then checks whether the TaskRun is gone). That holds by
+//! construction: the builders return a [`TaskRunPatch`], whose only constructor puts the UID test
+//! first, and the executor sends TaskRun patches only as that type. Label and annotation
 //! removals are written as `add ""` then `remove`, which succeeds whether or not the key exists, so
 //! no read is needed first. Secrets are whole objects owned by their TaskRun, written without
 //! reading what has the name (the controller cannot read tenants' Secrets). What recovery must
@@ -41,7 +43,35 @@ fn test_uid(uid: &str) -> Value {
     json!({"op": "test", "path": "/metadata/uid", "value": uid})
 }
 
-fn set_entries(ops: &mut Vec<Value>, map: &str, exists: bool, entries: &[(&str, Option<&str>)]) {
+/// A JSON Patch for one TaskRun, guarded by its UID: the first op is always
+/// `test /metadata/uid` (see the module docs). Read it as a slice of ops; build it only with
+/// [`TaskRunPatch::for_uid`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(transparent)]
+pub struct TaskRunPatch(Vec<Value>);
+
+impl TaskRunPatch {
+    /// A patch for the TaskRun with this UID, holding only the UID test so far.
+    pub fn for_uid(uid: &str) -> Self {
+        Self(vec![test_uid(uid)])
+    }
+
+    fn with(mut self, op: Value) -> Self {
+        self.0.push(op);
+        self
+    }
+}
+
+impl std::ops::Deref for TaskRunPatch {
+    type Target = [Value];
+
+    fn deref(&self) -> &[Value] {
+        &self.0
+    }
+}
+
+fn set_entries(ops: &mut TaskRunPatch, map: &str, exists: bool, entries: &[(&str, Option<&str>)]) {
+    let ops = &mut ops.0;
     if !exists {
         if entries.iter().all(|(_, v)| v.is_none()) {
             return;
@@ -62,7 +92,7 @@ fn set_entries(ops: &mut Vec<Value>, map: &str, exists: bool, entries: &[(&str, 
 }
 
 /// Sets the allocation labels and annotations of a TaskRun to exactly `placement`.
-pub fn record(uid: &str, placement: &Placement, maps: Maps) -> Vec<Value> {
+pub fn record(uid: &str, placement: &Placement, maps: Maps) -> TaskRunPatch {
     record_entries(uid, placement, None, maps)
 }
 
@@ -73,7 +103,7 @@ pub fn record_proven(
     placement: &Placement,
     proof: Option<&str>,
     maps: Maps,
-) -> Vec<Value> {
+) -> TaskRunPatch {
     record_entries(uid, placement, Some(proof), maps)
 }
 
@@ -82,8 +112,8 @@ fn record_entries(
     placement: &Placement,
     proof: Option<Option<&str>>,
     maps: Maps,
-) -> Vec<Value> {
-    let mut ops = vec![test_uid(uid)];
+) -> TaskRunPatch {
+    let mut ops = TaskRunPatch::for_uid(uid);
     set_entries(
         &mut ops,
         "labels",
@@ -121,27 +151,25 @@ fn record_entries(
 }
 
 /// Clears `spec.status: TaskRunPending` (fails with 422 once it is already cleared).
-pub fn ungate(uid: &str) -> Vec<Value> {
-    vec![
-        test_uid(uid),
-        json!({"op": "test", "path": "/spec/status", "value": PENDING_STATUS}),
-        json!({"op": "remove", "path": "/spec/status"}),
-    ]
+pub fn ungate(uid: &str) -> TaskRunPatch {
+    TaskRunPatch::for_uid(uid)
+        .with(json!({"op": "test", "path": "/spec/status", "value": PENDING_STATUS}))
+        .with(json!({"op": "remove", "path": "/spec/status"}))
 }
 
 /// Removes our finalizer from `finalizers` (the TaskRun's current list); `None` when absent.
-pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<Vec<Value>> {
+pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<TaskRunPatch> {
     let i = finalizers.iter().position(|f| f == contract::FINALIZER)?;
     let path = format!("/metadata/finalizers/{i}");
-    Some(vec![
-        test_uid(uid),
-        json!({"op": "test", "path": path, "value": contract::FINALIZER}),
-        json!({"op": "remove", "path": path}),
-    ])
+    Some(
+        TaskRunPatch::for_uid(uid)
+            .with(json!({"op": "test", "path": path, "value": contract::FINALIZER}))
+            .with(json!({"op": "remove", "path": path})),
+    )
 }
 
 /// Adds our finalizer; `None` when present.
-pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<Vec<Value>> {
+pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<TaskRunPatch> {
     let op = match finalizers {
         Some(list) if list.iter().any(|f| f == contract::FINALIZER) => return None,
         Some(_) => {
@@ -151,7 +179,7 @@ pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<Vec<Val
             json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::FINALIZER]})
         }
     };
-    Some(vec![test_uid(uid), op])
+    Some(TaskRunPatch::for_uid(uid).with(op))
 }
 
 /// Where build steps redeem keys, and the CA that verifies that server.
@@ -424,6 +452,110 @@ mod tests {
             .is_err()
         );
         assert!(apply(&doc, &ungate("other-uid")).is_err());
+    }
+
+    /// Every TaskRun write the controller sends, built for the TaskRun `doc` (whose UID is
+    /// `uid`) in a state where the write applies. A new builder belongs here.
+    fn every_taskrun_write(doc: &Value, uid: &str) -> Vec<(&'static str, Value, Vec<Value>)> {
+        let with_finalizer = {
+            let mut d = doc.clone();
+            d["metadata"]["finalizers"] = json!(["x", contract::FINALIZER]);
+            d
+        };
+        let without_finalizer = {
+            let mut d = doc.clone();
+            d["metadata"]["finalizers"] = json!(["x"]);
+            d
+        };
+        let no_finalizers = {
+            let mut d = doc.clone();
+            d["metadata"].as_object_mut().unwrap().remove("finalizers");
+            d
+        };
+        let gated = {
+            let mut d = doc.clone();
+            d["spec"]["status"] = PENDING_STATUS.into();
+            d
+        };
+        let unmarked = {
+            let mut d = doc.clone();
+            let m = d["metadata"].as_object_mut().unwrap();
+            m.insert("finalizers".into(), json!([]));
+            m.insert("annotations".into(), json!({}));
+            m["labels"]
+                .as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.starts_with("build.appstudio.redhat.com/"));
+            d
+        };
+        let config = {
+            let text = include_str!("../../core/tests/fixtures/admission/host-config.yaml");
+            let (data, _) = crate::config::read_configmap_yaml(text).unwrap();
+            crate::config::parse(&data).config
+        };
+        let placement = Placement {
+            assigned_host: Some(Arc::from("host-1")),
+            ..Placement::default()
+        };
+        let list = |d: &Value| -> Vec<String> {
+            serde_json::from_value(d["metadata"]["finalizers"].clone()).unwrap()
+        };
+        vec![
+            (
+                "record",
+                doc.clone(),
+                record(uid, &placement, Maps::MARKED).to_vec(),
+            ),
+            (
+                "record_proven",
+                doc.clone(),
+                record_proven(uid, &placement, Some("proof"), Maps::MARKED).to_vec(),
+            ),
+            ("ungate", gated.clone(), ungate(uid).to_vec()),
+            (
+                "remove_finalizer",
+                with_finalizer.clone(),
+                remove_finalizer(uid, &list(&with_finalizer))
+                    .unwrap()
+                    .to_vec(),
+            ),
+            (
+                "add_finalizer",
+                without_finalizer.clone(),
+                add_finalizer(uid, Some(&list(&without_finalizer)))
+                    .unwrap()
+                    .to_vec(),
+            ),
+            (
+                "add_finalizer (no list)",
+                no_finalizers,
+                add_finalizer(uid, None).unwrap().to_vec(),
+            ),
+            (
+                "adoption_patch",
+                unmarked.clone(),
+                crate::controller::adopt::adoption_patch(&unmarked, &config, 1_700_000_000)
+                    .unwrap(),
+            ),
+        ]
+    }
+
+    /// A TaskRun deleted and recreated under the same name (same finalizers, labels, status)
+    /// must refuse every write meant for the old one: each guard but the UID's passes on it.
+    #[test]
+    fn every_taskrun_write_starts_with_the_uid_test_and_a_namesake_refuses_it() {
+        let doc = taskrun();
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        for (name, target, ops) in every_taskrun_write(&doc, &uid) {
+            assert_eq!(ops.first(), Some(&test_uid(&uid)), "{name}: first op");
+            apply(&target, &ops).unwrap_or_else(|e| panic!("{name}: applies to its TaskRun: {e}"));
+            let mut namesake = target.clone();
+            namesake["metadata"]["uid"] = "recreated-uid".into();
+            assert!(
+                apply(&namesake, &ops).is_err(),
+                "{name}: a recreated TaskRun of the same name accepted a write for the old one"
+            );
+        }
     }
 
     #[test]

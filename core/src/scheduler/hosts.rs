@@ -2,20 +2,93 @@
 //!
 //! Hosts with room sit in an ordered set keyed by (load / concurrency, rank by name), so the
 //! least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
+//!
+//! A host is in that set exactly when it is configured for a platform, not backing off and below
+//! its concurrency. Its load and back-off live in a [`Room`] that only the methods of the private
+//! `room` module change, and each of them re-indexes the host in the same call: no path (a
+//! release, a retry's re-provisioning, a back-off tripping or ending) can leave a full or
+//! backing-off host taking new work.
 
 use std::sync::Arc;
 
 use super::arena::Key;
 use super::lifecycle::Placed;
 use super::users::Target;
-use super::{
-    Action, HostId, HostRef, NO_PLATFORM, Phase, PlatformId, Scheduler, State, Timer, messages,
-};
+use super::{Action, HostId, HostRef, Phase, PlatformId, Scheduler, State, Timer, messages};
 use crate::config::StaticHost;
 
-/// Least common multiple of 1..=8 (the concurrency range): load / concurrency scaled by it is
-/// an exact integer, so hosts of different sizes compare by true load ratio.
-const RATIO_SCALE: u32 = 840;
+pub(super) use room::Room;
+
+mod room {
+    use super::super::{HostId, NO_PLATFORM, Scheduler, Time};
+
+    /// Least common multiple of 1..=8 (the concurrency range): load / concurrency scaled by it
+    /// is an exact integer, so hosts of different sizes compare by true load ratio.
+    const RATIO_SCALE: u32 = 840;
+
+    /// What decides whether a host takes new work. Its fields are private to this module: they
+    /// change only through the methods below, which re-index the host before returning.
+    #[derive(Default)]
+    pub(in crate::scheduler) struct Room {
+        load: u32,
+        backoff_until: Option<Time>,
+        indexed: Option<(u32, u32, HostId)>,
+    }
+
+    impl Room {
+        /// TaskRuns holding a slot on the host.
+        pub(in crate::scheduler) fn load(&self) -> u32 {
+            self.load
+        }
+
+        /// The host sits out a back-off period.
+        pub(in crate::scheduler) fn backing_off(&self) -> bool {
+            self.backoff_until.is_some()
+        }
+    }
+
+    impl Scheduler {
+        /// A TaskRun takes a slot on the host.
+        pub(in crate::scheduler) fn add_load(&mut self, hid: HostId) {
+            self.hosts[hid as usize].room.load += 1;
+            self.reindex_host(hid);
+        }
+
+        /// A TaskRun left the host.
+        pub(in crate::scheduler) fn release_host(&mut self, hid: HostId) {
+            let r = &mut self.hosts[hid as usize].room;
+            r.load = r.load.saturating_sub(1);
+            self.reindex_host(hid);
+        }
+
+        /// Starts (`Some(until)`) or ends (`None`) the host's back-off.
+        pub(in crate::scheduler) fn set_backoff(&mut self, hid: HostId, until: Option<Time>) {
+            self.hosts[hid as usize].room.backoff_until = until;
+            self.reindex_host(hid);
+        }
+
+        /// Puts the host in (or takes it out of) its platform's set of hosts with room, from its
+        /// room and its current definition, platform and rank (after a config change).
+        pub(in crate::scheduler) fn reindex_host(&mut self, hid: HostId) {
+            let h = &mut self.hosts[hid as usize];
+            if let Some(k) = h.room.indexed.take()
+                && h.platform != NO_PLATFORM
+            {
+                self.platforms[h.platform as usize].avail.remove(&k);
+            }
+            let Some(def) = &h.def else {
+                return;
+            };
+            let r = &mut h.room;
+            if h.platform == NO_PLATFORM || r.backoff_until.is_some() || r.load >= def.concurrency {
+                return;
+            }
+            let k = (r.load * RATIO_SCALE / def.concurrency.max(1), h.rank, hid);
+            r.indexed = Some(k);
+            self.platforms[h.platform as usize].avail.insert(k);
+        }
+    }
+}
 
 impl Scheduler {
     pub(super) fn place_static(
@@ -54,8 +127,7 @@ impl Scheduler {
             .def
             .clone()
             .expect("only configured hosts are indexed");
-        self.hosts[hid as usize].load += 1;
-        self.reindex_host(hid);
+        self.add_load(hid);
         self.observe_wait(key, out);
         self.observe_allocated(key, None, out);
         self.start_static_provisioning(key, hid, def, out);
@@ -104,25 +176,6 @@ impl Scheduler {
         all_failed
     }
 
-    /// Puts the host in (or takes it out of) its platform's set of hosts with room.
-    pub(super) fn reindex_host(&mut self, hid: HostId) {
-        let h = &mut self.hosts[hid as usize];
-        if let Some(k) = h.indexed.take()
-            && h.platform != NO_PLATFORM
-        {
-            self.platforms[h.platform as usize].avail.remove(&k);
-        }
-        let Some(def) = &h.def else {
-            return;
-        };
-        if h.platform == NO_PLATFORM || h.backoff_until.is_some() || h.load >= def.concurrency {
-            return;
-        }
-        let k = (h.load * RATIO_SCALE / def.concurrency.max(1), h.rank, hid);
-        h.indexed = Some(k);
-        self.platforms[h.platform as usize].avail.insert(k);
-    }
-
     /// A host entry for a name the config does not have (an allocation found after a restart).
     pub(super) fn retired_host(&mut self, name: &str) -> HostId {
         if let Some(&h) = self.host_ids.get(name) {
@@ -133,23 +186,14 @@ impl Scheduler {
         self.hosts.push(super::Host {
             name: name.clone(),
             def: None,
-            platform: NO_PLATFORM,
+            platform: super::NO_PLATFORM,
             rank: u32::MAX,
-            load: 0,
-            indexed: None,
+            room: Room::default(),
             failures: 0,
             backoff_level: 0,
-            backoff_until: None,
         });
         self.host_ids.insert(name, h);
         h
-    }
-
-    /// A TaskRun left the host.
-    pub(super) fn release_host(&mut self, hid: HostId) {
-        let h = &mut self.hosts[hid as usize];
-        h.load = h.load.saturating_sub(1);
-        self.reindex_host(hid);
     }
 
     /// Provisioning worked: the host is healthy.
@@ -177,7 +221,7 @@ impl Scheduler {
         };
         let h = &mut self.hosts[hid as usize];
         h.failures += 1;
-        if h.failures < b.after_failures || h.backoff_until.is_some() {
+        if h.failures < b.after_failures || h.room.backing_off() {
             return;
         }
         // One more failure after the back-off trips it again (half-open).
@@ -189,10 +233,9 @@ impl Scheduler {
             .min(b.max);
         h.backoff_level += 1;
         let until = self.now + d;
-        h.backoff_until = Some(until);
         let level = h.backoff_level;
         let name = h.name.clone();
-        self.reindex_host(hid);
+        self.set_backoff(hid, Some(until));
         self.arm(until, Timer::HostBack(hid, level));
         out.push(Action::Notify {
             taskrun: None,
@@ -207,13 +250,80 @@ impl Scheduler {
     }
 
     pub(super) fn host_back_due(&mut self, hid: HostId, level: u32, out: &mut Vec<Action>) {
-        let h = &mut self.hosts[hid as usize];
-        if h.backoff_level != level || h.backoff_until.is_none() {
+        let h = &self.hosts[hid as usize];
+        if h.backoff_level != level || !h.room.backing_off() {
             return;
         }
-        h.backoff_until = None;
         let p = h.platform;
-        self.reindex_host(hid);
+        self.set_backoff(hid, None);
         self.capacity_freed(p, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{H, provision_op, provisions, static_pairs};
+    use super::super::{Event, Policy};
+
+    const P: &str = "linux/s390x";
+
+    /// A retry's re-provisioning keeps its slot and tries its host again (no release, no
+    /// re-queueing): when those failures trip the host's back-off, the host must still leave the
+    /// index of hosts with room, or it keeps taking new work while backing off.
+    #[test]
+    fn a_host_backing_off_on_a_retrys_re_provisioning_takes_no_new_work() {
+        let mut h = H::new(&static_pairs(&[("h1", 4)]));
+        let op = provision_op(&h.submit("ns", "a", P), "a");
+        h.send(Event::Provisioned {
+            op,
+            otp: "first".into(),
+        });
+        let mut spec = H::spec("ns", "a", P);
+        spec.retries = 1;
+        let mut op = provision_op(&h.send(Event::TaskRun(spec)), "a");
+        let trips = Policy::mpc()
+            .host_backoff
+            .expect("mpc backs off")
+            .after_failures;
+        assert!(
+            trips < Policy::mpc().rearm_attempts,
+            "trips on the retry path"
+        );
+        for n in 1..=trips {
+            let a = h.send(Event::ProvisionFailed {
+                op,
+                error: "connection refused".into(),
+            });
+            assert!(provisions(&a).is_empty(), "{a:#?}");
+            let backed_off = a.iter().any(|x| {
+                matches!(
+                    x,
+                    super::super::Action::Notify {
+                        reason: "HostBackedOff",
+                        ..
+                    }
+                )
+            });
+            assert_eq!(backed_off, n == trips, "failure {n}: {a:#?}");
+            if n < trips {
+                let a = h.wait(Policy::mpc().rearm_backoff.as_secs() * 4);
+                op = provision_op(&a, "a");
+            }
+        }
+        // h1 has room (1 of 4) but backs off: new work waits.
+        let b = h.submit("ns", "b", P);
+        assert!(
+            provisions(&b).is_empty(),
+            "a host backing off took new work: {b:#?}"
+        );
+        // Back after the back-off: b goes there.
+        let base = Policy::mpc().host_backoff.unwrap().base.as_secs();
+        let a = h.wait(base + 1);
+        assert!(
+            provisions(&a)
+                .iter()
+                .any(|(_, n, host)| n == "b" && host == "h1"),
+            "{a:#?}"
+        );
     }
 }

@@ -655,7 +655,7 @@ impl Scheduler {
         let def = h
             .def
             .clone()
-            .filter(|d| d.platform == **platform && h.load <= d.concurrency);
+            .filter(|d| d.platform == **platform && h.room.load() <= d.concurrency);
         self.rearm_on_host(key, host, def, "the host can no longer take it", out);
     }
 

@@ -252,11 +252,10 @@ struct Host {
     def: Option<Arc<StaticHost>>,
     platform: PlatformId,
     rank: u32,
-    load: u32,
-    indexed: Option<(u32, u32, HostId)>,
+    /// Load and back-off: whether it takes new work (see `hosts`).
+    room: hosts::Room,
     failures: u32,
     backoff_level: u32,
-    backoff_until: Option<Time>,
 }
 
 struct Instance {

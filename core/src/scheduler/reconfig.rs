@@ -58,11 +58,9 @@ impl Scheduler {
                         def: None,
                         platform: NO_PLATFORM,
                         rank: 0,
-                        load: 0,
-                        indexed: None,
+                        room: Default::default(),
                         failures: 0,
                         backoff_level: 0,
-                        backoff_until: None,
                     });
                     self.host_ids.insert(name.clone(), h);
                     h
@@ -90,7 +88,6 @@ impl Scheduler {
         for (rank, hid) in order.into_iter().enumerate() {
             let h = &mut self.hosts[hid as usize];
             h.rank = rank as u32;
-            h.indexed = None;
             if h.def.is_some() && h.platform != NO_PLATFORM {
                 self.platforms[h.platform as usize].hosts.push(hid);
             }

@@ -430,7 +430,7 @@ impl Scheduler {
         }
         if let (Some(h), Some(def)) = (known, &def) {
             let host = &self.hosts[h as usize];
-            if host.platform != p || host.load >= def.concurrency {
+            if host.platform != p || host.room.load() >= def.concurrency {
                 // Not a host of its platform, or full with allocations already rebuilt: the
                 // claim is not the controller's (or no longer fits): queued again.
                 return false;
@@ -438,8 +438,7 @@ impl Scheduler {
         }
         // A running build on a host the config dropped is still counted against it.
         let hid = known.unwrap_or_else(|| self.retired_host(host));
-        self.hosts[hid as usize].load += 1;
-        self.reindex_host(hid);
+        self.add_load(hid);
         match def {
             Some(def) if !ready => self.start_static_provisioning(key, hid, def, out),
             def => {

@@ -133,7 +133,7 @@ pub async fn current(ctx: &Context, tr: &TaskRunRef) -> Result<TaskRun, WriteErr
 async fn json_patch(
     ctx: &Context,
     tr: &TaskRunRef,
-    ops: &[Value],
+    ops: &patch::TaskRunPatch,
 ) -> Result<Result<(), kube::Error>, WriteError> {
     let path = format!(
         "/apis/tekton.dev/v1/namespaces/{}/taskruns/{}",
@@ -156,7 +156,7 @@ async fn json_patch(
 async fn patch_taskrun(
     ctx: &Context,
     tr: &TaskRunRef,
-    build: impl Fn(Maps) -> Vec<Value>,
+    build: impl Fn(Maps) -> patch::TaskRunPatch,
 ) -> Result<(), WriteError> {
     match json_patch(ctx, tr, &build(Maps::MARKED)).await? {
         Ok(()) => Ok(()),
