@@ -633,7 +633,13 @@ async fn instances(s: &Soak) -> Option<HashMap<String, Instance>> {
                     Some("multi-platform-owner" | "multi-platform-attempt" | "Name")
                 )
             })
-            .map(|t| format!("{}={}", t.key().unwrap_or_default(), t.value().unwrap_or_default()))
+            .map(|t| {
+                format!(
+                    "{}={}",
+                    t.key().unwrap_or_default(),
+                    t.value().unwrap_or_default()
+                )
+            })
             .chain(i.launch_time().map(|t| format!("launched {t}")))
             .collect::<Vec<_>>()
             .join(", ");

@@ -602,7 +602,8 @@ impl Scheduler {
         }
     }
 
-    /// Tracks an unowned instance of this cluster; terminated once past the grace period.
+    /// Tracks an unowned instance of this cluster; terminated once past the grace period, or at
+    /// once when its owner tag says no result can still claim it ([`Scheduler::owner_moved_on`]).
     pub(super) fn orphan(
         &mut self,
         p: PlatformId,
@@ -610,6 +611,7 @@ impl Scheduler {
         template: Arc<DynamicPlatform>,
         out: &mut Vec<Action>,
     ) {
+        let moved_on = self.owner_moved_on(p, rec);
         let inst = self.new_instance(p, template, None);
         let i = self.instances.get_mut(inst).expect("just created");
         let id: Arc<str> = rec.id.as_str().into();
@@ -620,11 +622,34 @@ impl Scheduler {
         i.used = true;
         self.instance_ids.insert(id, inst);
         let at = rec.launched_at + self.policy.orphan_grace;
-        if at <= self.now {
+        if at <= self.now || moved_on {
             self.orphan_due(inst, out);
         } else {
             self.arm(at, Timer::Orphan(inst));
         }
+    }
+
+    /// An untracked instance of ours whose owner tag names a TaskRun this ledger knows (live, in
+    /// cleanup, or finalized and remembered) with no launch of that owner in flight: a leader
+    /// that died between its launch call and recording the result left it, and the TaskRun has
+    /// moved on (its claims were all recovered, so this instance is not among them). Waiting out
+    /// the grace period would only hold a `max-instances` place, and, when the TaskRun is
+    /// finished, outlive everything else of it. An owner the ledger does not know keeps the
+    /// grace: its TaskRun may not be indexed yet.
+    pub(super) fn owner_moved_on(&self, p: PlatformId, rec: &InstanceRecord) -> bool {
+        let Some(owner) = rec.owner.as_deref() else {
+            return false;
+        };
+        let launching = self.platforms[p as usize]
+            .members
+            .iter()
+            .filter_map(|&k| self.instances.get(k))
+            .any(|i| i.id.is_none() && i.launch.as_ref().is_some_and(|l| l.owner_key() == owner));
+        if launching {
+            return false;
+        }
+        let uid = Uid::new(owner);
+        self.tombstones.contains(&uid) || self.by_uid.get(&uid, &self.taskruns).is_some()
     }
 
     pub(super) fn orphan_due(&mut self, inst: Key, out: &mut Vec<Action>) {

@@ -57,8 +57,10 @@ impl Scheduler {
             {
                 continue;
             }
-            // A launch result may still be on its way for a young one.
-            if rec.launched_at + self.policy.orphan_grace <= self.now {
+            // A launch result may still be on its way for a young one, unless its owner has
+            // moved on.
+            if rec.launched_at + self.policy.orphan_grace <= self.now || self.owner_moved_on(p, rec)
+            {
                 self.orphan(p, rec, template.clone(), out);
             }
         }

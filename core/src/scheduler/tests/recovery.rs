@@ -375,3 +375,47 @@ fn a_recovered_pool_instance_with_a_build_that_never_answers_stops_taking_work()
     assert_eq!(deprovisions(&done)[0].2, "i-p");
     assert_eq!(terminates(&done)[0].1, "i-p");
 }
+
+/// A leader died between its launch call and recording the instance; the new leader finds it
+/// in the listing under the owner tag of a TaskRun that has since finished, or of one placed on
+/// another instance: nothing can claim it any more, so it goes at once rather than holding a
+/// `max-instances` place for the whole grace period (and outliving its TaskRun). An owner the
+/// ledger does not know keeps the grace.
+#[test]
+fn an_instance_whose_owner_moved_on_is_terminated_without_waiting_out_the_grace() {
+    let mut finished = rec("done", "linux/arm64");
+    finished.finished = true;
+    let mut running = rec("run", "linux/arm64");
+    running.instance_id = Some("i-run".into());
+    running.secret = Some(SecretKind::Remote);
+    let (mut h, out) = start(
+        &dynamic_pairs(4, None),
+        Snapshot {
+            taskruns: vec![finished, running],
+            instances: vec![
+                instance("i-run", Some("uid-ns-run"), START - 120),
+                // Launched for `done` by the dead leader, never recorded.
+                instance("i-done", Some("uid-ns-done"), START - 30),
+                instance("i-stranger", Some("uid-ns-unknown"), START - 30),
+            ],
+        },
+    );
+    let t: Vec<String> = terminates(&out).into_iter().map(|t| t.1).collect();
+    assert_eq!(t, ["i-done"], "{out:#?}");
+    // A late launch of the dead leader lands after recovery, for `run`, which is on i-run.
+    let a = h.send(Event::InstancesListed {
+        platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+        instances: vec![
+            instance("i-run", Some("uid-ns-run"), START - 120),
+            instance("i-done", Some("uid-ns-done"), START - 30),
+            instance("i-stranger", Some("uid-ns-unknown"), START - 30),
+            instance("i-late", Some("uid-ns-run"), START - 5),
+        ],
+    });
+    let t: Vec<String> = terminates(&a).into_iter().map(|t| t.1).collect();
+    assert_eq!(t, ["i-late"], "{a:#?}");
+    // The stranger waits out the grace period.
+    let later = h.wait(10 * 60);
+    let t: Vec<String> = terminates(&later).into_iter().map(|t| t.1).collect();
+    assert_eq!(t, ["i-stranger"], "{later:#?}");
+}
