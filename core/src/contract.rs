@@ -31,18 +31,19 @@ pub const ALLOCATION_START_TIME_ANNOTATION: &str =
     "build.appstudio.redhat.com/allocation-start-time";
 
 /// Annotation: the controller's proof that it made the TaskRun's allocation (`v1:` and a hex
-/// HMAC-SHA256 over namespace, name, UID and `assigned-host`). The same key on the TaskRun's
-/// Secret carries the proof for the Secret.
+/// HMAC-SHA256 over namespace, name, UID and `assigned-host`). It cannot be forged without the
+/// controller's key; it is still controller-only, so a tenant cannot strip or replace it either.
 pub const ALLOCATION_PROOF_ANNOTATION: &str = "build.appstudio.redhat.com/multi-platform-proof";
 
 /// Labels only the controller writes: a TaskRun's creator never sets them (the webhook removes
 /// them at creation), and recovery rebuilds allocations from them.
 pub const CONTROLLER_ONLY_LABELS: [&str; 2] = [ASSIGNED_HOST_LABEL, WAITING_FOR_PLATFORM_LABEL];
 /// Annotations only the controller writes (see [`CONTROLLER_ONLY_LABELS`]).
-pub const CONTROLLER_ONLY_ANNOTATIONS: [&str; 3] = [
+pub const CONTROLLER_ONLY_ANNOTATIONS: [&str; 4] = [
     FAILED_HOSTS_ANNOTATION,
     CLOUD_INSTANCE_ID_ANNOTATION,
     CLOUD_ADDRESS_ANNOTATION,
+    ALLOCATION_PROOF_ANNOTATION,
 ];
 
 /// Finalizer held on remote TaskRuns until cleanup is durable.

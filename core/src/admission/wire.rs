@@ -377,7 +377,7 @@ pub(super) trait KeySet {
 }
 
 /// Most keys one [`Picked`] captures.
-pub(super) const MAX_PICKED: usize = 4;
+pub(super) const MAX_PICKED: usize = 5;
 
 /// Label keys the webhook reads (the controller-only ones to remove them).
 pub(super) struct LabelKeys;
@@ -398,6 +398,7 @@ impl KeySet for AnnotationKeys {
         contract::CONTROLLER_ONLY_ANNOTATIONS[0],
         contract::CONTROLLER_ONLY_ANNOTATIONS[1],
         contract::CONTROLLER_ONLY_ANNOTATIONS[2],
+        contract::CONTROLLER_ONLY_ANNOTATIONS[3],
     ];
 }
 
