@@ -97,10 +97,10 @@ fn denied_by(policy: &str, resource: &str, name: &str, message: &str) -> String 
 
 const TR_POLICY: &str = "multi-platform-controller-taskruns";
 const CONTROLLER_LABELS_AT_CREATE: &str = "labels build.appstudio.redhat.com/assigned-host and waiting-for-platform are written only by the multi-platform controller";
-const CONTROLLER_ANNOTATIONS_AT_CREATE: &str = "annotations build.appstudio.redhat.com/cloud-instance-id, cloud-address and failed-hosts are written only by the multi-platform controller";
+const CONTROLLER_ANNOTATIONS_AT_CREATE: &str = "annotations build.appstudio.redhat.com/cloud-instance-id, cloud-address, failed-hosts and multi-platform-proof are written only by the multi-platform controller";
 const START_TIME: &str = "annotation build.appstudio.redhat.com/allocation-start-time must be the unix time of the TaskRun's creation (the multi-platform controller's webhook sets it)";
 const LABELS_ON_UPDATE: &str = "only the multi-platform controller may change the labels build.appstudio.redhat.com/target-platform, assigned-host and waiting-for-platform";
-const ANNOTATIONS_ON_UPDATE: &str = "only the multi-platform controller may change the annotations build.appstudio.redhat.com/cloud-instance-id, cloud-address, failed-hosts and allocation-start-time";
+const ANNOTATIONS_ON_UPDATE: &str = "only the multi-platform controller may change the annotations build.appstudio.redhat.com/cloud-instance-id, cloud-address, failed-hosts, multi-platform-proof and allocation-start-time";
 const FINALIZER_ON_UPDATE: &str = "only the multi-platform controller may add or remove the finalizer appstudio.io/multi-platform-finalizer";
 
 /// Our real webhook (the core's review, with a static linux/arm64 host), on loopback.
@@ -179,11 +179,7 @@ async fn at_create_controller_keys_are_refused_and_webhook_keys_pass() {
             )
         );
     }
-    for key in [
-        contract::CLOUD_ADDRESS_ANNOTATION,
-        contract::CLOUD_INSTANCE_ID_ANNOTATION,
-        contract::FAILED_HOSTS_ANNOTATION,
-    ] {
+    for key in contract::CONTROLLER_ONLY_ANNOTATIONS {
         let r = tekton
             .create(
                 &pp,
@@ -365,6 +361,10 @@ async fn on_update_only_the_controller_changes_its_keys() {
         ),
         (
             json!({"annotations": {contract::ALLOCATION_START_TIME_ANNOTATION: "1"}}),
+            ANNOTATIONS_ON_UPDATE,
+        ),
+        (
+            json!({"annotations": {contract::ALLOCATION_PROOF_ANNOTATION: "v1:00"}}),
             ANNOTATIONS_ON_UPDATE,
         ),
         (

@@ -308,25 +308,13 @@ pub fn secret(
         SecretData::Localhost => put(secret_keys::HOST, contract::LOCALHOST),
         SecretData::Error(message) => put(secret_keys::ERROR, message),
     }
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(taskrun.secret_name()),
-            namespace: Some(taskrun.namespace().to_owned()),
-            labels: Some(BTreeMap::from([(
-                contract::MULTI_PLATFORM_SECRET_LABEL.to_owned(),
-                "true".to_owned(),
-            )])),
-            annotations: Some(BTreeMap::from([(
-                SECRET_PROOF_ANNOTATION.to_owned(),
-                proof.sign(kind, taskrun, host),
-            )])),
-            owner_references: Some(vec![owner(taskrun)]),
-            ..ObjectMeta::default()
-        },
-        type_: Some("Opaque".to_owned()),
-        data: Some(d),
-        ..Secret::default()
-    }
+    let mut secret = secret_probe(taskrun);
+    secret.metadata.annotations = Some(BTreeMap::from([(
+        SECRET_PROOF_ANNOTATION.to_owned(),
+        proof.sign(kind, taskrun, host),
+    )]));
+    secret.data = Some(d);
+    secret
 }
 
 /// The ownerReference to a TaskRun (no `blockOwnerDeletion`: deleting a TaskRun must not wait
@@ -343,7 +331,8 @@ pub fn owner(taskrun: &TaskRunRef) -> OwnerReference {
 }
 
 /// What a dry-run create sends to learn whether the TaskRun's secret exists without reading it:
-/// the name, and what the admission policy on the controller's Secret writes requires.
+/// the name, and what the admission policy on the controller's Secret writes requires (every
+/// secret the controller writes starts as this).
 pub fn secret_probe(taskrun: &TaskRunRef) -> Secret {
     Secret {
         metadata: ObjectMeta {
