@@ -675,8 +675,16 @@ mod konflux {
         ("IMAGE_APPEND_PLATFORM", false, Some("false")),
     ];
 
-    /// Steps: name, script bytes, script lines, volume mounts (the production Task's sizes).
-    const STEPS: &[(&str, usize, usize, &[(&str, &str)])] = &[
+    /// A step: name, script bytes, script lines, volume mounts (volume, path).
+    type StepShape = (
+        &'static str,
+        usize,
+        usize,
+        &'static [(&'static str, &'static str)],
+    );
+
+    /// The steps, with the production Task's script sizes.
+    const STEPS: &[StepShape] = &[
         (
             "use-trusted-artifact",
             0,
