@@ -811,10 +811,13 @@ async fn collect_snapshot(
 }
 
 /// TaskRuns per page of the (re)list. A page is held whole, as JSON and decoded, on top of
-/// everything already indexed: kube-runtime's 500 made the initial list of 20k TaskRuns the
-/// controller's peak (BENCHMARKS.md). Streaming lists would avoid pages altogether but need
-/// the `WatchList` feature, which not every supported cluster has on.
-const TASKRUN_LIST_PAGE: u32 = 100;
+/// everything already indexed: with Konflux TaskRuns (~57 KB each with the resolved
+/// `buildah-remote-oci-ta` spec) a page of 100 was the controller's heap peak once recovery's
+/// jobs were capped (heap profile: the HTTP read buffer and its contiguous copy, 5 MB each;
+/// BENCHMARKS.md). 50 halves that for 400 requests per 20,000 TaskRuns. Streaming lists would
+/// avoid pages altogether but need the `WatchList` feature, which not every supported cluster
+/// has on.
+const TASKRUN_LIST_PAGE: u32 = 50;
 
 /// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
 /// follows a 410 or a broken watch). Runs until `stop`.
