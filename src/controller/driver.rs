@@ -16,10 +16,16 @@
 //!   renew deadline, so in-flight writes of an ended term are abandoned even before this loop
 //!   reads the change.
 //!
+//! - at most [`JOBS_IN_FLIGHT`] jobs run at once ([`NOTIFY_IN_FLIGHT`] of them Events); the
+//!   rest wait as plain values, in submission order. A spawned job is kilobytes (its future, a
+//!   clone of the context, then the API's answer), an action at most 128 B, and recovering
+//!   10,000 queued TaskRuns dispatches a label write and an Event for each at once: spawned
+//!   together they were the controller's memory peak (BENCHMARKS.md, "Memory").
+//!
 //! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
 //! so replays after a buffer or a relist are safe.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -63,6 +69,7 @@ struct Wanted {
 pub struct Completion {
     term: u64,
     lane: Option<LaneKey>,
+    class: Class,
     events: Vec<Event>,
 }
 
@@ -85,6 +92,80 @@ struct Term {
     ctx: Context,
     phase: Phase,
     lanes: Lanes<Job>,
+    running: InFlight<(Option<LaneKey>, Job)>,
+}
+
+/// Jobs running at once. Well above what the executor's own limits let proceed together (API,
+/// SSH and Event permits), so a cap this size costs no throughput; it bounds what waits for them.
+pub const JOBS_IN_FLIGHT: usize = 256;
+/// Of those, Events: they are published a few at a time, and jobs waiting for that must not fill
+/// every place while writes queue behind them.
+pub const NOTIFY_IN_FLIGHT: usize = 16;
+
+/// Which cap a job counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Notify,
+    Other,
+}
+
+fn class_of(job: &Job) -> Class {
+    match job {
+        Job::Action(Action::Notify { .. }) => Class::Notify,
+        _ => Class::Other,
+    }
+}
+
+/// Admission of jobs under the two caps: what does not fit waits, first in first out per class.
+struct InFlight<T> {
+    running: [usize; 2],
+    waiting: [VecDeque<T>; 2],
+    caps: [usize; 2],
+}
+
+impl<T> InFlight<T> {
+    fn new(others: usize, notify: usize) -> Self {
+        InFlight {
+            running: [0, 0],
+            waiting: [VecDeque::new(), VecDeque::new()],
+            caps: [others.max(1), notify.max(1)],
+        }
+    }
+
+    fn slot(class: Class) -> usize {
+        match class {
+            Class::Other => 0,
+            Class::Notify => 1,
+        }
+    }
+
+    /// `item` if it may start now (it then counts as running), else `None` and it waits.
+    fn submit(&mut self, class: Class, item: T) -> Option<T> {
+        let i = Self::slot(class);
+        if self.running[i] < self.caps[i] {
+            self.running[i] += 1;
+            Some(item)
+        } else {
+            self.waiting[i].push_back(item);
+            None
+        }
+    }
+
+    /// A job of `class` ended: the next waiting one of that class, which now runs.
+    fn finish(&mut self, class: Class) -> Option<T> {
+        let i = Self::slot(class);
+        match self.waiting[i].pop_front() {
+            Some(next) => Some(next),
+            None => {
+                self.running[i] = self.running[i].saturating_sub(1);
+                None
+            }
+        }
+    }
+
+    fn waiting(&self) -> usize {
+        self.waiting.iter().map(VecDeque::len).sum()
+    }
 }
 
 /// How often each periodic task of a term runs.
@@ -465,7 +546,7 @@ impl Driver {
             None => Some(job),
         };
         if let Some(job) = start {
-            spawn_job(&term.ctx, term.id, lane, job, &self.results_tx);
+            term.start(lane, job, &self.results_tx);
         }
     }
 
@@ -476,16 +557,13 @@ impl Driver {
         if term.id != done.term {
             return;
         }
+        if let Some((lane, job)) = term.running.finish(done.class) {
+            spawn_job(&term.ctx, term.id, lane, job, &self.results_tx);
+        }
         if let Some(lane) = &done.lane
             && let Some(next) = term.lanes.finish(lane)
         {
-            spawn_job(
-                &term.ctx,
-                term.id,
-                done.lane.clone(),
-                next,
-                &self.results_tx,
-            );
+            term.start(done.lane.clone(), next, &self.results_tx);
         }
         for ev in done.events {
             self.feed(ev);
@@ -561,6 +639,7 @@ impl Driver {
             ctx,
             phase: Phase::Recovering(Vec::new()),
             lanes: Lanes::default(),
+            running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT),
         });
         // What the TaskRuns seen while following still need; nothing of it was submitted.
         self.finalizing.clear();
@@ -593,15 +672,18 @@ impl Driver {
         let mut out = std::mem::take(&mut self.actions);
         scheduler.recover(now(), snapshot, &mut out);
         term.phase = Phase::Running(scheduler);
+        let actions = out.len();
+        self.dispatch(&mut out);
+        let waiting = self.term.as_ref().map_or(0, |t| t.running.waiting());
         tracing::info!(
             term = id,
             taskruns = n_taskruns,
             instances = n_instances,
-            actions = out.len(),
+            actions,
+            waiting,
             replayed = buffered.len(),
             "ledger rebuilt; scheduling"
         );
-        self.dispatch(&mut out);
         self.actions = out;
         for ev in buffered {
             self.feed(ev);
@@ -656,6 +738,20 @@ fn lane_of(action: &Action) -> Option<LaneKey> {
     }
 }
 
+impl Term {
+    /// Runs a job whose lane let it start, when the caps allow; else it waits its turn.
+    fn start(
+        &mut self,
+        lane: Option<LaneKey>,
+        job: Job,
+        results: &mpsc::UnboundedSender<Completion>,
+    ) {
+        if let Some((lane, job)) = self.running.submit(class_of(&job), (lane, job)) {
+            spawn_job(&self.ctx, self.id, lane, job, results);
+        }
+    }
+}
+
 fn spawn_job(
     ctx: &Context,
     term: u64,
@@ -664,9 +760,15 @@ fn spawn_job(
     results: &mpsc::UnboundedSender<Completion>,
 ) {
     let (ctx, results) = (ctx.clone(), results.clone());
+    let class = class_of(&job);
     tokio::spawn(async move {
         let events = execute::run(&ctx, job).await;
-        let _ = results.send(Completion { term, lane, events });
+        let _ = results.send(Completion {
+            term,
+            lane,
+            class,
+            events,
+        });
     });
 }
 
@@ -723,10 +825,13 @@ async fn collect_snapshot(
 }
 
 /// TaskRuns per page of the (re)list. A page is held whole, as JSON and decoded, on top of
-/// everything already indexed: kube-runtime's 500 made the initial list of 20k TaskRuns the
-/// controller's peak (BENCHMARKS.md). Streaming lists would avoid pages altogether but need
-/// the `WatchList` feature, which not every supported cluster has on.
-const TASKRUN_LIST_PAGE: u32 = 100;
+/// everything already indexed: with Konflux TaskRuns (~57 KB each with the resolved
+/// `buildah-remote-oci-ta` spec) a page of 100 was the controller's heap peak once recovery's
+/// jobs were capped (heap profile: the HTTP read buffer and its contiguous copy, 5 MB each;
+/// BENCHMARKS.md). 50 halves that for 400 requests per 20,000 TaskRuns. Streaming lists would
+/// avoid pages altogether but need the `WatchList` feature, which not every supported cluster
+/// has on.
+const TASKRUN_LIST_PAGE: u32 = 50;
 
 /// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
 /// follows a 410 or a broken watch). Runs until `stop`.
@@ -755,5 +860,47 @@ pub async fn watch_taskruns(
             Some(Err(error)) => tracing::warn!(%error, "TaskRun watch error; retrying"),
             None => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recovery of 10,000 queued TaskRuns submits a write and an Event for each at once: only
+    /// the caps run, the rest start one per finished job of their class, in order.
+    #[test]
+    fn a_burst_runs_under_the_caps_in_order() {
+        let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT);
+        let mut started = Vec::new();
+        for i in 0..10_000 {
+            started.extend(q.submit(Class::Other, ("write", i)));
+            started.extend(q.submit(Class::Notify, ("event", i)));
+        }
+        let count = |v: &[(&str, i32)], what: &str| v.iter().filter(|(w, _)| *w == what).count();
+        assert_eq!(count(&started, "write"), JOBS_IN_FLIGHT);
+        assert_eq!(count(&started, "event"), NOTIFY_IN_FLIGHT);
+        assert_eq!(q.waiting(), 20_000 - JOBS_IN_FLIGHT - NOTIFY_IN_FLIGHT);
+        // Events publishing slowly do not hold writes back: a finished write starts the next.
+        assert_eq!(
+            q.finish(Class::Other),
+            Some(("write", JOBS_IN_FLIGHT as i32))
+        );
+        assert_eq!(
+            q.finish(Class::Notify),
+            Some(("event", NOTIFY_IN_FLIGHT as i32))
+        );
+        let mut next = JOBS_IN_FLIGHT as i32 + 1;
+        while let Some((_, i)) = q.finish(Class::Other) {
+            assert_eq!(i, next, "submission order");
+            next += 1;
+        }
+        assert_eq!(next, 10_000);
+        // Drained: every place is free again, and new work starts at once.
+        for _ in 0..JOBS_IN_FLIGHT - 1 {
+            assert_eq!(q.finish(Class::Other), None);
+        }
+        assert_eq!(q.running[0], 0);
+        assert!(q.submit(Class::Other, ("write", 0)).is_some());
     }
 }

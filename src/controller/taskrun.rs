@@ -4,12 +4,19 @@
 //! watch deserialises straight into this view, so the rest of an object is skipped by the parser
 //! and never allocated, and nothing holds whole TaskRuns (design §10: memory is per tracked
 //! TaskRun, not per byte of its YAML).
+//!
+//! Within the parts it reads, the view keeps only what decisions use, because a page of the
+//! initial list and the loop's input queue hold many views at once: labels and annotations
+//! under [`KEPT_KEY_PREFIX`] (a Konflux TaskRun has ~50 others, from Pipelines as Code, Tekton,
+//! Chains and Results), the `PLATFORM` param of `spec.params` and of a task spec's params (the
+//! production Task declares ~56), and only the volumes that mount the multi-platform secret.
+//! Whoever reads another key or param must widen the filter here.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::de::{IgnoredAny, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -31,6 +38,8 @@ pub struct TaskRun {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Spec {
+    /// The `PLATFORM` param only.
+    #[serde(deserialize_with = "platform_only")]
     pub params: Vec<Param>,
     /// `TaskRunPending` while gated, `TaskRunCancelled` when cancelled.
     pub status: Option<String>,
@@ -63,7 +72,11 @@ pub struct TaskRef {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct TaskSpec {
+    /// The `PLATFORM` param only.
+    #[serde(deserialize_with = "platform_only")]
     pub params: Vec<ParamSpec>,
+    /// Volumes of the multi-platform secret only.
+    #[serde(deserialize_with = "secret_volumes_only")]
     pub volumes: Vec<Volume>,
 }
 
@@ -208,7 +221,9 @@ struct SlimMeta {
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
+    #[serde(default, deserialize_with = "kept_map")]
     labels: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "kept_map")]
     annotations: Option<BTreeMap<String, String>>,
     finalizers: Option<Vec<String>>,
     deletion_timestamp: Option<Time>,
@@ -229,6 +244,123 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         creation_timestamp: m.creation_timestamp,
         ..ObjectMeta::default()
     })
+}
+
+/// Labels and annotations kept by the view: every contract key is under it.
+pub const KEPT_KEY_PREFIX: &str = "build.appstudio.redhat.com/";
+
+/// A string map with only the [`KEPT_KEY_PREFIX`] entries: other keys are read without being
+/// copied and their values skipped. A present map stays `Some` even when nothing is kept (patches
+/// depend on whether the map exists).
+fn kept_map<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Kept;
+    impl<'de> Visitor<'de> for Kept {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key_seed(KeptKey)? {
+                match key {
+                    Some(k) => {
+                        out.insert(k, map.next_value::<String>()?);
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Some(out))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Kept)
+}
+
+/// A map key, copied only when it is kept.
+struct KeptKey;
+
+impl<'de> DeserializeSeed<'de> for KeptKey {
+    type Value = Option<String>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KeptKey {
+    type Value = Option<String>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.starts_with(KEPT_KEY_PREFIX).then(|| v.to_owned()))
+    }
+}
+
+/// Anything with a param name.
+trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for Param {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for ParamSpec {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The `PLATFORM` entries of a params list (`null` counts as empty).
+fn platform_only<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Named,
+{
+    let all: Option<Vec<Filtered<T>>> = Option::deserialize(d)?;
+    Ok(all.into_iter().flatten().filter_map(|f| f.0).collect())
+}
+
+/// A list element, kept only when it is a `PLATFORM` param: others are skipped by the parser
+/// (one element is looked at a time, so the list is never built whole).
+struct Filtered<T>(Option<T>);
+
+impl<'de, T: Deserialize<'de> + Named> Deserialize<'de> for Filtered<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = T::deserialize(d)?;
+        Ok(Filtered(
+            (v.name() == contract::PLATFORM_PARAM).then_some(v),
+        ))
+    }
+}
+
+/// The volumes that mount a multi-platform secret (`null` counts as empty).
+fn secret_volumes_only<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Volume>, D::Error> {
+    let all: Option<Vec<Volume>> = Option::deserialize(d)?;
+    Ok(all
+        .into_iter()
+        .flatten()
+        .filter(Volume::mounts_multi_platform_secret)
+        .collect())
+}
+
+impl Volume {
+    /// A secret volume of the per-TaskRun multi-platform secret.
+    pub fn mounts_multi_platform_secret(&self) -> bool {
+        self.secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref())
+            .is_some_and(|n| n.starts_with(contract::SECRET_PREFIX))
+    }
 }
 
 /// Counts a JSON array's elements without building them (`null` counts as empty).
@@ -259,6 +391,7 @@ fn count_seq<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn reads_only_what_decisions_need() {
@@ -300,5 +433,75 @@ mod tests {
         .unwrap();
         assert_eq!(tr.identity(), None);
         assert_eq!(tr.status.retries, 0);
+    }
+    /// A TaskRun as Konflux has them: dozens of labels, annotations and params around the few
+    /// the controller reads.
+    #[test]
+    fn keeps_only_the_keys_params_and_volumes_decisions_read() {
+        let mut labels = serde_json::Map::new();
+        let mut annotations = serde_json::Map::new();
+        for i in 0..40 {
+            labels.insert(format!("tekton.dev/label-{i}"), json!(format!("value-{i}")));
+            annotations.insert(
+                format!("pipelinesascode.tekton.dev/a-{i}"),
+                json!("x".repeat(200)),
+            );
+        }
+        labels.insert(contract::TARGET_PLATFORM_LABEL.into(), json!("linux-arm64"));
+        labels.insert(
+            contract::WAITING_FOR_PLATFORM_LABEL.into(),
+            json!("linux-arm64"),
+        );
+        annotations.insert(
+            contract::ALLOCATION_START_TIME_ANNOTATION.into(),
+            json!("1767323100"),
+        );
+        annotations.insert(contract::FAILED_HOSTS_ANNOTATION.into(), json!("h1,h2"));
+        let params: Vec<Value> = (0..55)
+            .map(|i| json!({"name": format!("P{i}"), "description": "d".repeat(100), "default": "v"}))
+            .chain([json!({"name": "PLATFORM", "type": "string"})])
+            .collect();
+        let volumes = json!([
+            {"name": "activation-key", "secret": {"secretName": "$(params.ACTIVATION_KEY)"}},
+            {"name": "shared", "emptyDir": {}},
+            {"name": "ssh", "secret": {"secretName": "multi-platform-ssh-$(context.taskRun.name)"}},
+        ]);
+        let tr: TaskRun = serde_json::from_value(json!({
+            "metadata": {"name": "b1", "namespace": "t1", "uid": "u1",
+                         "labels": labels, "annotations": annotations},
+            "spec": {"params": (0..15).map(|i| json!({"name": format!("S{i}"), "value": "v"}))
+                        .chain([json!({"name": "PLATFORM", "value": "linux/arm64"})]).collect::<Vec<_>>()},
+            "status": {"taskSpec": {"params": params, "volumes": volumes}},
+        }))
+        .unwrap();
+        let kept = |m: &Option<BTreeMap<String, String>>| {
+            m.as_ref().unwrap().keys().cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(
+            kept(&tr.metadata.labels),
+            [
+                contract::TARGET_PLATFORM_LABEL,
+                contract::WAITING_FOR_PLATFORM_LABEL
+            ]
+        );
+        assert_eq!(
+            kept(&tr.metadata.annotations),
+            [
+                contract::ALLOCATION_START_TIME_ANNOTATION,
+                contract::FAILED_HOSTS_ANNOTATION
+            ]
+        );
+        assert_eq!(tr.spec.params.len(), 1);
+        assert_eq!(tr.spec.params[0].value, json!("linux/arm64"));
+        let ts = tr.status.task_spec.as_ref().unwrap();
+        assert_eq!(ts.params.len(), 1);
+        assert_eq!(ts.params[0].name, "PLATFORM");
+        assert_eq!(ts.volumes.len(), 1);
+        // A map that is present but keeps nothing is still present (patches depend on it).
+        let bare: TaskRun =
+            serde_json::from_value(json!({"metadata": {"labels": {"a": "b"}}})).unwrap();
+        assert_eq!(bare.metadata.labels, Some(BTreeMap::new()));
+        let none: TaskRun = serde_json::from_value(json!({"metadata": {"labels": null}})).unwrap();
+        assert_eq!(none.metadata.labels, None);
     }
 }
