@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::Value;
 
 use super::Context;
 use crate::controller::patch::{self, Maps};
