@@ -352,3 +352,32 @@ impl KnownHosts {
         Err("the ConfigMap kept changing".into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a failure of the host itself may count against its health.
+    #[test]
+    fn only_the_hosts_own_failures_are_blamed_on_it() {
+        let missing = ProvisionFailure::AdminKey("Secret ns/h1-admin not found".into());
+        assert_eq!(missing.blame(), Blame::Controller);
+        assert_eq!(
+            ProvisionFailure::Otp("refused".into()).blame(),
+            Blame::Controller
+        );
+        let refused = ProvisionFailure::from(ProvisionError::AuthRefused {
+            host: "h1".into(),
+            detail: String::new(),
+        });
+        assert_eq!(refused.blame(), Blame::Host);
+        let bad = ProvisionFailure::from(ProvisionError::InvalidRequest("x".into()));
+        assert_eq!(bad.blame(), Blame::Request);
+        let local = ProvisionFailure::from(ProvisionError::Local("no ssh".into()));
+        assert_eq!(local.blame(), Blame::Controller);
+        assert_eq!(
+            ProvisionFailure::TimedOut(Duration::from_secs(1)).blame(),
+            Blame::Host
+        );
+    }
+}
