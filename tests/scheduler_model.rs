@@ -41,7 +41,7 @@ use mpc::controller::taskrun::TaskRun;
 use mpc::platform::Platform;
 use mpc::provision::HostUser;
 use mpc::scheduler::{
-    Action, Event, InstanceRecord, InstanceState, Observation, OpId, Ownership, Policy,
+    Action, Blame, Event, InstanceRecord, InstanceState, Observation, OpId, Ownership, Policy,
     ProbeResult, RemoteUser, Scheduler, SecretData, SecretKind, Snapshot, TaskRunRef, Time, Uid,
 };
 use proptest::prelude::*;
@@ -1189,6 +1189,7 @@ impl World {
                     Event::ProvisionFailed {
                         op,
                         error: "simulated".into(),
+                        blame: Blame::Host,
                     }
                 }
             }

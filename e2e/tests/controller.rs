@@ -792,6 +792,48 @@ async fn admin_keys_are_read_at_use_time_and_a_missing_one_is_named() {
     assert_clean(&p, &[("tenant-a", "goodkey")]).await;
 }
 
+/// A missing admin-key Secret is the controller's problem, not the host's: failures for it do
+/// not back the host off, so once the Secret is back the host serves at once (its back-off
+/// would hold new work for a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_admin_key_does_not_back_the_host_off() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    let key = p.hosts[0].sshd.admin_key();
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(p.client.clone(), e2e::product::NS);
+    secrets
+        .delete("h1-admin", &Default::default())
+        .await
+        .unwrap();
+    p.start_controller("c1").await.unwrap();
+    // As many failures in a row as trip a host's back-off.
+    for n in 0..3 {
+        let name = format!("nokey-{n}");
+        p.create_taskrun("tenant-a", &name, "linux/arm64", json!({}))
+            .await
+            .unwrap();
+        secret_with(&p, "tenant-a", &name, "error").await;
+    }
+    p.put_secret(e2e::product::NS, "h1-admin", &[("id_rsa", key.as_slice())])
+        .await
+        .unwrap();
+    submit(&p, "tenant-a", "after").await;
+    p.wait(
+        Duration::from_secs(30),
+        "tenant-a/after served at once by h1",
+        || async {
+            p.secret("tenant-a", "after")
+                .await
+                .filter(|s| s.contains_key("otp"))
+        },
+    )
+    .await;
+    p.build("tenant-a", "after").await;
+    assert_clean(&p, &[("tenant-a", "after")]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taskrun_the_go_controller_allocated_is_adopted_and_cleaned_up() {
     let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])

@@ -1,17 +1,16 @@
 //! The safety net for TaskRuns the webhook missed (down, `failurePolicy: Ignore`): a slow scan
 //! of unlabelled TaskRuns that marks the ones needing a host exactly as the webhook would have
-//! (design §1.3). The decision and the marks come from the webhook's own code
-//! ([`crate::admission::review`] on a synthetic CREATE review), so both apply one set of
-//! detection rules; only metadata is written (a started TaskRun's spec is immutable).
+//! (design §1.3). The decision and the marks come from the webhook's own rules
+//! ([`crate::admission::decide`] on the listed TaskRun), so both apply one set of detection
+//! rules; only metadata is written (a started TaskRun's spec is immutable).
 
 use std::time::Duration;
 
-use base64::Engine as _;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
 
 use super::execute::Context;
-use crate::admission::{self, Decision};
+use crate::admission::{self, Decision, TaskRunView};
 use crate::config::HostConfig;
 
 /// The JSON Patch that marks a missed TaskRun (labels, finalizer, `allocation-start-time`),
@@ -28,40 +27,25 @@ pub fn adoption_patch(taskrun: &Value, config: &HostConfig, now_unix: u64) -> Op
     if finished || !meta["deletionTimestamp"].is_null() {
         return None;
     }
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "safety-net",
-            "kind": {"group": "tekton.dev", "version": "v1", "kind": "TaskRun"},
-            "operation": "CREATE",
-            "namespace": meta["namespace"],
-            "name": meta["name"],
-            "object": taskrun,
-        }
-    });
-    let body = serde_json::to_vec(&review).ok()?;
-    let reviewed = admission::review(&body, config, now_unix).ok()?;
+    let text = serde_json::to_string(taskrun).ok()?;
+    let decided = admission::decide(&TaskRunView::from_json(&text).ok()?, config, now_unix);
     if !matches!(
-        reviewed.decision,
+        decided.decision,
         Decision::Local | Decision::Remote | Decision::Unknown
     ) {
         return None;
     }
-    let response: Value = serde_json::from_slice(&reviewed.response).ok()?;
-    let patch = base64::engine::general_purpose::STANDARD
-        .decode(response["response"]["patch"].as_str()?)
-        .ok()?;
-    let ops: Vec<Value> = serde_json::from_slice(&patch).ok()?;
     let mut out = vec![
         json!({"op": "test", "path": "/metadata/uid", "value": uid}),
         json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}),
     ];
-    out.extend(ops.into_iter().filter(|op| {
-        op["path"]
-            .as_str()
-            .is_some_and(|p| p.starts_with("/metadata/"))
-    }));
+    out.extend(
+        decided
+            .patch
+            .iter()
+            .filter(|op| op.path().starts_with("/metadata/"))
+            .filter_map(|op| serde_json::to_value(op).ok()),
+    );
     (out.len() > 2).then_some(out)
 }
 
@@ -215,5 +199,22 @@ mod tests {
         none["spec"]["params"] = json!([]);
         none["status"]["taskSpec"]["params"] = json!([]);
         assert!(adoption_patch(&none, &config(), 1).is_none());
+    }
+
+    /// The decision is taken on the listed TaskRun itself: once marked, it needs nothing more,
+    /// and a forged controller-only label alone is no reason to write.
+    #[test]
+    fn a_marked_taskrun_is_not_marked_again() {
+        let tr = unmarked();
+        let ops = adoption_patch(&tr, &config(), 1_700_000_000).expect("needs marking");
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        let mut marked = tr.clone();
+        json_patch::patch(&mut marked, &patch).unwrap();
+        assert!(adoption_patch(&marked, &config(), 1_700_000_100).is_none());
+        let mut internal = unmarked();
+        let labels = internal["metadata"]["labels"].as_object_mut().unwrap();
+        labels.insert(crate::contract::TASK_TYPE_LABEL.into(), "x".into());
+        labels.insert(crate::contract::ASSIGNED_HOST_LABEL.into(), "h".into());
+        assert!(adoption_patch(&internal, &config(), 1).is_none());
     }
 }

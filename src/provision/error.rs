@@ -4,18 +4,9 @@ use std::time::Duration;
 
 use super::scripts::{EXIT_BAD_REQUEST, EXIT_UNAVAILABLE};
 
-/// Who is to blame for a failure, which decides what the scheduler does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
-    /// The host is unreachable, misconfigured or failing: count it against the host's health and
-    /// try another host.
-    Host,
-    /// The request (or the configuration it came from) is at fault: another host fails the same
-    /// way, so report it instead of retrying.
-    Request,
-    /// Our own process could not do its part (local files, the `ssh` binary).
-    Local,
-}
+/// Who is to blame for a failure, which decides what the scheduler does next: the scheduler's
+/// own type, so the blame travels in [`Event::ProvisionFailed`](crate::scheduler::Event) as is.
+pub use crate::scheduler::Blame;
 
 /// Why an SSH operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +94,7 @@ impl ProvisionError {
                 Some(EXIT_UNAVAILABLE) | Some(_) | None => Blame::Host,
             },
             Self::InvalidRequest(_) => Blame::Request,
-            Self::Local(_) => Blame::Local,
+            Self::Local(_) => Blame::Controller,
         }
     }
 

@@ -18,6 +18,14 @@
 //! The target-platform label value is the platform with `/` → `-` when that is a valid Kubernetes
 //! label value, else [`INVALID_PLATFORM_LABEL`] (the API server would reject the TaskRun otherwise;
 //! the scheduler reads the platform from the `PLATFORM` param, the label is only its selector).
+//!
+//! Two entry points apply the same rules. [`review`] is the webhook: it reads an AdmissionReview,
+//! lets anything that is not a TaskRun CREATE through unmarked, and encodes the response.
+//! [`decide`] is the decision alone, for a caller that already holds a TaskRun (the controller's
+//! safety net for TaskRuns the webhook missed): a [`TaskRunView`] read from the TaskRun's JSON, the
+//! config and the time in; a typed [`Decided`] out, whose [`Decided::patch`] is exactly the JSON
+//! Patch [`review`] would send for a CREATE of that TaskRun (none when denied), in the same order.
+//! Neither reads anything else or has side effects.
 
 mod patch;
 mod wire;
@@ -35,7 +43,7 @@ use crate::config::{HostConfig, Strategy};
 use crate::contract;
 use crate::platform::{Platform, label_value};
 
-pub use patch::escape_pointer_token;
+pub use patch::{PatchOp, escape_pointer_token};
 use wire::{Obj, ObjectIn, RequestIn, ReviewIn, SpecIn, Str, TaskRunIn};
 
 /// `target-platform` value for a platform whose label form is not a valid label value (arrays,
@@ -132,6 +140,51 @@ pub struct Reviewed {
     pub platform: Option<String>,
 }
 
+/// A TaskRun as the webhook reads it: only the fields a decision looks at, borrowed from its JSON.
+pub struct TaskRunView<'a>(TaskRunIn<'a>);
+
+impl<'a> TaskRunView<'a> {
+    /// Reads a TaskRun object (`metadata`, `spec`; other fields are skipped).
+    pub fn from_json(json: &'a str) -> Result<Self, AdmissionError> {
+        Ok(Self(serde_json::from_str::<Obj<TaskRunIn<'a>>>(json)?.0))
+    }
+}
+
+/// What [`decide`] concluded for a CREATE of one TaskRun.
+#[derive(Debug, Clone)]
+pub struct Decided {
+    /// The decision.
+    pub decision: Decision,
+    /// The JSON Patch [`review`] would send, in application order; empty when nothing changes
+    /// and when denied.
+    pub patch: Vec<PatchOp>,
+    /// Warnings [`review`] would send to the creator.
+    pub warnings: Vec<String>,
+    /// The denial message, `Some` exactly when the decision is [`Decision::Denied`].
+    pub denial: Option<String>,
+    /// The `PLATFORM` value as received, when there is one (JSON text when not a string,
+    /// truncated for logs).
+    pub platform: Option<String>,
+}
+
+/// Decides a CREATE of `taskrun` by the webhook's rules (see the module doc). `now_unix`
+/// (seconds) stamps `allocation-start-time`.
+pub fn decide(taskrun: &TaskRunView<'_>, config: &HostConfig, now_unix: u64) -> Decided {
+    let mut platform = None;
+    let (decision, verdict) = judge(&taskrun.0, config, now_unix, &mut platform);
+    let (patch, warnings, denial) = match verdict {
+        Verdict::Patch(ops, warnings) => (ops.into_ops(), warnings, None),
+        Verdict::Deny(message) => (Vec::new(), Vec::new(), Some(message)),
+    };
+    Decided {
+        decision,
+        patch,
+        warnings,
+        denial,
+        platform,
+    }
+}
+
 /// Reviews one AdmissionReview request. `now_unix` (seconds) stamps `allocation-start-time`.
 pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewed, AdmissionError> {
     // The parser checks the UTF-8 of the strings it reads but not of those it skips (fields the
@@ -195,7 +248,11 @@ pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewe
         }
     };
 
-    let (decision, response) = decide(taskrun, config, now_unix, &mut out.platform);
+    let (decision, verdict) = judge(taskrun, config, now_unix, &mut out.platform);
+    let response = match verdict {
+        Verdict::Patch(ops, warnings) => Response::patch(&ops, warnings),
+        Verdict::Deny(message) => Response::deny(message),
+    };
     out.decision = decision;
     out.patch_ops = response.patch_ops;
     respond(&mut out, response);
@@ -255,30 +312,36 @@ enum Resolved<'c> {
     Malformed(String),
 }
 
-fn decide(
+/// What a decision does to the request (the patch is built once and either encoded straight
+/// into a response or handed out as typed operations).
+enum Verdict {
+    Patch(patch::Patch, Vec<String>),
+    Deny(String),
+}
+
+fn judge(
     taskrun: &TaskRunIn<'_>,
     config: &HostConfig,
     now_unix: u64,
     platform_out: &mut Option<String>,
-) -> (Decision, Response) {
+) -> (Decision, Verdict) {
     let meta = taskrun.metadata.as_deref();
     // Whatever the decision: a TaskRun the controller ignores today is still read by recovery
     // if its creator also labels it as ours.
     let mut ops = patch::Patch::default();
     patch::strip_controller_keys(&mut ops, meta);
-    let ignore =
-        |why, ops: &patch::Patch| (Decision::Ignored(why), Response::patch(ops, Vec::new()));
+    let ignore = |why, ops| (Decision::Ignored(why), Verdict::Patch(ops, Vec::new()));
     if meta
         .and_then(|m| m.labels.as_ref())
         .and_then(|l| l.get(contract::TASK_TYPE_LABEL))
         .is_some()
     {
-        return ignore(IgnoreReason::Internal, &ops);
+        return ignore(IgnoreReason::Internal, ops);
     }
     let default_spec = SpecIn::default();
     let spec = taskrun.spec.as_deref().unwrap_or(&default_spec);
     let Some(value) = platform_value(spec) else {
-        return ignore(IgnoreReason::NoPlatform, &ops);
+        return ignore(IgnoreReason::NoPlatform, ops);
     };
     // A taskRef TaskRun shows no volumes at CREATE, so only an inline Task can rule itself out.
     if let Some(ts) = &spec.task_spec
@@ -289,7 +352,7 @@ fn decide(
             .iter()
             .any(|v| v.is_ssh_secret())
     {
-        return ignore(IgnoreReason::NoSecretVolume, &ops);
+        return ignore(IgnoreReason::NoSecretVolume, ops);
     }
 
     let resolved = match &value {
@@ -348,7 +411,7 @@ fn decide(
                 configured_list(config)
             );
             if config.reject_unknown_platforms {
-                return (Decision::Denied, Response::deny(why));
+                return (Decision::Denied, Verdict::Deny(why));
             }
             warnings.push(format!("{why}; this build will fail with that message"));
             remote_marks(&target_label_value(p.as_str()), &mut ops);
@@ -356,7 +419,7 @@ fn decide(
         }
         Resolved::Malformed(why) => {
             if config.reject_unknown_platforms {
-                return (Decision::Denied, Response::deny(why));
+                return (Decision::Denied, Verdict::Deny(why));
             }
             let label = match &value {
                 PlatformValue::Text(s) => target_label_value(s),
@@ -367,7 +430,7 @@ fn decide(
             Decision::Unknown
         }
     };
-    (decision, Response::patch(&ops, warnings))
+    (decision, Verdict::Patch(ops, warnings))
 }
 
 /// The `target-platform` label value for a platform string: `/` → `-` when that is a valid label

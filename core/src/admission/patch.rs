@@ -14,36 +14,46 @@ use serde_json::{Value, json};
 use super::wire::{MetadataIn, NodeSelectorTermIn, PodTemplateIn, SpecIn};
 use crate::contract;
 
-/// One `add` or `remove` operation.
+/// One JSON Patch operation of a decision, in the RFC 6902 shape when serialised.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(super) struct Op {
-    op: &'static str,
-    path: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    value: Option<Value>,
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum PatchOp {
+    /// Sets `value` at `path` (creating it, or replacing an object member).
+    Add {
+        /// JSON Pointer.
+        path: String,
+        /// What goes there.
+        value: Value,
+    },
+    /// Takes out what is at `path`.
+    Remove {
+        /// JSON Pointer.
+        path: String,
+    },
+}
+
+impl PatchOp {
+    /// The JSON Pointer the operation applies to.
+    pub fn path(&self) -> &str {
+        match self {
+            Self::Add { path, .. } | Self::Remove { path } => path,
+        }
+    }
 }
 
 /// The operations of one response, in application order.
 #[derive(Debug, Default)]
 pub(super) struct Patch {
-    ops: Vec<Op>,
+    ops: Vec<PatchOp>,
 }
 
 impl Patch {
     fn add(&mut self, path: String, value: Value) {
-        self.ops.push(Op {
-            op: "add",
-            path,
-            value: Some(value),
-        });
+        self.ops.push(PatchOp::Add { path, value });
     }
 
     fn remove(&mut self, path: String) {
-        self.ops.push(Op {
-            op: "remove",
-            path,
-            value: None,
-        });
+        self.ops.push(PatchOp::Remove { path });
     }
 
     /// No operations: the object already has everything.
@@ -60,6 +70,11 @@ impl Patch {
     pub fn to_json(&self) -> Vec<u8> {
         // Serialising plain strings and `Value`s cannot fail.
         serde_json::to_vec(&self.ops).unwrap_or_default()
+    }
+
+    /// The operations, in application order.
+    pub fn into_ops(self) -> Vec<PatchOp> {
+        self.ops
     }
 }
 

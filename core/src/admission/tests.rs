@@ -238,3 +238,70 @@ fn hand_written_response_is_the_json_a_serialiser_would_write() {
     assert_eq!(v["response"]["status"]["message"], "no such platform");
     assert!(v["response"].get("patch").is_none() && v["response"].get("patchType").is_none());
 }
+
+/// `decide` on a TaskRun the caller holds is `review` of its CREATE without the envelope: the
+/// same decision, the same patch operations in the same order, the same warnings and denial.
+#[test]
+fn decide_is_review_without_the_envelope() {
+    let remote = [
+        ("static-platforms", "linux/s390x"),
+        ("host.s1.address", "10.0.0.1"),
+        ("host.s1.platform", "linux/s390x"),
+        ("host.s1.user", "root"),
+        ("host.s1.secret", "s1"),
+        ("host.s1.concurrency", "2"),
+        ("local-platforms", "linux/amd64"),
+    ];
+    let lenient = config(&remote);
+    let mut strict_pairs = remote.to_vec();
+    strict_pairs.push(("reject-unknown-platforms", "true"));
+    let strict = config(&strict_pairs);
+    let taskruns = [
+        LOCAL_TR,
+        r#"{"metadata":{"name":"tr","labels":{"a":"b"}},"spec":{"params":[{"name":"PLATFORM","value":"linux/s390x"}]}}"#,
+        // Forged controller-only keys are removed whatever the decision.
+        r#"{"metadata":{"name":"tr","labels":{"build.appstudio.redhat.com/assigned-host":"x"}},"spec":{"params":[{"name":"PLATFORM","value":"linux/s390x"}]}}"#,
+        r#"{"metadata":{"name":"tr"},"spec":{"params":[{"name":"PLATFORM","value":"linux/mips"}]}}"#,
+        r#"{"metadata":{"name":"tr"},"spec":{"params":[{"name":"PLATFORM","value":["linux/s390x"]}]}}"#,
+        r#"{"metadata":{"name":"tr","labels":{"build.appstudio.redhat.com/task-type":"x"}},"spec":{"params":[{"name":"PLATFORM","value":"linux/s390x"}]}}"#,
+        r#"{"metadata":{"name":"tr"},"spec":{}}"#,
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for cfg in [&lenient, &strict] {
+        for tr in taskruns {
+            let reviewed = review(request(false, tr).as_bytes(), cfg, 1_700_000_000).unwrap();
+            let decided = decide(&TaskRunView::from_json(tr).unwrap(), cfg, 1_700_000_000);
+            seen.insert(decided.decision.outcome());
+            assert_eq!(decided.decision, reviewed.decision, "{tr}");
+            assert_eq!(decided.platform, reviewed.platform, "{tr}");
+            assert_eq!(decided.patch.len(), reviewed.patch_ops, "{tr}");
+            let patch = serde_json::to_value(&decided.patch).unwrap();
+            let expected = decode_patch(&reviewed.response).unwrap_or(serde_json::json!([]));
+            assert_eq!(patch, expected, "{tr}");
+            let response: serde_json::Value = serde_json::from_slice(&reviewed.response).unwrap();
+            let warnings: Vec<String> = response["response"]["warnings"]
+                .as_array()
+                .map(|w| w.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+                .unwrap_or_default();
+            assert_eq!(decided.warnings, warnings, "{tr}");
+            assert_eq!(
+                decided.denial.as_deref(),
+                response["response"]["status"]["message"].as_str(),
+                "{tr}"
+            );
+            assert_eq!(
+                decided.denial.is_some(),
+                decided.decision == Decision::Denied
+            );
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        Decision::OUTCOMES.len(),
+        "every outcome: {seen:?}"
+    );
+    assert!(matches!(
+        TaskRunView::from_json("[1]"),
+        Err(AdmissionError::Json(_))
+    ));
+}

@@ -9,6 +9,18 @@ use super::time::Time;
 use crate::config::HostConfig;
 use crate::platform::Platform;
 
+/// Who is at fault for a failed provisioning, which decides whether the host's health pays for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The host is unreachable, misconfigured or failing: the failure counts toward its back-off.
+    Host,
+    /// The request (or the configuration it came from) is at fault: any host fails the same way.
+    Request,
+    /// The controller could not do its part (the admin-key Secret, the OTP server, local files):
+    /// nothing is known about the host.
+    Controller,
+}
+
 /// Something that happened. Feed each one to [`Scheduler::handle`](super::Scheduler::handle) with
 /// the current time. Every event may be delivered more than once; duplicates are ignored.
 #[derive(Debug, Clone)]
@@ -61,12 +73,15 @@ pub enum Event {
         /// One-time token that redeems the private key.
         otp: String,
     },
-    /// [`Action::Provision`](super::Action::Provision) failed.
+    /// [`Action::Provision`](super::Action::Provision) failed. The TaskRun is retried either way;
+    /// only a failure whose `blame` is [`Blame::Host`] counts toward the host's back-off.
     ProvisionFailed {
         /// The provisioning action.
         op: OpId,
         /// What went wrong (shown to the user if every host fails).
         error: String,
+        /// Whose fault it was.
+        blame: Blame,
     },
     /// [`Action::Deprovision`](super::Action::Deprovision) finished.
     Deprovisioned {

@@ -263,7 +263,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{H, provision_op, provisions, static_pairs};
-    use super::super::{Event, Policy};
+    use super::super::{Blame, Event, Policy};
 
     const P: &str = "linux/s390x";
 
@@ -293,6 +293,7 @@ mod tests {
             let a = h.send(Event::ProvisionFailed {
                 op,
                 error: "connection refused".into(),
+                blame: Blame::Host,
             });
             assert!(provisions(&a).is_empty(), "{a:#?}");
             let backed_off = a.iter().any(|x| {
@@ -324,6 +325,85 @@ mod tests {
                 .iter()
                 .any(|(_, n, host)| n == "b" && host == "h1"),
             "{a:#?}"
+        );
+    }
+
+    fn backed_off(a: &[super::super::Action]) -> bool {
+        a.iter().any(|x| {
+            matches!(
+                x,
+                super::super::Action::Notify {
+                    reason: "HostBackedOff",
+                    ..
+                }
+            )
+        })
+    }
+
+    /// A failure that is not the host's (the admin-key Secret is missing, the request is bad)
+    /// says nothing about the host: however many there are, the host keeps taking new work.
+    #[test]
+    fn failures_not_blamed_on_the_host_do_not_back_it_off() {
+        let trips = Policy::mpc()
+            .host_backoff
+            .expect("mpc backs off")
+            .after_failures;
+        for blame in [Blame::Controller, Blame::Request] {
+            let mut h = H::new(&static_pairs(&[("h1", 8)]));
+            for n in 0..=trips {
+                let name = format!("a{n}");
+                let op = provision_op(&h.submit("ns", &name, P), &name);
+                let a = h.send(Event::ProvisionFailed {
+                    op,
+                    error: "Secret mpc/host-key not found".into(),
+                    blame,
+                });
+                assert!(
+                    !backed_off(&a),
+                    "{blame:?} failure {n} backed h1 off: {a:#?}"
+                );
+            }
+            let b = h.submit("ns", "b", P);
+            assert!(
+                provisions(&b)
+                    .iter()
+                    .any(|(_, n, host)| n == "b" && host == "h1"),
+                "{blame:?}: h1 took no new work: {b:#?}"
+            );
+        }
+    }
+
+    /// The same on a retry's re-provisioning, which keeps its slot on the host.
+    #[test]
+    fn a_retrys_failures_not_blamed_on_the_host_do_not_back_it_off() {
+        let mut h = H::new(&static_pairs(&[("h1", 4)]));
+        let op = provision_op(&h.submit("ns", "a", P), "a");
+        h.send(Event::Provisioned {
+            op,
+            otp: "first".into(),
+        });
+        let mut spec = H::spec("ns", "a", P);
+        spec.retries = 1;
+        let mut op = provision_op(&h.send(Event::TaskRun(spec)), "a");
+        let trips = Policy::mpc().host_backoff.unwrap().after_failures;
+        for n in 1..=trips {
+            let a = h.send(Event::ProvisionFailed {
+                op,
+                error: "Secret mpc/host-key not found".into(),
+                blame: Blame::Controller,
+            });
+            assert!(!backed_off(&a), "failure {n} backed h1 off: {a:#?}");
+            if n < trips {
+                let a = h.wait(Policy::mpc().rearm_backoff.as_secs() * 4);
+                op = provision_op(&a, "a");
+            }
+        }
+        let b = h.submit("ns", "b", P);
+        assert!(
+            provisions(&b)
+                .iter()
+                .any(|(_, n, host)| n == "b" && host == "h1"),
+            "h1 took no new work: {b:#?}"
         );
     }
 }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use super::arena::Key;
 use super::queue::Entry;
 use super::{
-    Action, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase, Placement,
-    PlatformId, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun, TaskRunRef,
-    TaskRunSpec, Timer, Uid, messages,
+    Action, Blame, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase,
+    Placement, PlatformId, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun,
+    TaskRunRef, TaskRunSpec, Timer, Uid, messages,
 };
 use crate::platform::Platform;
 
@@ -771,7 +771,7 @@ impl Scheduler {
     pub(super) fn on_provisioned(
         &mut self,
         op: OpId,
-        result: Result<String, String>,
+        result: Result<String, (String, Blame)>,
         out: &mut Vec<Action>,
     ) {
         let Some(Op::Provision {
@@ -824,7 +824,10 @@ impl Scheduler {
                     took: self.now.since(since),
                 }));
             }
-            Err(error) => {
+            Err((error, blame)) => {
+                // Only the host's own failures count against its health; the TaskRun is retried
+                // the same way whoever is at fault.
+                let host_at_fault = blame == Blame::Host;
                 out.push(Action::Observe(Observation::ProvisionFailed(platform)));
                 let name: Arc<str> = host.name().into();
                 if let Some(r) = self.taskrun_ref(tr) {
@@ -851,7 +854,9 @@ impl Scheduler {
                             phase: Phase::Reserved,
                         };
                         t.rearm = true;
-                        self.host_failed(hid, out);
+                        if host_at_fault {
+                            self.host_failed(hid, out);
+                        }
                         let at = self.now + backoff(self.policy.rearm_backoff, tries - 1);
                         self.arm(at, Timer::Rearm(tr));
                         return;
@@ -865,7 +870,9 @@ impl Scheduler {
                     State::OnHost { host: hid, .. } => {
                         let r = self.taskrun_ref(tr).expect("live");
                         self.deprovision(None, p, RemoteUser::Of(r), host, out);
-                        self.host_failed(hid, out);
+                        if host_at_fault {
+                            self.host_failed(hid, out);
+                        }
                         self.release_host(hid);
                         self.enqueue(tr, true, out);
                         self.capacity_freed(p, out);

@@ -76,7 +76,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
-pub use event::{Event, HostUser, ProbeResult, TaskRunSpec};
+pub use event::{Blame, Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};
 pub use snapshot::{InstanceRecord, InstanceState, Ownership, SecretKind, Snapshot, TaskRunRecord};
@@ -441,7 +441,9 @@ impl Scheduler {
                 error,
             } => self.on_secret_refused(&taskrun, secret, &error, out),
             Event::Provisioned { op, otp } => self.on_provisioned(op, Ok(otp), out),
-            Event::ProvisionFailed { op, error } => self.on_provisioned(op, Err(error), out),
+            Event::ProvisionFailed { op, error, blame } => {
+                self.on_provisioned(op, Err((error, blame)), out)
+            }
             Event::Deprovisioned { op, error } => self.on_deprovisioned(op, error, out),
             Event::Launched { op, instance_id } => self.on_launched(op, Ok(instance_id), out),
             Event::LaunchSpent {

@@ -14,7 +14,8 @@ use super::workload::Workload;
 use crate::config::{HostConfig, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
-    Action, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot, TaskRunSpec, Time,
+    Action, Blame, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot,
+    TaskRunSpec, Time,
 };
 
 /// Settings of one run.
@@ -376,6 +377,7 @@ impl Sim<'_> {
                         Event::ProvisionFailed {
                             op,
                             error: "simulated provisioning failure".into(),
+                            blame: Blame::Host,
                         }
                     } else {
                         Event::Provisioned {

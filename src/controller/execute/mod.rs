@@ -297,15 +297,18 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             let r =
                 tokio::time::timeout(ssh_limit, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(format!("provisioning took longer than {ssh_limit:?}"))
-                    });
+                    .unwrap_or(Err(ssh::ProvisionFailure::TimedOut(ssh_limit)));
             match r {
                 Ok(otp) => vec![Event::Provisioned { op, otp }],
-                Err(error) => {
+                Err(failure) => {
                     ctx.metrics.failed(kind);
-                    tracing::warn!(taskrun = %taskrun, host = host.name(), %error, "provisioning failed");
-                    vec![Event::ProvisionFailed { op, error }]
+                    let blame = failure.blame();
+                    tracing::warn!(taskrun = %taskrun, host = host.name(), error = %failure, ?blame, "provisioning failed");
+                    vec![Event::ProvisionFailed {
+                        op,
+                        error: failure.to_string(),
+                        blame,
+                    }]
                 }
             }
         }

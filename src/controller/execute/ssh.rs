@@ -13,8 +13,41 @@ use tokio::sync::mpsc;
 
 use crate::config::{HostConfig, StaticHost};
 use crate::controller::driver::Input;
-use crate::provision::{ProvisionRequest, Target, Zeroizing};
-use crate::scheduler::{Event, HostRef, RemoteUser, TaskRunRef};
+use crate::provision::{ProvisionError, ProvisionRequest, Target, Zeroizing};
+use crate::scheduler::{Blame, Event, HostRef, RemoteUser, TaskRunRef};
+
+/// Why [`provision`] failed, with whose fault it is ([`ProvisionFailure::blame`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionFailure {
+    /// The host's admin key could not be read from its Secret: ours to fix, not the host's.
+    #[error("{0}")]
+    AdminKey(String),
+    /// The SSH step failed; its own blame says whose fault.
+    #[error(transparent)]
+    Ssh(#[from] ProvisionError),
+    /// The TaskRun could not be read back after the user was created.
+    #[error("reading the TaskRun: {0}")]
+    TaskRun(#[source] k8s::WriteError),
+    /// The private key could not be stored in the OTP server.
+    #[error("storing the key in the OTP server: {0}")]
+    Otp(String),
+    /// The whole provisioning overran its limit (connect, script and store together).
+    #[error("provisioning took longer than {0:?}")]
+    TimedOut(Duration),
+}
+
+impl ProvisionFailure {
+    /// Whose fault it is: the scheduler backs off a host only for the host's own failures. An
+    /// overrun counts as the host's, as it did before failures were blamed: SSH is nearly all of
+    /// the time.
+    pub fn blame(&self) -> Blame {
+        match self {
+            Self::Ssh(e) => e.blame(),
+            Self::TimedOut(_) => Blame::Host,
+            Self::AdminKey(_) | Self::TaskRun(_) | Self::Otp(_) => Blame::Controller,
+        }
+    }
+}
 
 /// The admin login for a host, with its key read now from the host's Secret (`id_rsa`).
 async fn target(ctx: &Context, host: &HostRef) -> Result<Target, String> {
@@ -60,8 +93,10 @@ pub async fn provision(
     taskrun: &TaskRunRef,
     host: &HostRef,
     rearm: bool,
-) -> Result<String, String> {
-    let target = target(ctx, host).await?;
+) -> Result<String, ProvisionFailure> {
+    let target = target(ctx, host)
+        .await
+        .map_err(ProvisionFailure::AdminKey)?;
     let _permit = ctx.limits.ssh.acquire().await;
     // Key type and slice caps as the host-config says now for the host or platform.
     let config = ctx.config.current().unwrap_or_default();
@@ -75,11 +110,7 @@ pub async fn provision(
         sudo_commands: sudo_commands(host),
         settings,
     };
-    let provisioned = ctx
-        .provisioner
-        .provision(&target, &req)
-        .await
-        .map_err(|e| e.to_string())?;
+    let provisioned = ctx.provisioner.provision(&target, &req).await?;
     // Instances too: a replica taking over must not trust whatever answers at a pool
     // instance's address next.
     ctx.known_hosts.record(ctx, &target).await;
@@ -88,7 +119,7 @@ pub async fn provision(
     // provisioning takes seconds of SSH, next to which this read is nothing.
     let t = k8s::current(ctx, taskrun)
         .await
-        .map_err(|e| format!("reading the TaskRun: {e}"))?;
+        .map_err(ProvisionFailure::TaskRun)?;
     let rearms_left = t.spec.retries.saturating_sub(t.status.retries);
     let owner = taskrun.uid().to_string();
     ctx.keys
@@ -103,7 +134,7 @@ pub async fn provision(
             provisioned.private_key.as_bytes(),
         )
         .await
-        .map_err(|e| format!("storing the key in the OTP server: {e}"))
+        .map_err(ProvisionFailure::Otp)
 }
 
 fn hex_nonce() -> String {
@@ -319,5 +350,34 @@ impl KnownHosts {
             }
         }
         Err("the ConfigMap kept changing".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a failure of the host itself may count against its health.
+    #[test]
+    fn only_the_hosts_own_failures_are_blamed_on_it() {
+        let missing = ProvisionFailure::AdminKey("Secret ns/h1-admin not found".into());
+        assert_eq!(missing.blame(), Blame::Controller);
+        assert_eq!(
+            ProvisionFailure::Otp("refused".into()).blame(),
+            Blame::Controller
+        );
+        let refused = ProvisionFailure::from(ProvisionError::AuthRefused {
+            host: "h1".into(),
+            detail: String::new(),
+        });
+        assert_eq!(refused.blame(), Blame::Host);
+        let bad = ProvisionFailure::from(ProvisionError::InvalidRequest("x".into()));
+        assert_eq!(bad.blame(), Blame::Request);
+        let local = ProvisionFailure::from(ProvisionError::Local("no ssh".into()));
+        assert_eq!(local.blame(), Blame::Controller);
+        assert_eq!(
+            ProvisionFailure::TimedOut(Duration::from_secs(1)).blame(),
+            Blame::Host
+        );
     }
 }

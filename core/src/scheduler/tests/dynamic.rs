@@ -200,6 +200,7 @@ fn provisioning_failure_relaunches_a_fresh_instance() {
     let a = h.send(Event::ProvisionFailed {
         op,
         error: "ssh: handshake failed".into(),
+        blame: Blame::Host,
     });
     let t = terminates(&a);
     assert_eq!(t[0].1, "i-1");

@@ -76,6 +76,7 @@ fn failed_taskrun_retry_gets_a_new_chance() {
     let a = h.send(Event::ProvisionFailed {
         op,
         error: "down".into(),
+        blame: Blame::Host,
     });
     error_of(&a, "a");
     let removal = deprovisions(&a);
@@ -170,6 +171,7 @@ fn a_provisioning_taskrun_turning_local_is_relabelled_before_its_secret() {
     let a = h.send(Event::ProvisionFailed {
         op,
         error: "down".into(),
+        blame: Blame::Host,
     });
     relabelled_before_localhost_secret(&a, "a");
     // A new local TaskRun keeps the Go controller's order: the secret, then the label.

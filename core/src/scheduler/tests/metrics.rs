@@ -196,6 +196,7 @@ fn task_run_time_covers_local_and_error_secrets_but_not_cancelled_waiters() {
     let a = h.send(Event::ProvisionFailed {
         op,
         error: "boom".into(),
+        blame: Blame::Host,
     });
     assert!(error_of(&a, "busy").contains("boom"), "{a:#?}");
     h.wait(10);

@@ -149,6 +149,7 @@ fn provisioning_failure_moves_the_taskrun_to_another_instance() {
     let a = h.send(Event::ProvisionFailed {
         op,
         error: "useradd: failure".into(),
+        blame: Blame::Host,
     });
     assert_eq!(deprovisions(&a)[0].2, "i-1");
     assert_eq!(launches(&a).len(), 1, "i-1 failed for a: a new instance");

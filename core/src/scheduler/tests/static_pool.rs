@@ -103,6 +103,7 @@ fn failed_host_is_skipped_and_recorded_then_all_failed_gives_an_error_secret() {
     let a = h.send(Event::ProvisionFailed {
         op,
         error: "connection refused".into(),
+        blame: Blame::Host,
     });
     // Partial user removed on h1; re-allocated on h2 with the failure recorded.
     assert_eq!(deprovisions(&a)[0].2, "h1");
@@ -118,6 +119,7 @@ fn failed_host_is_skipped_and_recorded_then_all_failed_gives_an_error_secret() {
     let a = h.send(Event::ProvisionFailed {
         op: p[0].0,
         error: "disk full".into(),
+        blame: Blame::Host,
     });
     let msg = error_of(&a, "a");
     assert!(msg.contains("h1: connection refused"), "{msg}");
@@ -141,6 +143,7 @@ fn failed_host_slot_goes_to_the_next_waiter_while_the_failed_taskrun_waits_elsew
     let a = h.send(Event::ProvisionFailed {
         op: op_a,
         error: "boom".into(),
+        blame: Blame::Host,
     });
     let p = provisions(&a);
     assert_eq!(p.len(), 1, "{a:#?}");
@@ -170,6 +173,7 @@ fn host_backs_off_after_repeated_failures_and_returns() {
         let a = h.send(Event::ProvisionFailed {
             op,
             error: "refused".into(),
+            blame: Blame::Host,
         });
         notes.push(a.iter().any(|x| {
             matches!(
@@ -243,6 +247,7 @@ fn duplicate_and_bogus_events_change_nothing() {
         Event::ProvisionFailed {
             op,
             error: "x".into(),
+            blame: Blame::Host,
         },
         Event::Launched {
             op,
@@ -379,6 +384,7 @@ fn a_retrys_re_provisioning_tries_its_host_again_before_moving() {
         let a = h.send(Event::ProvisionFailed {
             op,
             error: "connection refused".into(),
+            blame: Blame::Host,
         });
         assert!(provisions(&a).is_empty(), "not at once: {a:#?}");
         assert!(records(&a, "a").is_empty(), "no new placement: {a:#?}");
@@ -415,6 +421,7 @@ fn a_retrys_re_provisioning_moves_with_a_new_secret_once_its_host_stays_down() {
         let a = h.send(Event::ProvisionFailed {
             op,
             error: "connection refused".into(),
+            blame: Blame::Host,
         });
         if n == Policy::mpc().rearm_attempts {
             // The secret naming the dead host goes before the new placement is recorded.
