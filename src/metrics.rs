@@ -1,7 +1,7 @@
 //! Prometheus plumbing shared by every component: the name prefix and text exposition.
 //!
 //! Each component defines and registers its own metrics (webhook, scheduler, cloud, OTP) into the
-//! process registry; names keep the Go controller's exactly (design §8), counters without `_total`.
+//! process registry; names keep the Go controller's exactly (docs/metrics.md), counters without `_total`.
 
 use prometheus::{Encoder, Registry, TextEncoder};
 

@@ -551,7 +551,8 @@ fn konflux(dir: &Path) -> Output {
 }
 
 impl Fixture {
-    /// A `/ssh` directory as the TaskRun's secret mounts it (design §3), holding `token`.
+    /// A `/ssh` directory as the TaskRun's secret mounts it (docs/architecture.md, "The contract
+    /// with the Go controller"), holding `token`.
     fn ssh_dir(&self, name: &str, token: &Token, server: &ServerProcess) -> PathBuf {
         let ssh = self.path(name);
         std::fs::create_dir(&ssh).unwrap();
@@ -596,8 +597,8 @@ async fn entries_expire_after_the_ttl() {
     assert!(log.contains("purged OTP entries"), "purge never ran: {log}");
 }
 
-/// A `/ssh` directory as the TaskRun's secret mounts it (design §3), with a consumer step's
-/// key fetch exactly as Konflux runs it.
+/// A `/ssh` directory as the TaskRun's secret mounts it (docs/architecture.md, "The contract with
+/// the Go controller"), with a consumer step's key fetch exactly as Konflux runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_konflux_curl_line_redeems_the_key_once_and_logs_stay_clean() {
     let f = Fixture::new();

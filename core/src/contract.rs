@@ -58,7 +58,7 @@ pub const HOST_CONFIG_NAME: &str = "host-config";
 /// Prefix of the per-TaskRun secret name.
 pub const SECRET_PREFIX: &str = "multi-platform-ssh-";
 
-/// Secret data keys (design §3).
+/// Secret data keys (docs/architecture.md, "The contract with the Go controller").
 pub mod secret_keys {
     /// One-time token to redeem at `otp-server`.
     pub const OTP: &str = "otp";
@@ -74,7 +74,7 @@ pub mod secret_keys {
     pub const ERROR: &str = "error";
 }
 
-/// Tags on every cloud instance we launch (design §5).
+/// Tags on every cloud instance we launch (docs/architecture.md, "What the scheduler guarantees").
 pub mod instance_tags {
     /// `true` on every managed instance.
     pub const MANAGED: &str = "MultiPlatformManaged";

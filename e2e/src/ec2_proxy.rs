@@ -37,7 +37,6 @@ pub enum FaultKind {
         status: u16,
         /// EC2 error code.
         code: String,
-        /// Message.
         message: String,
     },
     /// Answer with a bare status and a non-XML body (a load balancer's 5xx).

@@ -66,7 +66,6 @@ pub enum MotoError {
     Api {
         /// Path called.
         path: String,
-        /// Status.
         status: u16,
         /// Body (truncated).
         body: String,
@@ -387,7 +386,6 @@ impl Moto {
 /// Resources a launch needs, created in moto.
 #[derive(Debug, Clone)]
 pub struct Fixture {
-    /// Region.
     pub region: String,
     /// An x86_64 image moto knows, with root device `/dev/xvda`.
     pub ami: String,
@@ -399,7 +397,6 @@ pub struct Fixture {
     pub alt_root_device: String,
     /// An arm64 image.
     pub arm64_ami: String,
-    /// The VPC.
     pub vpc_id: String,
     /// A subnet of the VPC.
     pub subnet_id: String,
@@ -409,7 +406,6 @@ pub struct Fixture {
     pub security_group_name: String,
     /// A key pair.
     pub key_name: String,
-    /// An instance profile.
     pub instance_profile_name: String,
     /// Its ARN.
     pub instance_profile_arn: String,

@@ -545,8 +545,8 @@ impl Product {
         }
     }
 
-    /// Creates a TaskRun of `platform` whose inline Task mounts the secret and runs the
-    /// consumer script of design §3 (or `script`).
+    /// Creates a TaskRun of `platform` whose inline Task mounts the secret and runs the consumer
+    /// script of docs/architecture.md, "The contract with the Go controller" (or `script`).
     pub async fn create_taskrun(
         &self,
         ns: &str,
@@ -753,9 +753,9 @@ impl Product {
     }
 }
 
-/// The consumer script Konflux build steps use (design §3): error, localhost, or redeem the key
-/// from the OTP server and run a command on the host as the build user, with rsync into its
-/// directory.
+/// The consumer script Konflux build steps use (docs/architecture.md, "The contract with the Go
+/// controller"): error, localhost, or redeem the key from the OTP server and run a command on the
+/// host as the build user, with rsync into its directory.
 pub const CONSUMER_SCRIPT: &str = r#"#!/bin/bash
 set -eu
 if [ -e /ssh/error ]; then

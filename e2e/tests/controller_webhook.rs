@@ -190,7 +190,8 @@ async fn manifests_route_taskruns_to_the_real_controller_over_tls() {
         pairs.contains(&("kubernetes.io/os".into(), "linux".into())),
         "{pairs:?}"
     );
-    // Local TaskRuns are labelled for the controller, which writes `host: localhost` (design §1.2).
+    // Local TaskRuns are labelled for the controller, which writes `host: localhost`
+    // (docs/architecture.md, "One TaskRun, end to end").
     assert_eq!(
         labels(&local)
             .get(TARGET_PLATFORM_LABEL)

@@ -1,7 +1,7 @@
 //! The full key hand-off on loopback: provision a build user on a real sshd, store its key in the
-//! OTP server, write the TaskRun secret's data (design §3) into a directory standing for `/ssh`,
-//! and run the consumer script a Konflux build step would: redeem, rsync, ssh, command runs on the
-//! host as the build user.
+//! OTP server, write the TaskRun secret's data (docs/architecture.md, "The contract with the Go
+//! controller") into a directory standing for `/ssh`, and run the consumer script a Konflux build
+//! step would: redeem, rsync, ssh, command runs on the host as the build user.
 
 use std::path::Path;
 use std::process::{Command, Output};

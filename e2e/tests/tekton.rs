@@ -310,7 +310,8 @@ async fn a_failed_reconciliation_is_retried_without_a_new_event() {
     assert_eq!(server.faults().injected(), 2);
 }
 
-/// A consumer step written the way Konflux tasks consume the secret (design §3).
+/// A consumer step written the way Konflux tasks consume the secret (docs/architecture.md, "The
+/// contract with the Go controller").
 const CONSUMER: &str = r#"set -eu
 mkdir -p ~/.ssh
 if [ -e "/ssh/error" ]; then

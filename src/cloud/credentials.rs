@@ -17,7 +17,6 @@ pub const SESSION_TOKEN: &str = "session-token";
 pub struct Credentials {
     /// Access key id (not secret; appears in logs).
     pub access_key_id: String,
-    /// Secret access key.
     pub secret_access_key: String,
     /// Session token of temporary credentials.
     pub session_token: Option<String>,

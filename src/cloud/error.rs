@@ -13,7 +13,6 @@ pub enum Operation {
     DescribeInstances,
     /// Look up an image (root device name).
     DescribeImages,
-    /// Terminate instances.
     TerminateInstances,
     /// Set tags on an instance.
     CreateTags,

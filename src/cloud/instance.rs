@@ -30,7 +30,6 @@ pub struct Instance {
     pub state: InstanceState,
     /// Launch time, if the cloud reported one.
     pub launch_time: Option<SystemTime>,
-    /// Instance type.
     pub instance_type: String,
     /// Private IPv4 address.
     pub private_ip: Option<String>,
@@ -40,7 +39,6 @@ pub struct Instance {
     pub public_dns: Option<String>,
     /// Launched as a spot instance.
     pub spot: bool,
-    /// Tags.
     pub tags: BTreeMap<String, String>,
     /// Who launched it, by its cluster tag, as seen by the provider that reported it.
     pub ownership: Ownership,

@@ -132,7 +132,6 @@ impl LaunchOutcome {
 pub enum Market {
     /// On-demand.
     OnDemand,
-    /// Spot.
     Spot,
 }
 

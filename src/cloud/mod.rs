@@ -1,4 +1,5 @@
-//! Cloud instances for dynamic platforms and dynamic pools (design §4 dynamic keys, §5).
+//! Cloud instances for dynamic platforms and dynamic pools (docs/architecture.md, "The contract
+//! with the Go controller" and "What the scheduler guarantees").
 //!
 //! The scheduler core decides; this module executes its cloud actions and reports what the
 //! cloud says, as scheduler events. [`Cloud`] is the provider interface (an IBM provider can

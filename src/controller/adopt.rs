@@ -1,8 +1,8 @@
 //! The safety net for TaskRuns the webhook missed (down, `failurePolicy: Ignore`): a slow scan
 //! of unlabelled TaskRuns that marks the ones needing a host exactly as the webhook would have
-//! (design §1.3). The decision and the marks come from the webhook's own rules
-//! ([`crate::admission::decide`] on the listed TaskRun), so both apply one set of detection
-//! rules; only metadata is written (a started TaskRun's spec is immutable).
+//! (docs/architecture.md, "One TaskRun, end to end"). The decision and the marks come from the
+//! webhook's own rules ([`crate::admission::decide`] on the listed TaskRun), so both apply one set
+//! of detection rules; only metadata is written (a started TaskRun's spec is immutable).
 
 use std::time::Duration;
 

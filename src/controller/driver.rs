@@ -1,4 +1,5 @@
-//! The loop: the single writer of allocation decisions (design §10).
+//! The loop: the single writer of allocation decisions (docs/architecture.md, "The controller
+//! shell").
 //!
 //! One task owns the [`Scheduler`]. Watch events, action results, leadership changes, config
 //! updates and a timer at [`Scheduler::next_deadline`] come in over channels; actions go out to

@@ -1,4 +1,4 @@
-//! Pure: per-key ordering of actions (design §10).
+//! Pure: per-key ordering of actions (docs/architecture.md, "The controller shell").
 //!
 //! Actions about one TaskRun run in the order the scheduler returned them; so do actions about
 //! one instance or one user on one host. Actions of different keys run concurrently. The driver

@@ -1,4 +1,4 @@
-//! Leader election on a `coordination.k8s.io` Lease (design §9, §10).
+//! Leader election on a `coordination.k8s.io` Lease (docs/architecture.md, "The controller shell").
 //!
 //! Every replica serves the webhook; only the Lease holder schedules. [`decide`] is the pure rule
 //! (take a free or expired Lease, renew our own, otherwise follow); [`Elector`] is the shell: it

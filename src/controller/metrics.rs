@@ -1,4 +1,4 @@
-//! The scheduler's metric families (design §8; `platform_pool_size`, `platform_capacity` and
+//! The scheduler's metric families (docs/metrics.md; `platform_pool_size`, `platform_capacity` and
 //! `config_errors` belong to the config source), under the Go controller's names, labels, buckets
 //! and meaning, plus ours: queue wait, time to a ready host, build time, queue length and age,
 //! actions in flight and failed, leadership. `docs/metrics.md` gives each family's exact start

@@ -1,4 +1,5 @@
-//! `mpc controller`: brokers build hosts in a cluster (design §9, §10).
+//! `mpc controller`: brokers build hosts in a cluster (docs/architecture.md, "The controller
+//! shell").
 //!
 //! Every replica serves the admission webhook and watches TaskRuns and the `host-config`
 //! ConfigMap; the replica holding the Lease also runs the scheduling loop ([`driver`]), which owns

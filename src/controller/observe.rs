@@ -1,4 +1,5 @@
-//! Pure: what a watched TaskRun means for the scheduler (design §1.3, §2, §10).
+//! Pure: what a watched TaskRun means for the scheduler (docs/architecture.md, "One TaskRun, end to
+//! end" and "The contract with the Go controller"; docs/architecture.md, "The controller shell").
 //!
 //! [`observe`] turns one slim TaskRun into an [`Observed`]: a TaskRun that needs (or holds) a
 //! host, one that is done (finished, deleted, or released because its Task never mounts the
@@ -226,8 +227,9 @@ pub fn task_identity(tr: &TaskRun) -> Option<String> {
     }
 }
 
-/// The TaskRun as recovery reads it (design §1.5): allocation labels and annotations, whether it
-/// is finished. `secret` is left for the caller, which looks the Secret up only where it matters.
+/// The TaskRun as recovery reads it (docs/architecture.md, "One TaskRun, end to end"): allocation
+/// labels and annotations, whether it is finished. `secret` is left for the caller, which looks the
+/// Secret up only where it matters.
 pub fn record(tr: &TaskRun, spec: Option<&TaskRunSpec>) -> Option<TaskRunRecord> {
     let (namespace, name, uid) = tr.identity()?;
     let mut rec = TaskRunRecord {

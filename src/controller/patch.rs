@@ -1,4 +1,5 @@
-//! Pure: the writes the controller sends about a TaskRun (design §2, §3, §10).
+//! Pure: the writes the controller sends about a TaskRun (docs/architecture.md, "The contract with
+//! the Go controller" and "The controller shell").
 //!
 //! Every TaskRun write is a JSON Patch that starts with `test /metadata/uid`, so a TaskRun deleted
 //! and recreated under the same name is never touched by a write meant for the old one (the API
@@ -276,8 +277,8 @@ impl std::fmt::Debug for SecretProof {
     }
 }
 
-/// The TaskRun's secret `multi-platform-ssh-<name>` (design §3), owned by the TaskRun and
-/// carrying the controller's proof.
+/// The TaskRun's secret `multi-platform-ssh-<name>` (docs/architecture.md, "The contract with the
+/// Go controller"), owned by the TaskRun and carrying the controller's proof.
 pub fn secret(
     taskrun: &TaskRunRef,
     data: &SecretData,

@@ -2,8 +2,8 @@
 //!
 //! TaskRuns carry resolved task specs, step statuses and `managedFields`, tens of KB each. The
 //! watch deserialises straight into this view, so the rest of an object is skipped by the parser
-//! and never allocated, and nothing holds whole TaskRuns (design §10: memory is per tracked
-//! TaskRun, not per byte of its YAML).
+//! and never allocated, and nothing holds whole TaskRuns (docs/architecture.md, "The controller
+//! shell": memory is per tracked TaskRun, not per byte of its YAML).
 //!
 //! Within the parts it reads, the view keeps only what decisions use, because a page of the
 //! initial list and the loop's input queue hold many views at once: labels and annotations

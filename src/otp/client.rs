@@ -2,10 +2,11 @@
 //!
 //! [`OtpClient::store_key_for`] is what the controller uses: the owner (TaskRun UID) and request
 //! id make every attempt the same request, so a retry after a lost answer gets the same token and
-//! entry, and with `rearm` the owner's used token redeems once more with a new key (a TaskRun
-//! retry attempt, design §1.4). [`OtpClient::store_key`] speaks the Go controller's protocol with a
-//! random `Idempotency-Key` per call, to the same effect. Stores and revokes are retried on
-//! transient failures; [`OtpClientError::is_retryable`] tells whether trying later can help.
+//! entry, and with `rearm` the owner's used token redeems once more with a new key (a TaskRun retry
+//! attempt, docs/architecture.md, "The key hand-off and retries"). [`OtpClient::store_key`] speaks
+//! the Go controller's protocol with a random `Idempotency-Key` per call, to the same effect.
+//! Stores and revokes are retried on transient failures; [`OtpClientError::is_retryable`] tells
+//! whether trying later can help.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
-//! Redeems of a used, re-armable token waiting for its re-arm (design §1.4): Tekton creates a
-//! retry pod at once, so its redeem may arrive before the controller re-armed the token in its
-//! secret. A waiter is woken when the token is re-armed (it then tries again) or revoked (it gives
-//! up).
+//! Redeems of a used, re-armable token waiting for its re-arm (docs/architecture.md, "The key
+//! hand-off and retries"): Tekton creates a retry pod at once, so its redeem may arrive before the
+//! controller re-armed the token in its secret. A waiter is woken when the token is re-armed (it
+//! then tries again) or revoked (it gives up).
 //!
 //! The token is in a Secret its tenant can read, so the tenant can redeem it as often as it likes.
 //! Only a token the controller will re-arm waits at all: the controller stores each key with the

@@ -1,15 +1,17 @@
-//! `mpc otp-server`: hands each build its SSH private key exactly once (design §7).
+//! `mpc otp-server`: hands each build its SSH private key exactly once (docs/architecture.md, "The
+//! key hand-off and retries").
 //!
 //! The controller stores a key (`POST /store-key`, bearer token from a mounted Secret) and puts the
 //! returned one-time token into the TaskRun's secret; the build step redeems it
 //! (`POST /otp` with the token as body, as Konflux's `curl --cacert /ssh/otp-ca -XPOST -d @/ssh/otp
 //! "$(cat /ssh/otp-server)"` does) and gets the key; any later attempt gets a 4xx.
 //!
-//! For the controller's retries and TaskRun retry attempts (design §1.4), a store may name its
-//! owner (the TaskRun UID) and request: retries of a request get the same token and entry, a later
-//! request may re-arm the owner's used token (named by the token, or as the owner's latest) with
-//! a new key, and a redeem of a used token whose TaskRun has a retry to come waits ([`hold`]) for
-//! that re-arm. `POST /revoke` deletes an owner's entries when its TaskRun ends.
+//! For the controller's retries and TaskRun retry attempts (docs/architecture.md, "The key hand-off
+//! and retries"), a store may name its owner (the TaskRun UID) and request: retries of a request
+//! get the same token and entry, a later request may re-arm the owner's used token (named by the
+//! token, or as the owner's latest) with a new key, and a redeem of a used token whose TaskRun has
+//! a retry to come waits ([`hold`]) for that re-arm. `POST /revoke` deletes an owner's entries when
+//! its TaskRun ends.
 //!
 //! - Storage: [`store`] (redb on a volume, group-committed; a restart loses nothing and the redeem
 //!   is one atomic transaction). Only the SHA-256 of a token is stored and every key is sealed with

@@ -60,7 +60,6 @@ pub struct AppState {
     pub holds: Holds,
     /// Ends waiting redeems at shutdown.
     pub shutdown: CancellationToken,
-    /// Metrics.
     pub metrics: OtpMetrics,
 }
 

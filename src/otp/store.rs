@@ -328,7 +328,6 @@ pub enum Plan {
     Write(Entry, Stored),
     /// Change nothing and answer.
     Answer(Stored),
-    /// Refuse.
     Refuse(StoreRefusal),
 }
 

@@ -14,7 +14,6 @@ pub enum ProvisionError {
     /// TCP or SSH transport could not be established, or the connection dropped.
     #[error("host {host} is unreachable: {detail}")]
     Unreachable {
-        /// Host id.
         host: String,
         /// What `ssh` reported.
         detail: String,
@@ -22,7 +21,6 @@ pub enum ProvisionError {
     /// The host refused the admin key.
     #[error("host {host} refused the admin key: {detail}")]
     AuthRefused {
-        /// Host id.
         host: String,
         /// What `ssh` reported.
         detail: String,
@@ -33,7 +31,6 @@ pub enum ProvisionError {
          (if the host was legitimately re-keyed, update host.<name>.host-key or remove {record})"
     )]
     HostKeyMismatch {
-        /// Host id.
         host: String,
         /// `pinned` or `recorded`.
         expected: &'static str,
@@ -43,7 +40,6 @@ pub enum ProvisionError {
     /// An SSH step did not finish in time.
     #[error("{operation} on host {host} timed out after {after:?}")]
     Timeout {
-        /// Host id.
         host: String,
         /// What was running (`connect`, `provision`, ...).
         operation: &'static str,
@@ -53,7 +49,6 @@ pub enum ProvisionError {
     /// The remote script failed.
     #[error("{operation} on host {host} failed with exit code {exit_code:?}: {stderr_tail}")]
     CommandFailed {
-        /// Host id.
         host: String,
         /// What was running.
         operation: &'static str,
@@ -65,7 +60,6 @@ pub enum ProvisionError {
     /// A remote command succeeded but its output was not what the script prints.
     #[error("{operation} on host {host} printed unexpected output: {detail}")]
     UnexpectedOutput {
-        /// Host id.
         host: String,
         /// What was running.
         operation: &'static str,

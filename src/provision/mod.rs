@@ -1,4 +1,5 @@
-//! SSH provisioning of per-TaskRun build users on remote hosts, and their cleanup (design §6).
+//! SSH provisioning of per-TaskRun build users on remote hosts, and their cleanup
+//! (docs/architecture.md, "The contract with the Go controller").
 //!
 //! The controller connects as the host's admin over a multiplexed `openssh` master per host
 //! ([`Connections`]), generates the build user's key pair in-process ([`keys`]: ed25519, or RSA
@@ -31,7 +32,6 @@ pub use target::{HostKeyTrust, Target};
 /// What to provision: one TaskRun's build user.
 #[derive(Debug, Clone, Copy)]
 pub struct ProvisionRequest<'a> {
-    /// TaskRun name.
     pub taskrun_name: &'a str,
     /// TaskRun namespace.
     pub namespace: &'a str,

@@ -1,6 +1,6 @@
 //! The TaskRun mutating admission webhook, as a pure function: AdmissionReview request bytes, the
-//! live [`HostConfig`] and the current time in, AdmissionReview response bytes out (design §1 step 2
-//! and §2).
+//! live [`HostConfig`] and the current time in, AdmissionReview response bytes out
+//! (docs/architecture.md, "One TaskRun, end to end" and §2).
 //!
 //! - local platform: label `target-platform` and, for `os/arch` platforms, a required node
 //!   affinity on `kubernetes.io/os` and `kubernetes.io/arch` merged into every node selector term;
@@ -126,7 +126,6 @@ pub enum AdmissionError {
 /// A decided request: the response to send and what to log and count.
 #[derive(Debug, Clone)]
 pub struct Reviewed {
-    /// The decision.
     pub decision: Decision,
     /// AdmissionReview response JSON.
     pub response: Vec<u8>,
@@ -153,7 +152,6 @@ impl<'a> TaskRunView<'a> {
 /// What [`decide`] concluded for a CREATE of one TaskRun.
 #[derive(Debug, Clone)]
 pub struct Decided {
-    /// The decision.
     pub decision: Decision,
     /// The JSON Patch [`review`] would send, in application order; empty when nothing changes
     /// and when denied.

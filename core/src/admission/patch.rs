@@ -219,7 +219,7 @@ pub(super) fn local(
     let meta = metadata(patch, meta, &empty);
     let labels = meta.labels.as_ref();
     // The controller watches this label; it writes the `host: localhost` secret and labels
-    // `assigned-host=localhost` (design §1.2).
+    // `assigned-host=localhost` (docs/architecture.md, "One TaskRun, end to end").
     if labels.and_then(|l| l.get(contract::TARGET_PLATFORM_LABEL)) != Some(label) {
         set_map_entry(
             patch,

@@ -1,4 +1,5 @@
-//! The `host-config` ConfigMap (design §4) as typed, validated configuration.
+//! The `host-config` ConfigMap (docs/architecture.md, "The contract with the Go controller") as
+//! typed, validated configuration.
 //!
 //! Pure code. [`parse`] never fails as a whole: every problem becomes a [`Diagnostic`] naming the key
 //! and the bad value, and a bad entry disables only its own host or platform (recorded in
@@ -137,7 +138,6 @@ pub struct DynamicPlatform {
     pub region: String,
     /// Machine image.
     pub ami: String,
-    /// Instance type.
     pub instance_type: String,
     /// Cloud key pair whose private half is in `ssh_secret`.
     pub key_name: Option<String>,
@@ -149,9 +149,7 @@ pub struct DynamicPlatform {
     pub user: String,
     /// Security group name.
     pub security_group: Option<String>,
-    /// Security group id.
     pub security_group_id: Option<String>,
-    /// Subnet.
     pub subnet_id: Option<String>,
     /// Instance profile by name.
     pub instance_profile_name: Option<String>,

@@ -8,7 +8,6 @@ use crate::platform::{Platform, label_value};
 /// One platform's strategy and capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlatformSummary {
-    /// The platform.
     pub platform: Platform,
     /// `local`, `dynamic`, `dynamic-pool`, `static` or `disabled`.
     pub strategy: &'static str,

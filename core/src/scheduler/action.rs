@@ -29,7 +29,6 @@ pub enum Action {
     /// Merge-patch the TaskRun's allocation labels and annotations to exactly these values
     /// (`None` removes the key).
     Record {
-        /// The TaskRun.
         taskrun: TaskRunRef,
         /// The values.
         placement: Placement,
@@ -46,30 +45,22 @@ pub enum Action {
         host: HostRef,
         /// A retry attempt of a TaskRun whose secret already holds a (consumed) token: the retry's
         /// pod mounted that secret as it was, so the new key must be stored under the same token
-        /// (re-armed) rather than a new one (design §1.4).
+        /// (re-armed) rather than a new one (docs/architecture.md, "The key hand-off and retries").
         rearm: bool,
     },
     /// Create or replace `multi-platform-ssh-<name>` (owner: the TaskRun). A refusal is reported
     /// as [`Event::SecretRefused`](super::Event::SecretRefused).
     WriteSecret {
-        /// The TaskRun.
         taskrun: TaskRunRef,
         /// The content.
         secret: SecretData,
     },
     /// Delete the TaskRun's secret if its owner is this TaskRun (UID).
-    DeleteSecret {
-        /// The TaskRun.
-        taskrun: TaskRunRef,
-    },
+    DeleteSecret { taskrun: TaskRunRef },
     /// Clear `spec.status: TaskRunPending` so the TaskRun starts.
-    Ungate {
-        /// The TaskRun.
-        taskrun: TaskRunRef,
-    },
+    Ungate { taskrun: TaskRunRef },
     /// Remove our finalizer; the last action about a TaskRun.
     RemoveFinalizer {
-        /// The TaskRun.
         taskrun: TaskRunRef,
         /// Revoke its one-time keys too (the key server then refuses new ones for it): it
         /// ended. False for a TaskRun only released
@@ -97,7 +88,6 @@ pub enum Action {
     Launch {
         /// Echoed by the result.
         op: OpId,
-        /// The platform.
         platform: Arc<Platform>,
         /// Instance template (region, credentials, AMI, type, ...).
         template: Arc<DynamicPlatform>,
@@ -113,7 +103,6 @@ pub enum Action {
     Probe {
         /// Echoed by the result.
         op: OpId,
-        /// The instance.
         instance_id: Arc<str>,
         /// Region and credentials.
         template: Arc<DynamicPlatform>,
@@ -124,7 +113,6 @@ pub enum Action {
     Terminate {
         /// Echoed by the result.
         op: OpId,
-        /// The instance.
         instance_id: Arc<str>,
         /// Region and credentials.
         template: Arc<DynamicPlatform>,
@@ -139,7 +127,6 @@ pub enum Action {
     /// carrying our cluster identity are retagged. No result: a failure is logged (the TaskRun's
     /// `cloud-instance-id` annotation still names the instance).
     Retag {
-        /// The instance.
         instance_id: Arc<str>,
         /// Region and credentials.
         template: Arc<DynamicPlatform>,
@@ -157,11 +144,12 @@ pub enum Action {
         /// Human text.
         message: String,
     },
-    /// A measurement for the metrics (design §8).
+    /// A measurement for the metrics (docs/metrics.md).
     Observe(Observation),
 }
 
-/// Allocation labels and annotations of a TaskRun (design §2).
+/// Allocation labels and annotations of a TaskRun (docs/architecture.md, "The contract with the Go
+/// controller").
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {
     /// `assigned-host` label.
@@ -229,7 +217,7 @@ impl RemoteUser {
     }
 }
 
-/// Content of the TaskRun's secret (design §3).
+/// Content of the TaskRun's secret (docs/architecture.md, "The contract with the Go controller").
 #[derive(Debug, Clone, PartialEq)]
 pub enum SecretData {
     /// A remote user: keys `otp`, `host` ([`SecretData::login`]) and `user-dir`
@@ -269,14 +257,13 @@ impl SecretData {
     }
 }
 
-/// A measurement (design §8; the metric families, with the exact start and end of each, are in
+/// A measurement (docs/metrics.md; the metric families, with the exact start and end of each, are in
 /// `docs/metrics.md`). Times are the scheduler's clock; "creation" is the TaskRun's
 /// [`since`](super::TaskRunSpec::since) (its creation, or a later `allocation-start-time`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Observation {
     /// A TaskRun left the queue for a placement (a host, a launch, an instance).
     Waited {
-        /// Platform.
         platform: Arc<Platform>,
         /// `queue_wait_seconds`: from joining the queue to leaving it (zero when placed at once).
         wait: Duration,
@@ -290,7 +277,6 @@ pub enum Observation {
     /// instance: its launch, if later) to the host being reachable and provisioning asked for.
     /// Zero for a static host or a ready pool instance; a cloud boot for a launch.
     Allocated {
-        /// Platform.
         platform: Arc<Platform>,
         /// Duration.
         took: Duration,
@@ -298,7 +284,6 @@ pub enum Observation {
     /// `host_ready_seconds`: from creation to the TaskRun's remote secret (queue, boot and
     /// provisioning: all the build waited for).
     Served {
-        /// Platform.
         platform: Arc<Platform>,
         /// Duration.
         took: Duration,
@@ -306,7 +291,6 @@ pub enum Observation {
     /// `task_run_time` (Go's measure): from creation to the TaskRun finishing, for every TaskRun
     /// that was given a host, an instance, `localhost` or an error secret.
     Ran {
-        /// Platform.
         platform: Arc<Platform>,
         /// Duration.
         took: Duration,
@@ -314,7 +298,6 @@ pub enum Observation {
     /// `build_time_seconds`: from the TaskRun's remote secret to its finishing (the time its
     /// build used the host).
     Built {
-        /// Platform.
         platform: Arc<Platform>,
         /// Duration.
         took: Duration,

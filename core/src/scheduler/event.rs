@@ -31,11 +31,8 @@ pub enum Event {
     TaskRun(TaskRunSpec),
     /// The TaskRun finished (`Succeeded` ≠ `Unknown` and not being retried) or was deleted.
     TaskRunDone {
-        /// Namespace.
         namespace: String,
-        /// Name.
         name: String,
-        /// UID.
         uid: String,
     },
     /// The TaskRun needs no host after all, though it has not finished: its resolved Task does
@@ -45,11 +42,8 @@ pub enum Event {
     /// [`Event::TaskRun`] says it needs a host after all, it is served (and its finalizer, added
     /// again by the controller, removed when it is done).
     TaskRunReleased {
-        /// Namespace.
         namespace: String,
-        /// Name.
         name: String,
-        /// UID.
         uid: String,
     },
     /// [`Action::WriteSecret`](super::Action::WriteSecret) was refused for a reason retrying the
@@ -58,7 +52,6 @@ pub enum Event {
     /// all; then the TaskRun's host is freed and it gets an error: a Warning Event, and the error
     /// secret when that can be written.
     SecretRefused {
-        /// The TaskRun.
         taskrun: TaskRunRef,
         /// The refused content.
         secret: SecretData,
@@ -95,7 +88,6 @@ pub enum Event {
     Launched {
         /// The launch action.
         op: OpId,
-        /// The instance id.
         instance_id: String,
     },
     /// [`Action::Launch`](super::Action::Launch) found that an earlier try of the same launch
@@ -134,10 +126,7 @@ pub enum Event {
     },
     /// An instance stopped existing or failed outside our control (spot reclaim, manual
     /// termination), as seen by a watch or a listing.
-    InstanceGone {
-        /// The instance id.
-        instance_id: String,
-    },
+    InstanceGone { instance_id: String },
     /// Periodic listing: every instance with `platform`'s instance tag that its credentials and
     /// region can see, whoever launched it. This cluster's instances of `platform` that no
     /// TaskRun owns are terminated once past the grace period; the live ones nobody here tracks
@@ -146,7 +135,6 @@ pub enum Event {
     InstancesListed {
         /// Whose config (credentials, region) listed them.
         platform: Platform,
-        /// The instances.
         instances: Vec<InstanceRecord>,
     },
     /// Periodic sweep: the build users present on a static host (the shell lists them over SSH). Users
@@ -167,11 +155,8 @@ pub enum Event {
 /// What the core needs to know about a TaskRun.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskRunSpec {
-    /// Namespace.
     pub namespace: String,
-    /// Name.
     pub name: String,
-    /// UID.
     pub uid: String,
     /// The `PLATFORM` param as written (validated by the core).
     pub platform: String,
@@ -196,15 +181,9 @@ pub enum ProbeResult {
     /// Still starting, no address yet.
     Pending,
     /// Has an address but does not answer SSH yet.
-    Booting {
-        /// The address.
-        address: String,
-    },
+    Booting { address: String },
     /// Answers SSH at this address.
-    Reachable {
-        /// The address.
-        address: String,
-    },
+    Reachable { address: String },
     /// Stopped, terminated, or failed to start.
     Failed {
         /// What the cloud says.

@@ -6,7 +6,8 @@
 //! when the controller must send [`Event::Tick`]. Given the same events at the same times it
 //! returns the same actions (no hash-order iteration anywhere).
 //!
-//! Guarantees (design §5), whatever the order of events, duplicates, replays or restarts:
+//! Guarantees (docs/architecture.md, "What the scheduler guarantees"), whatever the order of
+//! events, duplicates, replays or restarts:
 //! - a static host never gets more new allocations than its `concurrency`, and a platform never
 //!   more launched-or-booting instances than `max-instances` (see the bill guard below);
 //! - waiters are served FIFO per platform, round-robin across namespaces, and a freed slot is

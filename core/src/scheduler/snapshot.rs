@@ -20,11 +20,8 @@ pub struct Snapshot {
 /// One TaskRun as recorded on the cluster.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskRunRecord {
-    /// Namespace.
     pub namespace: String,
-    /// Name.
     pub name: String,
-    /// UID.
     pub uid: String,
     /// The `PLATFORM` param.
     pub platform: String,
@@ -210,11 +207,8 @@ pub enum InstanceState {
     Running,
     /// Terminating.
     ShuttingDown,
-    /// Terminated.
     Terminated,
-    /// Stopping.
     Stopping,
-    /// Stopped.
     Stopped,
     /// A state this version does not know.
     Unknown,

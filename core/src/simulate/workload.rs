@@ -29,7 +29,6 @@ use super::latency::lognormal;
 pub struct Job {
     /// Arrival, seconds from the start of the trace.
     pub at: f64,
-    /// Namespace.
     pub namespace: String,
     /// `PLATFORM` param.
     pub platform: String,
@@ -40,7 +39,6 @@ pub struct Job {
 /// A trace: jobs sorted by arrival.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Workload {
-    /// The jobs.
     pub jobs: Vec<Job>,
     /// What it is, for the report.
     pub description: String,

@@ -19,7 +19,6 @@ pub enum Verb {
     Create,
     /// PUT.
     Update,
-    /// PATCH.
     Patch,
     /// DELETE of one object.
     Delete,
@@ -46,11 +45,9 @@ impl Verb {
 /// Which requests a fault applies to; unset fields match anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestMatch {
-    /// Verb.
     pub verb: Option<Verb>,
     /// Resource, optionally with subresource: `configmaps`, `taskruns/status`.
     pub resource: Option<String>,
-    /// Namespace.
     pub namespace: Option<String>,
     /// Object name.
     pub name: Option<String>,
@@ -116,15 +113,11 @@ impl RequestMatch {
 /// What a fault rule sees of a request.
 #[derive(Debug, Clone)]
 pub struct RequestFacts {
-    /// Verb.
     pub verb: Verb,
     /// Resource (plural).
     pub resource: String,
-    /// Subresource.
     pub subresource: Option<String>,
-    /// Namespace.
     pub namespace: Option<String>,
-    /// Name.
     pub name: Option<String>,
     /// Client, as the request log names it.
     pub user: String,

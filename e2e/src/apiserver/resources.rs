@@ -53,7 +53,6 @@ pub struct ResourceDef {
     pub plural: String,
     /// Singular name.
     pub singular: String,
-    /// Kind.
     pub kind: String,
     /// Kind of the list.
     pub list_kind: String,

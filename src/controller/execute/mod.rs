@@ -1,5 +1,5 @@
 //! The executor: runs scheduler actions against the API server, build hosts, the OTP server and
-//! the cloud, and turns their outcomes into events (design §10).
+//! the cloud, and turns their outcomes into events (docs/architecture.md, "The controller shell").
 //!
 //! Contract kept (see `scheduler/action.rs`): every action with an `OpId` yields exactly one
 //! result event, also on timeout or error; actions without one yield nothing, or
@@ -30,7 +30,7 @@ use crate::config::HostConfig;
 use crate::provision::Provisioner;
 use crate::scheduler::{Action, Event, TaskRunRef};
 
-/// Where private keys go: the OTP server (design §7).
+/// Where private keys go: the OTP server (docs/architecture.md, "The key hand-off and retries").
 pub trait KeyStore: Send + Sync {
     /// Stores `key` for `owner` (a TaskRun UID) under the idempotency id `request`; with `rearm`
     /// the owner's token already handed out (its latest) redeems the new key instead of a new

@@ -1,5 +1,6 @@
 //! Provisioning and removal of build users over SSH, and the hand-over of the private key to the
-//! OTP server (design §6, §7).
+//! OTP server (docs/architecture.md, "The contract with the Go controller" and "The key hand-off
+//! and retries").
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -153,8 +154,8 @@ pub async fn deprovision(ctx: &Context, user: &RemoteUser, host: &HostRef) -> Re
 }
 
 /// Lists the build users of every static host every `every` and feeds them to the loop, which
-/// removes the old ones no allocation owns (design §7). A host that cannot be listed is skipped
-/// until the next round; the term's end stops it.
+/// removes the old ones no allocation owns (docs/architecture.md, "What the scheduler guarantees").
+/// A host that cannot be listed is skipped until the next round; the term's end stops it.
 pub async fn list_host_users(
     ctx: Context,
     config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
