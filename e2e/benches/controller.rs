@@ -53,6 +53,12 @@ fn main() -> anyhow::Result<()> {
     }
     // SAFETY: as above; the controller's log is read back as JSON lines.
     unsafe { std::env::set_var("MPC_LOG_FORMAT", "json") };
+    // The controller's environment as the shipped Deployment sets it (freed pages go back to the
+    // kernel at once), unless the caller compares another setting.
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("MIMALLOC_PURGE_DELAY", "0") };
+    }
     let phases =
         std::env::var("MPC_BENCH").unwrap_or_else(|_| "latency,handoff,dynamic,throughput".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -739,6 +745,21 @@ mod konflux {
         s
     }
 
+    /// A generateName-style suffix (5 of `[a-z0-9]`), distinct for every `i` below 36^5: a
+    /// multiplication by a constant prime to 36 permutes the residues (hex digits of a hash
+    /// collided within 20,000 TaskRuns).
+    fn suffix(i: usize) -> String {
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        const SPACE: u64 = 36u64.pow(5);
+        let mut x = (i as u64 % SPACE) * 48_271 % SPACE;
+        let mut s = String::with_capacity(5);
+        for _ in 0..5 {
+            s.push(char::from(ALPHABET[(x % 36) as usize]));
+            x /= 36;
+        }
+        s
+    }
+
     fn image(repo: &str, seed: u64) -> String {
         format!("quay.io/konflux-ci/{repo}:latest@sha256:{}", hex(seed, 64))
     }
@@ -899,7 +920,7 @@ mod konflux {
             let namespace = ["tenant-a", "tenant-b"][i % 2].to_owned();
             let component = format!("component-{:03}", (i / 2) % 200);
             let seed = i as u64 + 1;
-            let pipeline_run = format!("{component}-on-push-{}", &hex(seed, 5));
+            let pipeline_run = format!("{component}-on-push-{}", suffix(i));
             TaskRun {
                 name: format!("{pipeline_run}-build-images-0"),
                 namespace,
