@@ -15,10 +15,16 @@
 //! - `throughput`: `MPC_BENCH_N` (1,000) TaskRuns through 20 static slots with builds of
 //!   0.5–1.5 s; wall time against the sum of build times over 20 slots.
 //! - `memory`: `MPC_BENCH_TASKRUNS` Konflux-shaped TaskRuns in the API server (the resolved
-//!   `buildah-remote-oci-ta` spec in `status.taskSpec`, ~50 KB each as JSON), half finished, half
+//!   `buildah-remote-oci-ta` spec in `status.taskSpec`, ~57 KB each as JSON), half finished, half
 //!   queued for the one slot of one host; then the controller starts, lists them, rebuilds its
 //!   ledger and serves the oldest queued one; its resident memory 10 s later (VmRSS, and VmHWM
-//!   the peak). `MPC_BENCH_TASK=<Task YAML>` uses that Task's spec instead of the built-in one
+//!   the peak). The TaskRuns are loaded in-process before the controller starts
+//!   (`ApiServer::create_with_status`: the CREATE and status write a client would make, so the
+//!   controller lists what it would have after them), ~20,000 a minute in a dev build. The
+//!   controller runs with the shipped lease timings (15 s duration, 10 s renew deadline, 2 s
+//!   retry, adoption every 5 min), which replace the harness's short ones through
+//!   `Product::controller_flags`: under load the test API server misses 2 s renew deadlines,
+//!   and each lost Lease would re-run recovery. `MPC_BENCH_TASK=<Task YAML>` uses that Task's spec instead of the built-in one
 //!   of the same shape; `MPC_BENCH_BIN` runs another `mpc` binary (e.g. a wrapper that starts it
 //!   under a heap profiler).
 
@@ -47,6 +53,12 @@ fn main() -> anyhow::Result<()> {
     }
     // SAFETY: as above; the controller's log is read back as JSON lines.
     unsafe { std::env::set_var("MPC_LOG_FORMAT", "json") };
+    // The controller's environment as the shipped Deployment sets it (freed pages go back to the
+    // kernel at once), unless the caller compares another setting.
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("MIMALLOC_PURGE_DELAY", "0") };
+    }
     let phases =
         std::env::var("MPC_BENCH").unwrap_or_else(|_| "latency,handoff,dynamic,throughput".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -472,46 +484,18 @@ async fn load_konflux(
     n: usize,
     task_spec: &Value,
 ) -> anyhow::Result<(usize, Vec<(String, String)>)> {
-    let loading = futures::stream::iter(0..n)
-        .map(|i| async move {
-            let tr = konflux::TaskRun::new(i, i % 2 == 1, PLATFORM);
-            let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
-                p.client.clone(),
-                &tr.namespace,
-                &e2e::tekton::taskrun_resource(),
-            );
-            let created = api
-                .create(&Default::default(), &serde_json::from_value(tr.object())?)
-                .await?;
-            let status = tr.status(task_spec);
-            let mut obj = serde_json::to_value(created)?;
-            // The Tekton stand-in may write its own status first (it cannot resolve bundles):
-            // ours replaces it, from the stored version.
-            loop {
-                obj["status"] = status.clone();
-                let put = serde_json::from_value(obj.clone())?;
-                match api
-                    .replace_status(&tr.name, &Default::default(), &put)
-                    .await
-                {
-                    Ok(done) => {
-                        let len = serde_json::to_vec(&done)?.len();
-                        return anyhow::Ok((len, tr.queued.then_some((tr.namespace, tr.name))));
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => {
-                        obj = serde_json::to_value(api.get(&tr.name).await?)?;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        })
-        .buffer_unordered(16);
-    let mut loading = std::pin::pin!(loading);
+    // In-process: the same CREATE and status write a client makes (admission, resourceVersions
+    // and watch events included), without serialising ~57 KB over HTTP twice per TaskRun.
     let (mut largest, mut queued) = (0, Vec::new());
-    while let Some(r) = loading.next().await {
-        let (len, q) = r?;
-        largest = largest.max(len);
-        queued.extend(q);
+    for i in 0..n {
+        let tr = konflux::TaskRun::new(i, i % 2 == 1, PLATFORM);
+        let mut obj = tr.object();
+        obj["status"] = tr.status(task_spec);
+        let stored = p.api.create_with_status(obj).await?;
+        largest = largest.max(serde_json::to_vec(&stored)?.len());
+        if tr.queued {
+            queued.push((tr.namespace, tr.name));
+        }
     }
     Ok((largest, queued))
 }
@@ -538,6 +522,16 @@ fn memory_task_spec() -> anyhow::Result<Value> {
 async fn memory(n: usize) -> anyhow::Result<()> {
     let bin = std::env::var("MPC_BENCH_BIN").unwrap_or_else(|_| MPC.to_owned());
     let mut p = Product::start(std::path::Path::new(&bin), &[("h1", 1)]).await?;
+    // The shipped lease and adoption timings, not the harness's short ones: a loaded test API
+    // server misses 2 s renewal deadlines, and every lost Lease re-runs recovery.
+    p.controller_flags = [
+        "--lease-duration=15s",
+        "--lease-renew-deadline=10s",
+        "--lease-retry-period=2s",
+        "--adopt-interval=5m",
+    ]
+    .map(str::to_owned)
+    .to_vec();
     let task_spec = memory_task_spec()?;
     let loaded = Instant::now();
     let (largest, queued) = load_konflux(&p, n, &task_spec).await?;
@@ -751,6 +745,21 @@ mod konflux {
         s
     }
 
+    /// A generateName-style suffix (5 of `[a-z0-9]`), distinct for every `i` below 36^5: a
+    /// multiplication by a constant prime to 36 permutes the residues (hex digits of a hash
+    /// collided within 20,000 TaskRuns).
+    fn suffix(i: usize) -> String {
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        const SPACE: u64 = 36u64.pow(5);
+        let mut x = (i as u64 % SPACE) * 48_271 % SPACE;
+        let mut s = String::with_capacity(5);
+        for _ in 0..5 {
+            s.push(char::from(ALPHABET[(x % 36) as usize]));
+            x /= 36;
+        }
+        s
+    }
+
     fn image(repo: &str, seed: u64) -> String {
         format!("quay.io/konflux-ci/{repo}:latest@sha256:{}", hex(seed, 64))
     }
@@ -911,7 +920,7 @@ mod konflux {
             let namespace = ["tenant-a", "tenant-b"][i % 2].to_owned();
             let component = format!("component-{:03}", (i / 2) % 200);
             let seed = i as u64 + 1;
-            let pipeline_run = format!("{component}-on-push-{}", &hex(seed, 5));
+            let pipeline_run = format!("{component}-on-push-{}", suffix(i));
             TaskRun {
                 name: format!("{pipeline_run}-build-images-0"),
                 namespace,

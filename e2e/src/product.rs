@@ -216,6 +216,31 @@ pub struct Product {
     webhook_port: u16,
 }
 
+/// Short lease and adoption timings, so failover tests run in seconds; a flag of the same name in
+/// [`Product::controller_flags`] replaces its default (clap refuses a flag given twice).
+const TEST_TIMINGS: &[(&str, &str)] = &[
+    ("--lease-duration", "3s"),
+    ("--lease-renew-deadline", "2s"),
+    ("--lease-retry-period", "300ms"),
+    ("--adopt-interval", "2s"),
+];
+
+/// `defaults` as arguments, without those whose flag `flags` gives itself (as `--name value` or
+/// `--name=value`).
+fn with_overrides(defaults: &[(&str, &str)], flags: &[String]) -> Vec<String> {
+    let given = |name: &str| {
+        flags.iter().any(|f| {
+            f.strip_prefix(name)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('='))
+        })
+    };
+    defaults
+        .iter()
+        .filter(|(name, _)| !given(name))
+        .flat_map(|(name, value)| [(*name).to_owned(), (*value).to_owned()])
+        .collect()
+}
+
 /// A value from a ConfigMap-style `key: value` list.
 pub type ConfigPairs = Vec<(String, String)>;
 
@@ -467,8 +492,7 @@ impl Product {
                 .arg("--otp-store-token-file")
                 .arg(otp_dir.join("store-token"))
                 .args(["--identity", &identity_arg])
-                .args(["--lease-duration", "3s", "--lease-renew-deadline", "2s"])
-                .args(["--lease-retry-period", "300ms", "--adopt-interval", "2s"])
+                .args(with_overrides(TEST_TIMINGS, &flags))
                 .arg("--ssh-state-dir")
                 .arg(&ssh_dir)
                 .arg("--cert-dir")
@@ -862,4 +886,23 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_flags_replace_the_test_timings_of_the_same_name() {
+        let flags: Vec<String> = ["--lease-duration", "30s", "--lease-renew-deadline=20s"]
+            .map(str::to_owned)
+            .to_vec();
+        assert_eq!(
+            with_overrides(TEST_TIMINGS, &flags),
+            ["--lease-retry-period", "300ms", "--adopt-interval", "2s"]
+        );
+        // A flag that only starts with a default's name is another flag.
+        let other = vec!["--lease-duration-max".to_owned(), "1s".to_owned()];
+        assert_eq!(with_overrides(TEST_TIMINGS, &other).len(), 8);
+    }
 }

@@ -463,6 +463,50 @@ impl ApiServer {
             .map_err(Error::Api)
     }
 
+    /// Creates one object and then writes its `status` through the status subresource: the
+    /// writes a client makes (`POST`, then `PUT …/status` with the version it read, again from
+    /// the newer version after a 409 when another writer, e.g. a controller, came between), with
+    /// their resourceVersions and watch events, admission included, without the HTTP round trips.
+    /// Loads many objects that already ran (benchmarks) in a fraction of the time. Returns the
+    /// stored object.
+    pub async fn create_with_status(&self, mut obj: Value) -> Result<Value, Error> {
+        let status = obj.as_object_mut().and_then(|o| o.remove("status"));
+        let def = self.def_for(&obj)?;
+        let mut current = self.create(obj).await?;
+        let Some(status) = status else {
+            return Ok(current);
+        };
+        let ns = current["metadata"]["namespace"].as_str().map(str::to_owned);
+        let name = current["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        loop {
+            let mut put = current;
+            put["status"] = status.clone();
+            match self
+                .shared
+                .update(
+                    &def,
+                    ns.as_deref(),
+                    &name,
+                    put,
+                    meta::UpdateTarget::Status,
+                    &ops::WriteOpts::default(),
+                )
+                .await
+            {
+                Err(e) if e.code == 409 => {
+                    current = self
+                        .shared
+                        .get(&def, ns.as_deref(), &name)
+                        .map_err(Error::Api)?;
+                }
+                r => return r.map_err(Error::Api),
+            }
+        }
+    }
+
     /// Reads one object: `get("tekton.dev/v1", "taskruns", Some("ns"), "name")`.
     pub fn get(
         &self,
@@ -607,5 +651,43 @@ impl WebhookRule {
             namespace_selector: None,
             match_conditions: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn create_with_status_is_a_create_then_a_status_write() {
+        let api = ApiServer::start(Options::default()).await.unwrap();
+        api.create_yaml(TEKTON_CRDS).await.unwrap();
+        let before = api.resource_version();
+        let stored = api
+            .create_with_status(json!({
+                "apiVersion": "tekton.dev/v1", "kind": "TaskRun",
+                "metadata": {"name": "t", "namespace": "default"},
+                "spec": {"taskRef": {"name": "x"}},
+                "status": {"podName": "t-pod", "conditions": [{"type": "Succeeded", "status": "True"}]},
+            }))
+            .await
+            .unwrap();
+        assert_eq!(stored["status"]["podName"], "t-pod");
+        assert_eq!(
+            stored["metadata"]["resourceVersion"],
+            json!((before + 2).to_string())
+        );
+        assert!(stored["metadata"]["uid"].is_string());
+        let events = api.shared.lock().events_after(before).unwrap();
+        let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [store::EventType::Added, store::EventType::Modified]);
+        // As a CREATE of a resource with a status subresource: no status until the second write.
+        assert!(events[0].object["status"].is_null());
+        assert_eq!(events[1].object["status"]["podName"], "t-pod");
+        assert_eq!(
+            api.get("tekton.dev/v1", "taskruns", Some("default"), "t")
+                .unwrap()["status"],
+            stored["status"]
+        );
     }
 }
