@@ -146,6 +146,10 @@ struct TaskRun {
     /// Its labels name a host or instance, or the platform it waits for (a later outcome
     /// without a new placement must clear them).
     recorded: bool,
+    /// Recovered already labelled waiting (with no failed hosts) and not yet re-admitted: its
+    /// label and `WaitingForHost` Event stand, so re-admission writes and announces nothing.
+    /// Recovery clears it once the TaskRun is re-admitted.
+    announced: bool,
     /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
     rearm: bool,
     /// Its remote secret was found at recovery without our proof (the Go controller's, or

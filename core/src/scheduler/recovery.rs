@@ -131,6 +131,7 @@ impl Scheduler {
                 retries: rec.retries,
                 gated: rec.gated,
                 recorded: allocated(rec) || rec.waiting,
+                announced: rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty(),
                 // A secret a pod may have mounted already: its token is re-armed, not replaced.
                 // Only the controller's own: another's token (Go's, or a tenant's) is not one
                 // our key server issued.
@@ -197,6 +198,10 @@ impl Scheduler {
         for key in waiters {
             let retry = self.failures(key) > 0;
             self.admit(key, retry, out);
+            // Placed at once, or waiting and announced: either way a later wait is new.
+            if let Some(t) = self.taskruns.get_mut(key) {
+                t.announced = false;
+            }
         }
         for key in with_secret {
             self.ungate_served(key, out);

@@ -419,3 +419,45 @@ fn an_instance_whose_owner_moved_on_is_terminated_without_waiting_out_the_grace(
     let t: Vec<String> = terminates(&later).into_iter().map(|t| t.1).collect();
     assert_eq!(t, ["i-stranger"], "{later:#?}");
 }
+
+/// A new leader re-admits what the last one queued without writing the waiting label again or
+/// re-sending its Event (both stand); one with failed hosts is written again (its annotation is
+/// rebuilt from what recovery kept), and one that was not labelled is labelled.
+#[test]
+fn recovered_waiters_already_labelled_are_not_written_or_announced_again() {
+    let mut running = rec("a", "linux/s390x");
+    running.assigned_host = Some("h1".into());
+    running.secret = Some(SecretKind::Remote);
+    let mut labelled = rec("b", "linux/s390x");
+    labelled.waiting = true;
+    let mut failed = rec("c", "linux/s390x");
+    failed.waiting = true;
+    failed.failed_hosts = vec!["h2".into()];
+    let unlabelled = rec("d", "linux/s390x");
+    let (mut h, out) = start(
+        &static_pairs(&[("h1", 1)]),
+        Snapshot {
+            taskruns: vec![running, labelled, failed, unlabelled],
+            instances: vec![],
+        },
+    );
+    let notified = |out: &[Action], name: &str| {
+        out.iter().any(|a| {
+            matches!(a, Action::Notify { taskrun: Some(t), reason: "WaitingForHost", .. } if t.name() == name)
+        })
+    };
+    assert!(records(&out, "b").is_empty(), "{out:#?}");
+    assert!(!notified(&out, "b"));
+    assert_eq!(records(&out, "c").len(), 1, "{out:#?}");
+    assert_eq!(
+        records(&out, "d")[0].waiting_for_platform.as_deref(),
+        Some("linux-s390x")
+    );
+    assert!(notified(&out, "d"));
+    // b is still served in its turn (after c, a retry), and its placement is recorded.
+    let a = h.done("ns", "a");
+    assert_eq!(provisions(&a)[0].1, "c");
+    let c = h.done("ns", "c");
+    assert_eq!(provisions(&c)[0].1, "b");
+    assert_eq!(records(&c, "b")[0].assigned_host.as_deref(), Some("h1"));
+}
