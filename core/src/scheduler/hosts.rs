@@ -267,11 +267,9 @@ mod tests {
 
     const P: &str = "linux/s390x";
 
-    /// A retry's re-provisioning keeps its slot and tries its host again (no release, no
-    /// re-queueing): when those failures trip the host's back-off, the host must still leave the
-    /// index of hosts with room, or it keeps taking new work while backing off.
-    #[test]
-    fn a_host_backing_off_on_a_retrys_re_provisioning_takes_no_new_work() {
+    /// `a` served on `h1` (concurrency 4), then retried: the retry's re-provisioning on `h1` is
+    /// in flight (its op returned).
+    fn retry_on_h1() -> (H, super::super::OpId) {
         let mut h = H::new(&static_pairs(&[("h1", 4)]));
         let op = provision_op(&h.submit("ns", "a", P), "a");
         h.send(Event::Provisioned {
@@ -280,7 +278,16 @@ mod tests {
         });
         let mut spec = H::spec("ns", "a", P);
         spec.retries = 1;
-        let mut op = provision_op(&h.send(Event::TaskRun(spec)), "a");
+        let op = provision_op(&h.send(Event::TaskRun(spec)), "a");
+        (h, op)
+    }
+
+    /// A retry's re-provisioning keeps its slot and tries its host again (no release, no
+    /// re-queueing): when those failures trip the host's back-off, the host must still leave the
+    /// index of hosts with room, or it keeps taking new work while backing off.
+    #[test]
+    fn a_host_backing_off_on_a_retrys_re_provisioning_takes_no_new_work() {
+        let (mut h, mut op) = retry_on_h1();
         let trips = Policy::mpc()
             .host_backoff
             .expect("mpc backs off")
@@ -376,15 +383,7 @@ mod tests {
     /// The same on a retry's re-provisioning, which keeps its slot on the host.
     #[test]
     fn a_retrys_failures_not_blamed_on_the_host_do_not_back_it_off() {
-        let mut h = H::new(&static_pairs(&[("h1", 4)]));
-        let op = provision_op(&h.submit("ns", "a", P), "a");
-        h.send(Event::Provisioned {
-            op,
-            otp: "first".into(),
-        });
-        let mut spec = H::spec("ns", "a", P);
-        spec.retries = 1;
-        let mut op = provision_op(&h.send(Event::TaskRun(spec)), "a");
+        let (mut h, mut op) = retry_on_h1();
         let trips = Policy::mpc().host_backoff.unwrap().after_failures;
         for n in 1..=trips {
             let a = h.send(Event::ProvisionFailed {
