@@ -490,4 +490,36 @@ mod tests {
         let e = read_path(&f).unwrap_err();
         assert!(e.contains("not a ConfigMap"), "{e}");
     }
+
+    /// The reason a config file cannot be served is logged and published as it reads here.
+    #[test]
+    fn read_error_messages_read_exactly_as_documented() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("host-config.yaml");
+        let shown = f.display().to_string();
+        assert_eq!(
+            read_path(&f).unwrap_err().to_string(),
+            format!("cannot read {shown}: No such file or directory (os error 2)")
+        );
+        std::fs::write(&f, b"kind: \xff\n").unwrap();
+        assert_eq!(
+            read_path(&f).unwrap_err().to_string(),
+            format!("{shown}: not UTF-8 text: invalid utf-8 sequence of 1 bytes from index 6")
+        );
+        std::fs::write(&f, "kind: Secret\n").unwrap();
+        assert_eq!(
+            read_path(&f).unwrap_err().to_string(),
+            format!("{shown}: not a ConfigMap: kind is Secret")
+        );
+        let mounted = dir.path().join("mounted");
+        std::fs::create_dir(&mounted).unwrap();
+        std::fs::write(mounted.join("local-platforms"), b"\xff").unwrap();
+        assert_eq!(
+            read_path(&mounted).unwrap_err().to_string(),
+            format!(
+                "{}: not UTF-8 text: invalid utf-8 sequence of 1 bytes from index 0",
+                mounted.join("local-platforms").display()
+            )
+        );
+    }
 }

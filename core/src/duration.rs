@@ -59,4 +59,21 @@ mod tests {
         assert!(parse_nonzero("0s").unwrap_err().contains("zero"));
         assert_eq!(parse_nonzero("24h"), Ok(Duration::from_secs(86_400)));
     }
+
+    /// Flag errors show these messages as they are.
+    #[test]
+    fn messages_read_exactly_as_documented() {
+        assert_eq!(
+            parse(" soon ").unwrap_err().to_string(),
+            "\"soon\" is not a duration (examples: 500ms, 5s, 2m, 1h)"
+        );
+        assert_eq!(
+            parse("721h").unwrap_err().to_string(),
+            "\"721h\" must be between 0 and 30 days"
+        );
+        assert_eq!(
+            parse_nonzero(" 0s ").unwrap_err().to_string(),
+            "\"0s\" must be longer than zero"
+        );
+    }
 }

@@ -343,4 +343,45 @@ mod tests {
         assert!(elapsed >= Duration::from_secs(10), "{elapsed:?}");
         assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
     }
+
+    /// Probe reasons are logged and shown in `mpc` status output as they read here.
+    #[tokio::test]
+    async fn not_ready_reasons_read_exactly_as_documented() {
+        let reason = |p: &Probe| match p {
+            Probe::NotReady { reason, .. } => reason.clone(),
+            other => panic!("{other:?}"),
+        };
+        let closes = {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move {
+                while let Ok((mut s, _)) = l.accept().await {
+                    let _ = s.write_all(b"hello\r\n").await;
+                }
+            });
+            addr
+        };
+        let chatty = serve_once(&[b'x'; 5000]).await;
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let m = LoopbackMap::new();
+        m.insert("closes", closes).unwrap();
+        m.insert("chatty", chatty).unwrap();
+        m.insert("closed", closed).unwrap();
+        let t = Duration::from_secs(5);
+        assert_eq!(
+            reason(&probe_ssh(&m, "closes", t).await),
+            "connection closed before an SSH banner"
+        );
+        assert_eq!(
+            reason(&probe_ssh(&m, "chatty", t).await),
+            "no SSH banner in the first 4 KiB"
+        );
+        assert_eq!(
+            reason(&probe_ssh(&m, "closed", t).await),
+            "connect: Connection refused (os error 111)"
+        );
+    }
 }

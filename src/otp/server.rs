@@ -777,4 +777,57 @@ mod tests {
         assert!(revoke("owner=%00").unwrap_err().contains("owner must be"));
         assert!(revoke("owner=%FF").unwrap_err().contains("owner must be"));
     }
+
+    /// Callers read these answers (HTTP 400 bodies): the text is kept as it is.
+    #[test]
+    fn parameter_messages_read_exactly_as_documented() {
+        let store = |q: &str, h: Option<&[u8]>| {
+            store_params(&format!("/store-key?{q}").parse().unwrap(), h)
+                .unwrap_err()
+                .to_string()
+        };
+        let revoke = |q: &str| {
+            revoke_params(&format!("/revoke?{q}").parse().unwrap())
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            store("owner=a+b&request=r", None),
+            "owner must be 1-128 visible ASCII characters, got \"a b\""
+        );
+        assert_eq!(
+            store(&format!("owner=u&request={}", "r".repeat(129)), None),
+            format!(
+                "request must be 1-128 visible ASCII characters, got {:?}...",
+                "r".repeat(40)
+            )
+        );
+        assert_eq!(
+            store("x=1", None),
+            "unknown parameter \"x\" (expected owner, request, rearm, rearms)"
+        );
+        assert_eq!(
+            store("owner=u&owner=v", None),
+            "parameter owner given more than once"
+        );
+        assert_eq!(store("request=r", None), "request needs an owner parameter");
+        assert_eq!(
+            store("owner=u&request=r", Some(b"k")),
+            "idempotency-key cannot be combined with owner (the request id makes the store idempotent)"
+        );
+        assert_eq!(store("owner=u", None), "owner needs a request parameter");
+        assert_eq!(
+            store("owner=u&request=r&rearm=x", None),
+            "rearm is not a token nor \"latest\""
+        );
+        assert_eq!(
+            store("owner=u&request=r&rearms=-1234567890123", None),
+            "rearms must be a count, got \"-12345678901\""
+        );
+        assert_eq!(revoke(""), "owner parameter missing");
+        assert_eq!(
+            revoke("request=r"),
+            "unknown parameter \"request\" (expected owner)"
+        );
+    }
 }

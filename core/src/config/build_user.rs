@@ -313,4 +313,22 @@ mod tests {
         );
         assert!(!BuildUserSettings::DEFAULT.has_slice());
     }
+
+    /// Diagnostics quote these messages verbatim.
+    #[test]
+    fn messages_read_exactly_as_documented() {
+        assert_eq!(
+            KeyType::parse("dsa").unwrap_err().to_string(),
+            "unknown key type (expected ed25519, rsa, rsa-3072 or rsa-4096)"
+        );
+        assert_eq!(
+            MemoryMax::parse("8X").unwrap_err().to_string(),
+            "not a memory size (expected bytes with an optional K, M, G or T suffix, e.g. 8G, or a \
+             percentage 1%..100%)"
+        );
+        assert_eq!(
+            CpuQuota::parse("fast").unwrap_err().to_string(),
+            "not a CPU quota (expected a percentage of one CPU, 1%..102400%, e.g. 200% for two CPUs)"
+        );
+    }
 }

@@ -365,4 +365,57 @@ mod tests {
         assert!(host_key("ssh-ed25519").is_err());
         assert!(host_key("ssh-ed25519 !!!").is_err());
     }
+
+    /// Diagnostics quote these messages verbatim (and operators grep for them): the text is part
+    /// of the contract.
+    #[test]
+    fn messages_read_exactly_as_documented() {
+        fn msg<T, E: std::fmt::Display>(r: Result<T, E>) -> String {
+            r.err().expect("an error").to_string()
+        }
+        assert_eq!(
+            msg(parse_bool("yes")),
+            "not a boolean (expected \"true\" or \"false\")"
+        );
+        assert_eq!(
+            msg(parse_u32_in("x", 1, 8)),
+            "not a whole number (expected 1..=8)"
+        );
+        assert_eq!(
+            msg(parse_u32_in("9", 1, 8)),
+            "out of range (expected 1..=8)"
+        );
+        assert_eq!(msg(single_token(" ")), "is empty");
+        assert_eq!(
+            msg(single_token("a b")),
+            "must be a single word (no spaces or control characters)"
+        );
+        assert_eq!(msg(host_address("a b")), "not an IP address or DNS name");
+        assert_eq!(
+            msg(posix_user("Root")),
+            "not a valid user name ([a-z_][a-z0-9_-]*, at most 32 characters)"
+        );
+        assert_eq!(
+            msg(object_name("Bad_Name")),
+            "not a valid Kubernetes object name (lowercase letters, digits, '-' and '.')"
+        );
+        assert_eq!(
+            msg(sudo_commands("podman")),
+            "\"podman\" is not an absolute path (sudo commands must start with '/')"
+        );
+        assert_eq!(
+            msg(sudo_commands("/bin/true; rm")),
+            "\"/bin/true; rm\" contains ';'; allowed are letters, digits, spaces and / . _ - + *"
+        );
+        assert_eq!(msg(sudo_commands(" , ")), "no commands given");
+        assert_eq!(
+            msg(host_key("ssh-ed25519")),
+            "expected \"<algorithm> <base64 key>\" as in known_hosts"
+        );
+        assert_eq!(
+            msg(host_key("ssh-dss AAAA")),
+            "unsupported host key algorithm \"ssh-dss\""
+        );
+        assert_eq!(msg(host_key("ssh-ed25519 !!!")), "key is not valid base64");
+    }
 }
