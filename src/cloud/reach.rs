@@ -175,7 +175,10 @@ pub async fn probe_ssh(resolver: &dyn ResolveAddress, address: &str, timeout: Du
     };
     match tokio::time::timeout(timeout, read_banner(&endpoint)).await {
         Ok(Ok(banner)) => Probe::Ready { endpoint, banner },
-        Ok(Err(reason)) => Probe::NotReady { endpoint, reason },
+        Ok(Err(e)) => Probe::NotReady {
+            endpoint,
+            reason: e.to_string(),
+        },
         Err(_) => Probe::NotReady {
             endpoint,
             reason: format!("no SSH banner within {timeout:?}"),
@@ -193,19 +196,29 @@ pub async fn probe_all(
     futures::future::join_all(addresses.iter().map(|a| probe_ssh(resolver, a, timeout))).await
 }
 
-async fn read_banner(endpoint: &Endpoint) -> Result<String, String> {
+/// Why an endpoint gave no SSH banner (the probe's `NotReady` reason).
+#[derive(Debug, thiserror::Error)]
+enum BannerError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    #[error("connection closed before an SSH banner")]
+    Closed,
+    #[error("no SSH banner in the first 4 KiB")]
+    TooLong,
+}
+
+async fn read_banner(endpoint: &Endpoint) -> Result<String, BannerError> {
     let mut stream = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(BannerError::Connect)?;
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     loop {
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
+        let n = stream.read(&mut chunk).await.map_err(BannerError::Read)?;
         if n == 0 {
-            return Err("connection closed before an SSH banner".into());
+            return Err(BannerError::Closed);
         }
         buf.extend_from_slice(&chunk[..n]);
         let text = String::from_utf8_lossy(&buf);
@@ -219,7 +232,7 @@ async fn read_banner(endpoint: &Endpoint) -> Result<String, String> {
             }
         }
         if buf.len() > MAX_BANNER_BYTES {
-            return Err("no SSH banner in the first 4 KiB".into());
+            return Err(BannerError::TooLong);
         }
     }
 }

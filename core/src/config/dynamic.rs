@@ -147,7 +147,7 @@ pub(super) fn parse_dynamic(
     let instance_profile_arn = optional_token("instance-profile-arn", sink);
     let instance_tag = optional_token("instance-tag", sink);
 
-    let mut check = |field: &str, r: Result<(), String>, sink: &mut Sink| {
+    let mut check = |field: &str, r: Result<(), values::ValueError>, sink: &mut Sink| {
         if let Err(e) = r {
             sink.error(&key(field), f.get(field).copied(), e);
             ok = false;

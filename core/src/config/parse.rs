@@ -3,6 +3,7 @@
 //! [`HostConfig`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use super::dynamic::parse_dynamic;
 use super::static_host::parse_host;
@@ -28,11 +29,11 @@ const GLOBAL_KEYS: [&str; 8] = [
 pub(super) struct Sink(pub(super) Vec<Diagnostic>);
 
 impl Sink {
-    pub(super) fn error(&mut self, key: &str, value: Option<&str>, message: impl Into<String>) {
-        self.push(Severity::Error, key, value, message.into());
+    pub(super) fn error(&mut self, key: &str, value: Option<&str>, message: impl fmt::Display) {
+        self.push(Severity::Error, key, value, message.to_string());
     }
-    pub(super) fn warn(&mut self, key: &str, value: Option<&str>, message: impl Into<String>) {
-        self.push(Severity::Warning, key, value, message.into());
+    pub(super) fn warn(&mut self, key: &str, value: Option<&str>, message: impl fmt::Display) {
+        self.push(Severity::Warning, key, value, message.to_string());
     }
     fn push(&mut self, severity: Severity, key: &str, value: Option<&str>, message: String) {
         self.0.push(Diagnostic {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::build_user;
 use super::parse::Sink;
+use super::values::ValueError;
 use super::{BuildUserSettings, MAX_CONCURRENCY, StaticHost, values};
 use crate::platform::Platform;
 
@@ -52,7 +53,7 @@ pub(super) fn parse_host(
     }
     let mut req = |field: &str,
                    sink: &mut Sink,
-                   check: &dyn Fn(&str) -> Result<String, String>|
+                   check: &dyn Fn(&str) -> Result<String, ValueError>|
      -> Option<String> {
         match f.get(field) {
             None => {
@@ -77,7 +78,7 @@ pub(super) fn parse_host(
     let platform = req("platform", sink, &|v| {
         Platform::parse(v)
             .map(|p| p.as_str().to_owned())
-            .map_err(|e| e.to_string())
+            .map_err(ValueError::from)
     })
     .and_then(|p| Platform::parse(&p).ok());
     let address = req("address", sink, &|v| {
