@@ -28,9 +28,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use futures::StreamExt;
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -38,26 +37,11 @@ use tokio_util::sync::CancellationToken;
 use super::execute::{self, Context, Job};
 use super::lanes::{LaneKey, Lanes};
 use super::observe::{self, MountMemo, Observed};
+use super::sources::{self, Input, Intervals, now};
 use super::taskrun::TaskRun;
 use crate::config::{HostConfig, Strategy};
 use crate::platform::Platform;
-use crate::scheduler::{
-    Action, Event, Policy, Scheduler, SecretKind, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid,
-};
-
-/// What the loop reacts to.
-pub enum Input {
-    /// A TaskRun watch event (boxed: a slim TaskRun is still a few hundred bytes).
-    TaskRuns(Box<watcher::Event<TaskRun>>),
-    /// The served config changed.
-    Config(Arc<HostConfig>),
-    /// A snapshot for the term's recovery is ready.
-    Recovered { term: u64, snapshot: Snapshot },
-    /// A periodic listing or sweep produced an event for the scheduler.
-    Sweep(Event),
-    /// Stop.
-    Shutdown,
-}
+use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid};
 
 /// The controller's own writes one TaskRun needs.
 struct Wanted {
@@ -169,17 +153,6 @@ impl<T> InFlight<T> {
     }
 }
 
-/// How often each periodic task of a term runs.
-#[derive(Debug, Clone, Copy)]
-pub struct Intervals {
-    /// The safety-net scan for TaskRuns the webhook missed.
-    pub adopt: Duration,
-    /// Listing each dynamic platform's instances.
-    pub instances: Duration,
-    /// Listing the build users of each static host.
-    pub host_users: Duration,
-}
-
 /// Everything the loop owns.
 pub struct Driver {
     base: Context,
@@ -210,15 +183,6 @@ pub struct Driver {
     results_rx: mpsc::UnboundedReceiver<Completion>,
     inputs_tx: mpsc::Sender<Input>,
     actions: Vec<Action>,
-}
-
-/// Milliseconds since the epoch, the scheduler's clock.
-pub fn now() -> Time {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    Time::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 impl Driver {
@@ -595,41 +559,25 @@ impl Driver {
             .values()
             .map(|e| (e.record.clone(), e.secret_matters))
             .collect();
-        let (rctx, tx) = (ctx.clone(), self.inputs_tx.clone());
-        tokio::spawn(async move {
-            // Host keys other replicas learned, before any SSH connection of this term.
-            loop {
-                match rctx.known_hosts.load(&rctx).await {
-                    Ok(n) => {
-                        tracing::debug!(hosts = n, "known host keys loaded");
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "loading known host keys; retrying");
-                        tokio::select! {
-                            () = rctx.cancel.cancelled() => return,
-                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
-                }
-            }
-            let snapshot = collect_snapshot(&rctx, records, &config).await;
-            if let Some(snapshot) = snapshot {
-                let _ = tx.send(Input::Recovered { term: id, snapshot }).await;
-            }
-        });
-        tokio::spawn(super::adopt::run(
+        tokio::spawn(sources::recovery::run(
+            ctx.clone(),
+            id,
+            records,
+            config,
+            self.inputs_tx.clone(),
+        ));
+        tokio::spawn(sources::adopt::run(
             ctx.clone(),
             self.config_rx.clone(),
             self.every.adopt,
         ));
-        tokio::spawn(execute::cloud::sweep(
+        tokio::spawn(sources::instances::sweep(
             ctx.clone(),
             self.config_rx.clone(),
             self.inputs_tx.clone(),
             self.every.instances,
         ));
-        tokio::spawn(execute::ssh::list_host_users(
+        tokio::spawn(sources::host_users::sweep(
             ctx.clone(),
             self.config_rx.clone(),
             self.inputs_tx.clone(),
@@ -780,87 +728,6 @@ async fn sleep_until(deadline: Option<Time>) {
             tokio::time::sleep(wait).await;
         }
         None => std::future::pending().await,
-    }
-}
-
-/// Looks up what the snapshot needs beyond the index: whether the Secret of each TaskRun whose
-/// state depends on it exists (a dry-run create, a few at a time: tenants' Secrets are never
-/// read), whether the TaskRun carries our proof for its allocation, and the cloud's instances.
-/// `None` when cancelled.
-async fn collect_snapshot(
-    ctx: &Context,
-    records: Vec<(TaskRunRecord, bool)>,
-    config: &HostConfig,
-) -> Option<Snapshot> {
-    let lookups = futures::stream::iter(records.into_iter().map(|(mut rec, matters)| async move {
-        if matters {
-            let r = TaskRunRef::new(&rec.namespace, &rec.name, Uid::new(&rec.uid));
-            loop {
-                match execute::kube::secret_exists(ctx, &r).await {
-                    Ok(exists) => {
-                        let host = rec.assigned_host.as_deref();
-                        rec.secret = exists.then(|| SecretKind::for_assigned_host(host));
-                        rec.secret_proven = exists
-                            && ctx.secret_proof.verify_allocation(&r, host, rec.proof.as_ref());
-                        break;
-                    }
-                    Err(execute::kube::WriteError::Cancelled) => return None,
-                    Err(error) => {
-                        tracing::warn!(taskrun = %r, %error, "probing the TaskRun's secret for recovery; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        }
-        Some(rec)
-    }))
-    .buffer_unordered(16)
-    .collect::<Vec<_>>()
-    .await;
-    let taskruns: Option<Vec<TaskRunRecord>> = lookups.into_iter().collect();
-    let instances = execute::cloud::list_all(ctx, config).await?;
-    Some(Snapshot {
-        taskruns: taskruns?,
-        instances,
-    })
-}
-
-/// TaskRuns per page of the (re)list. A page is held whole, as JSON and decoded, on top of
-/// everything already indexed: with Konflux TaskRuns (~57 KB each with the resolved
-/// `buildah-remote-oci-ta` spec) a page of 100 was the controller's heap peak once recovery's
-/// jobs were capped (heap profile: the HTTP read buffer and its contiguous copy, 5 MB each;
-/// BENCHMARKS.md). 50 halves that for 400 requests per 20,000 TaskRuns. Streaming lists would
-/// avoid pages altogether but need the `WatchList` feature, which not every supported cluster
-/// has on.
-const TASKRUN_LIST_PAGE: u32 = 50;
-
-/// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
-/// follows a 410 or a broken watch). Runs until `stop`.
-pub async fn watch_taskruns(
-    client: kube::Client,
-    tx: mpsc::Sender<Input>,
-    stop: CancellationToken,
-) {
-    use kube::runtime::WatchStreamExt;
-    let api: kube::Api<TaskRun> = kube::Api::all(client);
-    let config = watcher::Config::default()
-        .labels(crate::contract::TARGET_PLATFORM_LABEL)
-        .page_size(TASKRUN_LIST_PAGE);
-    let mut stream = watcher(api, config).default_backoff().boxed();
-    loop {
-        let next = tokio::select! {
-            () = stop.cancelled() => return,
-            n = stream.next() => n,
-        };
-        match next {
-            Some(Ok(ev)) => {
-                if tx.send(Input::TaskRuns(Box::new(ev))).await.is_err() {
-                    return;
-                }
-            }
-            Some(Err(error)) => tracing::warn!(%error, "TaskRun watch error; retrying"),
-            None => return,
-        }
     }
 }
 

@@ -7,36 +7,36 @@
 //! ([`execute`]). Pure parts: [`observe`] (TaskRun → scheduler events and recovery records),
 //! [`patch`] (the writes), [`lanes`] (per-key ordering), [`lease::decide`].
 
-pub mod adopt;
 pub mod driver;
 pub mod events;
 pub mod execute;
 pub mod lanes;
-pub mod lease;
 pub mod metrics;
+#[cfg(test)]
+mod module_graph;
 pub mod observe;
 pub mod patch;
+pub mod sources;
 pub mod taskrun;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
 use prometheus::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config_source::{ConfigMetrics, ConfigSource, Update};
+use crate::config_source::{ConfigMetrics, ConfigSource};
 use crate::otp::{OtpClient, Rearm};
 use crate::provision::{Provisioner, SshOptions, Zeroizing};
 use crate::scheduler::Policy;
 use crate::server::{self, WebhookArgs, WebhookServer};
-use driver::{Driver, Input};
+use driver::Driver;
+use sources::Input;
 use execute::{Context, KeyStore, LimitSettings, Limits};
 use metrics::ControllerMetrics;
 
@@ -346,7 +346,7 @@ impl Controller {
             .clone()
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         if let (Some(client), None) = (&client, &args.webhook.config) {
-            tasks.spawn(watch_config_map(
+            tasks.spawn(sources::config::watch_config_map(
                 client.clone(),
                 args.namespace.clone(),
                 recorder(client, &identity),
@@ -438,25 +438,29 @@ impl Controller {
             tx.clone(),
             config.subscribe(),
             lead_rx,
-            driver::Intervals {
+            sources::Intervals {
                 adopt: args.adopt_interval,
                 instances: args.instance_list_interval,
                 host_users: args.host_user_sweep_interval,
             },
         );
         tasks.spawn(driver.run(rx));
-        tasks.spawn(driver::watch_taskruns(
+        tasks.spawn(sources::taskruns::watch(
             client.clone(),
             tx.clone(),
             stop.clone(),
         ));
-        tasks.spawn(forward_config(config.subscribe(), tx.clone(), stop.clone()));
+        tasks.spawn(sources::config::forward(
+            config.subscribe(),
+            tx.clone(),
+            stop.clone(),
+        ));
 
-        let elector = lease::Elector::new(
+        let elector = sources::lease::Elector::new(
             kube::Api::namespaced(requests, &args.namespace),
             args.lease_name.clone(),
             identity,
-            lease::Timing {
+            sources::lease::Timing {
                 lease_duration: args.lease_duration,
                 renew_deadline: args.lease_renew_deadline,
                 retry_period: args.lease_retry_period,
@@ -493,98 +497,6 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "mpc".into())
-}
-
-async fn forward_config(
-    mut rx: watch::Receiver<Option<Arc<crate::config::HostConfig>>>,
-    tx: mpsc::Sender<Input>,
-    stop: CancellationToken,
-) {
-    loop {
-        let current = rx.borrow_and_update().clone();
-        if let Some(cfg) = current
-            && tx.send(Input::Config(cfg)).await.is_err()
-        {
-            return;
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            r = rx.changed() => if r.is_err() { return },
-        }
-    }
-}
-
-/// Watches the host-config ConfigMap and publishes it; problems are reported as Events on it.
-async fn watch_config_map(
-    client: kube::Client,
-    namespace: String,
-    recorder: Recorder,
-    name: String,
-    source: ConfigSource,
-    stop: CancellationToken,
-) {
-    use kube::runtime::WatchStreamExt;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &namespace);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, cfg).default_backoff().boxed();
-    let origin = format!("ConfigMap {namespace}/{name}");
-    loop {
-        let next = tokio::select! {
-            () = stop.cancelled() => return,
-            n = stream.next() => n,
-        };
-        let update = match next {
-            Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => {
-                let mut diagnostics = Vec::new();
-                if cm.binary_data.as_ref().is_some_and(|b| !b.is_empty()) {
-                    diagnostics.push(crate::config::Diagnostic {
-                        severity: crate::config::Severity::Error,
-                        key: "binaryData".into(),
-                        value: None,
-                        message: "binaryData is ignored: host-config keys must be in data".into(),
-                    });
-                }
-                source.publish(&origin, cm.data.unwrap_or_default(), diagnostics)
-            }
-            Some(Ok(watcher::Event::Delete(_))) => {
-                source.publish_failure(&origin, "the ConfigMap was deleted")
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(error)) => {
-                tracing::warn!(%error, "host-config watch error; retrying");
-                continue;
-            }
-            None => return,
-        };
-        let message = match update {
-            Update::Applied { errors, kept } if errors > 0 || !kept.is_empty() => format!(
-                "host-config has {errors} error(s); entries kept from the previous config: {}. Run `mpc check-config` on it for details.",
-                if kept.is_empty() {
-                    "none".to_owned()
-                } else {
-                    kept.join("; ")
-                }
-            ),
-            Update::Rejected(why) => {
-                format!("host-config not applied, the previous config keeps serving: {why}")
-            }
-            _ => continue,
-        };
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            name: Some(name.clone()),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        };
-        let note = events::Note {
-            reference,
-            warning: true,
-            reason: "InvalidConfig",
-            message,
-        };
-        events::publish(&recorder, &note).await;
-    }
 }
 
 /// Runs `mpc controller` until SIGTERM or SIGINT, then shuts down gracefully.

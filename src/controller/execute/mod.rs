@@ -26,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 use super::events::{EventSink, Note};
 use super::metrics::ControllerMetrics;
 use super::patch::{OtpEndpoint, SecretProof};
-use crate::config::HostConfig;
 use crate::provision::Provisioner;
 use crate::scheduler::{Action, Event, TaskRunRef};
 
@@ -360,42 +359,6 @@ impl Context {
             name: Some(crate::contract::HOST_CONFIG_NAME.into()),
             namespace: Some(self.namespace.clone()),
             ..Default::default()
-        }
-    }
-}
-
-/// The rounds of a periodic listing: the served config every `every`, until the term ends.
-pub struct Rounds {
-    cancel: CancellationToken,
-    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    every: Duration,
-}
-
-impl Rounds {
-    /// Rounds of `ctx`'s term.
-    pub fn new(
-        ctx: &Context,
-        config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-        every: Duration,
-    ) -> Self {
-        Rounds {
-            cancel: ctx.cancel.clone(),
-            config,
-            every,
-        }
-    }
-
-    /// The config to list for, after the next period; `None` once the term ended.
-    pub async fn next(&mut self) -> Option<Arc<HostConfig>> {
-        loop {
-            tokio::select! {
-                () = self.cancel.cancelled() => return None,
-                () = tokio::time::sleep(self.every) => {}
-            }
-            let current = self.config.borrow().clone();
-            if current.is_some() {
-                return current;
-            }
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Provisioning and removal of build users over SSH, and the hand-over of the private key to the
+//! Provisioning, listing and removal of build users over SSH, and the hand-over of the private key to the
 //! OTP server (docs/architecture.md, "The contract with the Go controller" and "The key hand-off
 //! and retries").
 
@@ -10,12 +10,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{Context, kube as k8s};
-use tokio::sync::mpsc;
-
-use crate::config::{HostConfig, StaticHost};
-use crate::controller::driver::Input;
-use crate::provision::{ProvisionError, ProvisionRequest, Target, Zeroizing};
-use crate::scheduler::{Blame, Event, HostRef, RemoteUser, TaskRunRef};
+use crate::config::StaticHost;
+use crate::provision::{HostUser, ProvisionError, ProvisionRequest, Target, Zeroizing};
+use crate::scheduler::{Blame, HostRef, RemoteUser, TaskRunRef};
 
 /// Why [`provision`] failed, with whose fault it is ([`ProvisionFailure::blame`]).
 #[derive(Debug, thiserror::Error)]
@@ -153,53 +150,14 @@ pub async fn deprovision(ctx: &Context, user: &RemoteUser, host: &HostRef) -> Re
         .map_err(|e| e.to_string())
 }
 
-/// Lists the build users of every static host every `every` and feeds them to the loop, which
-/// removes the old ones no allocation owns (docs/architecture.md, "What the scheduler guarantees").
-/// A host that cannot be listed is skipped until the next round; the term's end stops it.
-pub async fn list_host_users(
-    ctx: Context,
-    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    tx: mpsc::Sender<Input>,
-    every: Duration,
-) {
-    let mut rounds = super::Rounds::new(&ctx, config, every);
-    while let Some(cfg) = rounds.next().await {
-        let hosts: BTreeMap<&str, &StaticHost> = cfg
-            .static_pools
-            .values()
-            .flat_map(|p| &p.hosts)
-            .map(|h| (h.name.as_str(), h))
-            .collect();
-        for host in hosts.into_values() {
-            let listed = async {
-                let target = target(&ctx, &HostRef::Static(Arc::new(host.clone()))).await?;
-                let _permit = ctx.limits.ssh.acquire().await;
-                ctx.provisioner
-                    .list_build_users(&target)
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            let users = tokio::select! {
-                () = ctx.cancel.cancelled() => return,
-                r = listed => r,
-            };
-            match users {
-                Ok(users) => {
-                    let ev = Event::HostUsersListed {
-                        host: host.name.clone(),
-                        users,
-                    };
-                    if tx.send(Input::Sweep(ev)).await.is_err() {
-                        return;
-                    }
-                }
-                Err(error) => {
-                    ctx.metrics.failed("list_host_users");
-                    tracing::warn!(host = %host.name, %error, "listing build users failed");
-                }
-            }
-        }
-    }
+/// The build users on static host `host`.
+pub async fn list_build_users(ctx: &Context, host: &StaticHost) -> Result<Vec<HostUser>, String> {
+    let target = target(ctx, &HostRef::Static(Arc::new(host.clone()))).await?;
+    let _permit = ctx.limits.ssh.acquire().await;
+    ctx.provisioner
+        .list_build_users(&target)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Host keys learned on first use, of static hosts (by name) and instances (by instance id),
