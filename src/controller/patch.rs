@@ -524,7 +524,7 @@ mod tests {
             (
                 "adoption_patch",
                 unmarked.clone(),
-                crate::controller::adopt::adoption_patch(&unmarked, &config, 1_700_000_000)
+                crate::controller::sources::adopt::adoption_patch(&unmarked, &config, 1_700_000_000)
                     .unwrap(),
             ),
         ]
