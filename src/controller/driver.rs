@@ -26,7 +26,7 @@
 //! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
 //! so replays after a buffer or a relist are safe.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,19 +36,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::execute::{self, Context, Job};
 use super::lanes::{LaneKey, Lanes};
-use super::observe::{self, MountMemo, Observed};
+use super::sources::taskruns::{Found, TaskRunIndex};
 use super::sources::{self, Input, Intervals, now};
 use super::taskrun::TaskRun;
-use crate::config::{HostConfig, Strategy};
-use crate::platform::Platform;
-use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid};
-
-/// The controller's own writes one TaskRun needs.
-struct Wanted {
-    taskrun: TaskRunRef,
-    finalizer: bool,
-    ungate: bool,
-}
+use crate::config::HostConfig;
+use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRef, Time};
 
 /// A finished job.
 pub struct Completion {
@@ -56,13 +48,6 @@ pub struct Completion {
     lane: Option<LaneKey>,
     class: Class,
     events: Vec<Event>,
-}
-
-/// One entry of the index: what recovery needs of a live TaskRun.
-struct Entry {
-    record: TaskRunRecord,
-    /// Recovery must know whether its Secret exists to know its state.
-    secret_matters: bool,
 }
 
 enum Phase {
@@ -160,25 +145,13 @@ pub struct Driver {
     /// The served config, for the safety-net scan.
     config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
     every: Intervals,
-    index: HashMap<String, Entry>,
-    memo: MountMemo,
-    /// UIDs seen since the watch's last `Init` (a relist in progress).
-    relist: Option<HashSet<String>>,
-    synced: bool,
+    taskruns: TaskRunIndex,
     config: Option<Arc<HostConfig>>,
     /// Leadership as the elector publishes it: the term token while leading.
     leadership: watch::Receiver<Option<CancellationToken>>,
     leading: Option<CancellationToken>,
     term: Option<Term>,
     next_term: u64,
-    /// The controller's own writes the watched TaskRuns still need (a finalizer to add, a gate
-    /// to clear), by UID: kept whether or not this replica leads, so a term that starts does
-    /// them for TaskRuns seen before it.
-    wanted: HashMap<String, Wanted>,
-    /// Writes of `wanted` submitted in the current term, so repeated watch events do not
-    /// repeat them.
-    finalizing: HashSet<String>,
-    ungating: HashSet<String>,
     results_tx: mpsc::UnboundedSender<Completion>,
     results_rx: mpsc::UnboundedReceiver<Completion>,
     inputs_tx: mpsc::Sender<Input>,
@@ -201,18 +174,12 @@ impl Driver {
             policy,
             config_rx,
             every,
-            index: HashMap::new(),
-            memo: MountMemo::default(),
-            relist: None,
-            synced: false,
+            taskruns: TaskRunIndex::default(),
             config: None,
             leadership,
             leading: None,
             term: None,
             next_term: 1,
-            wanted: HashMap::new(),
-            finalizing: HashSet::new(),
-            ungating: HashSet::new(),
             results_tx,
             results_rx,
             inputs_tx,
@@ -290,143 +257,44 @@ impl Driver {
     }
 
     fn on_watch(&mut self, ev: watcher::Event<TaskRun>) {
-        match ev {
-            watcher::Event::Init => self.relist = Some(HashSet::new()),
-            watcher::Event::InitApply(tr) | watcher::Event::Apply(tr) => self.on_taskrun(&tr),
-            watcher::Event::Delete(tr) => {
-                if let Some((ns, name, uid)) = tr.identity() {
-                    self.index.remove(uid);
-                    self.wanted.remove(uid);
-                    self.done(ns, name, uid, true, false);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(seen) = self.relist.take() {
-                    let vanished: Vec<String> = self
-                        .index
-                        .keys()
-                        .filter(|uid| !seen.contains(*uid))
-                        .cloned()
-                        .collect();
-                    self.wanted.retain(|uid, _| seen.contains(uid));
-                    for uid in vanished {
-                        if let Some(e) = self.index.remove(&uid) {
-                            let r = e.record;
-                            self.done(&r.namespace, &r.name, &r.uid, true, false);
-                        }
-                    }
-                }
-                if !self.synced {
-                    tracing::info!(live = self.index.len(), "TaskRun watch synced");
-                }
-                self.synced = true;
-            }
-        }
+        let mut found = Vec::new();
+        let leading = self.term.is_some();
+        self.taskruns
+            .apply(ev, self.config.as_deref(), leading, &mut found);
+        self.on_found(found);
     }
 
-    fn on_taskrun(&mut self, tr: &TaskRun) {
-        let Some((ns, name, uid)) = tr.identity() else {
-            tracing::warn!(name = ?tr.metadata.name, "TaskRun without namespace, name or uid ignored");
-            return;
-        };
-        if let Some(seen) = &mut self.relist {
-            seen.insert(uid.to_owned());
-        }
-        if tr.has_finalizer() {
-            self.finalizing.remove(uid);
-        }
-        if !tr.is_gated() {
-            self.ungating.remove(uid);
-        }
-        let observed = observe::observe(tr, &mut self.memo);
-        // What recovery would rebuild from this TaskRun: the same reading the model test uses.
-        match observe::recovery_entry(tr, &observed) {
-            Some((record, secret_matters)) => {
-                self.index.insert(
-                    uid.to_owned(),
-                    Entry {
-                        record,
-                        secret_matters,
-                    },
-                );
+    fn on_found(&mut self, found: Vec<Found>) {
+        for f in found {
+            match f {
+                Found::Active(spec) => self.feed(Event::TaskRun(spec)),
+                Found::Done {
+                    namespace,
+                    name,
+                    uid,
+                    tracked_only,
+                    released,
+                } => self.done(namespace, name, uid, tracked_only, released),
+                Found::Write(job) => self.controller_job(job),
             }
-            None => {
-                self.index.remove(uid);
-            }
-        }
-        let finalizer = matches!(&observed, Observed::Active { spec, needs_finalizer: true }
-            if self.is_remote(&spec.platform));
-        let ungate = matches!(
-            observed,
-            Observed::Done { ungate: true, .. } | Observed::Undecided { ungate: true }
-        );
-        if finalizer || ungate {
-            self.wanted.insert(
-                uid.to_owned(),
-                Wanted {
-                    taskrun: TaskRunRef::new(ns, name, Uid::new(uid)),
-                    finalizer,
-                    ungate,
-                },
-            );
-            self.request_writes(uid);
-        } else {
-            self.wanted.remove(uid);
-        }
-        match observed {
-            Observed::Ignore | Observed::Undecided { .. } => {}
-            Observed::Active { spec, .. } => self.feed(Event::TaskRun(spec)),
-            Observed::Done {
-                tracked_only,
-                released,
-                ..
-            } => self.done(ns, name, uid, tracked_only, released),
-        }
-    }
-
-    /// Submits the writes `uid` wants that this term has not submitted yet (none unless
-    /// leading).
-    fn request_writes(&mut self, uid: &str) {
-        if self.term.is_none() {
-            return;
-        }
-        let Some(w) = self.wanted.get(uid) else {
-            return;
-        };
-        let mut jobs = Vec::new();
-        if w.finalizer && self.finalizing.insert(uid.to_owned()) {
-            jobs.push(Job::AddFinalizer(w.taskrun.clone()));
-        }
-        if w.ungate && self.ungating.insert(uid.to_owned()) {
-            jobs.push(Job::Action(Action::Ungate {
-                taskrun: w.taskrun.clone(),
-            }));
-        }
-        for job in jobs {
-            self.controller_job(job);
-        }
-    }
-
-    /// A remote (not local) platform under the current config; unknown and malformed ones count
-    /// as remote (they get an error secret, behind the finalizer).
-    fn is_remote(&self, platform: &str) -> bool {
-        let Some(cfg) = &self.config else {
-            return true;
-        };
-        match Platform::parse(platform) {
-            Ok(p) => !matches!(cfg.resolve(&p), Strategy::Local),
-            Err(_) => true,
         }
     }
 
     /// Tells the scheduler a TaskRun is done, or only released (when it may hold something).
-    fn done(&mut self, ns: &str, name: &str, uid: &str, tracked_only: bool, released: bool) {
+    fn done(
+        &mut self,
+        namespace: String,
+        name: String,
+        uid: String,
+        tracked_only: bool,
+        released: bool,
+    ) {
         if tracked_only {
             let tracked = match &self.term {
                 Some(Term {
                     phase: Phase::Running(s),
                     ..
-                }) => s.tracks(uid),
+                }) => s.tracks(&uid),
                 // While recovering, the snapshot decides; a buffered event is harmless.
                 Some(Term {
                     phase: Phase::Recovering(_),
@@ -438,7 +306,6 @@ impl Driver {
                 return;
             }
         }
-        let (namespace, name, uid) = (ns.to_owned(), name.to_owned(), uid.to_owned());
         self.feed(if released {
             Event::TaskRunReleased {
                 namespace,
@@ -536,7 +403,7 @@ impl Driver {
     }
 
     fn maybe_start_term(&mut self) {
-        if self.term.is_some() || !self.synced {
+        if self.term.is_some() || !self.taskruns.synced() {
             return;
         }
         let Some(leadership) = self.leading.as_ref().filter(|t| !t.is_cancelled()) else {
@@ -551,14 +418,10 @@ impl Driver {
         ctx.cancel = leadership.child_token();
         tracing::info!(
             term = id,
-            live = self.index.len(),
+            live = self.taskruns.len(),
             "leading: rebuilding the ledger"
         );
-        let records: Vec<(TaskRunRecord, bool)> = self
-            .index
-            .values()
-            .map(|e| (e.record.clone(), e.secret_matters))
-            .collect();
+        let records = self.taskruns.records();
         tokio::spawn(sources::recovery::run(
             ctx.clone(),
             id,
@@ -590,13 +453,9 @@ impl Driver {
             lanes: Lanes::default(),
             running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT),
         });
-        // What the TaskRuns seen while following still need; nothing of it was submitted.
-        self.finalizing.clear();
-        self.ungating.clear();
-        let wanted: Vec<String> = self.wanted.keys().cloned().collect();
-        for uid in wanted {
-            self.request_writes(&uid);
-        }
+        let mut found = Vec::new();
+        self.taskruns.term_started(&mut found);
+        self.on_found(found);
     }
 
     fn on_recovered(&mut self, id: u64, snapshot: Snapshot) {
@@ -648,8 +507,7 @@ impl Driver {
                 "term ended: executor cancelled, scheduler dropped"
             );
         }
-        self.finalizing.clear();
-        self.ungating.clear();
+        self.taskruns.term_ended();
     }
 
     fn update_gauges(&mut self) {
