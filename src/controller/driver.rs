@@ -1,17 +1,19 @@
 //! The loop: the single writer of allocation decisions (docs/architecture.md, "The controller
 //! shell").
 //!
-//! One task owns the [`Scheduler`]. Watch events, action results, leadership changes, config
-//! updates and a timer at [`Scheduler::next_deadline`] come in over channels; actions go out to
-//! the executor as spawned jobs ordered per key by [`Lanes`]. The loop never awaits I/O.
+//! One task owns the [`Scheduler`]. The [sources](super::sources) feed it (watch events, periodic
+//! listings, the recovery snapshot, config updates, leadership changes), action results come
+//! back from the executor, and a timer fires at [`Scheduler::next_deadline`]; actions go out to
+//! the [executor](super::execute) as spawned jobs ordered per key by [`Lanes`]. The loop never
+//! awaits I/O.
 //!
 //! Guarantees:
 //! - nothing is allocated before the ledger is rebuilt: on leadership gain the TaskRun watch
 //!   must have listed everything, then [`Scheduler::recover`] runs on a [`Snapshot`] of the
-//!   index (with whether each relevant TaskRun's Secret exists, and cloud listings) before live
-//!   events flow; events that arrive meanwhile are buffered and replayed;
+//!   [`TaskRunIndex`] (with whether each relevant TaskRun's Secret exists, and cloud listings)
+//!   before live events flow; events that arrive meanwhile are buffered and replayed;
 //! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
-//!   done;
+//!   done ([`TaskRunIndex`]);
 //! - losing the Lease cancels every job of the term at once and drops the scheduler: the term's
 //!   context is a child of the elector's term token, which the elector cancels itself at the
 //!   renew deadline, so in-flight writes of an ended term are abandoned even before this loop

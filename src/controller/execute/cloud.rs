@@ -48,14 +48,33 @@ fn template(action: &Action) -> Option<&Arc<DynamicPlatform>> {
     }
 }
 
+/// Why a platform's cloud credentials could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error(transparent)]
+    Secret(#[from] k8s::SecretError),
+    #[error("cloud credentials of {platform} (Secret {namespace}/{secret}): {source}")]
+    Invalid {
+        platform: String,
+        namespace: String,
+        secret: String,
+        source: crate::cloud::CredentialsError,
+    },
+}
+
 /// Credentials from the platform's `aws-secret` in the controller namespace; errors name it.
-async fn credentials(ctx: &Context, template: &DynamicPlatform) -> Result<Credentials, String> {
+async fn credentials(
+    ctx: &Context,
+    template: &DynamicPlatform,
+) -> Result<Credentials, CredentialsError> {
     let data = k8s::controller_secret(ctx, &template.aws_secret).await?;
-    Credentials::from_secret_data(&template.aws_secret, &data).map_err(|e| {
-        format!(
-            "cloud credentials of {} (Secret {}/{}): {e}",
-            template.platform, ctx.namespace, template.aws_secret
-        )
+    Credentials::from_secret_data(&template.aws_secret, &data).map_err(|source| {
+        CredentialsError::Invalid {
+            platform: template.platform.to_string(),
+            namespace: ctx.namespace.clone(),
+            secret: template.aws_secret.clone(),
+            source,
+        }
     })
 }
 
@@ -73,7 +92,7 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
                 // A configuration problem: the TaskRun's error secret says which Secret.
                 Action::Launch { op, .. } => vec![Event::LaunchFailed {
                     op,
-                    error,
+                    error: error.to_string(),
                     retryable: false,
                 }],
                 // Tried again at the next probe, within the allocation timeout.
@@ -83,7 +102,7 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
                 }],
                 Action::Terminate { op, .. } => vec![Event::Terminated {
                     op,
-                    error: Some(error),
+                    error: Some(error.to_string()),
                 }],
                 _ => Vec::new(),
             };

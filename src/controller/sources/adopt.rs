@@ -9,9 +9,9 @@ use std::time::Duration;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
 
-use crate::controller::execute::Context;
 use crate::admission::{self, Decision, TaskRunView};
 use crate::config::HostConfig;
+use crate::controller::execute::Context;
 
 /// The JSON Patch that marks a missed TaskRun (labels, finalizer, `allocation-start-time`),
 /// guarded by its UID and resourceVersion; `None` when it needs nothing (finished, not a

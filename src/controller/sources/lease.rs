@@ -448,7 +448,11 @@ mod tests {
             terms.round_ended(at(t0, 2), at(t0, 2), Round::NotHeld),
             Some(Change::Lost)
         );
-        assert_eq!(terms.round_limit(at(t0, 4)), at(t0, 14), "a follower waits a full deadline");
+        assert_eq!(
+            terms.round_limit(at(t0, 4)),
+            at(t0, 14),
+            "a follower waits a full deadline"
+        );
         assert_eq!(terms.stop(), None, "nothing to release when following");
         terms.round_ended(at(t0, 4), at(t0, 4), Round::Held);
         assert_eq!(terms.stop(), Some(Change::Lost));

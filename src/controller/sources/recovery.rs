@@ -63,7 +63,7 @@ async fn collect_snapshot(
                             && ctx.secret_proof.verify_allocation(&r, host, rec.proof.as_ref());
                         break;
                     }
-                    Err(execute::kube::WriteError::Cancelled) => return None,
+                    Err(execute::kube::ApiError::Cancelled) => return None,
                     Err(error) => {
                         tracing::warn!(taskrun = %r, %error, "probing the TaskRun's secret for recovery; retrying");
                         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::Input;
 use crate::config::{HostConfig, Strategy};
 use crate::controller::execute::Job;
-use crate::controller::observe::{self, MountMemo, Observed};
+use crate::controller::meaning::{self, Meaning, MountMemo};
 use crate::controller::taskrun::TaskRun;
 use crate::platform::Platform;
 use crate::scheduler::{Action, TaskRunRecord, TaskRunRef, TaskRunSpec, Uid};
@@ -28,11 +28,7 @@ const TASKRUN_LIST_PAGE: u32 = 50;
 
 /// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
 /// follows a 410 or a broken watch). Runs until `stop`.
-pub async fn watch(
-    client: kube::Client,
-    tx: mpsc::Sender<Input>,
-    stop: CancellationToken,
-) {
+pub async fn watch(client: kube::Client, tx: mpsc::Sender<Input>, stop: CancellationToken) {
     use kube::runtime::WatchStreamExt;
     let api: kube::Api<TaskRun> = kube::Api::all(client);
     let config = watcher::Config::default()
@@ -201,9 +197,9 @@ impl TaskRunIndex {
         if !tr.is_gated() {
             self.ungating.remove(uid);
         }
-        let observed = observe::observe(tr, &mut self.memo);
+        let m = meaning::of(tr, &mut self.memo);
         // What recovery would rebuild from this TaskRun: the same reading the model test uses.
-        match observe::recovery_entry(tr, &observed) {
+        match meaning::recovery_entry(tr, &m) {
             Some((record, secret_matters)) => {
                 self.index.insert(
                     uid.to_owned(),
@@ -217,11 +213,11 @@ impl TaskRunIndex {
                 self.index.remove(uid);
             }
         }
-        let finalizer = matches!(&observed, Observed::Active { spec, needs_finalizer: true }
+        let finalizer = matches!(&m, Meaning::Active { spec, needs_finalizer: true }
             if is_remote(config, &spec.platform));
         let ungate = matches!(
-            observed,
-            Observed::Done { ungate: true, .. } | Observed::Undecided { ungate: true }
+            m,
+            Meaning::Done { ungate: true, .. } | Meaning::Undecided { ungate: true }
         );
         if finalizer || ungate {
             self.wanted.insert(
@@ -238,10 +234,10 @@ impl TaskRunIndex {
         } else {
             self.wanted.remove(uid);
         }
-        match observed {
-            Observed::Ignore | Observed::Undecided { .. } => {}
-            Observed::Active { spec, .. } => out.push(Found::Active(spec)),
-            Observed::Done {
+        match m {
+            Meaning::Ignore | Meaning::Undecided { .. } => {}
+            Meaning::Active { spec, .. } => out.push(Found::Active(spec)),
+            Meaning::Done {
                 tracked_only,
                 released,
                 ..
