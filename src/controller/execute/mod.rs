@@ -28,7 +28,7 @@ use super::metrics::ControllerMetrics;
 use super::patch::{OtpEndpoint, SecretProof};
 use crate::otp::OtpClientError;
 use crate::provision::Provisioner;
-use crate::scheduler::{Action, Event, RemoteUser, TaskRunRef};
+use crate::scheduler::{Action, Event, LaunchOwner, RemoteUser, TaskRunRef};
 use kube::{ApiError, within};
 
 /// Where private keys go: the OTP server (docs/architecture.md, "The key hand-off and retries").
@@ -185,6 +185,12 @@ impl Job {
                     user: RemoteUser::Of(taskrun),
                     ..
                 } => Some(taskrun),
+                Action::Launch { launch, .. } | Action::Retag { launch, .. } => {
+                    match &launch.owner {
+                        LaunchOwner::TaskRun(taskrun) => Some(taskrun),
+                        LaunchOwner::Warm(_) => None,
+                    }
+                }
                 Action::Notify { taskrun, .. } => taskrun.as_ref(),
                 _ => None,
             },
@@ -205,8 +211,20 @@ impl Job {
         }
     }
 
+    /// The cloud instance the job is about, if any.
+    pub fn instance(&self) -> Option<&str> {
+        match self {
+            Job::Action(
+                Action::Probe { instance_id, .. }
+                | Action::Terminate { instance_id, .. }
+                | Action::Retag { instance_id, .. },
+            ) => Some(instance_id),
+            _ => None,
+        }
+    }
+
     /// The span the job runs in: its kind, the TaskRun (`namespace`, `taskrun` for its name, `uid`;
-    /// `name` is the span's own in the JSON logs) and the op id, so
+    /// `name` is the span's own in the JSON logs), the op id and the cloud instance, so
     /// that one filter on the JSON logs reads a TaskRun's story (docs/architecture.md, "The
     /// controller shell").
     pub fn span(&self) -> tracing::Span {
@@ -217,7 +235,8 @@ impl Job {
             namespace = Empty,
             taskrun = Empty,
             uid = Empty,
-            op = Empty
+            op = Empty,
+            instance = Empty
         );
         if let Some(t) = self.taskrun() {
             span.record("namespace", t.namespace());
@@ -226,6 +245,9 @@ impl Job {
         }
         if let Some(op) = self.op() {
             span.record("op", op);
+        }
+        if let Some(id) = self.instance() {
+            span.record("instance", id);
         }
         span
     }

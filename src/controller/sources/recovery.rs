@@ -65,7 +65,7 @@ async fn collect_snapshot(
                     }
                     Err(execute::kube::ApiError::Cancelled) => return None,
                     Err(error) => {
-                        tracing::warn!(taskrun = %r, %error, "probing the TaskRun's secret for recovery; retrying");
+                        tracing::warn!(taskrun = %r, uid = %r.uid(), %error, "probing the TaskRun's secret for recovery; retrying");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
