@@ -5,8 +5,8 @@
 //! ([`mpc::admission::review`]); the scheduler's TaskRun writes are the executor's JSON patches
 //! ([`mpc::controller::patch`]), applied in per-TaskRun order, and may fail (409, 500: retried
 //! later) or be lost in a crash; every TaskRun change reaches the scheduler the way the watch
-//! delivers it ([`observe::observe`]); a restarted scheduler recovers from a snapshot built over
-//! those objects as the controller builds it ([`observe::recovery_entry`], the secret's existence and
+//! delivers it ([`meaning::of`]); a restarted scheduler recovers from a snapshot built over
+//! those objects as the controller builds it ([`meaning::recovery_entry`], the secret's existence and
 //! the allocation proof).
 //! Cloud and SSH actions complete with random delays, in order per instance and per user on a
 //! host (results in random order otherwise), fail, and are replayed; the config changes; the
@@ -35,7 +35,7 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use mpc::config::{ConfigData, HostConfig};
 use mpc::contract;
-use mpc::controller::observe::{self, MountMemo, Observed};
+use mpc::controller::meaning::{self, Meaning, MountMemo};
 use mpc::controller::patch::{self, Maps, OtpEndpoint, SecretProof};
 use mpc::controller::taskrun::TaskRun;
 use mpc::platform::Platform;
@@ -962,9 +962,9 @@ impl World {
     fn watched(&mut self, uid: &str) -> Option<Event> {
         let t = self.taskruns.get(uid)?;
         let mut memo = MountMemo::default();
-        match observe::observe(&t.parsed(), &mut memo) {
-            Observed::Active { spec, .. } => Some(Event::TaskRun(spec)),
-            Observed::Done {
+        match meaning::of(&t.parsed(), &mut memo) {
+            Meaning::Active { spec, .. } => Some(Event::TaskRun(spec)),
+            Meaning::Done {
                 namespace,
                 name,
                 uid,
@@ -974,7 +974,7 @@ impl World {
                 name,
                 uid,
             }),
-            Observed::Ignore | Observed::Undecided { .. } => None,
+            Meaning::Ignore | Meaning::Undecided { .. } => None,
         }
     }
 
@@ -1377,7 +1377,7 @@ impl World {
             .filter_map(|t| {
                 let tr = t.parsed();
                 let (mut rec, matters) =
-                    observe::recovery_entry(&tr, &observe::observe(&tr, &mut memo))?;
+                    meaning::recovery_entry(&tr, &meaning::of(&tr, &mut memo))?;
                 if matters {
                     // The controller learns only that the name is taken (a dry-run create).
                     let r = t.reference();
