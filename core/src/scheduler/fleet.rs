@@ -251,24 +251,9 @@ impl Scheduler {
                 ps.booting.remove(&k);
             }
         }
-        let Some(pool) = &i.pool else {
+        let Some((ready, k)) = pool_key(inst, i) else {
             return;
         };
-        let load = i.attached.len() as u32;
-        if i.draining || load >= pool.concurrency {
-            return;
-        }
-        let ready = match i.state {
-            InstState::Ready => true,
-            InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => false,
-            InstState::Terminating(_) | InstState::TerminateWait => return,
-        };
-        // Most loaded first (fewest free slots), then newest.
-        let k = (
-            pool.concurrency - load,
-            u64::MAX - i.created.as_millis(),
-            inst,
-        );
         i.indexed = Some((ready, k));
         if ready {
             ps.ready.insert(k);
@@ -1359,4 +1344,26 @@ impl Scheduler {
             active += 1;
         }
     }
+}
+
+/// Where a pool instance belongs in its platform's sets of instances with room: (ready, key),
+/// or `None` when it takes no work (dynamic, draining, full, terminating).
+pub(super) fn pool_key(inst: Key, i: &Instance) -> Option<(bool, (u32, u64, Key))> {
+    let pool = i.pool.as_ref()?;
+    let load = i.attached.len() as u32;
+    if i.draining || load >= pool.concurrency {
+        return None;
+    }
+    let ready = match i.state {
+        InstState::Ready => true,
+        InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => false,
+        InstState::Terminating(_) | InstState::TerminateWait => return None,
+    };
+    // Most loaded first (fewest free slots), then newest.
+    let k = (
+        pool.concurrency - load,
+        u64::MAX - i.created.as_millis(),
+        inst,
+    );
+    Some((ready, k))
 }

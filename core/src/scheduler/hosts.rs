@@ -20,7 +20,8 @@ use crate::config::StaticHost;
 pub(super) use room::Room;
 
 mod room {
-    use super::super::{HostId, NO_PLATFORM, Scheduler, Time};
+    use super::super::{HostId, NO_PLATFORM, PlatformId, Scheduler, Time};
+    use crate::config::StaticHost;
 
     /// Least common multiple of 1..=8 (the concurrency range): load / concurrency scaled by it
     /// is an exact integer, so hosts of different sizes compare by true load ratio.
@@ -44,6 +45,35 @@ mod room {
         /// The host sits out a back-off period.
         pub(in crate::scheduler) fn backing_off(&self) -> bool {
             self.backoff_until.is_some()
+        }
+
+        /// When the back-off ends, if the host backs off.
+        pub(in crate::scheduler) fn backoff_until(&self) -> Option<Time> {
+            self.backoff_until
+        }
+
+        /// The key the host is indexed under now.
+        pub(in crate::scheduler) fn indexed(&self) -> Option<(u32, u32, HostId)> {
+            self.indexed
+        }
+
+        /// The key the host belongs under in its platform's set of hosts with room (`None`:
+        /// not in it), given its definition, platform and rank.
+        pub(in crate::scheduler) fn wanted_key(
+            &self,
+            hid: HostId,
+            def: Option<&StaticHost>,
+            platform: PlatformId,
+            rank: u32,
+        ) -> Option<(u32, u32, HostId)> {
+            let def = def?;
+            if platform == NO_PLATFORM
+                || self.backoff_until.is_some()
+                || self.load >= def.concurrency
+            {
+                return None;
+            }
+            Some((self.load * RATIO_SCALE / def.concurrency.max(1), rank, hid))
         }
     }
 
@@ -76,15 +106,10 @@ mod room {
             {
                 self.platforms[h.platform as usize].avail.remove(&k);
             }
-            let Some(def) = &h.def else {
+            let Some(k) = h.room.wanted_key(hid, h.def.as_deref(), h.platform, h.rank) else {
                 return;
             };
-            let r = &mut h.room;
-            if h.platform == NO_PLATFORM || r.backoff_until.is_some() || r.load >= def.concurrency {
-                return;
-            }
-            let k = (r.load * RATIO_SCALE / def.concurrency.max(1), h.rank, hid);
-            r.indexed = Some(k);
+            h.room.indexed = Some(k);
             self.platforms[h.platform as usize].avail.insert(k);
         }
     }

@@ -51,6 +51,7 @@
 
 mod action;
 mod arena;
+mod check;
 mod event;
 mod fleet;
 mod hosts;
@@ -77,6 +78,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
+pub use check::{Invariant, StateError};
 pub use event::{Blame, Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};

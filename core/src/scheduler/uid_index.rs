@@ -48,6 +48,11 @@ impl UidIndex {
         }
     }
 
+    /// Number of keys indexed.
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
     /// Bytes of the table's buffer.
     pub(super) fn allocation_size(&self) -> usize {
         self.table.allocation_size()

@@ -41,12 +41,16 @@ fn user_of_path(path: &Arc<str>) -> String {
     TaskRunRef::from_path(path.clone(), super::Uid::new("")).remote_user()
 }
 
+/// The user-name index's hash for the TaskRun at `path`.
+pub(super) fn user_key(path: &Arc<str>) -> u64 {
+    user_hash(&user_of_path(path))
+}
+
 impl Scheduler {
     /// Indexes a newly tracked TaskRun by its user name.
     pub(super) fn index_user(&mut self, key: Key) {
         if let Some(t) = self.taskruns.get(key) {
-            self.by_user
-                .insert((user_hash(&user_of_path(&t.path)), key));
+            self.by_user.insert((user_key(&t.path), key));
         }
     }
 

@@ -1,0 +1,544 @@
+//! [`Scheduler::check`]: every cross-index invariant of the scheduler's state, checked from
+//! scratch. Linear in the state (it rebuilds each index and compares), so it is for tests: the
+//! unit-test harness and the model test call it after every step; the drivers never do.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::arena::Key;
+use super::{Handoff, InstState, NO_PLATFORM, Op, Phase, Scheduler, State, Timer};
+
+/// One invariant of the scheduler's state (docs/architecture.md, "The scheduler's state").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Invariant {
+    /// Every tracked TaskRun is found by its UID, and the index holds nothing else.
+    UidIndex,
+    /// No tracked TaskRun's UID is remembered as finished.
+    Tombstones,
+    /// The user-name index holds exactly the tracked TaskRuns, under their build user's hash.
+    UserIndex,
+    /// Namespace ids and names map to each other; every TaskRun's namespace id is interned.
+    Namespaces,
+    /// Platform ids and platforms map to each other; every reference to a platform resolves.
+    Platforms,
+    /// Host ids and names map to each other.
+    HostIds,
+    /// A host is in its platform's set of hosts with room exactly when it is configured for the
+    /// platform, not backing off and below its concurrency, under the key its load gives.
+    HostRoom,
+    /// A platform's host list holds exactly its configured hosts, by rank.
+    PlatformHosts,
+    /// A host's load is the number of TaskRuns on it.
+    HostLoad,
+    /// A host backing off has the timer that ends its back-off.
+    HostBackoff,
+    /// Instance ids and instance entries map to each other.
+    InstanceIds,
+    /// A platform's member set holds exactly its instances.
+    InstanceMembers,
+    /// A platform's instance count is the number of its instances that are not leaked.
+    InstanceCount,
+    /// A pool instance is in its platform's ready or booting set exactly when it takes work,
+    /// under the key its load and age give.
+    PoolIndex,
+    /// A pool instance's attached TaskRuns are exactly the TaskRuns on it; a dynamic one has
+    /// none attached.
+    PoolAttached,
+    /// A launching or terminating instance's operation is in flight, for it.
+    InstanceOps,
+    /// A TaskRun being provisioned has its provisioning in flight, for it.
+    ProvisionOps,
+    /// A waiting TaskRun is in its platform's queue (retry lane when it failed somewhere) with
+    /// its ticket, or, when waiters poll, has its requeue timer.
+    Waiters,
+    /// A queue's own bookkeeping (entry count, turn order) matches its lanes.
+    Queue,
+    /// A TaskRun in cleanup waits for exactly the cleanups that name it.
+    CleanupPending,
+    /// Removals of a build user in progress are exactly the removals in flight or delayed.
+    Cleaning,
+    /// Delayed cleanups and their timers map to each other; timer sequence numbers are unique
+    /// and already issued.
+    Timers,
+    /// The operation table's count matches its slots.
+    OpTable,
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Invariant::UidIndex => "UID index",
+            Invariant::Tombstones => "tombstones",
+            Invariant::UserIndex => "user-name index",
+            Invariant::Namespaces => "namespace table",
+            Invariant::Platforms => "platform table",
+            Invariant::HostIds => "host ids",
+            Invariant::HostRoom => "index of hosts with room",
+            Invariant::PlatformHosts => "platform host lists",
+            Invariant::HostLoad => "host load",
+            Invariant::HostBackoff => "host back-off timers",
+            Invariant::InstanceIds => "instance ids",
+            Invariant::InstanceMembers => "platform instance members",
+            Invariant::InstanceCount => "max-instances ledger",
+            Invariant::PoolIndex => "index of pool instances with room",
+            Invariant::PoolAttached => "pool attachments",
+            Invariant::InstanceOps => "instance operations",
+            Invariant::ProvisionOps => "provisioning operations",
+            Invariant::Waiters => "waiters' queue entries",
+            Invariant::Queue => "queue bookkeeping",
+            Invariant::CleanupPending => "pending cleanups",
+            Invariant::Cleaning => "user removals in progress",
+            Invariant::Timers => "timers",
+            Invariant::OpTable => "operation table",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A broken invariant, with what was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("scheduler state: {invariant} broken: {detail}")]
+pub struct StateError {
+    /// Which invariant.
+    pub invariant: Invariant,
+    /// The entry that breaks it and how.
+    pub detail: String,
+}
+
+/// `Err` naming `invariant` unless `ok`.
+pub(super) fn ensure(
+    ok: bool,
+    invariant: Invariant,
+    detail: impl FnOnce() -> String,
+) -> Result<(), StateError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(StateError {
+            invariant,
+            detail: detail(),
+        })
+    }
+}
+
+impl Scheduler {
+    /// Checks every cross-index invariant of the state (see [`Invariant`]); the first broken one
+    /// is returned. Linear in the state: meant for tests, after every step.
+    pub fn check(&self) -> Result<(), StateError> {
+        self.check_taskruns()?;
+        self.check_hosts()?;
+        self.check_instances()?;
+        self.check_phases()?;
+        self.check_waiters()?;
+        self.check_cleanups()?;
+        self.check_timers()
+    }
+
+    fn check_taskruns(&self) -> Result<(), StateError> {
+        use Invariant::*;
+        ensure(self.by_uid.len() == self.taskruns.len(), UidIndex, || {
+            format!(
+                "{} entries for {} TaskRuns",
+                self.by_uid.len(),
+                self.taskruns.len()
+            )
+        })?;
+        ensure(self.by_user.len() == self.taskruns.len(), UserIndex, || {
+            format!(
+                "{} entries for {} TaskRuns",
+                self.by_user.len(),
+                self.taskruns.len()
+            )
+        })?;
+        ensure(
+            self.ns_ids.len() == self.namespaces.len(),
+            Namespaces,
+            || {
+                format!(
+                    "{} ids for {} names",
+                    self.ns_ids.len(),
+                    self.namespaces.len()
+                )
+            },
+        )?;
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            ensure(self.ns_ids.get(ns) == Some(&(i as u32)), Namespaces, || {
+                format!("{ns} is not id {i}")
+            })?;
+        }
+        ensure(
+            self.platform_ids.len() == self.platforms.len(),
+            Platforms,
+            || {
+                format!(
+                    "{} ids for {} platforms",
+                    self.platform_ids.len(),
+                    self.platforms.len()
+                )
+            },
+        )?;
+        for (i, ps) in self.platforms.iter().enumerate() {
+            ensure(
+                self.platform_ids.get(&*ps.platform) == Some(&(i as u32)),
+                Platforms,
+                || format!("{} is not id {i}", ps.platform),
+            )?;
+        }
+        for (k, t) in self.taskruns.iter() {
+            ensure(
+                self.by_uid.get(&t.uid, &self.taskruns) == Some(k),
+                UidIndex,
+                || format!("{} ({k:?}) is not found by its UID", t.path),
+            )?;
+            ensure(!self.tombstones.contains(&t.uid), Tombstones, || {
+                format!("{} is tracked and remembered as finished", t.path)
+            })?;
+            ensure(
+                self.by_user.contains(&(super::users::user_key(&t.path), k)),
+                UserIndex,
+                || format!("{} ({k:?}) is not indexed by its user", t.path),
+            )?;
+            ensure((t.ns as usize) < self.namespaces.len(), Namespaces, || {
+                format!("{} has namespace id {}", t.path, t.ns)
+            })?;
+            ensure(
+                t.platform == NO_PLATFORM || (t.platform as usize) < self.platforms.len(),
+                Platforms,
+                || format!("{} has platform id {}", t.path, t.platform),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn check_hosts(&self) -> Result<(), StateError> {
+        use Invariant::*;
+        ensure(self.host_ids.len() == self.hosts.len(), HostIds, || {
+            format!("{} ids for {} hosts", self.host_ids.len(), self.hosts.len())
+        })?;
+        let mut load: BTreeMap<u32, u32> = BTreeMap::new();
+        for (_, t) in self.taskruns.iter() {
+            if let State::OnHost { host, .. } = t.state {
+                ensure((host as usize) < self.hosts.len(), HostIds, || {
+                    format!("{} is on host id {host}", t.path)
+                })?;
+                *load.entry(host).or_default() += 1;
+            }
+        }
+        let mut avail: Vec<BTreeSet<(u32, u32, u32)>> = vec![BTreeSet::new(); self.platforms.len()];
+        let mut listed: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.platforms.len()];
+        for (hid, h) in self.hosts.iter().enumerate() {
+            let hid = hid as u32;
+            ensure(self.host_ids.get(&h.name) == Some(&hid), HostIds, || {
+                format!("{} is not id {hid}", h.name)
+            })?;
+            ensure(
+                h.platform == NO_PLATFORM || (h.platform as usize) < self.platforms.len(),
+                Platforms,
+                || format!("host {} has platform id {}", h.name, h.platform),
+            )?;
+            let want = h.room.wanted_key(hid, h.def.as_deref(), h.platform, h.rank);
+            ensure(h.room.indexed() == want, HostRoom, || {
+                format!(
+                    "host {} is indexed as {:?}, its room says {want:?}",
+                    h.name,
+                    h.room.indexed()
+                )
+            })?;
+            if let Some(k) = want {
+                avail[h.platform as usize].insert(k);
+            }
+            if h.def.is_some() && h.platform != NO_PLATFORM {
+                listed[h.platform as usize].push((h.rank, hid));
+            }
+            let n = load.get(&hid).copied().unwrap_or(0);
+            ensure(h.room.load() == n, HostLoad, || {
+                format!(
+                    "host {} has load {} and {n} TaskRuns",
+                    h.name,
+                    h.room.load()
+                )
+            })?;
+            if let Some(until) = h.room.backoff_until() {
+                let armed = self
+                    .timers
+                    .iter()
+                    .any(|&(at, _, t)| at == until && t == Timer::HostBack(hid, h.backoff_level));
+                ensure(armed, HostBackoff, || {
+                    format!(
+                        "host {} backs off until {until} (level {}) with no timer",
+                        h.name, h.backoff_level
+                    )
+                })?;
+            }
+        }
+        for (p, ps) in self.platforms.iter().enumerate() {
+            ensure(ps.avail == avail[p], HostRoom, || {
+                format!(
+                    "{}: set {:?}, hosts say {:?}",
+                    ps.platform, ps.avail, avail[p]
+                )
+            })?;
+            listed[p].sort_unstable();
+            let want: Vec<u32> = listed[p].iter().map(|&(_, h)| h).collect();
+            ensure(ps.hosts == want, PlatformHosts, || {
+                format!("{}: list {:?}, hosts say {want:?}", ps.platform, ps.hosts)
+            })?;
+        }
+        Ok(())
+    }
+
+    fn check_instances(&self) -> Result<(), StateError> {
+        use Invariant::*;
+        let n = self.platforms.len();
+        let mut members: Vec<BTreeSet<Key>> = vec![BTreeSet::new(); n];
+        let mut counted = vec![0u32; n];
+        let mut ready: Vec<BTreeSet<(u32, u64, Key)>> = vec![BTreeSet::new(); n];
+        let mut booting: Vec<BTreeSet<(u32, u64, Key)>> = vec![BTreeSet::new(); n];
+        let mut with_id = 0;
+        // Who is on each instance, from the TaskRuns' side.
+        let mut on: BTreeMap<Key, BTreeSet<Key>> = BTreeMap::new();
+        for (k, t) in self.taskruns.iter() {
+            if let State::OnInstance { inst, .. } = t.state {
+                on.entry(inst).or_default().insert(k);
+            }
+        }
+        for (k, i) in self.instances.iter() {
+            ensure((i.platform as usize) < n, Platforms, || {
+                format!("instance {k:?} has platform id {}", i.platform)
+            })?;
+            let p = i.platform as usize;
+            members[p].insert(k);
+            if !i.leaked {
+                counted[p] += 1;
+            }
+            if let Some(id) = &i.id {
+                with_id += 1;
+                ensure(self.instance_ids.get(id) == Some(&k), InstanceIds, || {
+                    format!(
+                        "instance {id} ({k:?}) is indexed as {:?}",
+                        self.instance_ids.get(id)
+                    )
+                })?;
+            }
+            let want = super::fleet::pool_key(k, i);
+            ensure(i.indexed == want, PoolIndex, || {
+                format!(
+                    "instance {k:?} is indexed as {:?}, its state says {want:?}",
+                    i.indexed
+                )
+            })?;
+            match want {
+                Some((true, key)) => ready[p].insert(key),
+                Some((false, key)) => booting[p].insert(key),
+                None => false,
+            };
+            let attached: BTreeSet<Key> = i.attached.iter().copied().collect();
+            let here = on.remove(&k).unwrap_or_default();
+            if i.pool.is_some() {
+                ensure(
+                    attached.len() == i.attached.len() && attached == here,
+                    PoolAttached,
+                    || {
+                        format!(
+                            "pool instance {k:?} has {:?} attached, TaskRuns on it: {here:?}",
+                            i.attached
+                        )
+                    },
+                )?;
+            } else {
+                ensure(i.attached.is_empty(), PoolAttached, || {
+                    format!("dynamic instance {k:?} has {:?} attached", i.attached)
+                })?;
+            }
+            let op_ok = match i.state {
+                InstState::Launching(op) => {
+                    matches!(self.ops.get(op), Some(Op::Launch { inst }) if *inst == k)
+                }
+                InstState::Terminating(op) => {
+                    matches!(self.ops.get(op), Some(Op::Terminate { inst }) if *inst == k)
+                }
+                _ => true,
+            };
+            ensure(op_ok, InstanceOps, || {
+                format!(
+                    "instance {k:?} is {:?} without its operation in flight",
+                    i.state
+                )
+            })?;
+        }
+        ensure(self.instance_ids.len() == with_id, InstanceIds, || {
+            format!(
+                "{} ids for {with_id} instances with one",
+                self.instance_ids.len()
+            )
+        })?;
+        for (p, ps) in self.platforms.iter().enumerate() {
+            ensure(ps.members == members[p], InstanceMembers, || {
+                format!(
+                    "{}: members {:?}, instances say {:?}",
+                    ps.platform, ps.members, members[p]
+                )
+            })?;
+            ensure(ps.instances == counted[p], InstanceCount, || {
+                format!(
+                    "{}: counts {}, {} instances are not leaked",
+                    ps.platform, ps.instances, counted[p]
+                )
+            })?;
+            ensure(
+                ps.ready == ready[p] && ps.booting == booting[p],
+                PoolIndex,
+                || {
+                    format!(
+                        "{}: ready {:?} booting {:?}, instances say {:?} {:?}",
+                        ps.platform, ps.ready, ps.booting, ready[p], booting[p]
+                    )
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// TaskRuns' phases against the operations they wait for.
+    fn check_phases(&self) -> Result<(), StateError> {
+        for (k, t) in self.taskruns.iter() {
+            let phase = match &t.state {
+                State::OnHost { phase, .. } | State::OnInstance { phase, .. } => *phase,
+                _ => continue,
+            };
+            if let Phase::Provisioning(op) = phase {
+                let ok = matches!(
+                    self.ops.get(op),
+                    Some(Op::Provision { tr, compensate: false, .. }) if *tr == k
+                );
+                ensure(ok, Invariant::ProvisionOps, || {
+                    format!(
+                        "{} is provisioning under {op} with no such operation",
+                        t.path
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_waiters(&self) -> Result<(), StateError> {
+        use Invariant::*;
+        let mut queued: BTreeSet<(u32, u32, Key, u32)> = BTreeSet::new();
+        let mut retry: BTreeSet<(u32, Key)> = BTreeSet::new();
+        for (p, ps) in self.platforms.iter().enumerate() {
+            ps.queue.check().map_err(|e| StateError {
+                detail: format!("{}: {}", ps.platform, e.detail),
+                ..e
+            })?;
+            for (ns, e) in ps.queue.entries() {
+                queued.insert((p as u32, ns, e.taskrun, e.ticket));
+            }
+            for &k in &ps.retry {
+                retry.insert((p as u32, k));
+            }
+        }
+        let requeue: BTreeSet<(Key, u32)> = self
+            .timers
+            .iter()
+            .filter_map(|&(_, _, t)| match t {
+                Timer::Requeue(k, ticket) => Some((k, ticket)),
+                _ => None,
+            })
+            .collect();
+        for (k, t) in self.taskruns.iter() {
+            let State::Waiting { ticket, retry: r } = t.state else {
+                continue;
+            };
+            let ok = match self.policy.handoff {
+                Handoff::Poll { .. } => requeue.contains(&(k, ticket)),
+                Handoff::Immediate if r => retry.contains(&(t.platform, k)),
+                Handoff::Immediate => queued.contains(&(t.platform, t.ns, k, ticket)),
+            };
+            ensure(ok, Waiters, || {
+                format!(
+                    "{} waits (ticket {ticket}, retry {r}) but is not queued for it",
+                    t.path
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn check_cleanups(&self) -> Result<(), StateError> {
+        use Invariant::*;
+        self.ops.check()?;
+        let mut waits: BTreeMap<Key, u32> = BTreeMap::new();
+        let mut removals: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for op in self.ops.values().chain(self.delayed.values()) {
+            match op {
+                Op::Deprovision { tr, user, host, .. } => {
+                    if let Some(k) = tr {
+                        *waits.entry(*k).or_default() += 1;
+                    }
+                    *removals
+                        .entry((user.name(), host.name().to_owned()))
+                        .or_default() += 1;
+                }
+                Op::Provision {
+                    tr,
+                    compensate: true,
+                    ..
+                } => *waits.entry(*tr).or_default() += 1,
+                _ => {}
+            }
+        }
+        for (_, i) in self.instances.iter() {
+            if let Some(k) = i.cleanup_for {
+                *waits.entry(k).or_default() += 1;
+            }
+        }
+        for (k, t) in self.taskruns.iter() {
+            let pending = match t.state {
+                State::Cleanup { pending } => pending,
+                _ => 0,
+            };
+            let n = waits.remove(&k).unwrap_or(0);
+            ensure(pending == n, CleanupPending, || {
+                format!("{} waits for {pending} cleanups, {n} name it", t.path)
+            })?;
+        }
+        ensure(waits.is_empty(), CleanupPending, || {
+            format!("cleanups name untracked TaskRuns: {waits:?}")
+        })?;
+        let mut cleaning: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for (user, hosts) in &self.cleaning {
+            ensure(!hosts.is_empty(), Cleaning, || {
+                format!("{user} is listed with no host")
+            })?;
+            for h in hosts {
+                *cleaning.entry((user.clone(), h.to_string())).or_default() += 1;
+            }
+        }
+        ensure(cleaning == removals, Cleaning, || {
+            format!("in progress {cleaning:?}, in flight or delayed {removals:?}")
+        })
+    }
+
+    fn check_timers(&self) -> Result<(), StateError> {
+        use Invariant::*;
+        let mut seqs = BTreeSet::new();
+        let mut delayed = BTreeSet::new();
+        for &(at, seq, t) in &self.timers {
+            ensure(seq <= self.next_timer && seqs.insert(seq), Timers, || {
+                format!(
+                    "timer {t:?} at {at} has sequence {seq} (issued up to {})",
+                    self.next_timer
+                )
+            })?;
+            if let Timer::Delayed(d) = t {
+                delayed.insert(d);
+            }
+        }
+        let waiting: BTreeSet<u64> = self.delayed.keys().copied().collect();
+        ensure(waiting == delayed, Timers, || {
+            format!("delayed cleanups {waiting:?}, their timers {delayed:?}")
+        })
+    }
+}
