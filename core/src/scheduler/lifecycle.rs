@@ -24,10 +24,10 @@ pub(super) enum Placed {
 impl Scheduler {
     pub(super) fn on_taskrun(&mut self, spec: TaskRunSpec, out: &mut Vec<Action>) {
         let uid = spec.uid();
-        if self.is_tombstoned(&uid) {
+        if self.taskruns.finished(&uid) {
             return;
         }
-        if let Some(key) = self.by_uid.get(&uid, &self.taskruns) {
+        if let Some(key) = self.taskruns.find(&uid) {
             let Some(t) = self.taskruns.get_mut(key) else {
                 return;
             };
@@ -48,30 +48,23 @@ impl Scheduler {
             }
             return;
         }
-        let ns = self.intern_ns(&spec.namespace);
+        let ns = self.taskruns.intern_ns(&spec.namespace);
         let parsed = Platform::parse(&spec.platform);
         let platform = match &parsed {
             Ok(p) => self.platform_id(p),
             Err(_) => NO_PLATFORM,
         };
-        let key = self.taskruns.insert(TaskRun {
+        let mut t = TaskRun::new(
             uid,
-            path: TaskRunRef::path_of(&spec.namespace, &spec.name),
+            TaskRunRef::path_of(&spec.namespace, &spec.name),
             ns,
             platform,
-            retries: spec.retries,
-            gated: spec.gated,
-            recorded: false,
-            announced: false,
-            rearm: false,
-            foreign_secret: false,
-            since: spec.since,
-            queued: self.now.max(spec.since),
-            state: State::Failed,
-            extra: None,
-        });
-        self.by_uid.insert(key, &self.taskruns);
-        self.index_user(key);
+            spec.since,
+        );
+        t.retries = spec.retries;
+        t.gated = spec.gated;
+        t.queued = self.now.max(spec.since);
+        let key = self.taskruns.insert(t);
         match parsed {
             Err(e) => {
                 let msg = messages::bad_platform(&spec.platform, &e.to_string());
@@ -333,7 +326,7 @@ impl Scheduler {
     pub(super) fn has_room(&self, p: PlatformId) -> bool {
         let ps = &self.platforms[p as usize];
         match &ps.mode {
-            Mode::Static => !ps.avail.is_empty(),
+            Mode::Static => self.hosts.has_room(p),
             Mode::Dynamic(t) => self.occupied(p) < t.max_instances,
             Mode::Pool(pool) => {
                 !ps.ready.is_empty()
@@ -479,7 +472,7 @@ impl Scheduler {
         error: &str,
         out: &mut Vec<Action>,
     ) {
-        let Some(key) = self.by_uid.get(taskrun.uid(), &self.taskruns) else {
+        let Some(key) = self.taskruns.find(taskrun.uid()) else {
             return;
         };
         if !self.secret_current(key, &secret) {
@@ -544,7 +537,7 @@ impl Scheduler {
                     phase: Phase::Ready(_),
                     ..
                 },
-            ) => *self.hosts[*hid as usize].name == *host.name(),
+            ) => *self.hosts[*hid].name == *host.name(),
             (
                 SecretData::Remote { host, .. },
                 State::OnInstance {
@@ -585,9 +578,9 @@ impl Scheduler {
         match &t.state {
             State::OnHost { host, def, .. } => {
                 let (host, def) = (*host, def.clone());
-                self.release_host(host);
+                self.hosts.release(host);
                 if let (Some(def), Some(r)) = (
-                    def.or_else(|| self.hosts[host as usize].def.clone()),
+                    def.or_else(|| self.hosts[host].def.clone()),
                     self.taskrun_ref(key),
                 ) {
                     self.deprovision(None, p, RemoteUser::Of(r), HostRef::Static(def), out);
@@ -626,7 +619,7 @@ impl Scheduler {
                 // The retry's pod already mounted the secret: keep it, re-arm its token (unless
                 // the token is not one our key server issued).
                 t.rearm = !t.foreign_secret;
-                let def = def.or_else(|| self.hosts[host as usize].def.clone());
+                let def = def.or_else(|| self.hosts[host].def.clone());
                 self.rearm_on_host(key, host, def, "the host is no longer configured", out);
             }
             State::OnInstance {
@@ -662,11 +655,11 @@ impl Scheduler {
         // As configured now: a host removed, given to another platform or shrunk below its
         // load meanwhile takes no new user, not even this one.
         let platform = &self.platforms[t.platform as usize].platform;
-        let h = &self.hosts[host as usize];
+        let h = &self.hosts[host];
         let def = h
             .def
             .clone()
-            .filter(|d| d.platform == **platform && h.room.load() <= d.concurrency);
+            .filter(|d| d.platform == **platform && h.load() <= d.concurrency);
         self.rearm_on_host(key, host, def, "the host can no longer take it", out);
     }
 
@@ -682,7 +675,7 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let Some(def) = def else {
-            let name = self.hosts[host as usize].name.clone();
+            let name = self.hosts[host].name.clone();
             let Some(t) = self.taskruns.get_mut(key) else {
                 return;
             };
@@ -693,7 +686,7 @@ impl Scheduler {
                 .push((name, why.to_owned()));
             let p = t.platform;
             self.delete_secret(key, out);
-            self.release_host(host);
+            self.hosts.release(host);
             self.enqueue(key, true, out);
             self.capacity_freed(p, out);
             return;
@@ -740,7 +733,7 @@ impl Scheduler {
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
             // The host table's shared name (the table is keyed by it): no allocation per placement.
             (HostRef::Static(_), Some(State::OnHost { host: hid, .. })) => {
-                self.hosts[*hid as usize].name.clone()
+                self.hosts[*hid].name.clone()
             }
             (HostRef::Static(h), _) => h.name.as_str().into(),
             (HostRef::Instance { id, .. }, _) => id.clone(),
@@ -884,7 +877,7 @@ impl Scheduler {
                         if host_at_fault {
                             self.host_failed(hid, out);
                         }
-                        self.release_host(hid);
+                        self.hosts.release(hid);
                         self.enqueue(tr, true, out);
                         self.capacity_freed(p, out);
                     }
@@ -961,11 +954,9 @@ impl Scheduler {
         };
         if let Some(error) = error {
             if attempt + 1 < self.policy.cleanup_attempts {
-                self.next_timer += 1;
-                let seq = self.next_timer;
-                let delay = backoff(self.policy.cleanup_backoff, attempt);
-                self.delayed.insert(
-                    seq,
+                let at = self.now + backoff(self.policy.cleanup_backoff, attempt);
+                self.timers.delay(
+                    at,
                     Op::Deprovision {
                         tr,
                         platform,
@@ -974,8 +965,6 @@ impl Scheduler {
                         attempt: attempt + 1,
                     },
                 );
-                let at = self.now + delay;
-                self.arm(at, Timer::Delayed(seq));
                 return;
             }
             if platform != NO_PLATFORM {
@@ -1034,18 +1023,9 @@ impl Scheduler {
                 revoke: !released,
             });
         }
-        if let Some(t) = self.taskruns.remove(key) {
-            self.by_uid.remove(&t.uid, key);
-            if !released {
-                self.tombstones.insert(&t.uid);
-            }
-            self.unindex_user(key, &t.path, out);
+        if let Some(t) = self.taskruns.remove(key, !released) {
+            self.user_left(key, &t, out);
         }
-    }
-
-    /// The TaskRun with this UID finished recently.
-    pub(super) fn is_tombstoned(&self, uid: &Uid) -> bool {
-        self.tombstones.contains(uid)
     }
 
     /// The TaskRun finished (or was deleted), or, when `released`, needs no host after all
@@ -1059,8 +1039,8 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let uid = Uid::new(uid);
-        let Some(key) = self.by_uid.get(&uid, &self.taskruns) else {
-            if self.is_tombstoned(&uid) {
+        let Some(key) = self.taskruns.find(&uid) else {
+            if self.taskruns.finished(&uid) {
                 return;
             }
             // Never seen (finished before we caught up, or released before it was decided):
@@ -1074,7 +1054,7 @@ impl Scheduler {
                 revoke: !released,
             });
             if !released {
-                self.tombstones.insert(&uid);
+                self.taskruns.bury(&uid);
             }
             return;
         };
@@ -1111,13 +1091,13 @@ impl Scheduler {
                 0
             }
             State::OnHost { host, def, phase } => {
-                self.release_host(host);
+                self.hosts.release(host);
                 let pending = match phase {
                     Phase::Ready(at) => {
                         self.observe_ran(p, at, out);
                         self.delete_secret(key, out);
                         let r = self.taskrun_ref(key).expect("live");
-                        match def.or_else(|| self.hosts[host as usize].def.clone()) {
+                        match def.or_else(|| self.hosts[host].def.clone()) {
                             Some(def) => {
                                 self.deprovision(
                                     Some(key),
@@ -1130,7 +1110,7 @@ impl Scheduler {
                             }
                             None => {
                                 // No address or credentials: the host sweep cleans up if it returns.
-                                let host = self.hosts[host as usize].name.clone();
+                                let host = self.hosts[host].name.clone();
                                 out.push(Action::Notify {
                                     taskrun: Some(r.clone()),
                                     warning: true,

@@ -56,6 +56,7 @@ mod event;
 mod fleet;
 mod hosts;
 mod ids;
+mod ledger;
 mod lifecycle;
 mod messages;
 mod op_table;
@@ -67,6 +68,7 @@ mod snapshot;
 mod stats;
 mod sweep;
 mod time;
+mod timers;
 mod tombstones;
 mod uid_index;
 mod users;
@@ -89,10 +91,11 @@ pub use time::Time;
 use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
 use crate::platform::Platform;
 use arena::{Arena, Key};
+use hosts::Hosts;
+use ledger::{Ledger, TaskRun};
 use op_table::OpTable;
-use queue::{FairQueue, NsId};
-use tombstones::Tombstones;
-use uid_index::UidIndex;
+use queue::FairQueue;
+use timers::Timers;
 
 /// Index into the platform table.
 type PlatformId = u32;
@@ -105,66 +108,25 @@ pub struct Scheduler {
     config: HostConfig,
     now: Time,
     next_ticket: u32,
-    next_timer: u64,
-    taskruns: Arena<TaskRun>,
-    by_uid: UidIndex,
-    /// UIDs of TaskRuns finished recently, in two generations (current, previous) that rotate
-    /// every [`TOMBSTONE_TTL`]: late or reordered events for them are ignored for at least that
-    /// long. Rotating whole sets keeps no per-UID timestamp or expiry queue.
-    tombstones: Tombstones,
-    namespaces: Vec<Arc<str>>,
-    ns_ids: BTreeMap<Arc<str>, NsId>,
+    /// Tracked TaskRuns, their indexes, and the UIDs of TaskRuns finished recently (late events
+    /// for them are ignored for at least [`TOMBSTONE_TTL`]).
+    taskruns: Ledger,
     platforms: Vec<PlatformState>,
     platform_ids: BTreeMap<Platform, PlatformId>,
-    hosts: Vec<Host>,
-    host_ids: BTreeMap<Arc<str>, HostId>,
+    /// Static hosts, with each platform's hosts with room.
+    hosts: Hosts,
     instances: Arena<Instance>,
     instance_ids: BTreeMap<Arc<str>, Key>,
     ops: OpTable,
-    timers: BTreeSet<(Time, u64, Timer)>,
-    /// Cleanup operations waiting for a retry, by timer sequence.
-    delayed: BTreeMap<u64, Op>,
+    /// Timers, and the cleanup operations waiting for a retry.
+    timers: Timers,
     /// [`Scheduler::recover`] ran: actions may be issued.
     started: bool,
     /// `additional-instance-tags` of the config in force, shared by every launch.
     additional_tags: Arc<[(String, String)]>,
-    /// Tracked TaskRuns by a hash of their build user's name (see `users`).
-    by_user: BTreeSet<(u64, Key)>,
     /// Removals of a build user in flight or waiting for a retry: user name to the hosts or
     /// instance ids (one entry per removal).
     cleaning: BTreeMap<String, Vec<Arc<str>>>,
-}
-
-/// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
-struct TaskRun {
-    uid: Uid,
-    /// `<namespace>/<name>`, shared with every [`TaskRunRef`] handed out.
-    path: Arc<str>,
-    ns: NsId,
-    /// `NO_PLATFORM` for TaskRuns whose platform did not parse.
-    platform: PlatformId,
-    retries: u32,
-    gated: bool,
-    /// Its labels name a host or instance, or the platform it waits for (a later outcome
-    /// without a new placement must clear them).
-    recorded: bool,
-    /// Recovered already labelled waiting (with no failed hosts) and not yet re-admitted: its
-    /// label and `WaitingForHost` Event stand, so re-admission writes and announces nothing.
-    /// Recovery clears it once the TaskRun is re-admitted.
-    announced: bool,
-    /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
-    rearm: bool,
-    /// Its remote secret was found at recovery without our proof (the Go controller's, or
-    /// forged): a new attempt replaces it with a fresh token instead of re-arming its token.
-    /// Cleared when we write one.
-    foreign_secret: bool,
-    /// Start of the allocation (`allocation-start-time`).
-    since: Time,
-    /// When it last joined a queue.
-    queued: Time,
-    state: State,
-    /// Failure history; absent for the common case of none.
-    extra: Option<Box<Extra>>,
 }
 
 const NO_PLATFORM: PlatformId = PlatformId::MAX;
@@ -233,10 +195,6 @@ struct PlatformState {
     /// Waiters that already failed somewhere (their failed set constrains placement); served
     /// before the fair queue.
     retry: Vec<Key>,
-    /// Static hosts configured for this platform.
-    hosts: Vec<HostId>,
-    /// Static hosts with room: (load / concurrency scaled to 840, rank by name, id).
-    avail: BTreeSet<(u32, u32, HostId)>,
     /// Instances counted against `max-instances` (launching, booting, ready, terminating).
     instances: u32,
     /// Live instances with the platform's instance tag that the last listing showed and the
@@ -251,18 +209,6 @@ struct PlatformState {
     booting: BTreeSet<(u32, u64, Key)>,
     /// No warm launches before this (after warm launches kept failing).
     warm_hold: Time,
-}
-
-struct Host {
-    name: Arc<str>,
-    /// Current definition; `None` once removed from the config.
-    def: Option<Arc<StaticHost>>,
-    platform: PlatformId,
-    rank: u32,
-    /// Load and back-off: whether it takes new work (see `hosts`).
-    room: hosts::Room,
-    failures: u32,
-    backoff_level: u32,
 }
 
 struct Instance {
@@ -381,24 +327,16 @@ impl Scheduler {
             config: HostConfig::default(),
             now: Time::ZERO,
             next_ticket: 0,
-            next_timer: 0,
-            taskruns: Arena::default(),
-            by_uid: UidIndex::default(),
-            tombstones: Tombstones::default(),
-            namespaces: Vec::new(),
-            ns_ids: BTreeMap::new(),
+            taskruns: Ledger::default(),
             platforms: Vec::new(),
             platform_ids: BTreeMap::new(),
-            hosts: Vec::new(),
-            host_ids: BTreeMap::new(),
+            hosts: Hosts::default(),
             instances: Arena::default(),
             instance_ids: BTreeMap::new(),
             ops: OpTable::default(),
-            timers: BTreeSet::new(),
-            delayed: BTreeMap::new(),
+            timers: Timers::default(),
             started: false,
             additional_tags: Arc::new([]),
-            by_user: BTreeSet::new(),
             cleaning: BTreeMap::new(),
         };
         let mut ignored = Vec::new();
@@ -423,7 +361,7 @@ impl Scheduler {
 
     /// When the next timer is due; send [`Event::Tick`] then (or earlier, harmlessly).
     pub fn next_deadline(&self) -> Option<Time> {
-        self.timers.first().map(|t| t.0)
+        self.timers.next_deadline()
     }
 
     /// Handles one event at `now` (time never goes backwards: an earlier `now` counts as the
@@ -490,12 +428,8 @@ impl Scheduler {
         }
         // Rotate first: a TaskRun that a timer finalizes now must land in the fresh generation,
         // not in one this rotation clears after a long silence.
-        self.tombstones.rotate(self.now, TOMBSTONE_TTL);
-        while let Some(&(at, seq, timer)) = self.timers.first() {
-            if at > self.now {
-                break;
-            }
-            self.timers.remove(&(at, seq, timer));
+        self.taskruns.rotate(self.now, TOMBSTONE_TTL);
+        while let Some(timer) = self.timers.pop_due(self.now) {
             self.fire(timer, out);
         }
     }
@@ -513,7 +447,7 @@ impl Scheduler {
             Timer::Rearm(tr) => self.rearm_due(tr, out),
             Timer::SecretRetry(tr, n) => self.secret_retry_due(tr, n, out),
             Timer::Delayed(seq) => {
-                if let Some(op) = self.delayed.remove(&seq) {
+                if let Some(op) = self.timers.take_delayed(seq) {
                     self.reissue(op, out);
                 }
             }
@@ -523,24 +457,11 @@ impl Scheduler {
     }
 
     fn arm(&mut self, at: Time, timer: Timer) {
-        self.next_timer += 1;
-        self.timers.insert((at, self.next_timer, timer));
+        self.timers.arm(at, timer);
     }
 
     fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {
-        let t = self.taskruns.get(key)?;
-        Some(TaskRunRef::from_path(t.path.clone(), t.uid.clone()))
-    }
-
-    fn intern_ns(&mut self, ns: &str) -> NsId {
-        if let Some(&id) = self.ns_ids.get(ns) {
-            return id;
-        }
-        let id = self.namespaces.len() as NsId;
-        let name: Arc<str> = ns.into();
-        self.namespaces.push(name.clone());
-        self.ns_ids.insert(name, id);
-        id
+        Some(self.taskruns.get(key)?.reference())
     }
 
     /// The platform's id, creating its entry (resolved against the current config) if new.
@@ -556,8 +477,6 @@ impl Scheduler {
             mode,
             queue: FairQueue::default(),
             retry: Vec::new(),
-            hosts: Vec::new(),
-            avail: BTreeSet::new(),
             instances: 0,
             foreign: 0,
             members: BTreeSet::new(),

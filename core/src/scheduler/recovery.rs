@@ -104,7 +104,7 @@ impl Scheduler {
         let mut with_secret = Vec::new();
         for rec in records {
             let uid = Uid::new(&rec.uid);
-            if self.by_uid.get(&uid, &self.taskruns).is_some() {
+            if self.taskruns.find(&uid).is_some() {
                 continue;
             }
             let parsed = Platform::parse(&rec.platform);
@@ -112,7 +112,7 @@ impl Scheduler {
                 Ok(pl) => self.platform_id(pl),
                 Err(_) => NO_PLATFORM,
             };
-            let ns = self.intern_ns(&rec.namespace);
+            let ns = self.taskruns.intern_ns(&rec.namespace);
             let extra = (!rec.failed_hosts.is_empty()).then(|| {
                 Box::new(Extra {
                     failed: rec
@@ -123,27 +123,24 @@ impl Scheduler {
                     ..Extra::default()
                 })
             });
-            let key = self.taskruns.insert(TaskRun {
+            let mut t = TaskRun::new(
                 uid,
-                path: TaskRunRef::path_of(&rec.namespace, &rec.name),
+                TaskRunRef::path_of(&rec.namespace, &rec.name),
                 ns,
-                platform: p,
-                retries: rec.retries,
-                gated: rec.gated,
-                recorded: allocated(rec) || rec.waiting,
-                announced: rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty(),
-                // A secret a pod may have mounted already: its token is re-armed, not replaced.
-                // Only the controller's own: another's token (Go's, or a tenant's) is not one
-                // our key server issued.
-                rearm: proven(rec),
-                foreign_secret: rec.secret == Some(SecretKind::Remote) && !proven(rec),
-                since: rec.since,
-                queued: rec.since,
-                state: State::Failed,
-                extra,
-            });
-            self.by_uid.insert(key, &self.taskruns);
-            self.index_user(key);
+                p,
+                rec.since,
+            );
+            t.retries = rec.retries;
+            t.gated = rec.gated;
+            t.recorded = allocated(rec) || rec.waiting;
+            t.announced = rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty();
+            // A secret a pod may have mounted already: its token is re-armed, not replaced.
+            // Only the controller's own: another's token (Go's, or a tenant's) is not one
+            // our key server issued.
+            t.rearm = proven(rec);
+            t.foreign_secret = rec.secret == Some(SecretKind::Remote) && !proven(rec);
+            t.extra = extra;
+            let key = self.taskruns.insert(t);
             if rec.finished {
                 self.recover_finished(key, rec, &listed, &pool_members, &live_named, out);
                 continue;
@@ -186,7 +183,7 @@ impl Scheduler {
         }
         self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
         // In their original order again (proven allocations were taken out of it).
-        waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path.clone())));
+        waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path().clone())));
         for p in 0..self.platforms.len() as PlatformId {
             let platform = self.platforms[p as usize].platform.clone();
             let of_p = snapshot
@@ -426,24 +423,24 @@ impl Scheduler {
         if host == crate::contract::LOCALHOST {
             return false;
         }
-        let known = self.host_ids.get(host).copied();
-        let def = known.and_then(|h| self.hosts[h as usize].def.clone());
+        let known = self.hosts.id(host);
+        let def = known.and_then(|h| self.hosts[h].def.clone());
         if def.is_none() && !(ready && rec.secret_proven) {
             // Assigned to a host we cannot reach and never served, or not provably by us (the
             // config cannot confirm it): start over.
             return false;
         }
         if let (Some(h), Some(def)) = (known, &def) {
-            let host = &self.hosts[h as usize];
-            if host.platform != p || host.room.load() >= def.concurrency {
+            let host = &self.hosts[h];
+            if host.platform != p || host.load() >= def.concurrency {
                 // Not a host of its platform, or full with allocations already rebuilt: the
                 // claim is not the controller's (or no longer fits): queued again.
                 return false;
             }
         }
         // A running build on a host the config dropped is still counted against it.
-        let hid = known.unwrap_or_else(|| self.retired_host(host));
-        self.add_load(hid);
+        let hid = known.unwrap_or_else(|| self.hosts.retired(host));
+        self.hosts.add_load(hid);
         match def {
             Some(def) if !ready => self.start_static_provisioning(key, hid, def, out),
             def => {
@@ -558,9 +555,9 @@ impl Scheduler {
                     })
                 })
             } else {
-                self.host_ids
-                    .get(host)
-                    .and_then(|&h| self.hosts[h as usize].def.clone())
+                self.hosts
+                    .id(host)
+                    .and_then(|h| self.hosts[h].def.clone())
                     .map(HostRef::Static)
             };
             if let (Some(target), Some(r)) = (target, self.taskrun_ref(key)) {
@@ -654,7 +651,7 @@ impl Scheduler {
             return false;
         }
         let uid = Uid::new(owner);
-        self.tombstones.contains(&uid) || self.by_uid.get(&uid, &self.taskruns).is_some()
+        self.taskruns.finished(&uid) || self.taskruns.find(&uid).is_some()
     }
 
     pub(super) fn orphan_due(&mut self, inst: Key, out: &mut Vec<Action>) {

@@ -100,7 +100,7 @@ impl Scheduler {
                 .by_namespace
                 .entry((
                     ps.platform.as_str().to_owned(),
-                    self.namespaces[t.ns as usize].to_string(),
+                    self.taskruns.namespace(t.ns).to_string(),
                 ))
                 .or_default();
             n.0 += w;
@@ -116,9 +116,7 @@ impl Scheduler {
 
     /// Whether the TaskRun with this UID is tracked (allocated, queued, or being cleaned up).
     pub fn tracks(&self, uid: &str) -> bool {
-        self.by_uid
-            .get(&super::Uid::new(uid), &self.taskruns)
-            .is_some()
+        self.taskruns.find(&super::Uid::new(uid)).is_some()
     }
 
     /// Directly held buffer sizes of the per-TaskRun structures (heap strings excluded; measure
@@ -127,7 +125,7 @@ impl Scheduler {
         LedgerSize {
             taskruns: self.taskruns.len(),
             taskrun_slots: self.taskruns.capacity_bytes(),
-            uid_index: self.by_uid.allocation_size(),
+            uid_index: self.taskruns.uid_index_bytes(),
             queues: self
                 .platforms
                 .iter()

@@ -133,10 +133,10 @@ impl Scheduler {
         users: &[super::HostUser],
         out: &mut Vec<Action>,
     ) {
-        let Some(&hid) = self.host_ids.get(host) else {
+        let Some(hid) = self.hosts.id(host) else {
             return;
         };
-        let Some(def) = self.hosts[hid as usize].def.clone() else {
+        let Some(def) = self.hosts[hid].def.clone() else {
             return;
         };
         let mut keep = BTreeSet::new();
@@ -147,7 +147,7 @@ impl Scheduler {
                 keep.insert(r.remote_user());
             }
         }
-        for op in self.ops.values().chain(self.delayed.values()) {
+        for op in self.ops.values().chain(self.timers.delayed_ops()) {
             match op {
                 Op::Deprovision { user, .. } => {
                     keep.insert(user.name());
@@ -160,7 +160,7 @@ impl Scheduler {
                 _ => {}
             }
         }
-        let p = self.hosts[hid as usize].platform;
+        let p = self.hosts[hid].platform;
         let grace = self.policy.host_user_grace;
         for user in users {
             // Only our users' shape, and only old ones: a young one may be an allocation whose

@@ -24,7 +24,7 @@ fn broken(h: &H) -> Invariant {
 
 fn key_of(h: &H, name: &str) -> Key {
     let uid = Uid::new(&format!("uid-ns-{name}"));
-    h.s.by_uid.get(&uid, &h.s.taskruns).expect("tracked")
+    h.s.taskruns.find(&uid).expect("tracked")
 }
 
 fn platform(h: &H, p: &str) -> usize {
@@ -35,8 +35,7 @@ fn platform(h: &H, p: &str) -> usize {
 fn a_taskrun_missing_from_the_uid_index() {
     let mut h = busy();
     let k = key_of(&h, "a");
-    let uid = h.s.taskruns.get(k).unwrap().uid.clone();
-    h.s.by_uid.remove(&uid, k);
+    h.s.taskruns.corrupt_uid_index(k);
     assert_eq!(broken(&h), Invariant::UidIndex);
 }
 
@@ -44,8 +43,7 @@ fn a_taskrun_missing_from_the_uid_index() {
 fn a_taskrun_missing_from_the_user_index() {
     let mut h = busy();
     let k = key_of(&h, "b");
-    let entry = *h.s.by_user.iter().find(|e| e.1 == k).unwrap();
-    h.s.by_user.remove(&entry);
+    h.s.taskruns.corrupt_user_index(k);
     assert_eq!(broken(&h), Invariant::UserIndex);
 }
 
@@ -54,7 +52,7 @@ fn a_full_host_left_in_the_index_of_hosts_with_room() {
     let mut h = busy();
     let p = platform(&h, S390X);
     // h1 (concurrency 1) is full: a stale entry makes it look free.
-    h.s.platforms[p].avail.insert((0, 0, 0));
+    h.s.hosts.corrupt_avail(p as PlatformId, 0);
     assert_eq!(broken(&h), Invariant::HostRoom);
 }
 
@@ -93,14 +91,8 @@ fn a_waiter_missing_from_its_queue() {
 #[test]
 fn a_delayed_cleanup_without_its_timer() {
     let mut h = busy();
-    h.s.next_timer += 1;
-    let seq = h.s.next_timer;
-    h.s.delayed.insert(
-        seq,
-        Op::Launch {
-            inst: key_of(&h, "a"),
-        },
-    );
+    let inst = key_of(&h, "a");
+    h.s.timers.corrupt_delayed(Op::Launch { inst });
     assert_eq!(broken(&h), Invariant::Timers);
 }
 
@@ -108,8 +100,7 @@ fn a_delayed_cleanup_without_its_timer() {
 fn the_error_names_the_invariant_and_the_entry() {
     let mut h = busy();
     let k = key_of(&h, "a");
-    let uid = h.s.taskruns.get(k).unwrap().uid.clone();
-    h.s.by_uid.remove(&uid, k);
+    h.s.taskruns.corrupt_uid_index(k);
     let e = h.s.check().unwrap_err();
     let text = e.to_string();
     assert!(text.contains("UID index"), "{text}");
