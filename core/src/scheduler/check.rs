@@ -202,12 +202,7 @@ impl Scheduler {
 
     fn check_instances(&self) -> Result<(), StateError> {
         use Invariant::*;
-        let n = self.platforms.len();
-        let mut members: Vec<BTreeSet<Key>> = vec![BTreeSet::new(); n];
-        let mut counted = vec![0u32; n];
-        let mut ready: Vec<BTreeSet<(u32, u64, Key)>> = vec![BTreeSet::new(); n];
-        let mut booting: Vec<BTreeSet<(u32, u64, Key)>> = vec![BTreeSet::new(); n];
-        let mut with_id = 0;
+        self.instances.check(self.platforms.len())?;
         // Who is on each instance, from the TaskRuns' side.
         let mut on: BTreeMap<Key, BTreeSet<Key>> = BTreeMap::new();
         for (k, t) in self.taskruns.iter() {
@@ -216,35 +211,6 @@ impl Scheduler {
             }
         }
         for (k, i) in self.instances.iter() {
-            ensure((i.platform as usize) < n, Platforms, || {
-                format!("instance {k:?} has platform id {}", i.platform)
-            })?;
-            let p = i.platform as usize;
-            members[p].insert(k);
-            if !i.leaked {
-                counted[p] += 1;
-            }
-            if let Some(id) = &i.id {
-                with_id += 1;
-                ensure(self.instance_ids.get(id) == Some(&k), InstanceIds, || {
-                    format!(
-                        "instance {id} ({k:?}) is indexed as {:?}",
-                        self.instance_ids.get(id)
-                    )
-                })?;
-            }
-            let want = super::fleet::pool_key(k, i);
-            ensure(i.indexed == want, PoolIndex, || {
-                format!(
-                    "instance {k:?} is indexed as {:?}, its state says {want:?}",
-                    i.indexed
-                )
-            })?;
-            match want {
-                Some((true, key)) => ready[p].insert(key),
-                Some((false, key)) => booting[p].insert(key),
-                None => false,
-            };
             let attached: BTreeSet<Key> = i.attached.iter().copied().collect();
             let here = on.remove(&k).unwrap_or_default();
             if i.pool.is_some() {
@@ -278,36 +244,6 @@ impl Scheduler {
                     i.state
                 )
             })?;
-        }
-        ensure(self.instance_ids.len() == with_id, InstanceIds, || {
-            format!(
-                "{} ids for {with_id} instances with one",
-                self.instance_ids.len()
-            )
-        })?;
-        for (p, ps) in self.platforms.iter().enumerate() {
-            ensure(ps.members == members[p], InstanceMembers, || {
-                format!(
-                    "{}: members {:?}, instances say {:?}",
-                    ps.platform, ps.members, members[p]
-                )
-            })?;
-            ensure(ps.instances == counted[p], InstanceCount, || {
-                format!(
-                    "{}: counts {}, {} instances are not leaked",
-                    ps.platform, ps.instances, counted[p]
-                )
-            })?;
-            ensure(
-                ps.ready == ready[p] && ps.booting == booting[p],
-                PoolIndex,
-                || {
-                    format!(
-                        "{}: ready {:?} booting {:?}, instances say {:?} {:?}",
-                        ps.platform, ps.ready, ps.booting, ready[p], booting[p]
-                    )
-                },
-            )?;
         }
         Ok(())
     }

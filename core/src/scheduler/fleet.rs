@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::arena::Key;
+use super::instances::PoolSet;
 use super::lifecycle::{Placed, backoff};
 use super::users::Target;
 use super::{
@@ -69,18 +70,18 @@ impl Scheduler {
         // A ready instance with room (most loaded first, so idle ones can drain), else a
         // booting one, else launch.
         let guard = self.user_guard(key);
-        let pick = |set: &std::collections::BTreeSet<(u32, u64, Key)>| {
+        self.instances.flush();
+        let pick = |set: &PoolSet| {
             set.iter().map(|e| e.2).find(|&k| {
-                let id = self.instances.get(k).and_then(|i| i.id.clone());
+                let id = self.instances.get(k).and_then(|i| i.id().cloned());
                 !id.is_some_and(|id| self.failed_on(key, &id))
                     && !guard
                         .as_ref()
                         .is_some_and(|g| self.user_blocked(g, Target::Instance(k)))
             })
         };
-        let ps = &self.platforms[p as usize];
-        let ready = pick(&ps.ready);
-        let booting = pick(&ps.booting);
+        let (ready, booting) = self.instances.with_room(p);
+        let (ready, booting) = (pick(ready), pick(booting));
         let full = self.occupied(p) >= pool.instance.max_instances;
         if let Some(inst) = ready {
             self.observe_wait(key, out);
@@ -126,14 +127,12 @@ impl Scheduler {
                 phase: Phase::Reserved,
             };
         }
-        self.reindex_instance(inst);
     }
 
     fn detach(&mut self, inst: Key, key: Key) {
         if let Some(i) = self.instances.get_mut(inst) {
             i.attached.retain(|&k| k != key);
         }
-        self.reindex_instance(inst);
     }
 
     /// A counted instance entry, not launched yet.
@@ -143,45 +142,14 @@ impl Scheduler {
         template: Arc<DynamicPlatform>,
         pool: Option<Arc<DynamicPool>>,
     ) -> Key {
-        let inst = self.instances.insert(Instance {
-            platform: p,
-            template,
-            pool,
-            id: None,
-            address: None,
-            launch: None,
-            legacy: false,
-            retag: false,
-            created: self.now,
-            state: InstState::LaunchWait,
-            launches: 0,
-            last_error: None,
-            owner: None,
-            attached: Vec::new(),
-            used: false,
-            booted: false,
-            draining: false,
-            overdue: false,
-            provision_failures: 0,
-            terminate_attempts: 0,
-            leaked: false,
-            probes: 0,
-            probe_op: None,
-            idle_since: None,
-            cleanup_for: None,
-            indexed: None,
-        });
-        let ps = &mut self.platforms[p as usize];
-        ps.instances += 1;
-        ps.members.insert(inst);
-        inst
+        self.instances
+            .insert(Instance::new(p, template, pool, self.now))
     }
 
     /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
     /// ones the last listing showed.
     pub(super) fn occupied(&self, p: PlatformId) -> u32 {
-        let ps = &self.platforms[p as usize];
-        ps.instances + ps.foreign
+        self.instances.counted(p) + self.platforms[p as usize].foreign
     }
 
     /// The identity of a launch for a TaskRun: its UID, Tekton retry, and one more than the
@@ -227,8 +195,7 @@ impl Scheduler {
         i.state = InstState::Launching(op);
         i.launches += 1;
         let template = i.template.clone();
-        let p = i.platform;
-        self.reindex_instance(inst);
+        let p = i.platform();
         out.push(Action::Launch {
             op,
             platform: self.platforms[p as usize].platform.clone(),
@@ -236,30 +203,6 @@ impl Scheduler {
             launch,
             additional_tags: self.additional_tags.clone(),
         });
-    }
-
-    /// Keeps the pool's sets of instances with room up to date.
-    pub(super) fn reindex_instance(&mut self, inst: Key) {
-        let Some(i) = self.instances.get_mut(inst) else {
-            return;
-        };
-        let ps = &mut self.platforms[i.platform as usize];
-        if let Some((ready, k)) = i.indexed.take() {
-            if ready {
-                ps.ready.remove(&k);
-            } else {
-                ps.booting.remove(&k);
-            }
-        }
-        let Some((ready, k)) = pool_key(inst, i) else {
-            return;
-        };
-        i.indexed = Some((ready, k));
-        if ready {
-            ps.ready.insert(k);
-        } else {
-            ps.booting.insert(k);
-        }
     }
 
     /// A finished TaskRun leaves its instance. Returns the cleanups its finalizer waits for.
@@ -353,7 +296,7 @@ impl Scheduler {
         let Some(i) = self.instances.get(inst) else {
             return false;
         };
-        let p = i.platform;
+        let p = i.platform();
         let current =
             matches!(&self.platforms[p as usize].mode, Mode::Dynamic(t) if **t == *i.template);
         let usable = matches!(
@@ -377,9 +320,9 @@ impl Scheduler {
         // owner once retagged.
         if launch.is_some() {
             i.launch = launch.clone();
-            i.retag = i.id.is_none();
+            i.retag = i.id().is_none();
         }
-        let (id, state, template) = (i.id.clone(), i.state, i.template.clone());
+        let (id, state, template) = (i.id().cloned(), i.state, i.template.clone());
         if let Some(t) = self.taskruns.get_mut(w) {
             t.state = State::OnInstance {
                 inst,
@@ -427,10 +370,10 @@ impl Scheduler {
             return;
         };
         let placement = Placement {
-            assigned_host: i.id.clone(),
+            assigned_host: i.id().cloned(),
             waiting_for_platform: None,
             failed_hosts: super::lifecycle::failed_hosts(t),
-            instance_id: i.id.clone(),
+            instance_id: i.id().cloned(),
             instance_address: i.address.clone(),
         };
         if let Some(t) = self.taskruns.get_mut(key) {
@@ -445,7 +388,7 @@ impl Scheduler {
     fn instance_host(&self, inst: Key) -> Option<HostRef> {
         let i = self.instances.get(inst)?;
         Some(HostRef::Instance {
-            id: i.id.clone()?,
+            id: i.id().cloned()?,
             address: i.address.clone()?,
             template: i.template.clone(),
         })
@@ -508,7 +451,7 @@ impl Scheduler {
         let Some(i) = self.instances.get_mut(inst) else {
             return;
         };
-        let p = i.platform;
+        let p = i.platform();
         if i.pool.is_none() {
             // It counts until terminated; the count goes when that is acknowledged.
             i.owner = None;
@@ -534,7 +477,7 @@ impl Scheduler {
             self.enqueue(key, true, out);
             return;
         };
-        let p = i.platform;
+        let p = i.platform();
         if i.pool.is_none() {
             // A fresh instance rather than a second try on a suspect one.
             i.owner = None;
@@ -561,7 +504,7 @@ impl Scheduler {
         let Some(i) = self.instances.get_mut(inst) else {
             return;
         };
-        let Some(id) = i.id.clone() else {
+        let Some(id) = i.id().cloned() else {
             if i.state == InstState::LaunchWait {
                 self.drop_instance(inst, out);
             }
@@ -574,7 +517,6 @@ impl Scheduler {
         i.state = InstState::Terminating(op);
         i.probe_op = None;
         let (template, legacy) = (i.template.clone(), i.legacy);
-        self.reindex_instance(inst);
         out.push(Action::Terminate {
             op,
             instance_id: id,
@@ -590,7 +532,7 @@ impl Scheduler {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
-        let p = i.platform;
+        let p = i.platform();
         let cleanup_for = i.cleanup_for;
         let stranded: Vec<Key> = i
             .owner
@@ -603,22 +545,7 @@ impl Scheduler {
                 )
             })
             .collect();
-        // Remove from the index before the entry goes.
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.draining = true;
-        }
-        self.reindex_instance(inst);
-        let i = self.instances.remove(inst).expect("resolved above");
-        if let Some(id) = &i.id
-            && self.instance_ids.get(id) == Some(&inst)
-        {
-            self.instance_ids.remove(id);
-        }
-        let ps = &mut self.platforms[p as usize];
-        if !i.leaked {
-            ps.instances = ps.instances.saturating_sub(1);
-        }
-        ps.members.remove(&inst);
+        self.instances.remove(inst);
         if let Some(tr) = cleanup_for {
             self.cleanup_done(tr, out);
         }
@@ -649,26 +576,24 @@ impl Scheduler {
         let Some(inst) = self.take_launch(op) else {
             return;
         };
-        let i = self
-            .instances
-            .get_mut(inst)
-            .expect("checked by take_launch");
         match result {
             Ok(id) => {
                 let id: Arc<str> = id.into();
-                if let Some(&other) = self.instance_ids.get(&id)
+                if let Some(other) = self.instances.find(&id)
                     && other != inst
                 {
                     self.launched_known(inst, other, out);
                     return;
                 }
-                i.id = Some(id.clone());
+                let i = self
+                    .instances
+                    .get_mut(inst)
+                    .expect("checked by take_launch");
                 i.state = InstState::Booting;
                 i.probes = 0;
                 let (overdue, pool, created) = (i.overdue, i.pool.clone(), i.created);
                 let owner = i.owner;
-                self.instance_ids.insert(id, inst);
-                self.reindex_instance(inst);
+                self.instances.set_id(inst, id);
                 let first = self.now + self.policy.first_probe;
                 self.arm(first, Timer::Probe(inst, 0));
                 if let Some(pool) = &pool
@@ -690,7 +615,7 @@ impl Scheduler {
                             && let Some(launch) = i.launch.clone()
                         {
                             out.push(Action::Retag {
-                                instance_id: i.id.clone().expect("set above"),
+                                instance_id: i.id().cloned().expect("set above"),
                                 template: i.template.clone(),
                                 launch,
                             });
@@ -713,6 +638,10 @@ impl Scheduler {
                 }
             }
             Err((error, retryable)) => {
+                let i = self
+                    .instances
+                    .get_mut(inst)
+                    .expect("checked by take_launch");
                 i.last_error = Some(error.clone());
                 let wanted = if i.pool.is_some() {
                     true
@@ -727,11 +656,10 @@ impl Scheduler {
                     i.state = InstState::LaunchWait;
                     let n = i.launches;
                     let at = self.now + backoff(self.policy.launch_backoff, n - 1);
-                    self.reindex_instance(inst);
                     self.arm(at, Timer::LaunchRetry(inst, n));
                     return;
                 }
-                let p = i.platform;
+                let p = i.platform();
                 let launches = i.launches;
                 let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
                 if users.is_empty() {
@@ -761,14 +689,14 @@ impl Scheduler {
             return;
         };
         let users: Vec<Key> = i.owner.into_iter().chain(i.attached.drain(..)).collect();
-        let (platform, dynamic) = (i.platform, i.pool.is_none());
+        let (platform, dynamic) = (i.platform(), i.pool.is_none());
         i.owner = None;
         self.drop_instance(inst, out);
         let reusable = self.instances.get(other).is_some_and(|o| {
             o.owner.is_none()
                 && o.pool.is_none()
                 && dynamic
-                && o.platform == platform
+                && o.platform() == platform
                 && matches!(o.state, InstState::Booting | InstState::Ready)
         });
         let live = |s: &Self, k: Key| matches!(s.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst);
@@ -799,7 +727,7 @@ impl Scheduler {
         }
         // The launch's identity maps to an instance in other use: count it as failed for them,
         // so their next launch is a new attempt rather than the same answer again.
-        let name = self.instances.get(other).and_then(|o| o.id.clone());
+        let name = self.instances.get(other).and_then(|o| o.id().cloned());
         for k in users {
             if live(self, k) {
                 if let Some(t) = self.taskruns.get_mut(k) {
@@ -831,11 +759,7 @@ impl Scheduler {
             return;
         };
         // Named for the failure record only: not tracked (a gone instance needs no termination).
-        let i = self
-            .instances
-            .get_mut(inst)
-            .expect("checked by take_launch");
-        i.id = Some(id.into());
+        self.instances.name_only(inst, id.into());
         let reason = format!(
             "an earlier try of this launch started it and it is {}",
             state.as_str()
@@ -856,7 +780,7 @@ impl Scheduler {
         }
         // The config may have shrunk (or changed) since this slot was reserved: relaunch only
         // within the current max-instances, otherwise give the slot up and requeue its users.
-        let p = i.platform;
+        let p = i.platform();
         let cap = match &self.platforms[p as usize].mode {
             Mode::Dynamic(t) if **t == *i.template => t.max_instances,
             Mode::Pool(pool) if pool.instance == *i.template => pool.instance.max_instances,
@@ -887,7 +811,7 @@ impl Scheduler {
         if i.state != InstState::Booting || i.probes != n || i.probe_op.is_some() {
             return;
         }
-        let (Some(id), template) = (i.id.clone(), i.template.clone()) else {
+        let (Some(id), template) = (i.id().cloned(), i.template.clone()) else {
             return;
         };
         let op = self.ops.insert(Op::Probe { inst });
@@ -929,7 +853,6 @@ impl Scheduler {
             ProbeResult::Reachable { address } => {
                 i.address = Some(address.into());
                 i.state = InstState::Ready;
-                self.reindex_instance(inst);
                 self.became_ready(inst, out);
             }
             ProbeResult::Failed { reason } if i.booted => {
@@ -946,7 +869,7 @@ impl Scheduler {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
-        let p = i.platform;
+        let p = i.platform();
         if i.pool.is_none() {
             let owner = i.owner.filter(|o| {
                 matches!(self.taskruns.get(*o).map(|t| &t.state), Some(State::OnInstance { inst: k, phase: Phase::Reserved }) if *k == inst)
@@ -985,7 +908,7 @@ impl Scheduler {
         terminate: bool,
         out: &mut Vec<Action>,
     ) {
-        let Some(p) = self.instances.get(inst).map(|i| i.platform) else {
+        let Some(p) = self.instances.get(inst).map(|i| i.platform()) else {
             return;
         };
         let running = self.requeue_waiting(inst, reason, out);
@@ -1019,7 +942,7 @@ impl Scheduler {
         };
         // Probed no more: settled like a ready instance from now on.
         i.state = InstState::Ready;
-        let p = i.platform;
+        let p = i.platform();
         let running = self.requeue_waiting(inst, reason, out);
         let name = self.instance_name(inst);
         out.push(Action::Notify {
@@ -1039,7 +962,7 @@ impl Scheduler {
     fn instance_name(&self, inst: Key) -> Arc<str> {
         self.instances
             .get(inst)
-            .and_then(|i| i.id.clone())
+            .and_then(|i| i.id().cloned())
             .unwrap_or_else(|| "instance".into())
     }
 
@@ -1056,7 +979,6 @@ impl Scheduler {
         if let Some(i) = self.instances.get_mut(inst) {
             i.draining = true;
         }
-        self.reindex_instance(inst);
         let mut running = Vec::new();
         for k in users {
             let Some(t) = self.taskruns.get_mut(k) else {
@@ -1113,11 +1035,11 @@ impl Scheduler {
             self.instance_failed(inst, &reason, true, out);
             return;
         }
-        let p = i.platform;
+        let p = i.platform();
         let owner = i.owner.filter(|o| {
             matches!(self.taskruns.get(*o).map(|t| &t.state), Some(State::OnInstance { inst: k, phase: Phase::Reserved }) if *k == inst)
         });
-        let id = i.id.clone();
+        let id = i.id().cloned();
         let last_error = i.last_error.clone();
         if let Some(o) = owner {
             let msg = messages::timed_out(
@@ -1153,20 +1075,19 @@ impl Scheduler {
         i.state = InstState::TerminateWait;
         let n = i.terminate_attempts;
         let at = self.now + backoff(self.policy.cleanup_backoff, n - 1);
-        let p = i.platform;
-        let id = i.id.clone().unwrap_or_else(|| "?".into());
+        let p = i.platform();
+        let id = i.id().cloned().unwrap_or_else(|| "?".into());
         // Leaked at the bound, once: it stops counting against `max-instances` (a refusal that
         // lasts must not block the platform for good) and its termination keeps being retried
         // every few minutes (the back-off's cap) until it lands or a listing shows it gone.
-        let give_up = n == self.policy.cleanup_attempts.max(1) && !i.leaked;
+        let give_up = n == self.policy.cleanup_attempts.max(1) && !i.leaked();
         let waiting = if give_up { i.cleanup_for.take() } else { None };
         if give_up {
-            i.leaked = true;
+            self.instances.leak(inst);
         }
         self.arm(at, Timer::TerminateRetry(inst, n));
         if give_up {
-            let ps = &mut self.platforms[p as usize];
-            ps.instances = ps.instances.saturating_sub(1);
+            let ps = &self.platforms[p as usize];
             out.push(Action::Observe(super::Observation::CleanupFailed(
                 ps.platform.clone(),
             )));
@@ -1204,7 +1125,7 @@ impl Scheduler {
     }
 
     pub(super) fn on_instance_gone(&mut self, id: &str, out: &mut Vec<Action>) {
-        let Some(&inst) = self.instance_ids.get(id) else {
+        let Some(inst) = self.instances.find(id) else {
             return;
         };
         let Some(i) = self.instances.get(inst) else {
@@ -1255,7 +1176,7 @@ impl Scheduler {
         if i.idle_since != Some(since) || !i.attached.is_empty() || i.state != InstState::Ready {
             return;
         }
-        let p = i.platform;
+        let p = i.platform();
         let min = i.pool.as_ref().map_or(0, |pl| pl.min_instances);
         if self.active_pool_instances(p) > min {
             self.terminate(inst, "idle", out);
@@ -1282,8 +1203,7 @@ impl Scheduler {
             return;
         }
         i.draining = true;
-        let p = i.platform;
-        self.reindex_instance(inst);
+        let p = i.platform();
         self.settle(inst, out);
         self.ensure_warm(p, out);
     }
@@ -1291,7 +1211,7 @@ impl Scheduler {
     /// Go behaviour: past-`max-age` instances are noticed (and terminated when idle) only when
     /// traffic for the pool arrives.
     fn pool_traffic(&mut self, p: PlatformId, out: &mut Vec<Action>) {
-        let members: Vec<Key> = self.platforms[p as usize].members.iter().copied().collect();
+        let members: Vec<Key> = self.instances.members(p).iter().copied().collect();
         for inst in members {
             let Some(i) = self.instances.get_mut(inst) else {
                 continue;
@@ -1301,7 +1221,6 @@ impl Scheduler {
             };
             if !i.draining && i.created + pool.max_age <= self.now {
                 i.draining = true;
-                self.reindex_instance(inst);
                 self.settle(inst, out);
             }
         }
@@ -1309,8 +1228,8 @@ impl Scheduler {
 
     /// Pool instances that take work (not draining or terminating).
     pub(super) fn active_pool_instances(&self, p: PlatformId) -> u32 {
-        self.platforms[p as usize]
-            .members
+        self.instances
+            .members(p)
             .iter()
             .filter_map(|k| self.instances.get(*k))
             .filter(|i| {
@@ -1344,26 +1263,4 @@ impl Scheduler {
             active += 1;
         }
     }
-}
-
-/// Where a pool instance belongs in its platform's sets of instances with room: (ready, key),
-/// or `None` when it takes no work (dynamic, draining, full, terminating).
-pub(super) fn pool_key(inst: Key, i: &Instance) -> Option<(bool, (u32, u64, Key))> {
-    let pool = i.pool.as_ref()?;
-    let load = i.attached.len() as u32;
-    if i.draining || load >= pool.concurrency {
-        return None;
-    }
-    let ready = match i.state {
-        InstState::Ready => true,
-        InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => false,
-        InstState::Terminating(_) | InstState::TerminateWait => return None,
-    };
-    // Most loaded first (fewest free slots), then newest.
-    let k = (
-        pool.concurrency - load,
-        u64::MAX - i.created.as_millis(),
-        inst,
-    );
-    Some((ready, k))
 }

@@ -323,14 +323,16 @@ impl Scheduler {
     }
 
     /// True when a waiter without failures could be placed now.
-    pub(super) fn has_room(&self, p: PlatformId) -> bool {
+    pub(super) fn has_room(&mut self, p: PlatformId) -> bool {
+        self.instances.flush();
         let ps = &self.platforms[p as usize];
         match &ps.mode {
             Mode::Static => self.hosts.has_room(p),
             Mode::Dynamic(t) => self.occupied(p) < t.max_instances,
             Mode::Pool(pool) => {
-                !ps.ready.is_empty()
-                    || !ps.booting.is_empty()
+                let (ready, booting) = self.instances.with_room(p);
+                !ready.is_empty()
+                    || !booting.is_empty()
                     || self.occupied(p) < pool.instance.max_instances
             }
             // Waiters of these are routed (secret written) by placement.
@@ -544,7 +546,7 @@ impl Scheduler {
                     inst,
                     phase: Phase::Ready(_),
                 },
-            ) => self.instances.get(*inst).and_then(|i| i.id.as_deref()) == Some(host.name()),
+            ) => self.instances.get(*inst).and_then(|i| i.id().map(|s| &**s)) == Some(host.name()),
             (SecretData::Localhost, State::Local) | (SecretData::Error(_), State::Failed) => true,
             _ => false,
         }

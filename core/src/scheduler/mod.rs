@@ -56,6 +56,7 @@ mod event;
 mod fleet;
 mod hosts;
 mod ids;
+mod instances;
 mod ledger;
 mod lifecycle;
 mod messages;
@@ -76,7 +77,7 @@ mod users;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
@@ -90,8 +91,9 @@ pub use time::Time;
 
 use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
 use crate::platform::Platform;
-use arena::{Arena, Key};
+use arena::Key;
 use hosts::Hosts;
+use instances::{Fleet, Instance};
 use ledger::{Ledger, TaskRun};
 use op_table::OpTable;
 use queue::FairQueue;
@@ -115,8 +117,8 @@ pub struct Scheduler {
     platform_ids: BTreeMap<Platform, PlatformId>,
     /// Static hosts, with each platform's hosts with room.
     hosts: Hosts,
-    instances: Arena<Instance>,
-    instance_ids: BTreeMap<Arc<str>, Key>,
+    /// Cloud instances, by id and by platform, with each pool's instances with room.
+    instances: Fleet,
     ops: OpTable,
     /// Timers, and the cleanup operations waiting for a retry.
     timers: Timers,
@@ -195,64 +197,12 @@ struct PlatformState {
     /// Waiters that already failed somewhere (their failed set constrains placement); served
     /// before the fair queue.
     retry: Vec<Key>,
-    /// Instances counted against `max-instances` (launching, booting, ready, terminating).
-    instances: u32,
     /// Live instances with the platform's instance tag that the last listing showed and the
     /// ledger does not track (other clusters', the Go controller's, other platforms'): they count
     /// against `max-instances` too.
     foreign: u32,
-    /// All instance entries of this platform.
-    members: BTreeSet<Key>,
-    /// Pool instances with room: ready ones and booting ones, each keyed most-loaded-first,
-    /// then newest.
-    ready: BTreeSet<(u32, u64, Key)>,
-    booting: BTreeSet<(u32, u64, Key)>,
     /// No warm launches before this (after warm launches kept failing).
     warm_hold: Time,
-}
-
-struct Instance {
-    platform: PlatformId,
-    template: Arc<DynamicPlatform>,
-    /// Pool parameters; `None` for a dynamic (one TaskRun) instance.
-    pool: Option<Arc<DynamicPool>>,
-    id: Option<Arc<str>>,
-    address: Option<Arc<str>>,
-    /// The launch's identity, fixed at the first launch request (retries reuse it).
-    launch: Option<LaunchId>,
-    /// Adopted through a TaskRun that names it; may lack our cluster tag.
-    legacy: bool,
-    /// Handed to another TaskRun while its launch was in flight: retag it once its id is known.
-    retag: bool,
-    /// First launch request.
-    created: Time,
-    state: InstState,
-    launches: u32,
-    last_error: Option<String>,
-    /// Dynamic: the TaskRun it serves. Pool: unused.
-    owner: Option<Key>,
-    /// Pool: TaskRuns on it in any phase, in arrival order (the launching one first); its
-    /// load.
-    attached: Vec<Key>,
-    /// A user was provisioned on it (never handed to another dynamic TaskRun).
-    used: bool,
-    /// Its address was reached before (a recovered instance that holds a recorded allocation):
-    /// a failed probe means unhealthy, not failed to boot.
-    booted: bool,
-    draining: bool,
-    /// The allocation deadline passed while the launch was in flight.
-    overdue: bool,
-    provision_failures: u32,
-    terminate_attempts: u32,
-    /// Termination kept failing: no longer counted against `max-instances` (its termination is
-    /// still retried; operators see it in the `leaked` gauge and an Event).
-    leaked: bool,
-    probes: u32,
-    probe_op: Option<OpId>,
-    idle_since: Option<Time>,
-    /// A finished TaskRun whose finalizer waits for this instance's termination.
-    cleanup_for: Option<Key>,
-    indexed: Option<(bool, (u32, u64, Key))>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -331,8 +281,7 @@ impl Scheduler {
             platforms: Vec::new(),
             platform_ids: BTreeMap::new(),
             hosts: Hosts::default(),
-            instances: Arena::default(),
-            instance_ids: BTreeMap::new(),
+            instances: Fleet::default(),
             ops: OpTable::default(),
             timers: Timers::default(),
             started: false,
@@ -412,6 +361,7 @@ impl Scheduler {
             Event::ConfigReplaced(config) => self.apply_config(*config, out),
             Event::Tick => {}
         }
+        self.instances.flush();
     }
 
     /// [`Scheduler::handle`] returning a fresh vector.
@@ -477,11 +427,7 @@ impl Scheduler {
             mode,
             queue: FairQueue::default(),
             retry: Vec::new(),
-            instances: 0,
             foreign: 0,
-            members: BTreeSet::new(),
-            ready: BTreeSet::new(),
-            booting: BTreeSet::new(),
             warm_hold: Time::ZERO,
         });
         self.platform_ids.insert(platform.clone(), id);

@@ -50,7 +50,7 @@ impl Scheduler {
     }
 
     fn change_mode(&mut self, p: PlatformId, new: Mode, out: &mut Vec<Action>) {
-        let members: Vec<_> = self.platforms[p as usize].members.iter().copied().collect();
+        let members: Vec<_> = self.instances.members(p).iter().copied().collect();
         for inst in members {
             let Some(i) = self.instances.get_mut(inst) else {
                 continue;
@@ -67,7 +67,6 @@ impl Scheduler {
                         i.state,
                         InstState::Terminating(_) | InstState::TerminateWait
                     );
-                    self.reindex_instance(inst);
                     if live && self.policy.pool_idle_timeout.is_some() {
                         self.arm(at, super::Timer::MaxAge(inst));
                     }
@@ -75,7 +74,6 @@ impl Scheduler {
                 _ => {
                     // Different machines (or no pool any more): drain the old ones.
                     i.draining = true;
-                    self.reindex_instance(inst);
                     self.settle(inst, out);
                 }
             }

@@ -207,6 +207,7 @@ impl Scheduler {
             self.pump(p, out);
             self.ensure_warm(p, out);
         }
+        self.instances.flush();
     }
 
     /// A recovered TaskRun still gated although its secret stands (the crash came between the
@@ -278,7 +279,6 @@ impl Scheduler {
         let inst = self.new_instance(p, template, pool.clone());
         let id: Arc<str> = rec.id.as_str().into();
         let i = self.instances.get_mut(inst).expect("just created");
-        i.id = Some(id.clone());
         i.address = rec.address.as_deref().map(Arc::from);
         i.created = rec.launched_at;
         i.launches = 1;
@@ -291,8 +291,7 @@ impl Scheduler {
             let at = rec.launched_at + pool.max_age;
             self.arm(at, Timer::MaxAge(inst));
         }
-        self.instance_ids.insert(id, inst);
-        self.reindex_instance(inst);
+        self.instances.set_id(inst, id);
         let now = self.now;
         self.arm(now, Timer::Probe(inst, 0));
         // Counted from recovery: its launch time says nothing of when it last answered. Without
@@ -367,7 +366,6 @@ impl Scheduler {
             let inst = self.new_instance(p, template.clone(), None);
             let i = self.instances.get_mut(inst).expect("just created");
             let id: Arc<str> = id.as_str().into();
-            i.id = Some(id.clone());
             i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
             i.created = rec_i.map_or(rec.since, |l| l.launched_at);
             i.launches = 1;
@@ -379,7 +377,7 @@ impl Scheduler {
             } else {
                 InstState::Booting
             };
-            self.instance_ids.insert(id, inst);
+            self.instances.set_id(inst, id);
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };
             }
@@ -399,7 +397,7 @@ impl Scheduler {
         };
         if let Some(&inst) = pool_members.get(host) {
             let fits = self.instances.get(inst).is_some_and(|i| {
-                i.platform == p
+                i.platform() == p
                     && i.pool
                         .as_ref()
                         .is_some_and(|pool| i.attached.len() < pool.concurrency as usize)
@@ -416,7 +414,6 @@ impl Scheduler {
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };
             }
-            self.reindex_instance(inst);
             // Not ready: provisioned once the probe finds the instance reachable.
             return true;
         }
@@ -536,12 +533,11 @@ impl Scheduler {
                 let inst = self.new_instance(ip, template, None);
                 let i = self.instances.get_mut(inst).expect("just created");
                 let id: Arc<str> = id.as_str().into();
-                i.id = Some(id.clone());
                 i.state = InstState::Ready;
                 i.used = true;
                 i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
                 i.cleanup_for = Some(key);
-                self.instance_ids.insert(id, inst);
+                self.instances.set_id(inst, id);
                 self.terminate(inst, "its TaskRun finished", out);
                 pending += 1;
             }
@@ -549,7 +545,7 @@ impl Scheduler {
             let target = if let Some(&inst) = pool_members.get(host) {
                 self.instances.get(inst).and_then(|i| {
                     Some(HostRef::Instance {
-                        id: i.id.clone()?,
+                        id: i.id().cloned()?,
                         address: i.address.clone()?,
                         template: i.template.clone(),
                     })
@@ -586,7 +582,7 @@ impl Scheduler {
             if rec.state.is_gone()
                 || claimed.contains(&rec.id)
                 || pool_members.contains_key(&rec.id)
-                || self.instance_ids.contains_key(rec.id.as_str())
+                || self.instances.find(rec.id.as_str()).is_some()
             {
                 continue;
             }
@@ -617,12 +613,11 @@ impl Scheduler {
         let inst = self.new_instance(p, template, None);
         let i = self.instances.get_mut(inst).expect("just created");
         let id: Arc<str> = rec.id.as_str().into();
-        i.id = Some(id.clone());
         i.created = rec.launched_at;
         i.launches = 1;
         i.state = InstState::Ready;
         i.used = true;
-        self.instance_ids.insert(id, inst);
+        self.instances.set_id(inst, id);
         let at = rec.launched_at + self.policy.orphan_grace;
         if at <= self.now || moved_on {
             self.orphan_due(inst, out);
@@ -642,11 +637,12 @@ impl Scheduler {
         let Some(owner) = rec.owner.as_deref() else {
             return false;
         };
-        let launching = self.platforms[p as usize]
-            .members
+        let launching = self
+            .instances
+            .members(p)
             .iter()
             .filter_map(|&k| self.instances.get(k))
-            .any(|i| i.id.is_none() && i.launch.as_ref().is_some_and(|l| l.owner_key() == owner));
+            .any(|i| i.id().is_none() && i.launch.as_ref().is_some_and(|l| l.owner_key() == owner));
         if launching {
             return false;
         }
@@ -661,7 +657,7 @@ impl Scheduler {
         if i.owner.is_some() || i.pool.is_some() || i.state != InstState::Ready {
             return;
         }
-        let id = i.id.clone().unwrap_or_else(|| "?".into());
+        let id = i.id().cloned().unwrap_or_else(|| "?".into());
         out.push(Action::Notify {
             taskrun: None,
             warning: true,
@@ -677,7 +673,7 @@ impl Scheduler {
 fn id_of(s: &Scheduler, inst: Key) -> Arc<str> {
     s.instances
         .get(inst)
-        .and_then(|i| i.id.clone())
+        .and_then(|i| i.id().cloned())
         .unwrap_or_else(|| "".into())
 }
 

@@ -56,19 +56,25 @@ impl Scheduler {
     /// Current gauges. Linear in tracked TaskRuns; call once per metrics pass.
     pub fn gauges(&self) -> Gauges {
         let mut g = Gauges::default();
-        for ps in &self.platforms {
+        for (p, ps) in self.platforms.iter().enumerate() {
+            let p = p as super::PlatformId;
             let mut pg = PlatformGauges {
-                instances: ps.instances,
+                instances: self.instances.counted(p),
                 foreign: ps.foreign,
                 capacity: self.config.capacity(&ps.platform),
                 ..Default::default()
             };
-            for i in ps.members.iter().filter_map(|k| self.instances.get(*k)) {
+            for i in self
+                .instances
+                .members(p)
+                .iter()
+                .filter_map(|k| self.instances.get(*k))
+            {
                 match i.state {
                     InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => {
                         pg.booting += 1
                     }
-                    InstState::Terminating(_) | InstState::TerminateWait if i.leaked => {
+                    InstState::Terminating(_) | InstState::TerminateWait if i.leaked() => {
                         pg.leaked += 1
                     }
                     InstState::Terminating(_) | InstState::TerminateWait => pg.terminating += 1,

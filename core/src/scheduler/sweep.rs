@@ -26,7 +26,7 @@ impl Scheduler {
         };
         let label = self.platforms[p as usize].label.clone();
         for rec in listed {
-            if let Some(&inst) = self.instance_ids.get(rec.id.as_str()) {
+            if let Some(inst) = self.instances.find(rec.id.as_str()) {
                 let Some(i) = self.instances.get(inst) else {
                     continue;
                 };
@@ -81,12 +81,13 @@ impl Scheduler {
     ) {
         let label = self.platforms[p as usize].label.clone();
         let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
-        for i in self.platforms[p as usize]
-            .members
+        for i in self
+            .instances
+            .members(p)
             .iter()
             .filter_map(|k| self.instances.get(*k))
         {
-            if i.id.is_none()
+            if i.id().is_none()
                 && let Some(l) = &i.launch
             {
                 *in_flight.entry(l.owner_key()).or_default() += 1;
@@ -99,10 +100,10 @@ impl Scheduler {
                 continue;
             }
             let tracked = self
-                .instance_ids
-                .get(rec.id.as_str())
-                .and_then(|&k| self.instances.get(k))
-                .is_some_and(|i| i.platform == p);
+                .instances
+                .find(rec.id.as_str())
+                .and_then(|k| self.instances.get(k))
+                .is_some_and(|i| i.platform() == p);
             if tracked {
                 continue;
             }

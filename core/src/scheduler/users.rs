@@ -57,7 +57,7 @@ impl Scheduler {
     pub(super) fn user_blocked(&self, guard: &UserGuard, target: Target) -> bool {
         let name = match target {
             Target::Host(h) => Some(self.hosts[h].name.clone()),
-            Target::Instance(i) => self.instances.get(i).and_then(|i| i.id.clone()),
+            Target::Instance(i) => self.instances.get(i).and_then(|i| i.id().cloned()),
         };
         if name.is_some_and(|n| guard.cleaning.contains(&n)) {
             return true;

@@ -68,7 +68,7 @@ fn a_host_load_without_its_taskrun() {
 fn an_instance_count_off_by_one() {
     let mut h = busy();
     let p = platform(&h, "linux/arm64");
-    h.s.platforms[p].instances += 1;
+    h.s.instances.corrupt_count(p as PlatformId);
     assert_eq!(broken(&h), Invariant::InstanceCount);
 }
 
@@ -76,7 +76,7 @@ fn an_instance_count_off_by_one() {
 fn a_booting_pool_instance_missing_from_its_index() {
     let mut h = busy();
     let p = platform(&h, "linux/arm64");
-    h.s.platforms[p].booting.clear();
+    h.s.instances.corrupt_booting(p as PlatformId);
     assert_eq!(broken(&h), Invariant::PoolIndex);
 }
 
