@@ -31,13 +31,8 @@ pub(super) struct TaskRun {
     pub(super) platform: PlatformId,
     pub(super) retries: u32,
     pub(super) gated: bool,
-    /// Its labels name a host or instance, or the platform it waits for (a later outcome
-    /// without a new placement must clear them).
-    pub(super) recorded: bool,
-    /// Recovered already labelled waiting (with no failed hosts) and not yet re-admitted: its
-    /// label and `WaitingForHost` Event stand, so re-admission writes and announces nothing.
-    /// Recovery clears it once the TaskRun is re-admitted.
-    pub(super) announced: bool,
+    /// What its placement labels say.
+    pub(super) labels: Labels,
     /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
     pub(super) rearm: bool,
     /// Its remote secret was found at recovery without our proof (the Go controller's, or
@@ -69,8 +64,7 @@ impl TaskRun {
             platform,
             retries: 0,
             gated: false,
-            recorded: false,
-            announced: false,
+            labels: Labels::Clear,
             rearm: false,
             foreign_secret: false,
             since,
@@ -97,6 +91,42 @@ impl TaskRun {
     /// The build user's name (`u-<md5>`).
     pub(super) fn user(&self) -> String {
         user_of_path(&self.path)
+    }
+}
+
+/// A TaskRun's placement labels, as this scheduler wrote or found them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Labels {
+    /// None of ours stand: nothing to clear.
+    Clear,
+    /// They name a host or instance, or the platform it waits for: a later outcome without a
+    /// new placement must clear them.
+    Written,
+    /// Recovered labelled waiting (with no failed hosts) and not yet re-admitted: the label
+    /// and its `WaitingForHost` Event stand, so re-admission writes and announces nothing.
+    Announced,
+}
+
+impl Labels {
+    /// Labels are being written; returns whether some stood already.
+    pub(super) fn write(&mut self) -> bool {
+        let stood = *self != Labels::Clear;
+        if !stood {
+            *self = Labels::Written;
+        }
+        stood
+    }
+
+    /// The labels are being cleared; returns whether some stood.
+    pub(super) fn clear(&mut self) -> bool {
+        std::mem::replace(self, Labels::Clear) != Labels::Clear
+    }
+
+    /// Re-admission is over: an announced wait is a label like any other from now on.
+    pub(super) fn settle(&mut self) {
+        if *self == Labels::Announced {
+            *self = Labels::Written;
+        }
     }
 }
 

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use super::arena::Key;
+use super::ledger::Labels;
 use super::queue::Entry;
 use super::{
     Action, Blame, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase,
-    Placement, PlatformId, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun,
+    Placement, PlatformId, Release, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun,
     TaskRunRef, TaskRunSpec, Timer, Uid, messages,
 };
 use crate::platform::Platform;
@@ -36,10 +37,10 @@ impl Scheduler {
             }
             if matches!(t.state, State::Cleanup { .. })
                 && t.platform != NO_PLATFORM
-                && let Some(e) = t.extra.as_mut().filter(|e| e.released)
+                && let Some(e) = t.extra.as_mut().filter(|e| e.release != Release::No)
             {
                 // Released, and needing a host after all: served once the cleanup is over.
-                e.revived = true;
+                e.release = Release::Revived;
                 return;
             }
             if spec.retries > t.retries {
@@ -93,7 +94,7 @@ impl Scheduler {
                 // But labels of an earlier placement (waiting, or a host) go first: a crash
                 // between the two writes must not leave a secret under a waiting label, which
                 // recovery reads no secret for (it would serve the TaskRun again).
-                let relabel_first = std::mem::replace(&mut t.recorded, true);
+                let relabel_first = t.labels.write();
                 let record = self.taskrun_ref(key).map(|taskrun| Action::Record {
                     taskrun,
                     placement: Placement {
@@ -198,13 +199,12 @@ impl Scheduler {
         let (Some(taskrun), Some(t)) = (self.taskrun_ref(key), self.taskruns.get(key)) else {
             return;
         };
-        if t.announced {
+        if t.labels == Labels::Announced {
             // A new leader re-admitting what the last one queued: the label and the Event
             // stand (without this, a failover re-sent both for every waiter: 20,000 actions
             // for 10,000 waiters, the largest part of the recovery's memory peak).
             if let Some(t) = self.taskruns.get_mut(key) {
-                t.announced = false;
-                t.recorded = true;
+                t.labels.settle();
             }
             return;
         }
@@ -215,7 +215,7 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             // The waiting label is a placement too: an error secret must clear it, or a
             // restart (which reads no secret of a TaskRun labelled waiting) serves it again.
-            t.recorded = true;
+            t.labels.write();
         }
         out.push(Action::Record {
             taskrun: taskrun.clone(),
@@ -423,10 +423,9 @@ impl Scheduler {
         let Some(t) = self.taskruns.get_mut(key) else {
             return;
         };
-        if !t.recorded {
+        if !t.labels.clear() {
             return;
         }
-        t.recorded = false;
         let failed = failed_hosts(t);
         if let Some(taskrun) = self.taskrun_ref(key) {
             out.push(Action::Record {
@@ -727,7 +726,7 @@ impl Scheduler {
         };
         let failed = self.taskruns.get(key).and_then(failed_hosts);
         if let Some(t) = self.taskruns.get_mut(key) {
-            t.recorded = true;
+            t.labels.write();
             // Consumed: the op carries it from here (see `provision_op`).
             t.rearm = false;
         }
@@ -1009,11 +1008,12 @@ impl Scheduler {
             .taskruns
             .get(key)
             .and_then(|t| t.extra.as_ref())
-            .map_or((false, false), |e| (e.released, e.revived));
+            .map_or((false, false), |e| {
+                (e.release != Release::No, e.release == Release::Revived)
+            });
         if revived {
             if let Some(e) = self.taskruns.get_mut(key).and_then(|t| t.extra.as_mut()) {
-                e.released = false;
-                e.revived = false;
+                e.release = Release::No;
             }
             // Its finalizer stays: it is served from here as if new.
             self.admit(key, false, out);
@@ -1067,18 +1067,22 @@ impl Scheduler {
             if let Some(e) = t.extra.as_mut() {
                 if released {
                     // Released again: whatever revived it no longer holds.
-                    e.revived = false;
+                    if e.release == Release::Revived {
+                        e.release = Release::Released;
+                    }
                 } else {
                     // Finished while a release was being cleaned up: it is over for good.
-                    e.released = false;
-                    e.revived = false;
+                    e.release = Release::No;
                 }
             }
             // Keep waiting for what is pending.
             return;
         }
         if released {
-            t.extra.get_or_insert_with(Box::default).released = true;
+            let e = t.extra.get_or_insert_with(Box::default);
+            if e.release == Release::No {
+                e.release = Release::Released;
+            }
         }
         let state = std::mem::replace(&mut t.state, State::Cleanup { pending: 0 });
         let pending = match state {

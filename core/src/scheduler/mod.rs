@@ -133,15 +133,25 @@ pub struct Scheduler {
 
 const NO_PLATFORM: PlatformId = PlatformId::MAX;
 
+/// A release ([`Event::TaskRunReleased`]) being cleaned up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+enum Release {
+    /// Not released (or finished since).
+    #[default]
+    No,
+    /// Being cleaned up after a release: not finished, so its UID is not remembered as
+    /// finished once the cleanup is over.
+    Released,
+    /// Said to need a host again while that cleanup ran: served once it is over.
+    Revived,
+}
+
 #[derive(Default)]
 struct Extra {
     /// Hosts or instances whose provisioning failed for this TaskRun, with the error.
     failed: Vec<(Arc<str>, String)>,
-    /// Being cleaned up after [`Event::TaskRunReleased`]: not finished, so its UID is not
-    /// remembered as finished once the cleanup is over.
-    released: bool,
-    /// Said to need a host again while that cleanup ran: served once it is over.
-    revived: bool,
+    /// Whether it is being cleaned up after [`Event::TaskRunReleased`].
+    release: Release,
     /// Its secret was refused this many times.
     secret_refusals: u32,
     /// The refused secret, written again when [`Timer::SecretRetry`] fires.

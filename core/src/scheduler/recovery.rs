@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::Key;
+use super::ledger::Labels;
 use super::snapshot::{InstanceRecord, Ownership, SecretKind, Snapshot, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
@@ -132,8 +133,13 @@ impl Scheduler {
             );
             t.retries = rec.retries;
             t.gated = rec.gated;
-            t.recorded = allocated(rec) || rec.waiting;
-            t.announced = rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty();
+            t.labels = if rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty() {
+                Labels::Announced
+            } else if allocated(rec) || rec.waiting {
+                Labels::Written
+            } else {
+                Labels::Clear
+            };
             // A secret a pod may have mounted already: its token is re-armed, not replaced.
             // Only the controller's own: another's token (Go's, or a tenant's) is not one
             // our key server issued.
@@ -197,7 +203,7 @@ impl Scheduler {
             self.admit(key, retry, out);
             // Placed at once, or waiting and announced: either way a later wait is new.
             if let Some(t) = self.taskruns.get_mut(key) {
-                t.announced = false;
+                t.labels.settle();
             }
         }
         for key in with_secret {

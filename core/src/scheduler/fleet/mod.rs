@@ -239,7 +239,7 @@ impl Scheduler {
             instance_address: i.address.clone(),
         };
         if let Some(t) = self.taskruns.get_mut(key) {
-            t.recorded = true;
+            t.labels.write();
         }
         out.push(Action::Record {
             taskrun: r,
