@@ -33,12 +33,8 @@ pub(super) struct TaskRun {
     pub(super) gated: bool,
     /// What its placement labels say.
     pub(super) labels: Labels,
-    /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
-    pub(super) rearm: bool,
-    /// Its remote secret was found at recovery without our proof (the Go controller's, or
-    /// forged): a new attempt replaces it with a fresh token instead of re-arming its token.
-    /// Cleared when we write one.
-    pub(super) foreign_secret: bool,
+    /// What the next provisioning does with the token of its remote secret.
+    pub(super) token: Token,
     /// Start of the allocation (`allocation-start-time`).
     pub(super) since: Time,
     /// When it last joined a queue.
@@ -65,8 +61,7 @@ impl TaskRun {
             retries: 0,
             gated: false,
             labels: Labels::Clear,
-            rearm: false,
-            foreign_secret: false,
+            token: Token::Fresh,
             since,
             queued: since,
             state: State::Failed,
@@ -126,6 +121,43 @@ impl Labels {
     pub(super) fn settle(&mut self) {
         if *self == Labels::Announced {
             *self = Labels::Written;
+        }
+    }
+}
+
+/// What the next provisioning of a TaskRun does with the token of its remote secret.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Token {
+    /// No secret to keep: the next one carries a fresh token.
+    Fresh,
+    /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its
+    /// token (the pod mounted it already).
+    Rearm,
+    /// Its remote secret was found at recovery without our proof (the Go controller's, or
+    /// forged): a new attempt replaces it with a fresh token instead of re-arming its token.
+    /// Until we write one.
+    Foreign,
+}
+
+impl Token {
+    /// A new attempt's pod mounted the secret: re-arm its token, unless it is not ours.
+    pub(super) fn new_attempt(&mut self) {
+        if *self != Token::Foreign {
+            *self = Token::Rearm;
+        }
+    }
+
+    /// The re-arming was handed to a provisioning (or given up): nothing left to re-arm.
+    pub(super) fn consume_rearm(&mut self) {
+        if *self == Token::Rearm {
+            *self = Token::Fresh;
+        }
+    }
+
+    /// We wrote the secret: whatever was in it before is replaced.
+    pub(super) fn written(&mut self) {
+        if *self == Token::Foreign {
+            *self = Token::Fresh;
         }
     }
 }

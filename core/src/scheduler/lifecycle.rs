@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::arena::Key;
-use super::ledger::Labels;
+use super::ledger::{Labels, Token};
 use super::queue::Entry;
 use super::{
     Action, Blame, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase,
@@ -444,7 +444,7 @@ impl Scheduler {
             return;
         };
         let gated = self.taskruns.get_mut(key).is_some_and(|t| {
-            t.foreign_secret = false;
+            t.token.written();
             if let Some(e) = t.extra.as_mut() {
                 // Superseded: a refused earlier secret is not written again.
                 e.refused_secret = None;
@@ -619,7 +619,7 @@ impl Scheduler {
                 let def = def.clone();
                 // The retry's pod already mounted the secret: keep it, re-arm its token (unless
                 // the token is not one our key server issued).
-                t.rearm = !t.foreign_secret;
+                t.token.new_attempt();
                 let def = def.or_else(|| self.hosts[host].def.clone());
                 self.rearm_on_host(key, host, def, "the host is no longer configured", out);
             }
@@ -628,7 +628,7 @@ impl Scheduler {
                 phase: Phase::Ready(_),
             } => {
                 let inst = *inst;
-                t.rearm = !t.foreign_secret;
+                t.token.new_attempt();
                 self.reprovision_on_instance(key, inst, out);
             }
             // Nothing handed out yet (or nothing to hand out): the next secret is fresh anyway.
@@ -650,7 +650,7 @@ impl Scheduler {
         else {
             return;
         };
-        if !t.rearm {
+        if t.token != Token::Rearm {
             return;
         }
         // As configured now: a host removed, given to another platform or shrunk below its
@@ -680,7 +680,7 @@ impl Scheduler {
             let Some(t) = self.taskruns.get_mut(key) else {
                 return;
             };
-            t.rearm = false;
+            t.token.consume_rearm();
             t.extra
                 .get_or_insert_with(Box::<Extra>::default)
                 .failed
@@ -728,7 +728,7 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             t.labels.write();
             // Consumed: the op carries it from here (see `provision_op`).
-            t.rearm = false;
+            t.token.consume_rearm();
         }
         let rearm = matches!(self.ops.get(op), Some(Op::Provision { rearm: true, .. }));
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
@@ -764,7 +764,10 @@ impl Scheduler {
     /// Registers a provisioning of `key` on `host` (re-arming when the TaskRun says so); emit it
     /// with [`Scheduler::emit_provision`].
     pub(super) fn provision_op(&mut self, key: Key, host: &HostRef) -> OpId {
-        let rearm = self.taskruns.get(key).is_some_and(|t| t.rearm);
+        let rearm = self
+            .taskruns
+            .get(key)
+            .is_some_and(|t| t.token == Token::Rearm);
         self.ops.insert(Op::Provision {
             tr: key,
             host: host.clone(),
@@ -858,7 +861,7 @@ impl Scheduler {
                             def,
                             phase: Phase::Reserved,
                         };
-                        t.rearm = true;
+                        t.token = Token::Rearm;
                         if host_at_fault {
                             self.host_failed(hid, out);
                         }

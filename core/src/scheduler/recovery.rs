@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::Key;
-use super::ledger::Labels;
+use super::ledger::{Labels, Token};
 use super::snapshot::{InstanceRecord, Ownership, SecretKind, Snapshot, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
@@ -143,8 +143,13 @@ impl Scheduler {
             // A secret a pod may have mounted already: its token is re-armed, not replaced.
             // Only the controller's own: another's token (Go's, or a tenant's) is not one
             // our key server issued.
-            t.rearm = proven(rec);
-            t.foreign_secret = rec.secret == Some(SecretKind::Remote) && !proven(rec);
+            t.token = if proven(rec) {
+                Token::Rearm
+            } else if rec.secret == Some(SecretKind::Remote) {
+                Token::Foreign
+            } else {
+                Token::Fresh
+            };
             t.extra = extra;
             let key = self.taskruns.insert(t);
             if rec.finished {
