@@ -44,6 +44,14 @@
 //! it gets an error. A TaskRun released because it needs no host ([`Event::TaskRunReleased`]) is
 //! not remembered as finished: if it needs one after all, it is served.
 //!
+//! State. Each part owns its indexes and changes only through methods that keep them right:
+//! the TaskRun `Ledger` (by UID, by build user, namespaces, finished UIDs), the static
+//! `Hosts` (by name, each platform's hosts with room), the `Fleet` of instances (by id, each
+//! platform's members, count and pool instances with room), the `Timers` (with the cleanups
+//! they re-issue), the `OpTable` and each platform's queues. [`Scheduler::check`] verifies
+//! every index and every invariant across them ([`Invariant`]); the tests call it after every
+//! step.
+//!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
 //! and an operation id an index into a slab (those tables are never iterated where order could
