@@ -19,7 +19,8 @@
 //! back-off the scheduler announced for it lasts; at every finalizer removal: nothing
 //! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
 //! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
-//! up; after every command: each served secret belongs to its TaskRun and a remote one logs in
+//! up; after every step: the scheduler's own state invariants ([`Scheduler::check`]); after every
+//! command: each served secret belongs to its TaskRun and a remote one logs in
 //! as the TaskRun's user on a live host that holds that user. After the random phase the world
 //! quiesces and must end clean, every served TaskRun un-gated. A dedicated property
 //! (`waiters_are_served_in_queue_order`) builds queues in every case, so ordering faults show
@@ -563,6 +564,7 @@ impl World {
         };
         let mut out = Vec::new();
         w.sched.recover(w.now, Snapshot::default(), &mut out);
+        w.check_state(&out);
         w.apply(out);
         w
     }
@@ -580,7 +582,15 @@ impl World {
         }
         let mut out = Vec::new();
         self.sched.handle(self.now, e, &mut out);
+        self.check_state(&out);
         self.apply(out);
+    }
+
+    /// The scheduler's own cross-index invariants ([`Scheduler::check`]) after every step.
+    fn check_state(&self, out: &[Action]) {
+        if let Err(e) = self.sched.check() {
+            panic!("{e}\nafter actions {out:#?}");
+        }
     }
 
     fn max_instances(&self, platform: &str) -> u32 {
@@ -1524,6 +1534,7 @@ impl World {
         let snap = self.snapshot();
         self.shown(None, &snap.instances);
         self.sched.recover(self.now, snap, &mut out);
+        self.check_state(&out);
         self.apply(out);
     }
 

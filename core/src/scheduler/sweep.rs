@@ -26,7 +26,7 @@ impl Scheduler {
         };
         let label = self.platforms[p as usize].label.clone();
         for rec in listed {
-            if let Some(&inst) = self.instance_ids.get(rec.id.as_str()) {
+            if let Some(inst) = self.instances.find(rec.id.as_str()) {
                 let Some(i) = self.instances.get(inst) else {
                     continue;
                 };
@@ -81,12 +81,13 @@ impl Scheduler {
     ) {
         let label = self.platforms[p as usize].label.clone();
         let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
-        for i in self.platforms[p as usize]
-            .members
+        for i in self
+            .instances
+            .members(p)
             .iter()
             .filter_map(|k| self.instances.get(*k))
         {
-            if i.id.is_none()
+            if i.id().is_none()
                 && let Some(l) = &i.launch
             {
                 *in_flight.entry(l.owner_key()).or_default() += 1;
@@ -99,10 +100,10 @@ impl Scheduler {
                 continue;
             }
             let tracked = self
-                .instance_ids
-                .get(rec.id.as_str())
-                .and_then(|&k| self.instances.get(k))
-                .is_some_and(|i| i.platform == p);
+                .instances
+                .find(rec.id.as_str())
+                .and_then(|k| self.instances.get(k))
+                .is_some_and(|i| i.platform() == p);
             if tracked {
                 continue;
             }
@@ -133,10 +134,10 @@ impl Scheduler {
         users: &[super::HostUser],
         out: &mut Vec<Action>,
     ) {
-        let Some(&hid) = self.host_ids.get(host) else {
+        let Some(hid) = self.hosts.id(host) else {
             return;
         };
-        let Some(def) = self.hosts[hid as usize].def.clone() else {
+        let Some(def) = self.hosts[hid].def.clone() else {
             return;
         };
         let mut keep = BTreeSet::new();
@@ -147,7 +148,7 @@ impl Scheduler {
                 keep.insert(r.remote_user());
             }
         }
-        for op in self.ops.values().chain(self.delayed.values()) {
+        for op in self.ops.values().chain(self.timers.delayed_ops()) {
             match op {
                 Op::Deprovision { user, .. } => {
                     keep.insert(user.name());
@@ -160,7 +161,7 @@ impl Scheduler {
                 _ => {}
             }
         }
-        let p = self.hosts[hid as usize].platform;
+        let p = self.hosts[hid].platform;
         let grace = self.policy.host_user_grace;
         for user in users {
             // Only our users' shape, and only old ones: a young one may be an allocation whose
