@@ -1102,8 +1102,12 @@ impl Scheduler {
             State::OnHost { host, def, phase } => {
                 self.hosts.release(host);
                 let pending = match phase {
-                    Phase::Ready(at) => {
-                        self.observe_ran(p, at, out);
+                    // Reserved on a host is a retry's re-provisioning waiting to try again: the
+                    // first attempt's user is still there, so it is removed as after a build.
+                    Phase::Ready(_) | Phase::Reserved => {
+                        if let Phase::Ready(at) = phase {
+                            self.observe_ran(p, at, out);
+                        }
                         self.delete_secret(key, out);
                         let r = self.taskrun_ref(key).expect("live");
                         match def.or_else(|| self.hosts[host].def.clone()) {
@@ -1144,25 +1148,27 @@ impl Scheduler {
                             0
                         }
                     }
-                    Phase::Reserved => {
-                        // A retry's re-provisioning waiting to try its host again: the first
-                        // attempt's secret stands.
-                        self.delete_secret(key, out);
-                        0
-                    }
                 };
+                // Before the freed slot is handed out: a TaskRun with the same user name must
+                // see this one's cleanup as pending (see `user_blocked`).
+                self.set_cleanup_pending(key, pending);
                 self.capacity_freed(p, out);
                 pending
             }
             State::OnInstance { inst, phase } => self.leave_instance(key, inst, phase, out),
         };
+        self.set_cleanup_pending(key, pending);
+        if pending == 0 {
+            self.finalize(key, out);
+        }
+    }
+
+    /// Records how many cleanups a finished TaskRun's finalizer waits for.
+    pub(super) fn set_cleanup_pending(&mut self, key: Key, pending: u32) {
         if let Some(t) = self.taskruns.get_mut(key)
             && let State::Cleanup { pending: slot } = &mut t.state
         {
             *slot = pending;
-        }
-        if pending == 0 {
-            self.finalize(key, out);
         }
     }
 

@@ -18,7 +18,7 @@
 //!   ([`InstanceRecord::belongs_to`]: our owner tag with its UID, or Go's `taskRunID` tag);
 //!   addresses come from the listing, never from the `cloud-address` annotation;
 //! - a static host only if it serves the TaskRun's platform and has room under its
-//!   `concurrency`; a pool instance only if it is the platform's and has room under the pool's;
+//!   `concurrency` (a proven, served allocation is kept over a shrunk `concurrency`); a pool instance only if it is the platform's and has room under the pool's;
 //!   a host the config dropped only with a proven allocation. What does not fit is queued again;
 //! - proven allocations ([`TaskRunRecord::secret_proven`]: the TaskRun carries the controller's
 //!   proof for its host, and its secret exists) are rebuilt first, so an unproven claim (Go's,
@@ -100,6 +100,20 @@ impl Scheduler {
             .filter(|r| !r.finished && !settled(r))
             .filter_map(|r| confirmed(r))
             .collect();
+        // Build users live TaskRuns hold, by host: a finished TaskRun whose (colliding) user name
+        // a live one holds on the same host left it there for that one (its own cleanup ran
+        // before the restart; only the finalizer's removal was lost), so it is not removed.
+        let live_users: BTreeSet<(String, String)> = records
+            .iter()
+            .filter(|r| !r.finished && !settled(r))
+            .filter_map(|r| {
+                let host = r.assigned_host.clone()?;
+                Some((
+                    crate::contract::remote_user_name(&r.name, &r.namespace),
+                    host,
+                ))
+            })
+            .collect();
         let mut waiters = Vec::new();
         // Live TaskRuns that had a secret: still gated ones are un-gated once it stands.
         let mut with_secret = Vec::new();
@@ -153,7 +167,13 @@ impl Scheduler {
             t.extra = extra;
             let key = self.taskruns.insert(t);
             if rec.finished {
-                self.recover_finished(key, rec, &listed, &pool_members, &live_named, out);
+                self.recover_finished(
+                    key,
+                    rec,
+                    (&listed, &pool_members),
+                    (&live_named, &live_users),
+                    out,
+                );
                 continue;
             }
             if rec.secret.is_some() {
@@ -440,7 +460,16 @@ impl Scheduler {
         }
         if let (Some(h), Some(def)) = (known, &def) {
             let host = &self.hosts[h];
-            if host.platform != p || host.load() >= def.concurrency {
+            // A proven, served allocation stays where its build runs even when the config shrank
+            // the host meanwhile (the host drains, as after a live config change): moving it would
+            // hand the attempt a second secret and leave its user behind.
+            let keeps = ready && rec.secret_proven;
+            // A TaskRun with the same (colliding) user name already rebuilt on this host keeps
+            // it: two builds must not share one user, and removing one's would end the other's.
+            let rival = self
+                .user_guard(key)
+                .is_some_and(|g| self.user_blocked(&g, super::users::Target::Host(h)));
+            if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {
                 // Not a host of its platform, or full with allocations already rebuilt: the
                 // claim is not the controller's (or no longer fits): queued again.
                 return false;
@@ -507,9 +536,8 @@ impl Scheduler {
         &mut self,
         key: Key,
         rec: &TaskRunRecord,
-        listed: &BTreeMap<&str, &InstanceRecord>,
-        pool_members: &BTreeMap<String, Key>,
-        live_named: &BTreeSet<String>,
+        (listed, pool_members): (&BTreeMap<&str, &InstanceRecord>, &BTreeMap<String, Key>),
+        (live_named, live_users): (&BTreeSet<String>, &BTreeSet<(String, String)>),
         out: &mut Vec<Action>,
     ) {
         if let Some(t) = self.taskruns.get_mut(key) {
@@ -552,7 +580,12 @@ impl Scheduler {
                 self.terminate(inst, "its TaskRun finished", out);
                 pending += 1;
             }
-        } else if let Some(host) = rec.assigned_host.as_deref() {
+        } else if let Some(host) = rec.assigned_host.as_deref()
+            && !live_users.contains(&(
+                crate::contract::remote_user_name(&rec.name, &rec.namespace),
+                host.to_owned(),
+            ))
+        {
             let target = if let Some(&inst) = pool_members.get(host) {
                 self.instances.get(inst).and_then(|i| {
                     Some(HostRef::Instance {

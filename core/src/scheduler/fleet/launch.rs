@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::super::arena::Key;
+use super::super::ledger::Token;
 use super::super::lifecycle::backoff;
 use super::super::{
     Action, Extra, InstState, InstanceState, LaunchId, LaunchOwner, Mode, Op, OpId, Phase,
@@ -621,6 +622,17 @@ impl Scheduler {
                         .get_or_insert_with(Box::<Extra>::default)
                         .failed
                         .push((name.clone(), reason.to_owned()));
+                    // A retry's re-provisioning moving on: the secret its pod was given names
+                    // this instance; the next placement writes a new one (as on a static host).
+                    let rearm = t.token == Token::Rearm
+                        || matches!(phase, Phase::Provisioning(op)
+                            if matches!(self.ops.get(op), Some(Op::Provision { rearm: true, .. })));
+                    if rearm {
+                        if let Some(t) = self.taskruns.get_mut(k) {
+                            t.token.consume_rearm();
+                        }
+                        self.delete_secret(k, out);
+                    }
                     if pool {
                         self.detach(inst, k);
                     }

@@ -101,6 +101,9 @@ impl Scheduler {
                 _ => 0,
             },
         };
+        // Before the freed room is handed out: a TaskRun with the same user name must see this
+        // one's cleanup as pending (see `user_blocked`).
+        self.set_cleanup_pending(key, pending);
         if self.policy.pool_idle_timeout.is_none() {
             self.pool_traffic(p, out);
         }
