@@ -164,9 +164,39 @@ pub(super) struct Fleet {
     platforms: Vec<PerPlatform>,
     /// The instance last handed out mutably: re-indexed before the next index change or read.
     pending: Option<Key>,
+    /// Ids of instances whose termination was acknowledged (no longer tracked), with their
+    /// platform and when: a listing made before that, or a lagging one, may still show them
+    /// running, and must neither count them nor terminate them again.
+    terminated: BTreeMap<Arc<str>, (PlatformId, Time)>,
 }
 
 impl Fleet {
+    /// Remembers an acknowledged termination (see [`Fleet::was_terminated`]).
+    pub(super) fn terminated(&mut self, id: Arc<str>, platform: PlatformId, at: Time) {
+        self.terminated.insert(id, (platform, at));
+    }
+
+    /// The instance's termination was acknowledged recently.
+    pub(super) fn was_terminated(&self, id: &str) -> bool {
+        self.terminated.contains_key(id)
+    }
+
+    /// Forgets acknowledged terminations of `platform` that a listing shows done (gone from it,
+    /// or shutting down: not in `live`) and those acknowledged `grace` or longer before `now`: an
+    /// instance listed running that long after its termination was acknowledged is treated as
+    /// any other again (terminated as an orphan, counted), in case the termination did not take.
+    pub(super) fn forget_terminated(
+        &mut self,
+        platform: PlatformId,
+        live: &BTreeSet<&str>,
+        now: Time,
+        grace: std::time::Duration,
+    ) {
+        self.terminated.retain(|id, &mut (of, at)| {
+            of != platform || (live.contains(id.as_ref()) && at + grace > now)
+        });
+    }
+
     pub(super) fn get(&self, key: Key) -> Option<&Instance> {
         self.instances.get(key)
     }

@@ -31,10 +31,12 @@
 //! strictly (from the launch request until termination is acknowledged) and `foreign` is the
 //! number of live instances the platform's last [`Event::InstancesListed`] showed that the ledger
 //! does not track (this cluster's own untracked ones included, unless a launch in flight may have
-//! started them). Launches by others after that listing are unseen until the next one, so across
-//! all the clusters (and platforms) sharing a tag, live instances exceed `max-instances` by at
-//! most the launches the others made since each one's last listing: with listings every `L`, at
-//! most one interval `L`'s worth of launches. One exception, by choice: an instance whose
+//! started them, or their termination was acknowledged within the orphan grace: a listing made
+//! before the acknowledgement must not take back the slot it freed). Launches by others after
+//! that listing are unseen until the next one, so across all the clusters (and platforms) sharing
+//! a tag, live instances exceed `max-instances` by at most the launches the others made since
+//! each one's last listing: with listings every `L`, at most one interval `L`'s worth of
+//! launches. One exception, by choice: an instance whose
 //! termination failed [`Policy::cleanup_attempts`] times is leaked: it stops counting (a refusal
 //! that lasts must not block the platform for good), its termination is still retried, and
 //! operators see it (`leaked` gauge, an `InstanceLeaked` Event).

@@ -25,6 +25,7 @@ impl Scheduler {
             _ => return,
         };
         let label = self.platforms[p as usize].label.clone();
+        self.forget_terminated(p, listed);
         for rec in listed {
             if let Some(inst) = self.instances.find(rec.id.as_str()) {
                 let Some(i) = self.instances.get(inst) else {
@@ -54,6 +55,7 @@ impl Scheduler {
             if rec.state.is_terminating()
                 || !rec.is_ours_for(&label)
                 || rec.instance_tag != template.instance_tag
+                || self.instances.was_terminated(rec.id.as_str())
             {
                 continue;
             }
@@ -67,11 +69,24 @@ impl Scheduler {
         self.count_foreign(p, listed.iter(), out);
     }
 
+    /// Forgets acknowledged terminations of `p` its listing shows done, and those older than
+    /// the orphan grace (see `Fleet::forget_terminated`).
+    fn forget_terminated(&mut self, p: PlatformId, listed: &[InstanceRecord]) {
+        let live: BTreeSet<&str> = listed
+            .iter()
+            .filter(|r| !r.state.is_terminating())
+            .map(|r| r.id.as_str())
+            .collect();
+        let (now, grace) = (self.now, self.policy.orphan_grace);
+        self.instances.forget_terminated(p, &live, now, grace);
+    }
+
     /// Sets the platform's foreign count from its listing: live instances the ledger does not
     /// track as the platform's own (other clusters', the Go controller's, other platforms'
     /// sharing the tag, and this cluster's own that nothing here tracks yet: ones younger than
     /// the orphan grace, which the sweep leaves alone), except those a launch in flight may have
-    /// started (same owner tag; the ledger counts that launch already). Serves waiters when it
+    /// started (same owner tag; the ledger counts that launch already) and ours whose termination
+    /// the ledger saw acknowledged (the listing predates it or lags it). Serves waiters when it
     /// dropped.
     pub(super) fn count_foreign<'a>(
         &mut self,
@@ -104,7 +119,11 @@ impl Scheduler {
                 .find(rec.id.as_str())
                 .and_then(|k| self.instances.get(k))
                 .is_some_and(|i| i.platform() == p);
-            if tracked {
+            // Ours and terminated already: the listing predates the termination (or lags it).
+            // Counting it would hold the slot its termination freed until the next listing.
+            if tracked
+                || (rec.is_ours_for(&label) && self.instances.was_terminated(rec.id.as_str()))
+            {
                 continue;
             }
             if rec.is_ours_for(&label)

@@ -456,6 +456,10 @@ impl Scheduler {
             return;
         }
         let Some(error) = error else {
+            if let Some(id) = i.id().cloned() {
+                let p = i.platform();
+                self.instances.terminated(id, p, self.now);
+            }
             self.drop_instance(inst, out);
             return;
         };

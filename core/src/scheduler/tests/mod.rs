@@ -3,6 +3,7 @@
 
 mod dynamic;
 mod faults;
+mod handoff;
 mod lifecycle;
 mod metrics;
 mod ownership;
