@@ -854,6 +854,14 @@ pub async fn watch_taskruns(
         };
         match next {
             Some(Ok(ev)) => {
+                if let watcher::Event::Apply(tr) = &ev {
+                    tracing::debug!(
+                        target: execute::TIMING,
+                        namespace = tr.metadata.namespace.as_deref(),
+                        taskrun = tr.metadata.name.as_deref(),
+                        "TaskRun event received"
+                    );
+                }
                 if tx.send(Input::TaskRuns(Box::new(ev))).await.is_err() {
                     return;
                 }

@@ -166,17 +166,52 @@ impl Job {
             },
         }
     }
+
+    /// The TaskRun the job is about, if one.
+    fn taskrun(&self) -> Option<&TaskRunRef> {
+        match self {
+            Job::AddFinalizer(tr) => Some(tr),
+            Job::Action(
+                Action::Record { taskrun, .. }
+                | Action::Provision { taskrun, .. }
+                | Action::WriteSecret { taskrun, .. }
+                | Action::DeleteSecret { taskrun }
+                | Action::Ungate { taskrun }
+                | Action::RemoveFinalizer { taskrun, .. },
+            ) => Some(taskrun),
+            Job::Action(Action::Notify { taskrun, .. }) => taskrun.as_ref(),
+            Job::Action(_) => None,
+        }
+    }
 }
+
+/// Target of the per-step timing lines (debug level): where a TaskRun's time goes, for the
+/// controller benchmark's breakdown; off in production's `info`.
+pub const TIMING: &str = "mpc::timing";
 
 /// Runs a job; returns the events to feed back to the scheduler (empty when cancelled).
 pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
     let kind = job.kind();
+    let about = tracing::enabled!(target: TIMING, tracing::Level::DEBUG)
+        .then(|| job.taskrun().cloned())
+        .flatten();
+    let started = std::time::Instant::now();
     ctx.metrics.in_flight(kind, 1);
     let out = tokio::select! {
         () = ctx.cancel.cancelled() => Vec::new(),
         out = dispatch(ctx, job) => out,
     };
     ctx.metrics.in_flight(kind, -1);
+    if let Some(tr) = about {
+        tracing::debug!(
+            target: TIMING,
+            kind,
+            namespace = tr.namespace(),
+            taskrun = tr.name(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "job finished"
+        );
+    }
     out
 }
 

@@ -95,10 +95,13 @@ pub async fn provision(
     host: &HostRef,
     rearm: bool,
 ) -> Result<String, ProvisionFailure> {
+    let mut clock = Steps::new();
     let target = target(ctx, host)
         .await
         .map_err(ProvisionFailure::AdminKey)?;
+    let admin_key = clock.lap();
     let _permit = ctx.limits.ssh.acquire().await;
+    let ssh_permit = clock.lap();
     // Key type and slice caps as the host-config says now for the host or platform.
     let config = ctx.config.current().unwrap_or_default();
     let settings = match host {
@@ -112,9 +115,11 @@ pub async fn provision(
         settings,
     };
     let provisioned = ctx.provisioner.provision(&target, &req).await?;
+    let ssh = clock.lap();
     // Instances too: a replica taking over must not trust whatever answers at a pool
     // instance's address next.
     ctx.known_hosts.record(ctx, &target).await;
+    let known_host = clock.lap();
     // Only a used token with a retry still to come may hold its redeems in the OTP server
     // (a tenant can redeem its own token at will). Tekton's retry count is read now: a
     // provisioning takes seconds of SSH, next to which this read is nothing.
@@ -122,8 +127,10 @@ pub async fn provision(
         .await
         .map_err(ProvisionFailure::TaskRun)?;
     let rearms_left = t.spec.retries.saturating_sub(t.status.retries);
+    let taskrun_read = clock.lap();
     let owner = taskrun.uid().to_string();
-    ctx.keys
+    let token = ctx
+        .keys
         .store(
             &owner,
             // Unique per provisioning (a fresh key each time, op ids restart with the process);
@@ -135,7 +142,36 @@ pub async fn provision(
             provisioned.private_key.as_bytes(),
         )
         .await
-        .map_err(ProvisionFailure::Otp)
+        .map_err(ProvisionFailure::Otp)?;
+    tracing::debug!(
+        target: super::TIMING,
+        namespace = taskrun.namespace(),
+        taskrun = taskrun.name(),
+        admin_key_us = admin_key,
+        ssh_permit_us = ssh_permit,
+        ssh_us = ssh,
+        known_host_us = known_host,
+        taskrun_read_us = taskrun_read,
+        otp_us = clock.lap(),
+        "provisioning steps"
+    );
+    Ok(token)
+}
+
+/// Microseconds between successive steps.
+struct Steps(std::time::Instant);
+
+impl Steps {
+    fn new() -> Self {
+        Steps(std::time::Instant::now())
+    }
+
+    fn lap(&mut self) -> u64 {
+        let now = std::time::Instant::now();
+        let us = (now - self.0).as_micros() as u64;
+        self.0 = now;
+        us
+    }
 }
 
 fn hex_nonce() -> String {
