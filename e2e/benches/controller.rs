@@ -16,8 +16,8 @@
 //! - `throughput`: `MPC_BENCH_N` (1,000) TaskRuns through 20 static slots with builds of
 //!   0.5–1.5 s; wall time against the sum of build times over 20 slots.
 //! - `burst`: `MPC_BENCH_BURST_N` (1,000) TaskRuns created at `MPC_BENCH_BURST_RATE` (100) a
-//!   second, paced by the clock (open loop), into 200 static slots (`MPC_BENCH_BURST_HOSTS`, 20
-//!   sshd hosts on their own 127.0.0.x addresses, `MPC_BENCH_BURST_CONCURRENCY` 10 each), each
+//!   second, paced by the clock (open loop), into 200 static slots (`MPC_BENCH_BURST_HOSTS`, 25
+//!   sshd hosts on their own 127.0.0.x addresses, `MPC_BENCH_BURST_CONCURRENCY` 8 each), each
 //!   build holding its slot `MPC_BENCH_BURST_BUILD_MS` (1,000) after its secret, so slots stay
 //!   free; after one warm-up TaskRun per host, CREATE → secret of those sent while fewer than
 //!   the slots were in flight, and where that time goes: the bench's own clock (CREATE sent and
@@ -469,8 +469,9 @@ impl BurstSetup {
         BurstSetup {
             n: env_num("MPC_BENCH_BURST_N", 1000),
             rate: env_num("MPC_BENCH_BURST_RATE", 100) as f64,
-            hosts: env_num("MPC_BENCH_BURST_HOSTS", 20),
-            concurrency: env_num("MPC_BENCH_BURST_CONCURRENCY", 10) as u32,
+            // 200 slots: a host's concurrency is at most 8 (the host-config's bound).
+            hosts: env_num("MPC_BENCH_BURST_HOSTS", 25),
+            concurrency: env_num("MPC_BENCH_BURST_CONCURRENCY", 8) as u32,
             build: Duration::from_millis(env_num("MPC_BENCH_BURST_BUILD_MS", 1000) as u64),
         }
     }
@@ -655,7 +656,7 @@ fn breakdown(
     let mut steps: Vec<Step> = [
         "CREATE answered (admission webhook, store)",
         "watch event reaches the controller",
-        "loop: event -> provisioning starts",
+        "loop: event -> provisioning starts (job caps)",
         "  admin key Secret read",
         "  SSH permit (all hosts)",
         "  key generation",
@@ -666,7 +667,7 @@ fn breakdown(
         "  TaskRun read (retries)",
         "  OTP store",
         "provisioning job (sum of the above)",
-        "loop: result -> secret write starts (waits for Record)",
+        "loop: result -> secret write starts (caps, Record)",
         "secret write (TaskRun read, create)",
         "secret reaches the bench's watch",
         "Record patch (beside provisioning)",
