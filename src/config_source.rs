@@ -251,33 +251,65 @@ impl ConfigSource {
     }
 }
 
+/// Why a host-config file or directory cannot be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not UTF-8 text: {source}", path.display())]
+    NotUtf8 {
+        path: PathBuf,
+        source: std::str::Utf8Error,
+    },
+    #[error("{}: {source}", path.display())]
+    ConfigMap {
+        path: PathBuf,
+        source: config::ConfigMapError,
+    },
+}
+
+impl ReadError {
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        |source| Self::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
 /// Reads a host-config from `path`: a ConfigMap YAML file, or a directory where a ConfigMap is
 /// mounted (one file per key; Kubernetes' `..data` snapshot is read when present, so a swap in
 /// progress is never seen half done).
-pub fn read_path(path: &Path) -> Result<(ConfigData, Vec<Diagnostic>), String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn read_path(path: &Path) -> Result<(ConfigData, Vec<Diagnostic>), ReadError> {
+    let meta = std::fs::metadata(path).map_err(ReadError::io(path))?;
     if meta.is_dir() {
         return read_dir(path).map(|d| (d, Vec::new()));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| format!("{}: not UTF-8 text: {e}", path.display()))?;
-    config::read_configmap_yaml(text).map_err(|e| format!("{}: {e}", path.display()))
+    let bytes = std::fs::read(path).map_err(ReadError::io(path))?;
+    let text = std::str::from_utf8(&bytes).map_err(|source| ReadError::NotUtf8 {
+        path: path.to_owned(),
+        source,
+    })?;
+    config::read_configmap_yaml(text).map_err(|source| ReadError::ConfigMap {
+        path: path.to_owned(),
+        source,
+    })
 }
 
-fn read_dir(dir: &Path) -> Result<ConfigData, String> {
-    let io = |p: &Path, e: std::io::Error| format!("cannot read {}: {e}", p.display());
+fn read_dir(dir: &Path) -> Result<ConfigData, ReadError> {
     // `..data` points at the current timestamped snapshot directory.
     let snapshot = dir.join("..data");
     let root = if snapshot.is_dir() {
-        std::fs::canonicalize(&snapshot).map_err(|e| io(&snapshot, e))?
+        std::fs::canonicalize(&snapshot).map_err(ReadError::io(&snapshot))?
     } else {
         dir.to_owned()
     };
     let mut data = ConfigData::new();
-    for entry in std::fs::read_dir(&root).map_err(|e| io(&root, e))? {
-        let entry = entry.map_err(|e| io(&root, e))?;
+    for entry in std::fs::read_dir(&root).map_err(ReadError::io(&root))? {
+        let entry = entry.map_err(ReadError::io(&root))?;
         let Ok(name) = entry.file_name().into_string() else {
             continue;
         };
@@ -288,9 +320,11 @@ fn read_dir(dir: &Path) -> Result<ConfigData, String> {
         if !p.is_file() {
             continue;
         }
-        let bytes = std::fs::read(&p).map_err(|e| io(&p, e))?;
-        let value = String::from_utf8(bytes)
-            .map_err(|e| format!("{}: not UTF-8 text: {e}", p.display()))?;
+        let bytes = std::fs::read(&p).map_err(ReadError::io(&p))?;
+        let value = String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+            source: e.utf8_error(),
+            path: p,
+        })?;
         data.insert(name, value);
     }
     Ok(data)
@@ -301,7 +335,7 @@ pub fn load_path(source: &ConfigSource, path: &Path) -> Update {
     let origin = path.display().to_string();
     match read_path(path) {
         Ok((data, diags)) => source.publish(&origin, data, diags),
-        Err(e) => source.publish_failure(&origin, &e),
+        Err(e) => source.publish_failure(&origin, &e.to_string()),
     }
 }
 
@@ -484,10 +518,42 @@ mod tests {
     fn read_errors_name_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("host-config.yaml");
-        let e = read_path(&f).unwrap_err();
+        let e = read_path(&f).unwrap_err().to_string();
         assert!(e.contains("host-config.yaml"), "{e}");
         std::fs::write(&f, "kind: Secret\n").unwrap();
-        let e = read_path(&f).unwrap_err();
+        let e = read_path(&f).unwrap_err().to_string();
         assert!(e.contains("not a ConfigMap"), "{e}");
+    }
+
+    /// The reason a config file cannot be served is logged and published as it reads here.
+    #[test]
+    fn read_error_messages_read_exactly_as_documented() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("host-config.yaml");
+        let shown = f.display().to_string();
+        assert_eq!(
+            read_path(&f).unwrap_err().to_string(),
+            format!("cannot read {shown}: No such file or directory (os error 2)")
+        );
+        std::fs::write(&f, b"kind: \xff\n").unwrap();
+        assert_eq!(
+            read_path(&f).unwrap_err().to_string(),
+            format!("{shown}: not UTF-8 text: invalid utf-8 sequence of 1 bytes from index 6")
+        );
+        std::fs::write(&f, "kind: Secret\n").unwrap();
+        assert_eq!(
+            read_path(&f).unwrap_err().to_string(),
+            format!("{shown}: not a ConfigMap: kind is Secret")
+        );
+        let mounted = dir.path().join("mounted");
+        std::fs::create_dir(&mounted).unwrap();
+        std::fs::write(mounted.join("local-platforms"), b"\xff").unwrap();
+        assert_eq!(
+            read_path(&mounted).unwrap_err().to_string(),
+            format!(
+                "{}: not UTF-8 text: invalid utf-8 sequence of 1 bytes from index 0",
+                mounted.join("local-platforms").display()
+            )
+        );
     }
 }

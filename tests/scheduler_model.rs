@@ -5,8 +5,8 @@
 //! ([`mpc::admission::review`]); the scheduler's TaskRun writes are the executor's JSON patches
 //! ([`mpc::controller::patch`]), applied in per-TaskRun order, and may fail (409, 500: retried
 //! later) or be lost in a crash; every TaskRun change reaches the scheduler the way the watch
-//! delivers it ([`observe::observe`]); a restarted scheduler recovers from a snapshot built over
-//! those objects as the controller builds it ([`observe::recovery_entry`], the secret's existence and
+//! delivers it ([`meaning::of`]); a restarted scheduler recovers from a snapshot built over
+//! those objects as the controller builds it ([`meaning::recovery_entry`], the secret's existence and
 //! the allocation proof).
 //! Cloud and SSH actions complete with random delays, in order per instance and per user on a
 //! host (results in random order otherwise), fail, and are replayed; the config changes; the
@@ -19,7 +19,8 @@
 //! back-off the scheduler announced for it lasts; at every finalizer removal: nothing
 //! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
 //! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
-//! up; after every command: each served secret belongs to its TaskRun and a remote one logs in
+//! up; after every step: the scheduler's own state invariants ([`Scheduler::check`]); after every
+//! command: each served secret belongs to its TaskRun and a remote one logs in
 //! as the TaskRun's user on a live host that holds that user. After the random phase the world
 //! quiesces and must end clean, every served TaskRun un-gated. A dedicated property
 //! (`waiters_are_served_in_queue_order`) builds queues in every case, so ordering faults show
@@ -35,7 +36,7 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use mpc::config::{ConfigData, HostConfig};
 use mpc::contract;
-use mpc::controller::observe::{self, MountMemo, Observed};
+use mpc::controller::meaning::{self, Meaning, MountMemo};
 use mpc::controller::patch::{self, Maps, OtpEndpoint, SecretProof};
 use mpc::controller::taskrun::TaskRun;
 use mpc::platform::Platform;
@@ -563,6 +564,7 @@ impl World {
         };
         let mut out = Vec::new();
         w.sched.recover(w.now, Snapshot::default(), &mut out);
+        w.check_state(&out);
         w.apply(out);
         w
     }
@@ -580,7 +582,15 @@ impl World {
         }
         let mut out = Vec::new();
         self.sched.handle(self.now, e, &mut out);
+        self.check_state(&out);
         self.apply(out);
+    }
+
+    /// The scheduler's own cross-index invariants ([`Scheduler::check`]) after every step.
+    fn check_state(&self, out: &[Action]) {
+        if let Err(e) = self.sched.check() {
+            panic!("{e}\nafter actions {out:#?}");
+        }
     }
 
     fn max_instances(&self, platform: &str) -> u32 {
@@ -639,8 +649,11 @@ impl World {
             .taskruns
             .iter()
             .any(|(u, t)| *u != uid && !t.done && t.reference().remote_user() == user);
+        // A host gone from the config cannot be reached to clean up (after a restart its
+        // definition is gone too); the sweep removes the user once the host is configured again.
         if let Some(h) = self.placed.get(&uid)
             && !shared
+            && self.host_concurrency(h).is_some()
             && self.known_users.contains(&(uid.clone(), h.clone()))
             && self.users.get(h).is_some_and(|u| u.contains_key(&user))
         {
@@ -962,9 +975,9 @@ impl World {
     fn watched(&mut self, uid: &str) -> Option<Event> {
         let t = self.taskruns.get(uid)?;
         let mut memo = MountMemo::default();
-        match observe::observe(&t.parsed(), &mut memo) {
-            Observed::Active { spec, .. } => Some(Event::TaskRun(spec)),
-            Observed::Done {
+        match meaning::of(&t.parsed(), &mut memo) {
+            Meaning::Active { spec, .. } => Some(Event::TaskRun(spec)),
+            Meaning::Done {
                 namespace,
                 name,
                 uid,
@@ -974,7 +987,7 @@ impl World {
                 name,
                 uid,
             }),
-            Observed::Ignore | Observed::Undecided { .. } => None,
+            Meaning::Ignore | Meaning::Undecided { .. } => None,
         }
     }
 
@@ -1377,7 +1390,7 @@ impl World {
             .filter_map(|t| {
                 let tr = t.parsed();
                 let (mut rec, matters) =
-                    observe::recovery_entry(&tr, &observe::observe(&tr, &mut memo))?;
+                    meaning::recovery_entry(&tr, &meaning::of(&tr, &mut memo))?;
                 if matters {
                     // The controller learns only that the name is taken (a dry-run create).
                     let r = t.reference();
@@ -1524,6 +1537,7 @@ impl World {
         let snap = self.snapshot();
         self.shown(None, &snap.instances);
         self.sched.recover(self.now, snap, &mut out);
+        self.check_state(&out);
         self.apply(out);
     }
 
@@ -2453,4 +2467,455 @@ fn an_instance_handed_over_survives_its_first_owners_cleanup_after_a_restart() {
         Create { platform: 0, ns: 0 },
     ];
     check(Policy::mpc(), &cmds);
+}
+
+/// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): after a restart, a retried
+/// TaskRun's finalizer was removed while its build user was still on the host.
+#[test]
+fn a_retried_taskrun_after_a_restart_is_finalized_only_once_its_user_is_gone() {
+    use Cmd::*;
+    let c = |platform, ns| Create { platform, ns };
+    let d = |pick, ok| Deliver { pick, ok };
+    let k = |pick, ok| Kube { pick, ok };
+    let cmds = vec![
+        c(0, 0),
+        Retry(0),
+        c(0, 0),
+        k(0, false),
+        Retry(0),
+        c(1, 0),
+        k(24314, true),
+        c(3, 0),
+        c(4, 0),
+        c(3, 0),
+        c(0, 0),
+        Finish(10694),
+        Finish(14109),
+        d(11316, true),
+        d(1663, false),
+        Restart { flush: true },
+        k(4272, true),
+        d(0, false),
+        k(0, false),
+        d(0, true),
+        Retry(0),
+        d(30980, false),
+    ];
+    check(Policy::mpc(), &cmds);
+}
+
+/// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): a restart under a config
+/// that shrank a host moved a served TaskRun off it, a second secret in one attempt.
+#[test]
+fn a_restart_keeps_a_served_taskrun_on_a_host_the_config_shrank() {
+    use Cmd::*;
+    let c = |platform, ns| Create { platform, ns };
+    let d = |pick, ok| Deliver { pick, ok };
+    let k = |pick, ok| Kube { pick, ok };
+    let cmds = vec![
+        c(0, 0),
+        k(0, true),
+        c(0, 0),
+        k(0, true),
+        d(811, false),
+        Config(1),
+        c(2, 0),
+        k(0, true),
+        c(1, 0),
+        c(1, 0),
+        c(1, 0),
+        c(1, 0),
+        d(33067, true),
+        d(680, true),
+        Restart { flush: true },
+    ];
+    check(Policy::mpc(), &cmds);
+}
+
+/// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): a retry's re-provisioning
+/// on a pool instance that then failed its probe moved on without deleting the secret naming
+/// that instance, and the TaskRun was finalized with the secret still there.
+#[test]
+fn a_retry_moved_off_a_failed_instance_leaves_no_secret_behind() {
+    use Cmd::*;
+    let cmds = vec![
+        Create { platform: 2, ns: 1 },
+        Create { platform: 4, ns: 0 },
+        Create { platform: 0, ns: 0 },
+        Deliver {
+            pick: 1211,
+            ok: false,
+        },
+        Retry(0),
+        Config(2),
+        Kube {
+            pick: 42618,
+            ok: true,
+        },
+        Create { platform: 0, ns: 0 },
+        Create { platform: 0, ns: 0 },
+        Deliver {
+            pick: 22967,
+            ok: false,
+        },
+        Restart { flush: false },
+        Deliver { pick: 0, ok: true },
+        Advance(30),
+        Kube {
+            pick: 1768,
+            ok: true,
+        },
+        Create { platform: 0, ns: 0 },
+        Deliver { pick: 0, ok: true },
+        Deliver { pick: 0, ok: true },
+        Restart { flush: true },
+        Kube { pick: 0, ok: true },
+        Deliver { pick: 0, ok: true },
+        Kube { pick: 0, ok: true },
+        Finish(2256),
+        Deliver { pick: 0, ok: true },
+        Kube {
+            pick: 37286,
+            ok: true,
+        },
+        Create { platform: 0, ns: 0 },
+        Create { platform: 2, ns: 1 },
+        Finish(51),
+        Finish(14253),
+        Create { platform: 1, ns: 0 },
+        Restart { flush: true },
+        Retry(19824),
+        Deliver {
+            pick: 4348,
+            ok: false,
+        },
+        Deliver {
+            pick: 300,
+            ok: false,
+        },
+    ];
+    check(Policy::mpc(), &cmds);
+}
+
+/// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): a TaskRun finishing while
+/// its user was being created freed its slot before its cleanup counted as pending, so a TaskRun
+/// with the same (colliding) user name took the host and lost its user to the compensation.
+#[test]
+fn a_colliding_user_waits_for_a_compensated_provisioning() {
+    use Cmd::*;
+    let cmds = vec![
+        Foreign {
+            pool: false,
+            up: true,
+        },
+        Create { platform: 0, ns: 1 },
+        Deliver { pick: 0, ok: false },
+        Create { platform: 1, ns: 0 },
+        Create { platform: 0, ns: 2 },
+        Create { platform: 0, ns: 0 },
+        Create { platform: 1, ns: 0 },
+        Foreign {
+            pool: false,
+            up: true,
+        },
+        Create { platform: 1, ns: 0 },
+        Create { platform: 0, ns: 0 },
+        Finish(30968),
+        Create { platform: 1, ns: 0 },
+        Create { platform: 0, ns: 1 },
+        Finish(4812),
+        Create { platform: 0, ns: 0 },
+        Config(0),
+        Create { platform: 0, ns: 0 },
+        Finish(1),
+        Deliver {
+            pick: 37560,
+            ok: false,
+        },
+        Deliver {
+            pick: 20159,
+            ok: true,
+        },
+        Advance(110),
+        Deliver {
+            pick: 43026,
+            ok: true,
+        },
+        Deliver {
+            pick: 41695,
+            ok: true,
+        },
+        Deliver {
+            pick: 33250,
+            ok: true,
+        },
+        Deliver {
+            pick: 127,
+            ok: true,
+        },
+        Deliver {
+            pick: 53493,
+            ok: true,
+        },
+        Kube {
+            pick: 22079,
+            ok: true,
+        },
+        Config(2),
+        Create { platform: 2, ns: 2 },
+        Deliver {
+            pick: 61558,
+            ok: true,
+        },
+        Create { platform: 0, ns: 2 },
+        Deliver {
+            pick: 41545,
+            ok: true,
+        },
+    ];
+    check(Policy::mpc(), &cmds);
+}
+
+/// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): after a restart that lost
+/// a finished TaskRun's finalizer removal, recovery removed its build user again from a host
+/// where a live TaskRun with the same (colliding) user name was building.
+#[test]
+fn recovery_leaves_a_colliding_users_host_to_the_live_taskrun() {
+    use Cmd::*;
+    let cmds = vec![
+        Config(1),
+        Create { platform: 3, ns: 2 },
+        Create { platform: 0, ns: 1 },
+        Deliver {
+            pick: 40588,
+            ok: false,
+        },
+        Deliver {
+            pick: 5648,
+            ok: false,
+        },
+        Create { platform: 0, ns: 2 },
+        Deliver {
+            pick: 20939,
+            ok: true,
+        },
+        Deliver {
+            pick: 60141,
+            ok: true,
+        },
+        Kube {
+            pick: 22688,
+            ok: true,
+        },
+        Finish(14104),
+        Deliver {
+            pick: 6144,
+            ok: true,
+        },
+        Create { platform: 2, ns: 2 },
+        Kube {
+            pick: 35705,
+            ok: true,
+        },
+        Kube {
+            pick: 62001,
+            ok: true,
+        },
+        Deliver {
+            pick: 65342,
+            ok: true,
+        },
+        Create { platform: 0, ns: 2 },
+        Kube {
+            pick: 27176,
+            ok: true,
+        },
+        Deliver {
+            pick: 37653,
+            ok: true,
+        },
+        Restart { flush: true },
+        Finish(10030),
+        Deliver {
+            pick: 53064,
+            ok: true,
+        },
+        Advance(63),
+        Advance(68),
+        Kube {
+            pick: 12108,
+            ok: true,
+        },
+        Finish(28926),
+        Deliver {
+            pick: 61921,
+            ok: true,
+        },
+        Advance(42),
+        Kube {
+            pick: 64850,
+            ok: true,
+        },
+        Duplicate(3576),
+        Finish(24781),
+        Kube {
+            pick: 57842,
+            ok: false,
+        },
+        Kube {
+            pick: 40735,
+            ok: true,
+        },
+        Kube {
+            pick: 15839,
+            ok: true,
+        },
+        Deliver {
+            pick: 43663,
+            ok: true,
+        },
+    ];
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
+}
+
+/// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): recovery rebuilt two live
+/// TaskRuns with the same (colliding) user name on one host; the second's failed provisioning
+/// removed the first's user.
+#[test]
+fn recovery_does_not_put_two_colliding_users_on_one_host() {
+    use Cmd::*;
+    let cmds = vec![
+        Config(1),
+        Create { platform: 2, ns: 2 },
+        Deliver {
+            pick: 37983,
+            ok: true,
+        },
+        Create { platform: 3, ns: 2 },
+        Advance(101),
+        Create { platform: 0, ns: 1 },
+        Deliver {
+            pick: 40588,
+            ok: false,
+        },
+        Deliver {
+            pick: 5648,
+            ok: false,
+        },
+        Advance(99),
+        Create { platform: 0, ns: 2 },
+        Deliver {
+            pick: 20939,
+            ok: true,
+        },
+        Kube {
+            pick: 62927,
+            ok: true,
+        },
+        Deliver {
+            pick: 45718,
+            ok: true,
+        },
+        Deliver {
+            pick: 14991,
+            ok: false,
+        },
+        Deliver {
+            pick: 32970,
+            ok: false,
+        },
+        Deliver {
+            pick: 3644,
+            ok: true,
+        },
+        Deliver {
+            pick: 6144,
+            ok: true,
+        },
+        Kube {
+            pick: 29946,
+            ok: true,
+        },
+        Create { platform: 2, ns: 2 },
+        Kube {
+            pick: 35705,
+            ok: true,
+        },
+        Finish(29244),
+        Kube {
+            pick: 62001,
+            ok: true,
+        },
+        Deliver {
+            pick: 65342,
+            ok: true,
+        },
+        Create { platform: 0, ns: 2 },
+        Kube {
+            pick: 27176,
+            ok: true,
+        },
+        Deliver {
+            pick: 37653,
+            ok: true,
+        },
+        Create { platform: 2, ns: 1 },
+        Restart { flush: true },
+        Create { platform: 5, ns: 2 },
+        Finish(33974),
+        Restart { flush: false },
+        Restart { flush: true },
+        Create { platform: 2, ns: 1 },
+        Kube {
+            pick: 38183,
+            ok: true,
+        },
+        Create { platform: 5, ns: 2 },
+        Deliver {
+            pick: 21512,
+            ok: false,
+        },
+        Finish(42348),
+        Advance(63),
+        Advance(68),
+        Kube {
+            pick: 12108,
+            ok: true,
+        },
+        Finish(28926),
+        Deliver {
+            pick: 61921,
+            ok: true,
+        },
+        Advance(42),
+        Kube {
+            pick: 64850,
+            ok: true,
+        },
+        Duplicate(3576),
+        Finish(24781),
+        Kube {
+            pick: 57842,
+            ok: false,
+        },
+        Kube {
+            pick: 40735,
+            ok: true,
+        },
+        Kube {
+            pick: 15839,
+            ok: true,
+        },
+        Deliver {
+            pick: 43663,
+            ok: true,
+        },
+    ];
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
 }

@@ -617,3 +617,158 @@ async fn shutdown_drains_in_flight_requests_and_closes_keep_alive() {
         .expect("shutdown finishes once drained")
         .unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The binary's JSON logs.
+
+/// The `mpc` binary serving only the webhook, its stderr (JSON lines) read on a thread.
+struct LoggingWebhook {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+    addr: std::net::SocketAddr,
+}
+
+impl LoggingWebhook {
+    fn start(s: &Setup) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mpc"))
+            .args(["--log-format", "json", "controller", "--webhook-only"])
+            .arg(format!("--config={}", s.config.display()))
+            .arg(format!("--cert-dir={}", s.cert_dir.display()))
+            .args([
+                "--webhook-addr=127.0.0.1:0",
+                "--admin-addr=127.0.0.1:0",
+                "--shutdown-delay=0s",
+            ])
+            // Admitted TaskRuns are logged at debug.
+            .env("MPC_LOG", "info,mpc::server::webhook=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in stderr.lines() {
+                let line = line.unwrap();
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut w = Self {
+            child,
+            lines,
+            seen: Vec::new(),
+            addr: ([127, 0, 0, 1], 0).into(),
+        };
+        let started = w.wait_for("webhook server started");
+        w.addr = started["webhook_addr"].as_str().unwrap().parse().unwrap();
+        w
+    }
+
+    /// The first line (from now on) whose message is `message`.
+    fn wait_for(&mut self, message: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("no {message:?} log line ({e}); saw {:#?}", self.seen));
+            self.seen.push(line.clone());
+            if line["message"] == message {
+                return line;
+            }
+        }
+    }
+}
+
+impl Drop for LoggingWebhook {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `jq 'select(.span.<field> == $v or any(.spans[]?; .<field> == $v))'`.
+fn in_span(line: &Value, field: &str, v: &str) -> bool {
+    line["span"][field] == v
+        || line["spans"]
+            .as_array()
+            .is_some_and(|spans| spans.iter().any(|s| s[field] == v))
+}
+
+/// Each review's log lines carry one span with the review's uid and the TaskRun's namespace,
+/// name and (when the object has one) uid, as the binary writes them with `--log-format json`:
+/// one filter on the span's fields finds a TaskRun's webhook lines, as it finds its jobs'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_log_lines_carry_the_review_and_taskrun_in_one_span() {
+    let s = setup();
+    let pair = new_pair();
+    install(&s.cert_dir, 1, &pair.cert, &pair.key);
+    let mut w = LoggingWebhook::start(&s);
+    let addr = w.addr;
+    let post = |body: &Value| {
+        let (ca, body) = (pair.ca.clone(), serde_json::to_vec(body).unwrap());
+        async move {
+            let (status, _) = post_over(tls_connect(addr, &[&ca]).await, body).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    };
+
+    // As the API server sends a CREATE: no metadata.uid yet (it is assigned after admission).
+    let mut unknown: Value = serde_json::from_slice(&fixture("unknown-platform")).unwrap();
+    unknown["request"]["object"]["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("uid");
+    post(&unknown).await;
+    let line = w.wait_for("TaskRun with an unusable platform");
+    let review_uid = unknown["request"]["uid"].as_str().unwrap();
+    assert_eq!(
+        line["span"],
+        serde_json::json!({
+            "name": "admission_review",
+            "review_uid": review_uid,
+            "namespace": "tenant-a",
+            "taskrun": "riscv-build",
+        }),
+        "{line}"
+    );
+    assert_eq!(line["spans"], serde_json::json!([line["span"].clone()]));
+    assert_eq!(line["level"], "INFO");
+    assert!(line["platform"].is_string(), "{line}");
+    assert!(
+        line.get("namespace").is_none(),
+        "the span carries it: {line}"
+    );
+
+    // An object that has a uid (a replayed or adopted review) puts it in the span.
+    let mut admitted: Value = serde_json::from_slice(&fixture("taskref-bundle")).unwrap();
+    let uid = "0b6f2d9e-5c1a-4e2b-9f3d-7a8c1e4b2d60";
+    admitted["request"]["object"]["metadata"]["uid"] = uid.into();
+    post(&admitted).await;
+    let line = w.wait_for("TaskRun admitted");
+    assert_eq!(line["span"]["uid"], uid, "{line}");
+    assert_eq!(
+        line["span"]["review_uid"], admitted["request"]["uid"],
+        "{line}"
+    );
+    assert_eq!(line["span"]["namespace"], admitted["request"]["namespace"]);
+    assert_eq!(line["span"]["taskrun"], admitted["request"]["name"]);
+
+    // The documented filters pick each review's lines and nothing else.
+    let by_uid: Vec<_> = w.seen.iter().filter(|l| in_span(l, "uid", uid)).collect();
+    assert_eq!(by_uid, [&line]);
+    let by_review: Vec<_> = w
+        .seen
+        .iter()
+        .filter(|l| in_span(l, "review_uid", review_uid))
+        .collect();
+    assert_eq!(by_review.len(), 1);
+    assert_eq!(by_review[0]["message"], "TaskRun with an unusable platform");
+}

@@ -593,3 +593,37 @@ fn local_label(case: &Case) -> String {
         .unwrap()
         .replace('/', "-")
 }
+
+/// A review reports its own uid and the TaskRun's `metadata.uid` when the object has one (the
+/// webhook's log span carries both), whichever order the object and the operation come in.
+#[test]
+fn review_reports_the_review_uid_and_the_taskrun_uid() {
+    let body = fixture("taskref-bundle");
+    let case = run_bytes(&body, &config());
+    let review_uid = case.request["request"]["uid"].as_str().unwrap();
+    let uid = case.object()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(case.reviewed.review_uid, review_uid);
+    assert_eq!(case.reviewed.uid.as_deref(), Some(uid.as_str()));
+
+    // `serde_json::Value` sorts keys: `object` then comes before `operation`.
+    let sorted = serde_json::to_vec(&case.request).unwrap();
+    let r = admission::review(&sorted, &config(), NOW).unwrap();
+    assert_eq!(r.review_uid, review_uid);
+    assert_eq!(r.uid.as_deref(), Some(uid.as_str()));
+
+    // A CREATE as the API server sends it: the uid is assigned after admission.
+    let mut without = case.request.clone();
+    without["request"]["object"]["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("uid");
+    let r = admission::review(&serde_json::to_vec(&without).unwrap(), &config(), NOW).unwrap();
+    assert_eq!(r.uid, None);
+    assert_eq!(
+        (r.namespace.as_str(), r.name.as_str()),
+        ("tenant-a", "shop-api-on-push-x7k2p-build-images-0")
+    );
+}

@@ -175,7 +175,10 @@ pub async fn probe_ssh(resolver: &dyn ResolveAddress, address: &str, timeout: Du
     };
     match tokio::time::timeout(timeout, read_banner(&endpoint)).await {
         Ok(Ok(banner)) => Probe::Ready { endpoint, banner },
-        Ok(Err(reason)) => Probe::NotReady { endpoint, reason },
+        Ok(Err(e)) => Probe::NotReady {
+            endpoint,
+            reason: e.to_string(),
+        },
         Err(_) => Probe::NotReady {
             endpoint,
             reason: format!("no SSH banner within {timeout:?}"),
@@ -193,19 +196,29 @@ pub async fn probe_all(
     futures::future::join_all(addresses.iter().map(|a| probe_ssh(resolver, a, timeout))).await
 }
 
-async fn read_banner(endpoint: &Endpoint) -> Result<String, String> {
+/// Why an endpoint gave no SSH banner (the probe's `NotReady` reason).
+#[derive(Debug, thiserror::Error)]
+enum BannerError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    #[error("connection closed before an SSH banner")]
+    Closed,
+    #[error("no SSH banner in the first 4 KiB")]
+    TooLong,
+}
+
+async fn read_banner(endpoint: &Endpoint) -> Result<String, BannerError> {
     let mut stream = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(BannerError::Connect)?;
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     loop {
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
+        let n = stream.read(&mut chunk).await.map_err(BannerError::Read)?;
         if n == 0 {
-            return Err("connection closed before an SSH banner".into());
+            return Err(BannerError::Closed);
         }
         buf.extend_from_slice(&chunk[..n]);
         let text = String::from_utf8_lossy(&buf);
@@ -219,7 +232,7 @@ async fn read_banner(endpoint: &Endpoint) -> Result<String, String> {
             }
         }
         if buf.len() > MAX_BANNER_BYTES {
-            return Err("no SSH banner in the first 4 KiB".into());
+            return Err(BannerError::TooLong);
         }
     }
 }
@@ -342,5 +355,46 @@ mod tests {
         assert!(probes.iter().all(|p| !p.is_ready()));
         assert!(elapsed >= Duration::from_secs(10), "{elapsed:?}");
         assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+    }
+
+    /// Probe reasons are logged and shown in `mpc` status output as they read here.
+    #[tokio::test]
+    async fn not_ready_reasons_read_exactly_as_documented() {
+        let reason = |p: &Probe| match p {
+            Probe::NotReady { reason, .. } => reason.clone(),
+            other => panic!("{other:?}"),
+        };
+        let closes = {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move {
+                while let Ok((mut s, _)) = l.accept().await {
+                    let _ = s.write_all(b"hello\r\n").await;
+                }
+            });
+            addr
+        };
+        let chatty = serve_once(&[b'x'; 5000]).await;
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let m = LoopbackMap::new();
+        m.insert("closes", closes).unwrap();
+        m.insert("chatty", chatty).unwrap();
+        m.insert("closed", closed).unwrap();
+        let t = Duration::from_secs(5);
+        assert_eq!(
+            reason(&probe_ssh(&m, "closes", t).await),
+            "connection closed before an SSH banner"
+        );
+        assert_eq!(
+            reason(&probe_ssh(&m, "chatty", t).await),
+            "no SSH banner in the first 4 KiB"
+        );
+        assert_eq!(
+            reason(&probe_ssh(&m, "closed", t).await),
+            "connect: Connection refused (os error 111)"
+        );
     }
 }

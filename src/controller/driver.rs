@@ -1,17 +1,19 @@
 //! The loop: the single writer of allocation decisions (docs/architecture.md, "The controller
 //! shell").
 //!
-//! One task owns the [`Scheduler`]. Watch events, action results, leadership changes, config
-//! updates and a timer at [`Scheduler::next_deadline`] come in over channels; actions go out to
-//! the executor as spawned jobs ordered per key by [`Lanes`]. The loop never awaits I/O.
+//! One task owns the [`Scheduler`]. The [sources](super::sources) feed it (watch events, periodic
+//! listings, the recovery snapshot, config updates, leadership changes), action results come
+//! back from the executor, and a timer fires at [`Scheduler::next_deadline`]; actions go out to
+//! the [executor](super::execute) as spawned jobs ordered per key by [`Lanes`]. The loop never
+//! awaits I/O.
 //!
 //! Guarantees:
 //! - nothing is allocated before the ledger is rebuilt: on leadership gain the TaskRun watch
 //!   must have listed everything, then [`Scheduler::recover`] runs on a [`Snapshot`] of the
-//!   index (with whether each relevant TaskRun's Secret exists, and cloud listings) before live
-//!   events flow; events that arrive meanwhile are buffered and replayed;
+//!   [`TaskRunIndex`] (with whether each relevant TaskRun's Secret exists, and cloud listings)
+//!   before live events flow; events that arrive meanwhile are buffered and replayed;
 //! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
-//!   done;
+//!   done ([`TaskRunIndex`]);
 //! - losing the Lease cancels every job of the term at once and drops the scheduler: the term's
 //!   context is a child of the elector's term token, which the elector cancels itself at the
 //!   renew deadline, so in-flight writes of an ended term are abandoned even before this loop
@@ -27,45 +29,21 @@
 //! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
 //! so replays after a buffer or a relist are safe.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use futures::StreamExt;
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::execute::{self, Context, Job};
 use super::lanes::{LaneKey, Lanes};
-use super::observe::{self, MountMemo, Observed};
+use super::sources::taskruns::{Found, TaskRunIndex};
+use super::sources::{self, Input, Intervals, now};
 use super::taskrun::TaskRun;
-use crate::config::{HostConfig, Strategy};
-use crate::platform::Platform;
-use crate::scheduler::{
-    Action, Event, Policy, Scheduler, SecretKind, Snapshot, TaskRunRecord, TaskRunRef, Time, Uid,
-};
-
-/// What the loop reacts to.
-pub enum Input {
-    /// A TaskRun watch event (boxed: a slim TaskRun is still a few hundred bytes).
-    TaskRuns(Box<watcher::Event<TaskRun>>),
-    /// The served config changed.
-    Config(Arc<HostConfig>),
-    /// A snapshot for the term's recovery is ready.
-    Recovered { term: u64, snapshot: Snapshot },
-    /// A periodic listing or sweep produced an event for the scheduler.
-    Sweep(Event),
-    /// Stop.
-    Shutdown,
-}
-
-/// The controller's own writes one TaskRun needs.
-struct Wanted {
-    taskrun: TaskRunRef,
-    finalizer: bool,
-    ungate: bool,
-}
+use crate::config::HostConfig;
+use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRef, Time};
 
 /// A finished job.
 pub struct Completion {
@@ -73,13 +51,6 @@ pub struct Completion {
     lane: Option<LaneKey>,
     class: Class,
     events: Vec<Event>,
-}
-
-/// One entry of the index: what recovery needs of a live TaskRun.
-struct Entry {
-    record: TaskRunRecord,
-    /// Recovery must know whether its Secret exists to know its state.
-    secret_matters: bool,
 }
 
 enum Phase {
@@ -178,17 +149,6 @@ impl<T> InFlight<T> {
     }
 }
 
-/// How often each periodic task of a term runs.
-#[derive(Debug, Clone, Copy)]
-pub struct Intervals {
-    /// The safety-net scan for TaskRuns the webhook missed.
-    pub adopt: Duration,
-    /// Listing each dynamic platform's instances.
-    pub instances: Duration,
-    /// Listing the build users of each static host.
-    pub host_users: Duration,
-}
-
 /// Everything the loop owns.
 pub struct Driver {
     base: Context,
@@ -196,38 +156,17 @@ pub struct Driver {
     /// The served config, for the safety-net scan.
     config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
     every: Intervals,
-    index: HashMap<String, Entry>,
-    memo: MountMemo,
-    /// UIDs seen since the watch's last `Init` (a relist in progress).
-    relist: Option<HashSet<String>>,
-    synced: bool,
+    taskruns: TaskRunIndex,
     config: Option<Arc<HostConfig>>,
     /// Leadership as the elector publishes it: the term token while leading.
     leadership: watch::Receiver<Option<CancellationToken>>,
     leading: Option<CancellationToken>,
     term: Option<Term>,
     next_term: u64,
-    /// The controller's own writes the watched TaskRuns still need (a finalizer to add, a gate
-    /// to clear), by UID: kept whether or not this replica leads, so a term that starts does
-    /// them for TaskRuns seen before it.
-    wanted: HashMap<String, Wanted>,
-    /// Writes of `wanted` submitted in the current term, so repeated watch events do not
-    /// repeat them.
-    finalizing: HashSet<String>,
-    ungating: HashSet<String>,
     results_tx: mpsc::UnboundedSender<Completion>,
     results_rx: mpsc::UnboundedReceiver<Completion>,
     inputs_tx: mpsc::Sender<Input>,
     actions: Vec<Action>,
-}
-
-/// Milliseconds since the epoch, the scheduler's clock.
-pub fn now() -> Time {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    Time::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 impl Driver {
@@ -246,18 +185,12 @@ impl Driver {
             policy,
             config_rx,
             every,
-            index: HashMap::new(),
-            memo: MountMemo::default(),
-            relist: None,
-            synced: false,
+            taskruns: TaskRunIndex::default(),
             config: None,
             leadership,
             leading: None,
             term: None,
             next_term: 1,
-            wanted: HashMap::new(),
-            finalizing: HashSet::new(),
-            ungating: HashSet::new(),
             results_tx,
             results_rx,
             inputs_tx,
@@ -335,143 +268,44 @@ impl Driver {
     }
 
     fn on_watch(&mut self, ev: watcher::Event<TaskRun>) {
-        match ev {
-            watcher::Event::Init => self.relist = Some(HashSet::new()),
-            watcher::Event::InitApply(tr) | watcher::Event::Apply(tr) => self.on_taskrun(&tr),
-            watcher::Event::Delete(tr) => {
-                if let Some((ns, name, uid)) = tr.identity() {
-                    self.index.remove(uid);
-                    self.wanted.remove(uid);
-                    self.done(ns, name, uid, true, false);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(seen) = self.relist.take() {
-                    let vanished: Vec<String> = self
-                        .index
-                        .keys()
-                        .filter(|uid| !seen.contains(*uid))
-                        .cloned()
-                        .collect();
-                    self.wanted.retain(|uid, _| seen.contains(uid));
-                    for uid in vanished {
-                        if let Some(e) = self.index.remove(&uid) {
-                            let r = e.record;
-                            self.done(&r.namespace, &r.name, &r.uid, true, false);
-                        }
-                    }
-                }
-                if !self.synced {
-                    tracing::info!(live = self.index.len(), "TaskRun watch synced");
-                }
-                self.synced = true;
-            }
-        }
+        let mut found = Vec::new();
+        let leading = self.term.is_some();
+        self.taskruns
+            .apply(ev, self.config.as_deref(), leading, &mut found);
+        self.on_found(found);
     }
 
-    fn on_taskrun(&mut self, tr: &TaskRun) {
-        let Some((ns, name, uid)) = tr.identity() else {
-            tracing::warn!(name = ?tr.metadata.name, "TaskRun without namespace, name or uid ignored");
-            return;
-        };
-        if let Some(seen) = &mut self.relist {
-            seen.insert(uid.to_owned());
-        }
-        if tr.has_finalizer() {
-            self.finalizing.remove(uid);
-        }
-        if !tr.is_gated() {
-            self.ungating.remove(uid);
-        }
-        let observed = observe::observe(tr, &mut self.memo);
-        // What recovery would rebuild from this TaskRun: the same reading the model test uses.
-        match observe::recovery_entry(tr, &observed) {
-            Some((record, secret_matters)) => {
-                self.index.insert(
-                    uid.to_owned(),
-                    Entry {
-                        record,
-                        secret_matters,
-                    },
-                );
+    fn on_found(&mut self, found: Vec<Found>) {
+        for f in found {
+            match f {
+                Found::Active(spec) => self.feed(Event::TaskRun(spec)),
+                Found::Done {
+                    namespace,
+                    name,
+                    uid,
+                    tracked_only,
+                    released,
+                } => self.done(namespace, name, uid, tracked_only, released),
+                Found::Write(job) => self.controller_job(job),
             }
-            None => {
-                self.index.remove(uid);
-            }
-        }
-        let finalizer = matches!(&observed, Observed::Active { spec, needs_finalizer: true }
-            if self.is_remote(&spec.platform));
-        let ungate = matches!(
-            observed,
-            Observed::Done { ungate: true, .. } | Observed::Undecided { ungate: true }
-        );
-        if finalizer || ungate {
-            self.wanted.insert(
-                uid.to_owned(),
-                Wanted {
-                    taskrun: TaskRunRef::new(ns, name, Uid::new(uid)),
-                    finalizer,
-                    ungate,
-                },
-            );
-            self.request_writes(uid);
-        } else {
-            self.wanted.remove(uid);
-        }
-        match observed {
-            Observed::Ignore | Observed::Undecided { .. } => {}
-            Observed::Active { spec, .. } => self.feed(Event::TaskRun(spec)),
-            Observed::Done {
-                tracked_only,
-                released,
-                ..
-            } => self.done(ns, name, uid, tracked_only, released),
-        }
-    }
-
-    /// Submits the writes `uid` wants that this term has not submitted yet (none unless
-    /// leading).
-    fn request_writes(&mut self, uid: &str) {
-        if self.term.is_none() {
-            return;
-        }
-        let Some(w) = self.wanted.get(uid) else {
-            return;
-        };
-        let mut jobs = Vec::new();
-        if w.finalizer && self.finalizing.insert(uid.to_owned()) {
-            jobs.push(Job::AddFinalizer(w.taskrun.clone()));
-        }
-        if w.ungate && self.ungating.insert(uid.to_owned()) {
-            jobs.push(Job::Action(Action::Ungate {
-                taskrun: w.taskrun.clone(),
-            }));
-        }
-        for job in jobs {
-            self.controller_job(job);
-        }
-    }
-
-    /// A remote (not local) platform under the current config; unknown and malformed ones count
-    /// as remote (they get an error secret, behind the finalizer).
-    fn is_remote(&self, platform: &str) -> bool {
-        let Some(cfg) = &self.config else {
-            return true;
-        };
-        match Platform::parse(platform) {
-            Ok(p) => !matches!(cfg.resolve(&p), Strategy::Local),
-            Err(_) => true,
         }
     }
 
     /// Tells the scheduler a TaskRun is done, or only released (when it may hold something).
-    fn done(&mut self, ns: &str, name: &str, uid: &str, tracked_only: bool, released: bool) {
+    fn done(
+        &mut self,
+        namespace: String,
+        name: String,
+        uid: String,
+        tracked_only: bool,
+        released: bool,
+    ) {
         if tracked_only {
             let tracked = match &self.term {
                 Some(Term {
                     phase: Phase::Running(s),
                     ..
-                }) => s.tracks(uid),
+                }) => s.tracks(&uid),
                 // While recovering, the snapshot decides; a buffered event is harmless.
                 Some(Term {
                     phase: Phase::Recovering(_),
@@ -483,7 +317,6 @@ impl Driver {
                 return;
             }
         }
-        let (namespace, name, uid) = (ns.to_owned(), name.to_owned(), uid.to_owned());
         self.feed(if released {
             Event::TaskRunReleased {
                 namespace,
@@ -581,7 +414,7 @@ impl Driver {
     }
 
     fn maybe_start_term(&mut self) {
-        if self.term.is_some() || !self.synced {
+        if self.term.is_some() || !self.taskruns.synced() {
             return;
         }
         let Some(leadership) = self.leading.as_ref().filter(|t| !t.is_cancelled()) else {
@@ -596,49 +429,29 @@ impl Driver {
         ctx.cancel = leadership.child_token();
         tracing::info!(
             term = id,
-            live = self.index.len(),
+            live = self.taskruns.len(),
             "leading: rebuilding the ledger"
         );
-        let records: Vec<(TaskRunRecord, bool)> = self
-            .index
-            .values()
-            .map(|e| (e.record.clone(), e.secret_matters))
-            .collect();
-        let (rctx, tx) = (ctx.clone(), self.inputs_tx.clone());
-        tokio::spawn(async move {
-            // Host keys other replicas learned, before any SSH connection of this term.
-            loop {
-                match rctx.known_hosts.load(&rctx).await {
-                    Ok(n) => {
-                        tracing::debug!(hosts = n, "known host keys loaded");
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "loading known host keys; retrying");
-                        tokio::select! {
-                            () = rctx.cancel.cancelled() => return,
-                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
-                }
-            }
-            let snapshot = collect_snapshot(&rctx, records, &config).await;
-            if let Some(snapshot) = snapshot {
-                let _ = tx.send(Input::Recovered { term: id, snapshot }).await;
-            }
-        });
-        tokio::spawn(super::adopt::run(
+        let records = self.taskruns.records();
+        tokio::spawn(sources::recovery::run(
+            ctx.clone(),
+            id,
+            records,
+            config,
+            self.inputs_tx.clone(),
+        ));
+        tokio::spawn(sources::adopt::run(
             ctx.clone(),
             self.config_rx.clone(),
             self.every.adopt,
         ));
-        tokio::spawn(execute::cloud::sweep(
+        tokio::spawn(sources::instances::sweep(
             ctx.clone(),
             self.config_rx.clone(),
             self.inputs_tx.clone(),
             self.every.instances,
         ));
-        tokio::spawn(execute::ssh::list_host_users(
+        tokio::spawn(sources::host_users::sweep(
             ctx.clone(),
             self.config_rx.clone(),
             self.inputs_tx.clone(),
@@ -651,13 +464,9 @@ impl Driver {
             lanes: Lanes::default(),
             running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT),
         });
-        // What the TaskRuns seen while following still need; nothing of it was submitted.
-        self.finalizing.clear();
-        self.ungating.clear();
-        let wanted: Vec<String> = self.wanted.keys().cloned().collect();
-        for uid in wanted {
-            self.request_writes(&uid);
-        }
+        let mut found = Vec::new();
+        self.taskruns.term_started(&mut found);
+        self.on_found(found);
     }
 
     fn on_recovered(&mut self, id: u64, snapshot: Snapshot) {
@@ -709,8 +518,7 @@ impl Driver {
                 "term ended: executor cancelled, scheduler dropped"
             );
         }
-        self.finalizing.clear();
-        self.ungating.clear();
+        self.taskruns.term_ended();
     }
 
     fn update_gauges(&mut self) {
@@ -789,95 +597,6 @@ async fn sleep_until(deadline: Option<Time>) {
             tokio::time::sleep(wait).await;
         }
         None => std::future::pending().await,
-    }
-}
-
-/// Looks up what the snapshot needs beyond the index: whether the Secret of each TaskRun whose
-/// state depends on it exists (a dry-run create, a few at a time: tenants' Secrets are never
-/// read), whether the TaskRun carries our proof for its allocation, and the cloud's instances.
-/// `None` when cancelled.
-async fn collect_snapshot(
-    ctx: &Context,
-    records: Vec<(TaskRunRecord, bool)>,
-    config: &HostConfig,
-) -> Option<Snapshot> {
-    let lookups = futures::stream::iter(records.into_iter().map(|(mut rec, matters)| async move {
-        if matters {
-            let r = TaskRunRef::new(&rec.namespace, &rec.name, Uid::new(&rec.uid));
-            loop {
-                match execute::kube::secret_exists(ctx, &r).await {
-                    Ok(exists) => {
-                        let host = rec.assigned_host.as_deref();
-                        rec.secret = exists.then(|| SecretKind::for_assigned_host(host));
-                        rec.secret_proven = exists
-                            && ctx.secret_proof.verify_allocation(&r, host, rec.proof.as_ref());
-                        break;
-                    }
-                    Err(execute::kube::WriteError::Cancelled) => return None,
-                    Err(error) => {
-                        tracing::warn!(taskrun = %r, %error, "probing the TaskRun's secret for recovery; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        }
-        Some(rec)
-    }))
-    .buffer_unordered(16)
-    .collect::<Vec<_>>()
-    .await;
-    let taskruns: Option<Vec<TaskRunRecord>> = lookups.into_iter().collect();
-    let instances = execute::cloud::list_all(ctx, config).await?;
-    Some(Snapshot {
-        taskruns: taskruns?,
-        instances,
-    })
-}
-
-/// TaskRuns per page of the (re)list. A page is held whole, as JSON and decoded, on top of
-/// everything already indexed: with Konflux TaskRuns (~57 KB each with the resolved
-/// `buildah-remote-oci-ta` spec) a page of 100 was the controller's heap peak once recovery's
-/// jobs were capped (heap profile: the HTTP read buffer and its contiguous copy, 5 MB each;
-/// BENCHMARKS.md). 50 halves that for 400 requests per 20,000 TaskRuns. Streaming lists would
-/// avoid pages altogether but need the `WatchList` feature, which not every supported cluster
-/// has on.
-const TASKRUN_LIST_PAGE: u32 = 50;
-
-/// Forwards TaskRun watch events to the loop, with kube-runtime's back-off on errors (a relist
-/// follows a 410 or a broken watch). Runs until `stop`.
-pub async fn watch_taskruns(
-    client: kube::Client,
-    tx: mpsc::Sender<Input>,
-    stop: CancellationToken,
-) {
-    use kube::runtime::WatchStreamExt;
-    let api: kube::Api<TaskRun> = kube::Api::all(client);
-    let config = watcher::Config::default()
-        .labels(crate::contract::TARGET_PLATFORM_LABEL)
-        .page_size(TASKRUN_LIST_PAGE);
-    let mut stream = watcher(api, config).default_backoff().boxed();
-    loop {
-        let next = tokio::select! {
-            () = stop.cancelled() => return,
-            n = stream.next() => n,
-        };
-        match next {
-            Some(Ok(ev)) => {
-                if let watcher::Event::Apply(tr) = &ev {
-                    tracing::debug!(
-                        target: execute::TIMING,
-                        namespace = tr.metadata.namespace.as_deref(),
-                        taskrun = tr.metadata.name.as_deref(),
-                        "TaskRun event received"
-                    );
-                }
-                if tx.send(Input::TaskRuns(Box::new(ev))).await.is_err() {
-                    return;
-                }
-            }
-            Some(Err(error)) => tracing::warn!(%error, "TaskRun watch error; retrying"),
-            None => return,
-        }
     }
 }
 

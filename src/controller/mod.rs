@@ -1,66 +1,74 @@
 //! `mpc controller`: brokers build hosts in a cluster (docs/architecture.md, "The controller
 //! shell").
 //!
-//! Every replica serves the admission webhook and watches TaskRuns and the `host-config`
-//! ConfigMap; the replica holding the Lease also runs the scheduling loop ([`driver`]), which owns
-//! the pure [`Scheduler`](crate::scheduler::Scheduler) and hands its actions to the executor
-//! ([`execute`]). Pure parts: [`observe`] (TaskRun → scheduler events and recovery records),
-//! [`patch`] (the writes), [`lanes`] (per-key ordering), [`lease::decide`].
+//! Every replica serves the admission webhook and runs the [`sources`] that watch TaskRuns and
+//! the `host-config` ConfigMap and elect a leader; the replica holding the Lease also runs the
+//! scheduling loop ([`driver`]), which owns the pure [`Scheduler`](crate::scheduler::Scheduler)
+//! and hands its actions to the executors ([`execute`]). Data flows one way, sources → loop →
+//! executors, and no module imports one above it (a unit test checks it). Pure parts:
+//! [`meaning`] (what a TaskRun means: scheduler events and recovery records), the TaskRun index
+//! ([`sources::taskruns::TaskRunIndex`]), leadership terms ([`sources::lease::Terms`]), [`patch`]
+//! (the writes), [`lanes`] (per-key ordering).
 
-pub mod adopt;
 pub mod driver;
 pub mod events;
 pub mod execute;
 pub mod lanes;
-pub mod lease;
+pub mod meaning;
 pub mod metrics;
-pub mod observe;
+#[cfg(test)]
+mod module_graph;
 pub mod patch;
+pub mod sources;
 pub mod taskrun;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
 use prometheus::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config_source::{ConfigMetrics, ConfigSource, Update};
-use crate::otp::{OtpClient, Rearm};
+use crate::config_source::{ConfigMetrics, ConfigSource};
+use crate::otp::{OtpClient, OtpClientError, Rearm};
 use crate::provision::{Provisioner, SshOptions, Zeroizing};
 use crate::scheduler::Policy;
 use crate::server::{self, WebhookArgs, WebhookServer};
-use driver::{Driver, Input};
+use driver::Driver;
 use execute::{Context, KeyStore, LimitSettings, Limits};
 use metrics::ControllerMetrics;
+use sources::Input;
 
 /// Errors that stop the controller before it runs.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
     /// No usable kubeconfig or in-cluster configuration.
     #[error("Kubernetes client: {0}")]
-    Kube(String),
+    Kube(#[from] ClientError),
     /// A file named by a flag could not be read.
     #[error("reading {path}: {error}")]
     File {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// The OTP server flags are missing.
+    #[error(
+        "OTP server settings: --otp-url, --otp-ca-file and --otp-store-token-file are required"
+    )]
+    OtpFlags,
     /// The OTP client could not be built from the flags.
     #[error("OTP server settings: {0}")]
-    Otp(String),
+    Otp(#[source] OtpClientError),
     /// The cluster identity could not be determined.
     #[error("cluster identity: {0} (set --cluster-id, or allow get on the kube-system namespace)")]
-    ClusterId(String),
+    ClusterId(#[source] ClusterIdError),
     /// The SSH state directory could not be prepared.
     #[error("SSH: {0}")]
-    Ssh(String),
+    Ssh(#[source] crate::provision::ProvisionError),
     /// The webhook server failed to start.
     #[error(transparent)]
     Server(#[from] server::ServerError),
@@ -190,12 +198,48 @@ pub struct ControllerArgs {
     pub ssh_timeout: Duration,
 }
 
+/// Why a Kubernetes client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error(transparent)]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+}
+
+/// Why the cluster identity could not be determined.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterIdError {
+    #[error(transparent)]
+    Read(#[from] kube::Error),
+    #[error("kube-system has no uid")]
+    NoUid,
+    #[error("{id:?}: {source}")]
+    Invalid {
+        id: String,
+        source: crate::cloud::ClusterIdError,
+    },
+}
+
+/// A count flag that is not a positive number.
+#[derive(Debug, thiserror::Error)]
+enum CountError {
+    #[error("must be at least 1")]
+    Zero,
+    #[error(transparent)]
+    NotANumber(#[from] std::num::ParseIntError),
+}
+
 /// A count of at least one.
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+fn positive(s: &str) -> Result<usize, CountError> {
+    match s.parse::<usize>()? {
+        0 => Err(CountError::Zero),
+        n => Ok(n),
     }
 }
 
@@ -225,7 +269,7 @@ impl KeyStore for OtpKeys {
         rearm: bool,
         rearms_left: u32,
         key: &'a [u8],
-    ) -> BoxFuture<'a, Result<String, String>> {
+    ) -> BoxFuture<'a, Result<String, OtpClientError>> {
         Box::pin(async move {
             let left = Some(rearms_left);
             let how = if rearm { Rearm::Latest } else { Rearm::No };
@@ -243,21 +287,14 @@ impl KeyStore for OtpKeys {
                         .store_key_owned(owner, request, Rearm::No, left, key)
                         .await
                         .map(|t| t.as_str().to_owned())
-                        .map_err(|e| e.to_string())
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             }
         })
     }
 
-    fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.0
-                .revoke(owner)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
+    fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), OtpClientError>> {
+        Box::pin(async move { self.0.revoke(owner).await.map(|_| ()) })
     }
 }
 
@@ -269,22 +306,23 @@ async fn kube_client(
 ) -> Result<kube::Client, ControllerError> {
     let mut config = match &args.kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?;
+            let at = |source| ClientError::Kubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(at)?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| ControllerError::Kube(e.to_string()))?
+                .map_err(at)?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ControllerError::Kube(e.to_string()))?,
+        None => kube::Config::infer().await.map_err(ClientError::from)?,
     };
     if read_timeout.is_some() {
         config.read_timeout = read_timeout;
         // Counted from each request, not from when its pooled connection went idle.
         config.reset_reader_on_write = true;
     }
-    kube::Client::try_from(config).map_err(|e| ControllerError::Kube(e.to_string()))
+    Ok(kube::Client::try_from(config).map_err(ClientError::from)?)
 }
 
 fn read(path: &PathBuf) -> Result<Vec<u8>, ControllerError> {
@@ -307,10 +345,10 @@ async fn cluster_id(
     let ns = api
         .get("kube-system")
         .await
-        .map_err(|e| ControllerError::ClusterId(e.to_string()))?;
+        .map_err(|e| ControllerError::ClusterId(e.into()))?;
     ns.metadata
         .uid
-        .ok_or_else(|| ControllerError::ClusterId("kube-system has no uid".into()))
+        .ok_or(ControllerError::ClusterId(ClusterIdError::NoUid))
 }
 
 /// A running controller.
@@ -346,7 +384,7 @@ impl Controller {
             .clone()
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         if let (Some(client), None) = (&client, &args.webhook.config) {
-            tasks.spawn(watch_config_map(
+            tasks.spawn(sources::config::watch_config_map(
                 client.clone(),
                 args.namespace.clone(),
                 recorder(client, &identity),
@@ -373,31 +411,29 @@ impl Controller {
         let events_dropped = events::dropped_counter(&registry)?;
         let webhook = WebhookServer::start_with(&args.webhook, registry, config.clone()).await?;
 
-        let required = |v: &Option<PathBuf>| {
-            v.clone().ok_or_else(|| {
-                ControllerError::Otp(
-                    "--otp-url, --otp-ca-file and --otp-store-token-file are required".into(),
-                )
-            })
-        };
+        let required = |v: &Option<PathBuf>| v.clone().ok_or(ControllerError::OtpFlags);
         let ca_pem = read(&required(&args.otp_ca_file)?)?;
         let token = String::from_utf8_lossy(&read(&required(&args.otp_store_token_file)?)?)
             .trim()
             .to_owned();
         let secret_proof = Arc::new(patch::SecretProof::from_store_token(token.as_bytes()));
         let url = args.otp_url.clone().unwrap_or_default();
-        let otp = OtpClient::new(&url, &ca_pem, Zeroizing::new(token))
-            .map_err(|e| ControllerError::Otp(e.to_string()))?;
+        let otp =
+            OtpClient::new(&url, &ca_pem, Zeroizing::new(token)).map_err(ControllerError::Otp)?;
         let otp_endpoint = patch::OtpEndpoint {
             url: otp.otp_url(),
             ca_pem: String::from_utf8_lossy(&ca_pem).into_owned(),
         };
         let cluster = cluster_id(&client, args).await?;
-        let cluster_id_checked = crate::cloud::ClusterId::new(&cluster)
-            .map_err(|e| ControllerError::ClusterId(format!("{cluster:?}: {e}")))?;
+        let cluster_id_checked = crate::cloud::ClusterId::new(&cluster).map_err(|source| {
+            ControllerError::ClusterId(ClusterIdError::Invalid {
+                id: cluster.clone(),
+                source,
+            })
+        })?;
         let mut ssh = SshOptions::new(&args.ssh_state_dir);
         ssh.max_sessions_per_host = args.ssh_sessions_per_host;
-        let provisioner = Provisioner::new(ssh).map_err(|e| ControllerError::Ssh(e.to_string()))?;
+        let provisioner = Provisioner::new(ssh).map_err(ControllerError::Ssh)?;
         let ctx = Context {
             client: requests.clone(),
             namespace: args.namespace.clone(),
@@ -438,25 +474,29 @@ impl Controller {
             tx.clone(),
             config.subscribe(),
             lead_rx,
-            driver::Intervals {
+            sources::Intervals {
                 adopt: args.adopt_interval,
                 instances: args.instance_list_interval,
                 host_users: args.host_user_sweep_interval,
             },
         );
         tasks.spawn(driver.run(rx));
-        tasks.spawn(driver::watch_taskruns(
+        tasks.spawn(sources::taskruns::watch(
             client.clone(),
             tx.clone(),
             stop.clone(),
         ));
-        tasks.spawn(forward_config(config.subscribe(), tx.clone(), stop.clone()));
+        tasks.spawn(sources::config::forward(
+            config.subscribe(),
+            tx.clone(),
+            stop.clone(),
+        ));
 
-        let elector = lease::Elector::new(
+        let elector = sources::lease::Elector::new(
             kube::Api::namespaced(requests, &args.namespace),
             args.lease_name.clone(),
             identity,
-            lease::Timing {
+            sources::lease::Timing {
                 lease_duration: args.lease_duration,
                 renew_deadline: args.lease_renew_deadline,
                 retry_period: args.lease_retry_period,
@@ -493,98 +533,6 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "mpc".into())
-}
-
-async fn forward_config(
-    mut rx: watch::Receiver<Option<Arc<crate::config::HostConfig>>>,
-    tx: mpsc::Sender<Input>,
-    stop: CancellationToken,
-) {
-    loop {
-        let current = rx.borrow_and_update().clone();
-        if let Some(cfg) = current
-            && tx.send(Input::Config(cfg)).await.is_err()
-        {
-            return;
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            r = rx.changed() => if r.is_err() { return },
-        }
-    }
-}
-
-/// Watches the host-config ConfigMap and publishes it; problems are reported as Events on it.
-async fn watch_config_map(
-    client: kube::Client,
-    namespace: String,
-    recorder: Recorder,
-    name: String,
-    source: ConfigSource,
-    stop: CancellationToken,
-) {
-    use kube::runtime::WatchStreamExt;
-    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, &namespace);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, cfg).default_backoff().boxed();
-    let origin = format!("ConfigMap {namespace}/{name}");
-    loop {
-        let next = tokio::select! {
-            () = stop.cancelled() => return,
-            n = stream.next() => n,
-        };
-        let update = match next {
-            Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => {
-                let mut diagnostics = Vec::new();
-                if cm.binary_data.as_ref().is_some_and(|b| !b.is_empty()) {
-                    diagnostics.push(crate::config::Diagnostic {
-                        severity: crate::config::Severity::Error,
-                        key: "binaryData".into(),
-                        value: None,
-                        message: "binaryData is ignored: host-config keys must be in data".into(),
-                    });
-                }
-                source.publish(&origin, cm.data.unwrap_or_default(), diagnostics)
-            }
-            Some(Ok(watcher::Event::Delete(_))) => {
-                source.publish_failure(&origin, "the ConfigMap was deleted")
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(error)) => {
-                tracing::warn!(%error, "host-config watch error; retrying");
-                continue;
-            }
-            None => return,
-        };
-        let message = match update {
-            Update::Applied { errors, kept } if errors > 0 || !kept.is_empty() => format!(
-                "host-config has {errors} error(s); entries kept from the previous config: {}. Run `mpc check-config` on it for details.",
-                if kept.is_empty() {
-                    "none".to_owned()
-                } else {
-                    kept.join("; ")
-                }
-            ),
-            Update::Rejected(why) => {
-                format!("host-config not applied, the previous config keeps serving: {why}")
-            }
-            _ => continue,
-        };
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            name: Some(name.clone()),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        };
-        let note = events::Note {
-            reference,
-            warning: true,
-            reason: "InvalidConfig",
-            message,
-        };
-        events::publish(&recorder, &note).await;
-    }
 }
 
 /// Runs `mpc controller` until SIGTERM or SIGINT, then shuts down gracefully.

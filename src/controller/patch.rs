@@ -387,11 +387,10 @@ mod tests {
     use super::*;
     use crate::scheduler::Uid;
 
-    fn apply(doc: &Value, ops: &[Value]) -> Result<Value, String> {
-        let patch: json_patch::Patch =
-            serde_json::from_value(Value::Array(ops.to_vec())).map_err(|e| e.to_string())?;
+    fn apply(doc: &Value, ops: &[Value]) -> Result<Value, Box<dyn std::error::Error>> {
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.to_vec()))?;
         let mut d = doc.clone();
-        json_patch::patch(&mut d, &patch).map_err(|e| e.to_string())?;
+        json_patch::patch(&mut d, &patch)?;
         Ok(d)
     }
 
@@ -524,8 +523,12 @@ mod tests {
             (
                 "adoption_patch",
                 unmarked.clone(),
-                crate::controller::adopt::adoption_patch(&unmarked, &config, 1_700_000_000)
-                    .unwrap(),
+                crate::controller::sources::adopt::adoption_patch(
+                    &unmarked,
+                    &config,
+                    1_700_000_000,
+                )
+                .unwrap(),
             ),
         ]
     }

@@ -28,8 +28,8 @@ use super::metrics::OtpMetrics;
 use super::seal::Sealer;
 use super::secret_file::SecretFile;
 use super::store::{
-    Claim, MAX_ARMS, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreRefusal, StoreRequest,
-    Stored, request_digest,
+    Claim, MAX_ARMS, MAX_ID_LEN, Redeemed, Refusal, Store, StoreError, StoreOutcome, StoreRefusal,
+    StoreRequest, Stored, request_digest,
 };
 use super::token::{Token, TokenHash};
 
@@ -133,14 +133,51 @@ pub enum RearmParam {
     Latest,
 }
 
+/// Why a `/store-key` or `/revoke` request's parameters are refused (HTTP 400; the message is
+/// the answer's body).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamError {
+    /// An owner, request id or idempotency key that is not 1 to [`MAX_ID_LEN`] visible ASCII
+    /// characters; `shown` is its first 40 characters, `more` says whether it went on.
+    #[error("{name} must be 1-{MAX_ID_LEN} visible ASCII characters, got {shown:?}{}", if *.more { "..." } else { "" })]
+    NotVisibleId {
+        name: &'static str,
+        shown: String,
+        more: bool,
+    },
+    #[error("malformed query: {0}")]
+    MalformedQuery(String),
+    /// A parameter the endpoint does not take (its first 40 characters), and those it does.
+    #[error("unknown parameter {shown:?} (expected {expected})")]
+    UnknownParameter { shown: String, expected: String },
+    #[error("parameter {0} given more than once")]
+    Repeated(&'static str),
+    /// A parameter that only makes sense with an owner.
+    #[error("{0} needs an owner parameter")]
+    NeedsOwner(&'static str),
+    #[error(
+        "{IDEMPOTENCY_KEY} cannot be combined with owner (the request id makes the store idempotent)"
+    )]
+    IdempotencyWithOwner,
+    #[error("owner needs a request parameter")]
+    NoRequest,
+    #[error("rearm is not a token nor \"latest\"")]
+    BadRearm,
+    /// `rearms` that is not a count (its first 12 characters).
+    #[error("rearms must be a count, got {0:?}")]
+    BadRearms(String),
+    #[error("owner parameter missing")]
+    NoOwner,
+}
+
 /// Checks an owner, request id or idempotency key: 1 to [`MAX_ID_LEN`] visible ASCII characters.
-fn visible_id(name: &str, value: &[u8]) -> Result<String, String> {
+fn visible_id(name: &'static str, value: &[u8]) -> Result<String, ParamError> {
     if value.is_empty() || value.len() > MAX_ID_LEN || !value.iter().all(u8::is_ascii_graphic) {
-        let shown: String = String::from_utf8_lossy(value).chars().take(40).collect();
-        return Err(format!(
-            "{name} must be 1-{MAX_ID_LEN} visible ASCII characters, got {shown:?}{}",
-            if value.len() > 40 { "..." } else { "" }
-        ));
+        return Err(ParamError::NotVisibleId {
+            name,
+            shown: String::from_utf8_lossy(value).chars().take(40).collect(),
+            more: value.len() > 40,
+        });
     }
     Ok(String::from_utf8_lossy(value).into_owned())
 }
@@ -149,20 +186,19 @@ fn visible_id(name: &str, value: &[u8]) -> Result<String, String> {
 fn query_params(
     uri: &Uri,
     allowed: &[&'static str],
-) -> Result<Vec<(&'static str, String)>, String> {
+) -> Result<Vec<(&'static str, String)>, ParamError> {
     let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(uri)
-        .map_err(|e| format!("malformed query: {}", e.body_text()))?;
+        .map_err(|e| ParamError::MalformedQuery(e.body_text()))?;
     let mut out: Vec<(&'static str, String)> = Vec::new();
     for (k, v) in pairs {
         let Some(name) = allowed.iter().copied().find(|a| *a == k) else {
-            let shown: String = k.chars().take(40).collect();
-            return Err(format!(
-                "unknown parameter {shown:?} (expected {})",
-                allowed.join(", ")
-            ));
+            return Err(ParamError::UnknownParameter {
+                shown: k.chars().take(40).collect(),
+                expected: allowed.join(", "),
+            });
         };
         if out.iter().any(|(n, _)| *n == name) {
-            return Err(format!("parameter {name} given more than once"));
+            return Err(ParamError::Repeated(name));
         }
         out.push((name, v));
     }
@@ -178,24 +214,22 @@ fn param(params: &[(&'static str, String)], name: &str) -> Option<String> {
 
 /// Parses `/store-key`'s query (`owner`, `request`, `rearm`, `rearms`) and `Idempotency-Key`
 /// header.
-pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams, String> {
+pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams, ParamError> {
     let params = query_params(uri, &["owner", "request", "rearm", "rearms"])?;
     let idempotency = idempotency
         .map(|v| visible_id(IDEMPOTENCY_KEY, v).map(String::into_bytes))
         .transpose()?;
     let Some(owner) = param(&params, "owner") else {
         if let Some((name, _)) = params.first() {
-            return Err(format!("{name} needs an owner parameter"));
+            return Err(ParamError::NeedsOwner(name));
         }
         return Ok(StoreParams::Anonymous { idempotency });
     };
     if idempotency.is_some() {
-        return Err(format!(
-            "{IDEMPOTENCY_KEY} cannot be combined with owner (the request id makes the store idempotent)"
-        ));
+        return Err(ParamError::IdempotencyWithOwner);
     }
     let owner = visible_id("owner", owner.as_bytes())?;
-    let request = param(&params, "request").ok_or("owner needs a request parameter")?;
+    let request = param(&params, "request").ok_or(ParamError::NoRequest)?;
     let request = visible_id("request", request.as_bytes())?;
     // Never echo a token, even a malformed one.
     let rearm = param(&params, "rearm")
@@ -203,17 +237,14 @@ pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams
             "latest" => Ok(RearmParam::Latest),
             t => Token::parse(t.as_bytes())
                 .map(RearmParam::Token)
-                .map_err(|_| "rearm is not a token nor \"latest\"".to_owned()),
+                .map_err(|_| ParamError::BadRearm),
         })
         .transpose()?;
     let rearms_left = param(&params, "rearms")
         .map(|n| match n.parse::<u32>() {
             // More than an entry can be armed is as good as unbounded.
             Ok(n) => Ok(n.min(MAX_ARMS as u32) as u8),
-            Err(_) => Err(format!(
-                "rearms must be a count, got {:?}",
-                n.chars().take(12).collect::<String>()
-            )),
+            Err(_) => Err(ParamError::BadRearms(n.chars().take(12).collect())),
         })
         .transpose()?;
     Ok(StoreParams::Owned {
@@ -225,9 +256,9 @@ pub fn store_params(uri: &Uri, idempotency: Option<&[u8]>) -> Result<StoreParams
 }
 
 /// Parses `/revoke`'s query: the owner.
-pub fn revoke_params(uri: &Uri) -> Result<String, String> {
+pub fn revoke_params(uri: &Uri) -> Result<String, ParamError> {
     let params = query_params(uri, &["owner"])?;
-    let owner = param(&params, "owner").ok_or("owner parameter missing")?;
+    let owner = param(&params, "owner").ok_or(ParamError::NoOwner)?;
     visible_id("owner", owner.as_bytes())
 }
 
@@ -372,7 +403,9 @@ async fn store_key_inner(
     let idempotency = headers.get(IDEMPOTENCY_KEY).map(HeaderValue::as_bytes);
     let params = match store_params(uri, idempotency) {
         Ok(p) => p,
-        Err(msg) => return refuse(state, "malformed", StatusCode::BAD_REQUEST, &msg),
+        Err(e) => {
+            return refuse(state, "malformed", StatusCode::BAD_REQUEST, &e.to_string());
+        }
     };
     if key.trim_ascii().is_empty() {
         return refuse(state, "malformed", StatusCode::BAD_REQUEST, "empty key");
@@ -427,7 +460,7 @@ async fn store_key_inner(
         ttl: state.ttl,
     };
     match state.store.store(req).await {
-        Ok(Ok(stored)) => {
+        Ok(StoreOutcome::Stored(stored)) => {
             let m = &state.metrics;
             let (status, outcome) = match stored {
                 Stored::Created => {
@@ -452,7 +485,7 @@ async fn store_key_inner(
             tracing::info!(entry = %hash.log_id(), owned, outcome, "key stored");
             text(status, token.as_str().to_owned())
         }
-        Ok(Err(r)) => {
+        Ok(StoreOutcome::Refused(r)) => {
             let (reason, status, msg) = store_refusal(r);
             refuse(state, reason, status, msg)
         }
@@ -514,7 +547,9 @@ async fn revoke(
 async fn revoke_inner(state: &AppState, uri: &Uri) -> Response {
     let owner = match revoke_params(uri) {
         Ok(o) => o,
-        Err(msg) => return refuse(state, "malformed", StatusCode::BAD_REQUEST, &msg),
+        Err(e) => {
+            return refuse(state, "malformed", StatusCode::BAD_REQUEST, &e.to_string());
+        }
     };
     match state
         .store
@@ -695,7 +730,7 @@ mod tests {
     #[test]
     fn store_parameters() {
         let t = Token::random();
-        fn store_params(q: &str, h: Option<&[u8]>) -> Result<StoreParams, String> {
+        fn store_params(q: &str, h: Option<&[u8]>) -> Result<StoreParams, ParamError> {
             super::store_params(&format!("/store-key?{q}").parse().unwrap(), h)
         }
         assert_eq!(
@@ -745,7 +780,7 @@ mod tests {
                 rearms_left: None,
             })
         );
-        let err = |q: &str, h: Option<&[u8]>| store_params(q, h).unwrap_err();
+        let err = |q: &str, h: Option<&[u8]>| store_params(q, h).unwrap_err().to_string();
         assert!(err("owner=u", None).contains("request"));
         assert!(err("request=r", None).contains("owner"));
         assert!(err(&format!("rearm={}", t.as_str()), None).contains("owner"));
@@ -764,6 +799,7 @@ mod tests {
         assert!(
             store_params("", Some(b"has space"))
                 .unwrap_err()
+                .to_string()
                 .contains(IDEMPOTENCY_KEY)
         );
     }
@@ -771,10 +807,64 @@ mod tests {
     #[test]
     fn revoke_parameters() {
         let revoke = |q: &str| revoke_params(&format!("/revoke?{q}").parse().unwrap());
+        let err = |q: &str| revoke(q).unwrap_err().to_string();
         assert_eq!(revoke("owner=uid-1"), Ok("uid-1".into()));
-        assert!(revoke("").unwrap_err().contains("owner"));
-        assert!(revoke("owner=u&request=r").unwrap_err().contains("request"));
-        assert!(revoke("owner=%00").unwrap_err().contains("owner must be"));
-        assert!(revoke("owner=%FF").unwrap_err().contains("owner must be"));
+        assert!(err("").contains("owner"));
+        assert!(err("owner=u&request=r").contains("request"));
+        assert!(err("owner=%00").contains("owner must be"));
+        assert!(err("owner=%FF").contains("owner must be"));
+    }
+
+    /// Callers read these answers (HTTP 400 bodies): the text is kept as it is.
+    #[test]
+    fn parameter_messages_read_exactly_as_documented() {
+        let store = |q: &str, h: Option<&[u8]>| {
+            store_params(&format!("/store-key?{q}").parse().unwrap(), h)
+                .unwrap_err()
+                .to_string()
+        };
+        let revoke = |q: &str| {
+            revoke_params(&format!("/revoke?{q}").parse().unwrap())
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            store("owner=a+b&request=r", None),
+            "owner must be 1-128 visible ASCII characters, got \"a b\""
+        );
+        assert_eq!(
+            store(&format!("owner=u&request={}", "r".repeat(129)), None),
+            format!(
+                "request must be 1-128 visible ASCII characters, got {:?}...",
+                "r".repeat(40)
+            )
+        );
+        assert_eq!(
+            store("x=1", None),
+            "unknown parameter \"x\" (expected owner, request, rearm, rearms)"
+        );
+        assert_eq!(
+            store("owner=u&owner=v", None),
+            "parameter owner given more than once"
+        );
+        assert_eq!(store("request=r", None), "request needs an owner parameter");
+        assert_eq!(
+            store("owner=u&request=r", Some(b"k")),
+            "idempotency-key cannot be combined with owner (the request id makes the store idempotent)"
+        );
+        assert_eq!(store("owner=u", None), "owner needs a request parameter");
+        assert_eq!(
+            store("owner=u&request=r&rearm=x", None),
+            "rearm is not a token nor \"latest\""
+        );
+        assert_eq!(
+            store("owner=u&request=r&rearms=-1234567890123", None),
+            "rearms must be a count, got \"-12345678901\""
+        );
+        assert_eq!(revoke(""), "owner parameter missing");
+        assert_eq!(
+            revoke("request=r"),
+            "unknown parameter \"request\" (expected owner)"
+        );
     }
 }

@@ -321,6 +321,15 @@ pub enum StoreRefusal {
     TooManyRearms,
 }
 
+/// What a store came to (a storage failure is a [`StoreError`] instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// Applied (or already applied): the token redeems the request's key.
+    Stored(Stored),
+    /// Nothing changed.
+    Refused(StoreRefusal),
+}
+
 /// What a store does: the pure core of idempotency and re-arming.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
@@ -466,7 +475,7 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 enum Op {
     Store {
         req: StoreRequest,
-        reply: Reply<Result<Stored, StoreRefusal>>,
+        reply: Reply<StoreOutcome>,
     },
     Redeem {
         hash: TokenHash,
@@ -561,10 +570,7 @@ impl Store {
     }
 
     /// Applies a store (see [`decide_store`]).
-    pub async fn store(
-        &self,
-        req: StoreRequest,
-    ) -> Result<Result<Stored, StoreRefusal>, StoreError> {
+    pub async fn store(&self, req: StoreRequest) -> Result<StoreOutcome, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.call(Op::Store { req, reply }, rx).await
     }
@@ -743,7 +749,7 @@ fn apply_store(
     sealer: &Sealer,
     req: &StoreRequest,
     now: u64,
-) -> Result<Result<Stored, StoreRefusal>, StoreError> {
+) -> Result<StoreOutcome, StoreError> {
     let entry = read(t, &req.hash)?;
     let revoked = match &req.claim {
         Claim::Anonymous => false,
@@ -757,8 +763,8 @@ fn apply_store(
         holds_key(e, sealer, &req.hash, &req.plaintext)
     });
     match plan {
-        Plan::Refuse(r) => Ok(Err(r)),
-        Plan::Answer(stored) => Ok(Ok(stored)),
+        Plan::Refuse(r) => Ok(StoreOutcome::Refused(r)),
+        Plan::Answer(stored) => Ok(StoreOutcome::Stored(stored)),
         Plan::Write(e, stored) => {
             if let Some(owner) = &e.owner {
                 // Idempotent: a re-armed entry is already indexed.
@@ -778,7 +784,7 @@ fn apply_store(
                     .insert(owner.as_slice(), request_id.as_slice())
                     .map_err(db_err)?;
             }
-            Ok(Ok(stored))
+            Ok(StoreOutcome::Stored(stored))
         }
     }
 }
@@ -1155,7 +1161,10 @@ mod tests {
             claim: Claim,
             key: &[u8],
         ) -> Result<Stored, StoreRefusal> {
-            self.store.store(self.req(hash, claim, key)).await.unwrap()
+            match self.store.store(self.req(hash, claim, key)).await.unwrap() {
+                StoreOutcome::Stored(s) => Ok(s),
+                StoreOutcome::Refused(r) => Err(r),
+            }
         }
 
         async fn redeem(&self, hash: TokenHash) -> Result<Vec<u8>, Refusal> {

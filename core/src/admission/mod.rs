@@ -135,6 +135,11 @@ pub struct Reviewed {
     pub namespace: String,
     /// `request.name` (empty when the API server has not generated it yet).
     pub name: String,
+    /// `request.uid`, which names this review.
+    pub review_uid: String,
+    /// The TaskRun's `metadata.uid`, when it has one: never in a CREATE from the API server,
+    /// which assigns it after mutating admission.
+    pub uid: Option<String>,
     /// The `PLATFORM` value as received, when there is one (JSON text when not a string).
     pub platform: Option<String>,
 }
@@ -218,6 +223,8 @@ pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewe
         patch_ops: 0,
         namespace: request.namespace.as_deref().unwrap_or("").to_owned(),
         name: request.name.as_deref().unwrap_or("").to_owned(),
+        review_uid: (*uid).to_owned(),
+        uid: None,
         platform: None,
     };
     let respond = |out: &mut Reviewed, r: Response| {
@@ -246,6 +253,11 @@ pub fn review(body: &[u8], config: &HostConfig, now_unix: u64) -> Result<Reviewe
         }
     };
 
+    out.uid = taskrun
+        .metadata
+        .as_ref()
+        .and_then(|m| m.0.uid.as_deref())
+        .map(str::to_owned);
     let (decision, verdict) = judge(taskrun, config, now_unix, &mut out.platform);
     let response = match verdict {
         Verdict::Patch(ops, warnings) => Response::patch(&ops, warnings),

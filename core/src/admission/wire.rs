@@ -226,6 +226,8 @@ pub(super) struct TaskRunIn<'a> {
 #[derive(Deserialize, Default)]
 pub(super) struct MetadataIn<'a> {
     #[serde(borrow, default)]
+    pub uid: Option<Str<'a>>,
+    #[serde(borrow, default)]
     pub labels: Option<Picked<'a, LabelKeys>>,
     #[serde(borrow, default)]
     pub annotations: Option<Picked<'a, AnnotationKeys>>,

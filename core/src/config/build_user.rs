@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::values::ValueError;
 use crate::platform::Platform;
 
 /// The ConfigMap fields this module reads, under `host.<name>.` and `dynamic.<p>.`.
@@ -35,12 +36,12 @@ pub enum KeyType {
 
 impl KeyType {
     /// Parses a `key-type` value.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    pub fn parse(value: &str) -> Result<Self, ValueError> {
         match value.trim() {
             "ed25519" => Ok(Self::Ed25519),
             "rsa" | "rsa-3072" => Ok(Self::Rsa { bits: 3072 }),
             "rsa-4096" => Ok(Self::Rsa { bits: 4096 }),
-            _ => Err("unknown key type (expected ed25519, rsa, rsa-3072 or rsa-4096)".into()),
+            _ => Err(ValueError::KeyType),
         }
     }
 }
@@ -60,15 +61,9 @@ pub struct MemoryMax(String);
 
 impl MemoryMax {
     /// Parses a `memory-max` value.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    pub fn parse(value: &str) -> Result<Self, ValueError> {
         let v = value.trim();
-        let bad = || {
-            Err(
-                "not a memory size (expected bytes with an optional K, M, G or T suffix, e.g. 8G, \
-                 or a percentage 1%..100%)"
-                    .to_owned(),
-            )
-        };
+        let bad = || Err(ValueError::MemorySize);
         if let Some(pct) = v.strip_suffix('%') {
             return match pct.parse::<u8>() {
                 Ok(1..=100) if !pct.starts_with('0') => Ok(Self(v.to_owned())),
@@ -102,12 +97,11 @@ impl CpuQuota {
     pub const MAX_PERCENT: u32 = 102_400;
 
     /// Parses a `cpu-quota` value (`250%`).
-    pub fn parse(value: &str) -> Result<Self, String> {
+    pub fn parse(value: &str) -> Result<Self, ValueError> {
         let bad = || {
-            Err(format!(
-                "not a CPU quota (expected a percentage of one CPU, 1%..{}%, e.g. 200% for two CPUs)",
-                Self::MAX_PERCENT
-            ))
+            Err(ValueError::CpuQuota {
+                max: Self::MAX_PERCENT,
+            })
         };
         let Some(pct) = value.trim().strip_suffix('%') else {
             return bad();
@@ -168,7 +162,7 @@ impl BuildUserSettings {
     /// reported through `error(field, value, message)`, and any makes the result `Err(())`.
     pub(super) fn parse<'v>(
         get: impl Fn(&str) -> Option<&'v str>,
-        mut error: impl FnMut(&str, &str, String),
+        mut error: impl FnMut(&str, &str, ValueError),
     ) -> Result<Self, ()> {
         let mut ok = true;
         let key_type = field(&get, &mut error, &mut ok, "key-type", KeyType::parse);
@@ -188,10 +182,10 @@ impl BuildUserSettings {
 /// `get(name)` parsed by `parse`; a bad value is reported through `error` and clears `ok`.
 fn field<'v, T>(
     get: &impl Fn(&str) -> Option<&'v str>,
-    error: &mut impl FnMut(&str, &str, String),
+    error: &mut impl FnMut(&str, &str, ValueError),
     ok: &mut bool,
     name: &str,
-    parse: fn(&str) -> Result<T, String>,
+    parse: fn(&str) -> Result<T, ValueError>,
 ) -> Option<T> {
     let v = get(name)?;
     match parse(v) {
@@ -312,5 +306,23 @@ mod tests {
             "key-type rsa-3072, memory-max 8G, cpu-quota 400%"
         );
         assert!(!BuildUserSettings::DEFAULT.has_slice());
+    }
+
+    /// Diagnostics quote these messages verbatim.
+    #[test]
+    fn messages_read_exactly_as_documented() {
+        assert_eq!(
+            KeyType::parse("dsa").unwrap_err().to_string(),
+            "unknown key type (expected ed25519, rsa, rsa-3072 or rsa-4096)"
+        );
+        assert_eq!(
+            MemoryMax::parse("8X").unwrap_err().to_string(),
+            "not a memory size (expected bytes with an optional K, M, G or T suffix, e.g. 8G, or a \
+             percentage 1%..100%)"
+        );
+        assert_eq!(
+            CpuQuota::parse("fast").unwrap_err().to_string(),
+            "not a CPU quota (expected a percentage of one CPU, 1%..102400%, e.g. 200% for two CPUs)"
+        );
     }
 }

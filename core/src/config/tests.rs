@@ -1,5 +1,9 @@
 use super::*;
 
+use std::time::Duration;
+
+use crate::platform::Platform;
+
 fn data(pairs: &[(&str, &str)]) -> ConfigData {
     pairs
         .iter()

@@ -3,6 +3,59 @@
 
 use std::net::IpAddr;
 
+use crate::platform::PlatformError;
+
+/// Why a ConfigMap value is rejected. The message is fit to follow `<key> = "<value>": `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("not a boolean (expected \"true\" or \"false\")")]
+    NotBool,
+    #[error("not a whole number (expected {min}..={max})")]
+    NotWholeNumber { min: u32, max: u32 },
+    #[error("out of range (expected {min}..={max})")]
+    OutOfRange { min: u32, max: u32 },
+    #[error("is empty")]
+    Empty,
+    #[error("must be a single word (no spaces or control characters)")]
+    NotSingleWord,
+    #[error("not an IP address or DNS name")]
+    NotHostAddress,
+    #[error("not a valid user name ([a-z_][a-z0-9_-]*, at most 32 characters)")]
+    NotUserName,
+    #[error("not a valid Kubernetes object name (lowercase letters, digits, '-' and '.')")]
+    NotObjectName,
+    /// A sudo command that is not an absolute path.
+    #[error("{0:?} is not an absolute path (sudo commands must start with '/')")]
+    SudoNotAbsolute(String),
+    /// A sudo command with a character that would need escaping.
+    #[error("{command:?} contains {found:?}; allowed are letters, digits, spaces and / . _ - + *")]
+    SudoCharacter { command: String, found: char },
+    #[error("no commands given")]
+    NoSudoCommands,
+    #[error("expected \"<algorithm> <base64 key>\" as in known_hosts")]
+    HostKeyShape,
+    #[error("unsupported host key algorithm {0:?}")]
+    HostKeyAlgorithm(String),
+    #[error("key is not valid base64")]
+    HostKeyBase64,
+    #[error(transparent)]
+    Platform(#[from] PlatformError),
+    /// A build-user `key-type` (see `build_user`).
+    #[error("unknown key type (expected ed25519, rsa, rsa-3072 or rsa-4096)")]
+    KeyType,
+    /// A build-user `memory-max`.
+    #[error(
+        "not a memory size (expected bytes with an optional K, M, G or T suffix, e.g. 8G, or a \
+         percentage 1%..100%)"
+    )]
+    MemorySize,
+    /// A build-user `cpu-quota`, with the largest accepted percentage.
+    #[error(
+        "not a CPU quota (expected a percentage of one CPU, 1%..{max}%, e.g. 200% for two CPUs)"
+    )]
+    CpuQuota { max: u32 },
+}
+
 /// Splits a platform list: items separated by commas and/or whitespace, empty items (trailing
 /// commas, folded lines) dropped.
 pub fn split_list(value: &str) -> impl Iterator<Item = &str> {
@@ -18,45 +71,45 @@ pub fn split_commas(value: &str) -> impl Iterator<Item = &str> {
 }
 
 /// `true` / `false`, case-insensitive.
-pub fn parse_bool(value: &str) -> Result<bool, String> {
+pub fn parse_bool(value: &str) -> Result<bool, ValueError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err("not a boolean (expected \"true\" or \"false\")".into()),
+        _ => Err(ValueError::NotBool),
     }
 }
 
 /// An integer in `min..=max`.
-pub fn parse_u32_in(value: &str, min: u32, max: u32) -> Result<u32, String> {
+pub fn parse_u32_in(value: &str, min: u32, max: u32) -> Result<u32, ValueError> {
     let n: u32 = value
         .trim()
         .parse()
-        .map_err(|_| format!("not a whole number (expected {min}..={max})"))?;
+        .map_err(|_| ValueError::NotWholeNumber { min, max })?;
     if n < min || n > max {
-        return Err(format!("out of range (expected {min}..={max})"));
+        return Err(ValueError::OutOfRange { min, max });
     }
     Ok(n)
 }
 
 /// A single token: non-empty, no whitespace or control characters.
-pub fn single_token(value: &str) -> Result<&str, String> {
+pub fn single_token(value: &str) -> Result<&str, ValueError> {
     let v = value.trim();
     if v.is_empty() {
-        return Err("is empty".into());
+        return Err(ValueError::Empty);
     }
     if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("must be a single word (no spaces or control characters)".into());
+        return Err(ValueError::NotSingleWord);
     }
     Ok(v)
 }
 
 /// An IP address or an RFC 1123 DNS name.
-pub fn host_address(value: &str) -> Result<&str, String> {
+pub fn host_address(value: &str) -> Result<&str, ValueError> {
     let v = value.trim();
     if v.parse::<IpAddr>().is_ok() || is_dns_name(v) {
         Ok(v)
     } else {
-        Err("not an IP address or DNS name".into())
+        Err(ValueError::NotHostAddress)
     }
 }
 
@@ -76,7 +129,7 @@ pub fn is_dns_name(s: &str) -> bool {
 }
 
 /// A POSIX login name as `useradd` accepts it: `[a-z_][a-z0-9_-]*`, at most 32 characters.
-pub fn posix_user(value: &str) -> Result<&str, String> {
+pub fn posix_user(value: &str) -> Result<&str, ValueError> {
     let v = value.trim();
     let b = v.as_bytes();
     let ok = !b.is_empty()
@@ -88,12 +141,12 @@ pub fn posix_user(value: &str) -> Result<&str, String> {
     if ok {
         Ok(v)
     } else {
-        Err("not a valid user name ([a-z_][a-z0-9_-]*, at most 32 characters)".into())
+        Err(ValueError::NotUserName)
     }
 }
 
 /// A Kubernetes object name (DNS-1123 subdomain).
-pub fn object_name(value: &str) -> Result<&str, String> {
+pub fn object_name(value: &str) -> Result<&str, ValueError> {
     let v = value.trim();
     let ok = !v.is_empty()
         && v.len() <= 253
@@ -108,7 +161,7 @@ pub fn object_name(value: &str) -> Result<&str, String> {
     if ok {
         Ok(v)
     } else {
-        Err("not a valid Kubernetes object name (lowercase letters, digits, '-' and '.')".into())
+        Err(ValueError::NotObjectName)
     }
 }
 
@@ -163,25 +216,24 @@ pub fn instance_tags(value: &str) -> Result<Vec<Tag>, Vec<BadTag>> {
 /// Each must be an absolute path optionally followed by arguments, built from characters that need
 /// no escaping in a sudoers `Cmnd` and no quoting in a shell: this keeps both the sudoers file and
 /// the provisioning command safe without relying on escaping.
-pub fn sudo_commands(value: &str) -> Result<Vec<String>, String> {
+pub fn sudo_commands(value: &str) -> Result<Vec<String>, ValueError> {
     let mut out = Vec::new();
     for item in split_commas(value) {
         if !item.starts_with('/') {
-            return Err(format!(
-                "{item:?} is not an absolute path (sudo commands must start with '/')"
-            ));
+            return Err(ValueError::SudoNotAbsolute(item.to_owned()));
         }
         if let Some(c) = item.chars().find(|c| {
             !(c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | '+' | '*' | ' '))
         }) {
-            return Err(format!(
-                "{item:?} contains {c:?}; allowed are letters, digits, spaces and / . _ - + *"
-            ));
+            return Err(ValueError::SudoCharacter {
+                command: item.to_owned(),
+                found: c,
+            });
         }
         out.push(item.split_whitespace().collect::<Vec<_>>().join(" "));
     }
     if out.is_empty() {
-        return Err("no commands given".into());
+        return Err(ValueError::NoSudoCommands);
     }
     Ok(out)
 }
@@ -235,11 +287,11 @@ pub fn sudo_grants_root(command: &str) -> Option<String> {
 }
 
 /// An OpenSSH public host key line: `<algorithm> <base64> [comment]`.
-pub fn host_key(value: &str) -> Result<String, String> {
+pub fn host_key(value: &str) -> Result<String, ValueError> {
     use base64::Engine;
     let mut parts = value.split_whitespace();
     let (Some(alg), Some(b64)) = (parts.next(), parts.next()) else {
-        return Err("expected \"<algorithm> <base64 key>\" as in known_hosts".into());
+        return Err(ValueError::HostKeyShape);
     };
     const ALGS: [&str; 7] = [
         "ssh-ed25519",
@@ -251,13 +303,13 @@ pub fn host_key(value: &str) -> Result<String, String> {
         "rsa-sha2-512",
     ];
     if !ALGS.contains(&alg) {
-        return Err(format!("unsupported host key algorithm {alg:?}"));
+        return Err(ValueError::HostKeyAlgorithm(alg.to_owned()));
     }
     if base64::engine::general_purpose::STANDARD
         .decode(b64)
         .is_err()
     {
-        return Err("key is not valid base64".into());
+        return Err(ValueError::HostKeyBase64);
     }
     Ok(format!("{alg} {b64}"))
 }
@@ -364,5 +416,58 @@ mod tests {
         assert!(host_key("ssh-dss AAAA").is_err());
         assert!(host_key("ssh-ed25519").is_err());
         assert!(host_key("ssh-ed25519 !!!").is_err());
+    }
+
+    /// Diagnostics quote these messages verbatim (and operators grep for them): the text is part
+    /// of the contract.
+    #[test]
+    fn messages_read_exactly_as_documented() {
+        fn msg<T, E: std::fmt::Display>(r: Result<T, E>) -> String {
+            r.err().expect("an error").to_string()
+        }
+        assert_eq!(
+            msg(parse_bool("yes")),
+            "not a boolean (expected \"true\" or \"false\")"
+        );
+        assert_eq!(
+            msg(parse_u32_in("x", 1, 8)),
+            "not a whole number (expected 1..=8)"
+        );
+        assert_eq!(
+            msg(parse_u32_in("9", 1, 8)),
+            "out of range (expected 1..=8)"
+        );
+        assert_eq!(msg(single_token(" ")), "is empty");
+        assert_eq!(
+            msg(single_token("a b")),
+            "must be a single word (no spaces or control characters)"
+        );
+        assert_eq!(msg(host_address("a b")), "not an IP address or DNS name");
+        assert_eq!(
+            msg(posix_user("Root")),
+            "not a valid user name ([a-z_][a-z0-9_-]*, at most 32 characters)"
+        );
+        assert_eq!(
+            msg(object_name("Bad_Name")),
+            "not a valid Kubernetes object name (lowercase letters, digits, '-' and '.')"
+        );
+        assert_eq!(
+            msg(sudo_commands("podman")),
+            "\"podman\" is not an absolute path (sudo commands must start with '/')"
+        );
+        assert_eq!(
+            msg(sudo_commands("/bin/true; rm")),
+            "\"/bin/true; rm\" contains ';'; allowed are letters, digits, spaces and / . _ - + *"
+        );
+        assert_eq!(msg(sudo_commands(" , ")), "no commands given");
+        assert_eq!(
+            msg(host_key("ssh-ed25519")),
+            "expected \"<algorithm> <base64 key>\" as in known_hosts"
+        );
+        assert_eq!(
+            msg(host_key("ssh-dss AAAA")),
+            "unsupported host key algorithm \"ssh-dss\""
+        );
+        assert_eq!(msg(host_key("ssh-ed25519 !!!")), "key is not valid base64");
     }
 }

@@ -1,12 +1,13 @@
 //! Static host pools: least-loaded placement, per-host load accounting and health back-off.
 //!
-//! Hosts with room sit in an ordered set keyed by (load / concurrency, rank by name), so the
-//! least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
+//! Hosts with room sit in an ordered set per platform keyed by (load / concurrency, rank by
+//! name), so the least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
 //!
-//! A host is in that set exactly when it is configured for a platform, not backing off and below
-//! its concurrency. Its load and back-off live in a [`Room`] that only the methods of the private
-//! `room` module change, and each of them re-indexes the host in the same call: no path (a
-//! release, a retry's re-provisioning, a back-off tripping or ending) can leave a full or
+//! The hosts, their names and those sets are owned by [`Hosts`] (the private `table` module): a
+//! host is in its platform's set exactly when it is configured for the platform, not backing off
+//! and below its concurrency. Its definition, load and back-off change only through the table's
+//! methods, and each of them re-indexes the host in the same call: no path (a release, a retry's
+//! re-provisioning, a back-off tripping or ending, a config change) can leave a full or
 //! backing-off host taking new work.
 
 use std::sync::Arc;
@@ -17,26 +18,55 @@ use super::users::Target;
 use super::{Action, HostId, HostRef, Phase, PlatformId, Scheduler, State, Timer, messages};
 use crate::config::StaticHost;
 
-pub(super) use room::Room;
+pub(super) use table::Hosts;
 
-mod room {
-    use super::super::{HostId, NO_PLATFORM, Scheduler, Time};
+mod table {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+
+    use super::super::check::{Invariant, StateError, ensure};
+    use super::super::{HostBackoff, HostId, NO_PLATFORM, PlatformId, Time};
+    use crate::config::StaticHost;
 
     /// Least common multiple of 1..=8 (the concurrency range): load / concurrency scaled by it
     /// is an exact integer, so hosts of different sizes compare by true load ratio.
     const RATIO_SCALE: u32 = 840;
 
-    /// What decides whether a host takes new work. Its fields are private to this module: they
-    /// change only through the methods below, which re-index the host before returning.
-    #[derive(Default)]
-    pub(in crate::scheduler) struct Room {
+    /// A static host: configured, or retired (an allocation found after a restart names a host
+    /// the config no longer has).
+    pub(in crate::scheduler) struct Host {
+        pub(in crate::scheduler) name: Arc<str>,
+        /// Current definition; `None` once removed from the config.
+        pub(in crate::scheduler) def: Option<Arc<StaticHost>>,
+        pub(in crate::scheduler) platform: PlatformId,
+        /// Position by name among all hosts: the tie-break between equally loaded hosts.
+        rank: u32,
+        /// TaskRuns holding a slot on the host.
         load: u32,
         backoff_until: Option<Time>,
+        /// Provisioning failures in a row.
+        failures: u32,
+        /// Back-offs in a row without a success in between.
+        pub(in crate::scheduler) backoff_level: u32,
+        /// The key it is indexed under among its platform's hosts with room.
         indexed: Option<(u32, u32, HostId)>,
     }
 
-    impl Room {
-        /// TaskRuns holding a slot on the host.
+    impl Host {
+        fn new(name: Arc<str>, rank: u32) -> Self {
+            Host {
+                name,
+                def: None,
+                platform: NO_PLATFORM,
+                rank,
+                load: 0,
+                backoff_until: None,
+                failures: 0,
+                backoff_level: 0,
+                indexed: None,
+            }
+        }
+
         pub(in crate::scheduler) fn load(&self) -> u32 {
             self.load
         }
@@ -45,47 +75,297 @@ mod room {
         pub(in crate::scheduler) fn backing_off(&self) -> bool {
             self.backoff_until.is_some()
         }
+
+        /// When the back-off ends, if the host backs off.
+        pub(in crate::scheduler) fn backoff_until(&self) -> Option<Time> {
+            self.backoff_until
+        }
+
+        /// The key the host belongs under in its platform's set of hosts with room (`None`:
+        /// not in it).
+        fn wanted_key(&self, hid: HostId) -> Option<(u32, u32, HostId)> {
+            let def = self.def.as_ref()?;
+            if self.platform == NO_PLATFORM
+                || self.backoff_until.is_some()
+                || self.load >= def.concurrency
+            {
+                return None;
+            }
+            Some((
+                self.load * RATIO_SCALE / def.concurrency.max(1),
+                self.rank,
+                hid,
+            ))
+        }
     }
 
-    impl Scheduler {
+    /// A back-off that just started.
+    pub(in crate::scheduler) struct BackedOff {
+        pub(in crate::scheduler) until: Time,
+        pub(in crate::scheduler) level: u32,
+        pub(in crate::scheduler) period: std::time::Duration,
+    }
+
+    #[derive(Default)]
+    struct PerPlatform {
+        /// Hosts with room: (load / concurrency scaled to 840, rank by name, id).
+        avail: BTreeSet<(u32, u32, HostId)>,
+        /// Hosts configured for the platform, by rank.
+        configured: Vec<HostId>,
+    }
+
+    /// Static hosts by id and name, with each platform's hosts and hosts with room.
+    #[derive(Default)]
+    pub(in crate::scheduler) struct Hosts {
+        hosts: Vec<Host>,
+        ids: BTreeMap<Arc<str>, HostId>,
+        /// By platform id; platforms past the end have no hosts.
+        platforms: Vec<PerPlatform>,
+    }
+
+    impl std::ops::Index<HostId> for Hosts {
+        type Output = Host;
+        fn index(&self, hid: HostId) -> &Host {
+            &self.hosts[hid as usize]
+        }
+    }
+
+    impl Hosts {
+        pub(in crate::scheduler) fn get(&self, hid: HostId) -> Option<&Host> {
+            self.hosts.get(hid as usize)
+        }
+
+        /// The host with this name.
+        pub(in crate::scheduler) fn id(&self, name: &str) -> Option<HostId> {
+            self.ids.get(name).copied()
+        }
+
+        /// Hosts of platform `p` with room, least loaded first (ties: by name).
+        pub(in crate::scheduler) fn with_room(
+            &self,
+            p: PlatformId,
+        ) -> impl Iterator<Item = HostId> + '_ {
+            self.platforms
+                .get(p as usize)
+                .into_iter()
+                .flat_map(|pp| pp.avail.iter().map(|&(_, _, h)| h))
+        }
+
+        /// Platform `p` has a host with room.
+        pub(in crate::scheduler) fn has_room(&self, p: PlatformId) -> bool {
+            self.platforms
+                .get(p as usize)
+                .is_some_and(|pp| !pp.avail.is_empty())
+        }
+
+        /// Hosts configured for platform `p`, by rank.
+        pub(in crate::scheduler) fn of_platform(&self, p: PlatformId) -> &[HostId] {
+            self.platforms
+                .get(p as usize)
+                .map_or(&[], |pp| pp.configured.as_slice())
+        }
+
         /// A TaskRun takes a slot on the host.
         pub(in crate::scheduler) fn add_load(&mut self, hid: HostId) {
-            self.hosts[hid as usize].room.load += 1;
-            self.reindex_host(hid);
+            self.hosts[hid as usize].load += 1;
+            self.reindex(hid);
         }
 
         /// A TaskRun left the host.
-        pub(in crate::scheduler) fn release_host(&mut self, hid: HostId) {
-            let r = &mut self.hosts[hid as usize].room;
-            r.load = r.load.saturating_sub(1);
-            self.reindex_host(hid);
-        }
-
-        /// Starts (`Some(until)`) or ends (`None`) the host's back-off.
-        pub(in crate::scheduler) fn set_backoff(&mut self, hid: HostId, until: Option<Time>) {
-            self.hosts[hid as usize].room.backoff_until = until;
-            self.reindex_host(hid);
-        }
-
-        /// Puts the host in (or takes it out of) its platform's set of hosts with room, from its
-        /// room and its current definition, platform and rank (after a config change).
-        pub(in crate::scheduler) fn reindex_host(&mut self, hid: HostId) {
+        pub(in crate::scheduler) fn release(&mut self, hid: HostId) {
             let h = &mut self.hosts[hid as usize];
-            if let Some(k) = h.room.indexed.take()
-                && h.platform != NO_PLATFORM
+            h.load = h.load.saturating_sub(1);
+            self.reindex(hid);
+        }
+
+        /// Ends the host's back-off.
+        pub(in crate::scheduler) fn end_backoff(&mut self, hid: HostId) {
+            self.hosts[hid as usize].backoff_until = None;
+            self.reindex(hid);
+        }
+
+        /// Provisioning on the host worked: it is healthy.
+        pub(in crate::scheduler) fn succeeded(&mut self, hid: HostId) {
+            let h = &mut self.hosts[hid as usize];
+            h.failures = 0;
+            h.backoff_level = 0;
+        }
+
+        /// Provisioning on the host failed: after `b.after_failures` failures in a row it sits
+        /// out a back-off period that doubles each time it trips again without a success in
+        /// between. Returns the back-off when one starts.
+        pub(in crate::scheduler) fn failed(
+            &mut self,
+            hid: HostId,
+            b: HostBackoff,
+            now: Time,
+        ) -> Option<BackedOff> {
+            let h = &mut self.hosts[hid as usize];
+            h.failures += 1;
+            if h.failures < b.after_failures || h.backing_off() {
+                return None;
+            }
+            // One more failure after the back-off trips it again (half-open).
+            h.failures = b.after_failures.saturating_sub(1);
+            let period = b
+                .base
+                .checked_mul(1u32 << h.backoff_level.min(16))
+                .unwrap_or(b.max)
+                .min(b.max);
+            h.backoff_level += 1;
+            let until = now + period;
+            h.backoff_until = Some(until);
+            let level = h.backoff_level;
+            self.reindex(hid);
+            Some(BackedOff {
+                until,
+                level,
+                period,
+            })
+        }
+
+        /// A host entry for a name the config does not have (an allocation found after a
+        /// restart).
+        pub(in crate::scheduler) fn retired(&mut self, name: &str) -> HostId {
+            if let Some(&h) = self.ids.get(name) {
+                return h;
+            }
+            let h = self.hosts.len() as HostId;
+            let name: Arc<str> = name.into();
+            self.hosts.push(Host::new(name.clone(), u32::MAX));
+            self.ids.insert(name, h);
+            h
+        }
+
+        /// Applies the config's hosts (with their platforms' ids): new ones are added, known ones
+        /// take their new definition, others keep their entry without one; ranks and every
+        /// platform's sets are rebuilt.
+        pub(in crate::scheduler) fn apply(&mut self, defs: Vec<(StaticHost, PlatformId)>) {
+            let mut seen = BTreeSet::new();
+            for (def, platform) in defs {
+                let name: Arc<str> = def.name.as_str().into();
+                let hid = match self.ids.get(&name) {
+                    Some(&h) => h,
+                    None => {
+                        let h = self.hosts.len() as HostId;
+                        self.hosts.push(Host::new(name.clone(), 0));
+                        self.ids.insert(name.clone(), h);
+                        h
+                    }
+                };
+                let h = &mut self.hosts[hid as usize];
+                if h.def.as_deref() != Some(&def) {
+                    h.def = Some(Arc::new(def));
+                }
+                h.platform = platform;
+                seen.insert(hid);
+            }
+            for (hid, h) in self.hosts.iter_mut().enumerate() {
+                if !seen.contains(&(hid as HostId)) {
+                    h.def = None;
+                    h.platform = NO_PLATFORM;
+                }
+            }
+            for pp in &mut self.platforms {
+                pp.avail.clear();
+                pp.configured.clear();
+            }
+            // The ids iterate in name order: that is the tie-break rank.
+            let order: Vec<HostId> = self.ids.values().copied().collect();
+            for (rank, hid) in order.into_iter().enumerate() {
+                let h = &mut self.hosts[hid as usize];
+                h.rank = rank as u32;
+                // Its old key went with the cleared sets.
+                h.indexed = None;
+                if h.def.is_some() && h.platform != NO_PLATFORM {
+                    let p = h.platform;
+                    self.platform_mut(p).configured.push(hid);
+                }
+                self.reindex(hid);
+            }
+        }
+
+        fn platform_mut(&mut self, p: PlatformId) -> &mut PerPlatform {
+            let i = p as usize;
+            if self.platforms.len() <= i {
+                self.platforms.resize_with(i + 1, PerPlatform::default);
+            }
+            &mut self.platforms[i]
+        }
+
+        /// Puts the host in (or takes it out of) its platform's set of hosts with room.
+        fn reindex(&mut self, hid: HostId) {
+            let h = &mut self.hosts[hid as usize];
+            let old = h.indexed.take();
+            let new = h.wanted_key(hid);
+            h.indexed = new;
+            let p = h.platform;
+            if let Some(k) = old
+                && let Some(pp) = self.platforms.get_mut(p as usize)
             {
-                self.platforms[h.platform as usize].avail.remove(&k);
+                pp.avail.remove(&k);
             }
-            let Some(def) = &h.def else {
-                return;
-            };
-            let r = &mut h.room;
-            if h.platform == NO_PLATFORM || r.backoff_until.is_some() || r.load >= def.concurrency {
-                return;
+            if let Some(k) = new {
+                self.platform_mut(p).avail.insert(k);
             }
-            let k = (r.load * RATIO_SCALE / def.concurrency.max(1), h.rank, hid);
-            r.indexed = Some(k);
-            self.platforms[h.platform as usize].avail.insert(k);
+        }
+
+        /// Ids and names map to each other; each platform's sets hold exactly its hosts with
+        /// room (under the keys their room gives) and its configured hosts by rank.
+        pub(in crate::scheduler) fn check(&self, platforms: usize) -> Result<(), StateError> {
+            use Invariant::*;
+            ensure(self.ids.len() == self.hosts.len(), HostIds, || {
+                format!("{} ids for {} hosts", self.ids.len(), self.hosts.len())
+            })?;
+            let mut avail = vec![BTreeSet::new(); self.platforms.len().max(platforms)];
+            let mut configured = vec![Vec::new(); avail.len()];
+            for (hid, h) in self.hosts.iter().enumerate() {
+                let hid = hid as HostId;
+                ensure(self.ids.get(&h.name) == Some(&hid), HostIds, || {
+                    format!("{} is not id {hid}", h.name)
+                })?;
+                ensure(
+                    h.platform == NO_PLATFORM || (h.platform as usize) < platforms,
+                    Invariant::Platforms,
+                    || format!("host {} has platform id {}", h.name, h.platform),
+                )?;
+                let want = h.wanted_key(hid);
+                ensure(h.indexed == want, HostRoom, || {
+                    format!(
+                        "host {} is indexed as {:?}, its room says {want:?}",
+                        h.name, h.indexed
+                    )
+                })?;
+                if let Some(k) = want {
+                    avail[h.platform as usize].insert(k);
+                }
+                if h.def.is_some() && h.platform != NO_PLATFORM {
+                    configured[h.platform as usize].push((h.rank, hid));
+                }
+            }
+            for (p, (avail, mut configured)) in avail.into_iter().zip(configured).enumerate() {
+                let (have, listed) = self
+                    .platforms
+                    .get(p)
+                    .map_or((BTreeSet::new(), Vec::new()), |pp| {
+                        (pp.avail.clone(), pp.configured.clone())
+                    });
+                ensure(have == avail, HostRoom, || {
+                    format!("platform {p}: set {have:?}, hosts say {avail:?}")
+                })?;
+                configured.sort_unstable();
+                let want: Vec<HostId> = configured.into_iter().map(|(_, h)| h).collect();
+                ensure(listed == want, PlatformHosts, || {
+                    format!("platform {p}: list {listed:?}, hosts say {want:?}")
+                })?;
+            }
+            Ok(())
+        }
+
+        /// Test hook: a stale entry in platform `p`'s set of hosts with room.
+        #[cfg(test)]
+        pub(in crate::scheduler) fn corrupt_avail(&mut self, p: PlatformId, hid: HostId) {
+            self.platform_mut(p).avail.insert((0, 0, hid));
         }
     }
 }
@@ -100,8 +380,8 @@ impl Scheduler {
         let guard = self.user_guard(key);
         let mut chosen = None;
         let mut kept_off = false;
-        for &(_, _, hid) in &self.platforms[p as usize].avail {
-            if self.failed_on(key, &self.hosts[hid as usize].name) {
+        for hid in self.hosts.with_room(p) {
+            if self.failed_on(key, &self.hosts[hid].name) {
                 continue;
             }
             if guard
@@ -123,11 +403,11 @@ impl Scheduler {
             }
             return Placed::NoRoom;
         };
-        let def = self.hosts[hid as usize]
+        let def = self.hosts[hid]
             .def
             .clone()
             .expect("only configured hosts are indexed");
-        self.add_load(hid);
+        self.hosts.add_load(hid);
         self.observe_wait(key, out);
         self.observe_allocated(key, None, out);
         self.start_static_provisioning(key, hid, def, out);
@@ -161,11 +441,11 @@ impl Scheduler {
         key: Key,
         out: &mut Vec<Action>,
     ) -> bool {
-        let hosts = &self.platforms[p as usize].hosts;
+        let hosts = self.hosts.of_platform(p);
         let all_failed = !hosts.is_empty()
             && hosts
                 .iter()
-                .all(|&h| self.failed_on(key, &self.hosts[h as usize].name));
+                .all(|&h| self.failed_on(key, &self.hosts[h].name));
         if all_failed {
             let msg = messages::all_hosts_failed(
                 &self.platforms[p as usize].platform,
@@ -176,34 +456,10 @@ impl Scheduler {
         all_failed
     }
 
-    /// A host entry for a name the config does not have (an allocation found after a restart).
-    pub(super) fn retired_host(&mut self, name: &str) -> HostId {
-        if let Some(&h) = self.host_ids.get(name) {
-            return h;
-        }
-        let h = self.hosts.len() as HostId;
-        let name: std::sync::Arc<str> = name.into();
-        self.hosts.push(super::Host {
-            name: name.clone(),
-            def: None,
-            platform: super::NO_PLATFORM,
-            rank: u32::MAX,
-            room: Room::default(),
-            failures: 0,
-            backoff_level: 0,
-        });
-        self.host_ids.insert(name, h);
-        h
-    }
-
     /// Provisioning worked: the host is healthy.
     pub(super) fn provision_ok_on(&mut self, key: Key, _out: &mut Vec<Action>) {
         match self.taskruns.get(key).map(|t| &t.state) {
-            Some(State::OnHost { host, .. }) => {
-                let h = &mut self.hosts[*host as usize];
-                h.failures = 0;
-                h.backoff_level = 0;
-            }
+            Some(State::OnHost { host, .. }) => self.hosts.succeeded(*host),
             Some(State::OnInstance { inst, .. }) => {
                 if let Some(i) = self.instances.get_mut(*inst) {
                     i.provision_failures = 0;
@@ -219,24 +475,11 @@ impl Scheduler {
         let Some(b) = self.policy.host_backoff else {
             return;
         };
-        let h = &mut self.hosts[hid as usize];
-        h.failures += 1;
-        if h.failures < b.after_failures || h.room.backing_off() {
+        let Some(off) = self.hosts.failed(hid, b, self.now) else {
             return;
-        }
-        // One more failure after the back-off trips it again (half-open).
-        h.failures = b.after_failures.saturating_sub(1);
-        let d = b
-            .base
-            .checked_mul(1u32 << h.backoff_level.min(16))
-            .unwrap_or(b.max)
-            .min(b.max);
-        h.backoff_level += 1;
-        let until = self.now + d;
-        let level = h.backoff_level;
-        let name = h.name.clone();
-        self.set_backoff(hid, Some(until));
-        self.arm(until, Timer::HostBack(hid, level));
+        };
+        let name = self.hosts[hid].name.clone();
+        self.arm(off.until, Timer::HostBack(hid, off.level));
         out.push(Action::Notify {
             taskrun: None,
             warning: true,
@@ -244,18 +487,18 @@ impl Scheduler {
             message: format!(
                 "host {name} failed provisioning {} times in a row; no new builds go to it for {} s",
                 b.after_failures,
-                d.as_secs()
+                off.period.as_secs()
             ),
         });
     }
 
     pub(super) fn host_back_due(&mut self, hid: HostId, level: u32, out: &mut Vec<Action>) {
-        let h = &self.hosts[hid as usize];
-        if h.backoff_level != level || !h.room.backing_off() {
+        let h = &self.hosts[hid];
+        if h.backoff_level != level || !h.backing_off() {
             return;
         }
         let p = h.platform;
-        self.set_backoff(hid, None);
+        self.hosts.end_backoff(hid);
         self.capacity_freed(p, out);
     }
 }

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use super::arena::Key;
+use super::ledger::{Labels, Token};
 use super::queue::Entry;
 use super::{
     Action, Blame, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase,
-    Placement, PlatformId, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun,
+    Placement, PlatformId, Release, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun,
     TaskRunRef, TaskRunSpec, Timer, Uid, messages,
 };
 use crate::platform::Platform;
@@ -24,10 +25,10 @@ pub(super) enum Placed {
 impl Scheduler {
     pub(super) fn on_taskrun(&mut self, spec: TaskRunSpec, out: &mut Vec<Action>) {
         let uid = spec.uid();
-        if self.is_tombstoned(&uid) {
+        if self.taskruns.finished(&uid) {
             return;
         }
-        if let Some(key) = self.by_uid.get(&uid, &self.taskruns) {
+        if let Some(key) = self.taskruns.find(&uid) {
             let Some(t) = self.taskruns.get_mut(key) else {
                 return;
             };
@@ -36,10 +37,10 @@ impl Scheduler {
             }
             if matches!(t.state, State::Cleanup { .. })
                 && t.platform != NO_PLATFORM
-                && let Some(e) = t.extra.as_mut().filter(|e| e.released)
+                && let Some(e) = t.extra.as_mut().filter(|e| e.release != Release::No)
             {
                 // Released, and needing a host after all: served once the cleanup is over.
-                e.revived = true;
+                e.release = Release::Revived;
                 return;
             }
             if spec.retries > t.retries {
@@ -48,30 +49,23 @@ impl Scheduler {
             }
             return;
         }
-        let ns = self.intern_ns(&spec.namespace);
+        let ns = self.taskruns.intern_ns(&spec.namespace);
         let parsed = Platform::parse(&spec.platform);
         let platform = match &parsed {
             Ok(p) => self.platform_id(p),
             Err(_) => NO_PLATFORM,
         };
-        let key = self.taskruns.insert(TaskRun {
+        let mut t = TaskRun::new(
             uid,
-            path: TaskRunRef::path_of(&spec.namespace, &spec.name),
+            TaskRunRef::path_of(&spec.namespace, &spec.name),
             ns,
             platform,
-            retries: spec.retries,
-            gated: spec.gated,
-            recorded: false,
-            announced: false,
-            rearm: false,
-            foreign_secret: false,
-            since: spec.since,
-            queued: self.now.max(spec.since),
-            state: State::Failed,
-            extra: None,
-        });
-        self.by_uid.insert(key, &self.taskruns);
-        self.index_user(key);
+            spec.since,
+        );
+        t.retries = spec.retries;
+        t.gated = spec.gated;
+        t.queued = self.now.max(spec.since);
+        let key = self.taskruns.insert(t);
         match parsed {
             Err(e) => {
                 let msg = messages::bad_platform(&spec.platform, &e.to_string());
@@ -100,7 +94,7 @@ impl Scheduler {
                 // But labels of an earlier placement (waiting, or a host) go first: a crash
                 // between the two writes must not leave a secret under a waiting label, which
                 // recovery reads no secret for (it would serve the TaskRun again).
-                let relabel_first = std::mem::replace(&mut t.recorded, true);
+                let relabel_first = t.labels.write();
                 let record = self.taskrun_ref(key).map(|taskrun| Action::Record {
                     taskrun,
                     placement: Placement {
@@ -205,13 +199,12 @@ impl Scheduler {
         let (Some(taskrun), Some(t)) = (self.taskrun_ref(key), self.taskruns.get(key)) else {
             return;
         };
-        if t.announced {
+        if t.labels == Labels::Announced {
             // A new leader re-admitting what the last one queued: the label and the Event
             // stand (without this, a failover re-sent both for every waiter: 20,000 actions
             // for 10,000 waiters, the largest part of the recovery's memory peak).
             if let Some(t) = self.taskruns.get_mut(key) {
-                t.announced = false;
-                t.recorded = true;
+                t.labels.settle();
             }
             return;
         }
@@ -222,7 +215,7 @@ impl Scheduler {
         if let Some(t) = self.taskruns.get_mut(key) {
             // The waiting label is a placement too: an error secret must clear it, or a
             // restart (which reads no secret of a TaskRun labelled waiting) serves it again.
-            t.recorded = true;
+            t.labels.write();
         }
         out.push(Action::Record {
             taskrun: taskrun.clone(),
@@ -330,14 +323,16 @@ impl Scheduler {
     }
 
     /// True when a waiter without failures could be placed now.
-    pub(super) fn has_room(&self, p: PlatformId) -> bool {
+    pub(super) fn has_room(&mut self, p: PlatformId) -> bool {
+        self.instances.flush();
         let ps = &self.platforms[p as usize];
         match &ps.mode {
-            Mode::Static => !ps.avail.is_empty(),
+            Mode::Static => self.hosts.has_room(p),
             Mode::Dynamic(t) => self.occupied(p) < t.max_instances,
             Mode::Pool(pool) => {
-                !ps.ready.is_empty()
-                    || !ps.booting.is_empty()
+                let (ready, booting) = self.instances.with_room(p);
+                !ready.is_empty()
+                    || !booting.is_empty()
                     || self.occupied(p) < pool.instance.max_instances
             }
             // Waiters of these are routed (secret written) by placement.
@@ -428,10 +423,9 @@ impl Scheduler {
         let Some(t) = self.taskruns.get_mut(key) else {
             return;
         };
-        if !t.recorded {
+        if !t.labels.clear() {
             return;
         }
-        t.recorded = false;
         let failed = failed_hosts(t);
         if let Some(taskrun) = self.taskrun_ref(key) {
             out.push(Action::Record {
@@ -450,7 +444,7 @@ impl Scheduler {
             return;
         };
         let gated = self.taskruns.get_mut(key).is_some_and(|t| {
-            t.foreign_secret = false;
+            t.token.written();
             if let Some(e) = t.extra.as_mut() {
                 // Superseded: a refused earlier secret is not written again.
                 e.refused_secret = None;
@@ -479,7 +473,7 @@ impl Scheduler {
         error: &str,
         out: &mut Vec<Action>,
     ) {
-        let Some(key) = self.by_uid.get(taskrun.uid(), &self.taskruns) else {
+        let Some(key) = self.taskruns.find(taskrun.uid()) else {
             return;
         };
         if !self.secret_current(key, &secret) {
@@ -544,14 +538,14 @@ impl Scheduler {
                     phase: Phase::Ready(_),
                     ..
                 },
-            ) => *self.hosts[*hid as usize].name == *host.name(),
+            ) => *self.hosts[*hid].name == *host.name(),
             (
                 SecretData::Remote { host, .. },
                 State::OnInstance {
                     inst,
                     phase: Phase::Ready(_),
                 },
-            ) => self.instances.get(*inst).and_then(|i| i.id.as_deref()) == Some(host.name()),
+            ) => self.instances.get(*inst).and_then(|i| i.id().map(|s| &**s)) == Some(host.name()),
             (SecretData::Localhost, State::Local) | (SecretData::Error(_), State::Failed) => true,
             _ => false,
         }
@@ -585,9 +579,9 @@ impl Scheduler {
         match &t.state {
             State::OnHost { host, def, .. } => {
                 let (host, def) = (*host, def.clone());
-                self.release_host(host);
+                self.hosts.release(host);
                 if let (Some(def), Some(r)) = (
-                    def.or_else(|| self.hosts[host as usize].def.clone()),
+                    def.or_else(|| self.hosts[host].def.clone()),
                     self.taskrun_ref(key),
                 ) {
                     self.deprovision(None, p, RemoteUser::Of(r), HostRef::Static(def), out);
@@ -625,8 +619,8 @@ impl Scheduler {
                 let def = def.clone();
                 // The retry's pod already mounted the secret: keep it, re-arm its token (unless
                 // the token is not one our key server issued).
-                t.rearm = !t.foreign_secret;
-                let def = def.or_else(|| self.hosts[host as usize].def.clone());
+                t.token.new_attempt();
+                let def = def.or_else(|| self.hosts[host].def.clone());
                 self.rearm_on_host(key, host, def, "the host is no longer configured", out);
             }
             State::OnInstance {
@@ -634,7 +628,7 @@ impl Scheduler {
                 phase: Phase::Ready(_),
             } => {
                 let inst = *inst;
-                t.rearm = !t.foreign_secret;
+                t.token.new_attempt();
                 self.reprovision_on_instance(key, inst, out);
             }
             // Nothing handed out yet (or nothing to hand out): the next secret is fresh anyway.
@@ -656,17 +650,17 @@ impl Scheduler {
         else {
             return;
         };
-        if !t.rearm {
+        if t.token != Token::Rearm {
             return;
         }
         // As configured now: a host removed, given to another platform or shrunk below its
         // load meanwhile takes no new user, not even this one.
         let platform = &self.platforms[t.platform as usize].platform;
-        let h = &self.hosts[host as usize];
+        let h = &self.hosts[host];
         let def = h
             .def
             .clone()
-            .filter(|d| d.platform == **platform && h.room.load() <= d.concurrency);
+            .filter(|d| d.platform == **platform && h.load() <= d.concurrency);
         self.rearm_on_host(key, host, def, "the host can no longer take it", out);
     }
 
@@ -682,18 +676,18 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let Some(def) = def else {
-            let name = self.hosts[host as usize].name.clone();
+            let name = self.hosts[host].name.clone();
             let Some(t) = self.taskruns.get_mut(key) else {
                 return;
             };
-            t.rearm = false;
+            t.token.consume_rearm();
             t.extra
                 .get_or_insert_with(Box::<Extra>::default)
                 .failed
                 .push((name, why.to_owned()));
             let p = t.platform;
             self.delete_secret(key, out);
-            self.release_host(host);
+            self.hosts.release(host);
             self.enqueue(key, true, out);
             self.capacity_freed(p, out);
             return;
@@ -732,15 +726,15 @@ impl Scheduler {
         };
         let failed = self.taskruns.get(key).and_then(failed_hosts);
         if let Some(t) = self.taskruns.get_mut(key) {
-            t.recorded = true;
+            t.labels.write();
             // Consumed: the op carries it from here (see `provision_op`).
-            t.rearm = false;
+            t.token.consume_rearm();
         }
         let rearm = matches!(self.ops.get(op), Some(Op::Provision { rearm: true, .. }));
         let assigned: Arc<str> = match (&host, self.taskruns.get(key).map(|t| &t.state)) {
             // The host table's shared name (the table is keyed by it): no allocation per placement.
             (HostRef::Static(_), Some(State::OnHost { host: hid, .. })) => {
-                self.hosts[*hid as usize].name.clone()
+                self.hosts[*hid].name.clone()
             }
             (HostRef::Static(h), _) => h.name.as_str().into(),
             (HostRef::Instance { id, .. }, _) => id.clone(),
@@ -770,7 +764,10 @@ impl Scheduler {
     /// Registers a provisioning of `key` on `host` (re-arming when the TaskRun says so); emit it
     /// with [`Scheduler::emit_provision`].
     pub(super) fn provision_op(&mut self, key: Key, host: &HostRef) -> OpId {
-        let rearm = self.taskruns.get(key).is_some_and(|t| t.rearm);
+        let rearm = self
+            .taskruns
+            .get(key)
+            .is_some_and(|t| t.token == Token::Rearm);
         self.ops.insert(Op::Provision {
             tr: key,
             host: host.clone(),
@@ -864,7 +861,7 @@ impl Scheduler {
                             def,
                             phase: Phase::Reserved,
                         };
-                        t.rearm = true;
+                        t.token = Token::Rearm;
                         if host_at_fault {
                             self.host_failed(hid, out);
                         }
@@ -884,7 +881,7 @@ impl Scheduler {
                         if host_at_fault {
                             self.host_failed(hid, out);
                         }
-                        self.release_host(hid);
+                        self.hosts.release(hid);
                         self.enqueue(tr, true, out);
                         self.capacity_freed(p, out);
                     }
@@ -961,11 +958,9 @@ impl Scheduler {
         };
         if let Some(error) = error {
             if attempt + 1 < self.policy.cleanup_attempts {
-                self.next_timer += 1;
-                let seq = self.next_timer;
-                let delay = backoff(self.policy.cleanup_backoff, attempt);
-                self.delayed.insert(
-                    seq,
+                let at = self.now + backoff(self.policy.cleanup_backoff, attempt);
+                self.timers.delay(
+                    at,
                     Op::Deprovision {
                         tr,
                         platform,
@@ -974,8 +969,6 @@ impl Scheduler {
                         attempt: attempt + 1,
                     },
                 );
-                let at = self.now + delay;
-                self.arm(at, Timer::Delayed(seq));
                 return;
             }
             if platform != NO_PLATFORM {
@@ -1018,11 +1011,12 @@ impl Scheduler {
             .taskruns
             .get(key)
             .and_then(|t| t.extra.as_ref())
-            .map_or((false, false), |e| (e.released, e.revived));
+            .map_or((false, false), |e| {
+                (e.release != Release::No, e.release == Release::Revived)
+            });
         if revived {
             if let Some(e) = self.taskruns.get_mut(key).and_then(|t| t.extra.as_mut()) {
-                e.released = false;
-                e.revived = false;
+                e.release = Release::No;
             }
             // Its finalizer stays: it is served from here as if new.
             self.admit(key, false, out);
@@ -1034,18 +1028,9 @@ impl Scheduler {
                 revoke: !released,
             });
         }
-        if let Some(t) = self.taskruns.remove(key) {
-            self.by_uid.remove(&t.uid, key);
-            if !released {
-                self.tombstones.insert(&t.uid);
-            }
-            self.unindex_user(key, &t.path, out);
+        if let Some(t) = self.taskruns.remove(key, !released) {
+            self.user_left(key, &t, out);
         }
-    }
-
-    /// The TaskRun with this UID finished recently.
-    pub(super) fn is_tombstoned(&self, uid: &Uid) -> bool {
-        self.tombstones.contains(uid)
     }
 
     /// The TaskRun finished (or was deleted), or, when `released`, needs no host after all
@@ -1059,8 +1044,8 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let uid = Uid::new(uid);
-        let Some(key) = self.by_uid.get(&uid, &self.taskruns) else {
-            if self.is_tombstoned(&uid) {
+        let Some(key) = self.taskruns.find(&uid) else {
+            if self.taskruns.finished(&uid) {
                 return;
             }
             // Never seen (finished before we caught up, or released before it was decided):
@@ -1074,7 +1059,7 @@ impl Scheduler {
                 revoke: !released,
             });
             if !released {
-                self.tombstones.insert(&uid);
+                self.taskruns.bury(&uid);
             }
             return;
         };
@@ -1085,18 +1070,22 @@ impl Scheduler {
             if let Some(e) = t.extra.as_mut() {
                 if released {
                     // Released again: whatever revived it no longer holds.
-                    e.revived = false;
+                    if e.release == Release::Revived {
+                        e.release = Release::Released;
+                    }
                 } else {
                     // Finished while a release was being cleaned up: it is over for good.
-                    e.released = false;
-                    e.revived = false;
+                    e.release = Release::No;
                 }
             }
             // Keep waiting for what is pending.
             return;
         }
         if released {
-            t.extra.get_or_insert_with(Box::default).released = true;
+            let e = t.extra.get_or_insert_with(Box::default);
+            if e.release == Release::No {
+                e.release = Release::Released;
+            }
         }
         let state = std::mem::replace(&mut t.state, State::Cleanup { pending: 0 });
         let pending = match state {
@@ -1111,13 +1100,17 @@ impl Scheduler {
                 0
             }
             State::OnHost { host, def, phase } => {
-                self.release_host(host);
+                self.hosts.release(host);
                 let pending = match phase {
-                    Phase::Ready(at) => {
-                        self.observe_ran(p, at, out);
+                    // Reserved on a host is a retry's re-provisioning waiting to try again: the
+                    // first attempt's user is still there, so it is removed as after a build.
+                    Phase::Ready(_) | Phase::Reserved => {
+                        if let Phase::Ready(at) = phase {
+                            self.observe_ran(p, at, out);
+                        }
                         self.delete_secret(key, out);
                         let r = self.taskrun_ref(key).expect("live");
-                        match def.or_else(|| self.hosts[host as usize].def.clone()) {
+                        match def.or_else(|| self.hosts[host].def.clone()) {
                             Some(def) => {
                                 self.deprovision(
                                     Some(key),
@@ -1130,7 +1123,7 @@ impl Scheduler {
                             }
                             None => {
                                 // No address or credentials: the host sweep cleans up if it returns.
-                                let host = self.hosts[host as usize].name.clone();
+                                let host = self.hosts[host].name.clone();
                                 out.push(Action::Notify {
                                     taskrun: Some(r.clone()),
                                     warning: true,
@@ -1155,25 +1148,27 @@ impl Scheduler {
                             0
                         }
                     }
-                    Phase::Reserved => {
-                        // A retry's re-provisioning waiting to try its host again: the first
-                        // attempt's secret stands.
-                        self.delete_secret(key, out);
-                        0
-                    }
                 };
+                // Before the freed slot is handed out: a TaskRun with the same user name must
+                // see this one's cleanup as pending (see `user_blocked`).
+                self.set_cleanup_pending(key, pending);
                 self.capacity_freed(p, out);
                 pending
             }
             State::OnInstance { inst, phase } => self.leave_instance(key, inst, phase, out),
         };
+        self.set_cleanup_pending(key, pending);
+        if pending == 0 {
+            self.finalize(key, out);
+        }
+    }
+
+    /// Records how many cleanups a finished TaskRun's finalizer waits for.
+    pub(super) fn set_cleanup_pending(&mut self, key: Key, pending: u32) {
         if let Some(t) = self.taskruns.get_mut(key)
             && let State::Cleanup { pending: slot } = &mut t.state
         {
             *slot = pending;
-        }
-        if pending == 0 {
-            self.finalize(key, out);
         }
     }
 

@@ -31,10 +31,12 @@
 //! strictly (from the launch request until termination is acknowledged) and `foreign` is the
 //! number of live instances the platform's last [`Event::InstancesListed`] showed that the ledger
 //! does not track (this cluster's own untracked ones included, unless a launch in flight may have
-//! started them). Launches by others after that listing are unseen until the next one, so across
-//! all the clusters (and platforms) sharing a tag, live instances exceed `max-instances` by at
-//! most the launches the others made since each one's last listing: with listings every `L`, at
-//! most one interval `L`'s worth of launches. One exception, by choice: an instance whose
+//! started them, or their termination was acknowledged within the orphan grace: a listing made
+//! before the acknowledgement must not take back the slot it freed). Launches by others after
+//! that listing are unseen until the next one, so across all the clusters (and platforms) sharing
+//! a tag, live instances exceed `max-instances` by at most the launches the others made since
+//! each one's last listing: with listings every `L`, at most one interval `L`'s worth of
+//! launches. One exception, by choice: an instance whose
 //! termination failed [`Policy::cleanup_attempts`] times is leaked: it stops counting (a refusal
 //! that lasts must not block the platform for good), its termination is still retried, and
 //! operators see it (`leaked` gauge, an `InstanceLeaked` Event).
@@ -44,6 +46,14 @@
 //! it gets an error. A TaskRun released because it needs no host ([`Event::TaskRunReleased`]) is
 //! not remembered as finished: if it needs one after all, it is served.
 //!
+//! State. Each part owns its indexes and changes only through methods that keep them right:
+//! the TaskRun `Ledger` (by UID, by build user, namespaces, finished UIDs), the static
+//! `Hosts` (by name, each platform's hosts with room), the `Fleet` of instances (by id, each
+//! platform's members, count and pool instances with room), the `Timers` (with the cleanups
+//! they re-issue), the `OpTable` and each platform's queues. [`Scheduler::check`] verifies
+//! every index and every invariant across them ([`Invariant`]); the tests call it after every
+//! step.
+//!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
 //! and an operation id an index into a slab (those tables are never iterated where order could
@@ -51,10 +61,13 @@
 
 mod action;
 mod arena;
+mod check;
 mod event;
 mod fleet;
 mod hosts;
 mod ids;
+mod instances;
+mod ledger;
 mod lifecycle;
 mod messages;
 mod op_table;
@@ -66,6 +79,7 @@ mod snapshot;
 mod stats;
 mod sweep;
 mod time;
+mod timers;
 mod tombstones;
 mod uid_index;
 mod users;
@@ -73,10 +87,11 @@ mod users;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
+pub use check::{Invariant, StateError};
 pub use event::{Blame, Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};
@@ -86,11 +101,13 @@ pub use time::Time;
 
 use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};
 use crate::platform::Platform;
-use arena::{Arena, Key};
+use arena::Key;
+use hosts::Hosts;
+use instances::{Fleet, Instance};
+use ledger::{Ledger, TaskRun};
 use op_table::OpTable;
-use queue::{FairQueue, NsId};
-use tombstones::Tombstones;
-use uid_index::UidIndex;
+use queue::FairQueue;
+use timers::Timers;
 
 /// Index into the platform table.
 type PlatformId = u32;
@@ -103,79 +120,48 @@ pub struct Scheduler {
     config: HostConfig,
     now: Time,
     next_ticket: u32,
-    next_timer: u64,
-    taskruns: Arena<TaskRun>,
-    by_uid: UidIndex,
-    /// UIDs of TaskRuns finished recently, in two generations (current, previous) that rotate
-    /// every [`TOMBSTONE_TTL`]: late or reordered events for them are ignored for at least that
-    /// long. Rotating whole sets keeps no per-UID timestamp or expiry queue.
-    tombstones: Tombstones,
-    namespaces: Vec<Arc<str>>,
-    ns_ids: BTreeMap<Arc<str>, NsId>,
+    /// Tracked TaskRuns, their indexes, and the UIDs of TaskRuns finished recently (late events
+    /// for them are ignored for at least [`TOMBSTONE_TTL`]).
+    taskruns: Ledger,
     platforms: Vec<PlatformState>,
     platform_ids: BTreeMap<Platform, PlatformId>,
-    hosts: Vec<Host>,
-    host_ids: BTreeMap<Arc<str>, HostId>,
-    instances: Arena<Instance>,
-    instance_ids: BTreeMap<Arc<str>, Key>,
+    /// Static hosts, with each platform's hosts with room.
+    hosts: Hosts,
+    /// Cloud instances, by id and by platform, with each pool's instances with room.
+    instances: Fleet,
     ops: OpTable,
-    timers: BTreeSet<(Time, u64, Timer)>,
-    /// Cleanup operations waiting for a retry, by timer sequence.
-    delayed: BTreeMap<u64, Op>,
+    /// Timers, and the cleanup operations waiting for a retry.
+    timers: Timers,
     /// [`Scheduler::recover`] ran: actions may be issued.
     started: bool,
     /// `additional-instance-tags` of the config in force, shared by every launch.
     additional_tags: Arc<[(String, String)]>,
-    /// Tracked TaskRuns by a hash of their build user's name (see `users`).
-    by_user: BTreeSet<(u64, Key)>,
     /// Removals of a build user in flight or waiting for a retry: user name to the hosts or
     /// instance ids (one entry per removal).
     cleaning: BTreeMap<String, Vec<Arc<str>>>,
 }
 
-/// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
-struct TaskRun {
-    uid: Uid,
-    /// `<namespace>/<name>`, shared with every [`TaskRunRef`] handed out.
-    path: Arc<str>,
-    ns: NsId,
-    /// `NO_PLATFORM` for TaskRuns whose platform did not parse.
-    platform: PlatformId,
-    retries: u32,
-    gated: bool,
-    /// Its labels name a host or instance, or the platform it waits for (a later outcome
-    /// without a new placement must clear them).
-    recorded: bool,
-    /// Recovered already labelled waiting (with no failed hosts) and not yet re-admitted: its
-    /// label and `WaitingForHost` Event stand, so re-admission writes and announces nothing.
-    /// Recovery clears it once the TaskRun is re-admitted.
-    announced: bool,
-    /// A remote secret was handed to an earlier attempt: the next provisioning re-arms its token.
-    rearm: bool,
-    /// Its remote secret was found at recovery without our proof (the Go controller's, or
-    /// forged): a new attempt replaces it with a fresh token instead of re-arming its token.
-    /// Cleared when we write one.
-    foreign_secret: bool,
-    /// Start of the allocation (`allocation-start-time`).
-    since: Time,
-    /// When it last joined a queue.
-    queued: Time,
-    state: State,
-    /// Failure history; absent for the common case of none.
-    extra: Option<Box<Extra>>,
-}
-
 const NO_PLATFORM: PlatformId = PlatformId::MAX;
+
+/// A release ([`Event::TaskRunReleased`]) being cleaned up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+enum Release {
+    /// Not released (or finished since).
+    #[default]
+    No,
+    /// Being cleaned up after a release: not finished, so its UID is not remembered as
+    /// finished once the cleanup is over.
+    Released,
+    /// Said to need a host again while that cleanup ran: served once it is over.
+    Revived,
+}
 
 #[derive(Default)]
 struct Extra {
     /// Hosts or instances whose provisioning failed for this TaskRun, with the error.
     failed: Vec<(Arc<str>, String)>,
-    /// Being cleaned up after [`Event::TaskRunReleased`]: not finished, so its UID is not
-    /// remembered as finished once the cleanup is over.
-    released: bool,
-    /// Said to need a host again while that cleanup ran: served once it is over.
-    revived: bool,
+    /// Whether it is being cleaned up after [`Event::TaskRunReleased`].
+    release: Release,
     /// Its secret was refused this many times.
     secret_refusals: u32,
     /// The refused secret, written again when [`Timer::SecretRetry`] fires.
@@ -231,80 +217,12 @@ struct PlatformState {
     /// Waiters that already failed somewhere (their failed set constrains placement); served
     /// before the fair queue.
     retry: Vec<Key>,
-    /// Static hosts configured for this platform.
-    hosts: Vec<HostId>,
-    /// Static hosts with room: (load / concurrency scaled to 840, rank by name, id).
-    avail: BTreeSet<(u32, u32, HostId)>,
-    /// Instances counted against `max-instances` (launching, booting, ready, terminating).
-    instances: u32,
     /// Live instances with the platform's instance tag that the last listing showed and the
     /// ledger does not track (other clusters', the Go controller's, other platforms'): they count
     /// against `max-instances` too.
     foreign: u32,
-    /// All instance entries of this platform.
-    members: BTreeSet<Key>,
-    /// Pool instances with room: ready ones and booting ones, each keyed most-loaded-first,
-    /// then newest.
-    ready: BTreeSet<(u32, u64, Key)>,
-    booting: BTreeSet<(u32, u64, Key)>,
     /// No warm launches before this (after warm launches kept failing).
     warm_hold: Time,
-}
-
-struct Host {
-    name: Arc<str>,
-    /// Current definition; `None` once removed from the config.
-    def: Option<Arc<StaticHost>>,
-    platform: PlatformId,
-    rank: u32,
-    /// Load and back-off: whether it takes new work (see `hosts`).
-    room: hosts::Room,
-    failures: u32,
-    backoff_level: u32,
-}
-
-struct Instance {
-    platform: PlatformId,
-    template: Arc<DynamicPlatform>,
-    /// Pool parameters; `None` for a dynamic (one TaskRun) instance.
-    pool: Option<Arc<DynamicPool>>,
-    id: Option<Arc<str>>,
-    address: Option<Arc<str>>,
-    /// The launch's identity, fixed at the first launch request (retries reuse it).
-    launch: Option<LaunchId>,
-    /// Adopted through a TaskRun that names it; may lack our cluster tag.
-    legacy: bool,
-    /// Handed to another TaskRun while its launch was in flight: retag it once its id is known.
-    retag: bool,
-    /// First launch request.
-    created: Time,
-    state: InstState,
-    launches: u32,
-    last_error: Option<String>,
-    /// Dynamic: the TaskRun it serves. Pool: unused.
-    owner: Option<Key>,
-    /// Pool: TaskRuns on it in any phase, in arrival order (the launching one first); its
-    /// load.
-    attached: Vec<Key>,
-    /// A user was provisioned on it (never handed to another dynamic TaskRun).
-    used: bool,
-    /// Its address was reached before (a recovered instance that holds a recorded allocation):
-    /// a failed probe means unhealthy, not failed to boot.
-    booted: bool,
-    draining: bool,
-    /// The allocation deadline passed while the launch was in flight.
-    overdue: bool,
-    provision_failures: u32,
-    terminate_attempts: u32,
-    /// Termination kept failing: no longer counted against `max-instances` (its termination is
-    /// still retried; operators see it in the `leaked` gauge and an Event).
-    leaked: bool,
-    probes: u32,
-    probe_op: Option<OpId>,
-    idle_since: Option<Time>,
-    /// A finished TaskRun whose finalizer waits for this instance's termination.
-    cleanup_for: Option<Key>,
-    indexed: Option<(bool, (u32, u64, Key))>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -379,24 +297,15 @@ impl Scheduler {
             config: HostConfig::default(),
             now: Time::ZERO,
             next_ticket: 0,
-            next_timer: 0,
-            taskruns: Arena::default(),
-            by_uid: UidIndex::default(),
-            tombstones: Tombstones::default(),
-            namespaces: Vec::new(),
-            ns_ids: BTreeMap::new(),
+            taskruns: Ledger::default(),
             platforms: Vec::new(),
             platform_ids: BTreeMap::new(),
-            hosts: Vec::new(),
-            host_ids: BTreeMap::new(),
-            instances: Arena::default(),
-            instance_ids: BTreeMap::new(),
+            hosts: Hosts::default(),
+            instances: Fleet::default(),
             ops: OpTable::default(),
-            timers: BTreeSet::new(),
-            delayed: BTreeMap::new(),
+            timers: Timers::default(),
             started: false,
             additional_tags: Arc::new([]),
-            by_user: BTreeSet::new(),
             cleaning: BTreeMap::new(),
         };
         let mut ignored = Vec::new();
@@ -421,7 +330,7 @@ impl Scheduler {
 
     /// When the next timer is due; send [`Event::Tick`] then (or earlier, harmlessly).
     pub fn next_deadline(&self) -> Option<Time> {
-        self.timers.first().map(|t| t.0)
+        self.timers.next_deadline()
     }
 
     /// Handles one event at `now` (time never goes backwards: an earlier `now` counts as the
@@ -472,6 +381,7 @@ impl Scheduler {
             Event::ConfigReplaced(config) => self.apply_config(*config, out),
             Event::Tick => {}
         }
+        self.instances.flush();
     }
 
     /// [`Scheduler::handle`] returning a fresh vector.
@@ -488,12 +398,8 @@ impl Scheduler {
         }
         // Rotate first: a TaskRun that a timer finalizes now must land in the fresh generation,
         // not in one this rotation clears after a long silence.
-        self.tombstones.rotate(self.now, TOMBSTONE_TTL);
-        while let Some(&(at, seq, timer)) = self.timers.first() {
-            if at > self.now {
-                break;
-            }
-            self.timers.remove(&(at, seq, timer));
+        self.taskruns.rotate(self.now, TOMBSTONE_TTL);
+        while let Some(timer) = self.timers.pop_due(self.now) {
             self.fire(timer, out);
         }
     }
@@ -511,7 +417,7 @@ impl Scheduler {
             Timer::Rearm(tr) => self.rearm_due(tr, out),
             Timer::SecretRetry(tr, n) => self.secret_retry_due(tr, n, out),
             Timer::Delayed(seq) => {
-                if let Some(op) = self.delayed.remove(&seq) {
+                if let Some(op) = self.timers.take_delayed(seq) {
                     self.reissue(op, out);
                 }
             }
@@ -521,24 +427,11 @@ impl Scheduler {
     }
 
     fn arm(&mut self, at: Time, timer: Timer) {
-        self.next_timer += 1;
-        self.timers.insert((at, self.next_timer, timer));
+        self.timers.arm(at, timer);
     }
 
     fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {
-        let t = self.taskruns.get(key)?;
-        Some(TaskRunRef::from_path(t.path.clone(), t.uid.clone()))
-    }
-
-    fn intern_ns(&mut self, ns: &str) -> NsId {
-        if let Some(&id) = self.ns_ids.get(ns) {
-            return id;
-        }
-        let id = self.namespaces.len() as NsId;
-        let name: Arc<str> = ns.into();
-        self.namespaces.push(name.clone());
-        self.ns_ids.insert(name, id);
-        id
+        Some(self.taskruns.get(key)?.reference())
     }
 
     /// The platform's id, creating its entry (resolved against the current config) if new.
@@ -554,13 +447,7 @@ impl Scheduler {
             mode,
             queue: FairQueue::default(),
             retry: Vec::new(),
-            hosts: Vec::new(),
-            avail: BTreeSet::new(),
-            instances: 0,
             foreign: 0,
-            members: BTreeSet::new(),
-            ready: BTreeSet::new(),
-            booting: BTreeSet::new(),
             warm_hold: Time::ZERO,
         });
         self.platform_ids.insert(platform.clone(), id);

@@ -3,6 +3,7 @@
 //! result for an operation that already finished carries a serial its slot no longer holds and
 //! finds nothing.
 
+use super::check::{Invariant, StateError, ensure};
 use super::{Op, OpId};
 
 struct Slot {
@@ -105,6 +106,14 @@ impl OpTable {
     /// Operations in flight, in no meaningful order.
     pub(super) fn values(&self) -> impl Iterator<Item = &Op> {
         self.slots.iter().filter_map(|s| s.op.as_ref())
+    }
+
+    /// The count matches the slots in use.
+    pub(super) fn check(&self) -> Result<(), StateError> {
+        let used = self.slots.iter().filter(|s| s.op.is_some()).count();
+        ensure(used == self.len, Invariant::OpTable, || {
+            format!("counts {} operations, {used} slots hold one", self.len)
+        })
     }
 
     /// Number of operations in flight.

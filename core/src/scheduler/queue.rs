@@ -6,11 +6,12 @@
 //! each carries the ticket it was queued with, and [`FairQueue::pop`] skips entries whose
 //! TaskRun no longer waits with that ticket.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use foldhash::quality::FixedState;
 
 use super::arena::Key;
+use super::check::{Invariant, StateError, ensure};
 
 /// Namespace id (interned).
 pub(crate) type NsId = u32;
@@ -80,6 +81,33 @@ impl FairQueue {
             out.push(e);
         }
         out
+    }
+
+    /// Entries held (live or stale) with their namespace, in no meaningful order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (NsId, &Entry)> {
+        self.lanes
+            .iter()
+            .flat_map(|(&ns, lane)| lane.iter().map(move |e| (ns, e)))
+    }
+
+    /// The entry count and turn order match the lanes.
+    pub(crate) fn check(&self) -> Result<(), StateError> {
+        let held: usize = self.lanes.values().map(VecDeque::len).sum();
+        ensure(held == self.held, Invariant::Queue, || {
+            format!("counts {} entries, lanes hold {held}", self.held)
+        })?;
+        let turn: BTreeSet<NsId> = self.turn.iter().copied().collect();
+        let lanes: BTreeSet<NsId> = self
+            .lanes
+            .iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(&ns, _)| ns)
+            .collect();
+        ensure(
+            turn.len() == self.turn.len() && turn == lanes && lanes.len() == self.lanes.len(),
+            Invariant::Queue,
+            || format!("turn {:?}, namespaces with entries {lanes:?}", self.turn),
+        )
     }
 
     /// True when no entries are held (live or stale).

@@ -1,13 +1,7 @@
 //! Config replacement: applies to new work. Running allocations keep the host definition or
 //! instance template they were made with; waiters are served by the new config.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
-
-use super::{
-    Action, Host, HostConfig, HostId, InstState, Mode, NO_PLATFORM, PlatformId, Scheduler, State,
-    mode_of,
-};
+use super::{Action, HostConfig, InstState, Mode, PlatformId, Scheduler, State, mode_of};
 
 impl Scheduler {
     pub(super) fn apply_config(&mut self, config: HostConfig, out: &mut Vec<Action>) {
@@ -39,64 +33,24 @@ impl Scheduler {
 
     /// Upserts static hosts and rebuilds every platform's index of hosts with room.
     fn apply_hosts(&mut self) {
-        let mut seen = BTreeSet::new();
         let defs: Vec<_> = self
             .config
             .static_pools
             .values()
             .flat_map(|pool| pool.hosts.iter().cloned())
             .collect();
-        for def in defs {
-            let platform = self.platform_id(&def.platform);
-            let name: Arc<str> = def.name.as_str().into();
-            let hid = match self.host_ids.get(&name) {
-                Some(&h) => h,
-                None => {
-                    let h = self.hosts.len() as HostId;
-                    self.hosts.push(Host {
-                        name: name.clone(),
-                        def: None,
-                        platform: NO_PLATFORM,
-                        rank: 0,
-                        room: Default::default(),
-                        failures: 0,
-                        backoff_level: 0,
-                    });
-                    self.host_ids.insert(name.clone(), h);
-                    h
-                }
-            };
-            let h = &mut self.hosts[hid as usize];
-            if h.def.as_deref() != Some(&def) {
-                h.def = Some(Arc::new(def));
-            }
-            h.platform = platform;
-            seen.insert(hid);
-        }
-        for (hid, h) in self.hosts.iter_mut().enumerate() {
-            if !seen.contains(&(hid as HostId)) {
-                h.def = None;
-                h.platform = NO_PLATFORM;
-            }
-        }
-        for ps in &mut self.platforms {
-            ps.avail.clear();
-            ps.hosts.clear();
-        }
-        // host_ids iterates in name order: that is the tie-break rank.
-        let order: Vec<HostId> = self.host_ids.values().copied().collect();
-        for (rank, hid) in order.into_iter().enumerate() {
-            let h = &mut self.hosts[hid as usize];
-            h.rank = rank as u32;
-            if h.def.is_some() && h.platform != NO_PLATFORM {
-                self.platforms[h.platform as usize].hosts.push(hid);
-            }
-            self.reindex_host(hid);
-        }
+        let defs = defs
+            .into_iter()
+            .map(|def| {
+                let p = self.platform_id(&def.platform);
+                (def, p)
+            })
+            .collect();
+        self.hosts.apply(defs);
     }
 
     fn change_mode(&mut self, p: PlatformId, new: Mode, out: &mut Vec<Action>) {
-        let members: Vec<_> = self.platforms[p as usize].members.iter().copied().collect();
+        let members: Vec<_> = self.instances.members(p).iter().copied().collect();
         for inst in members {
             let Some(i) = self.instances.get_mut(inst) else {
                 continue;
@@ -113,7 +67,6 @@ impl Scheduler {
                         i.state,
                         InstState::Terminating(_) | InstState::TerminateWait
                     );
-                    self.reindex_instance(inst);
                     if live && self.policy.pool_idle_timeout.is_some() {
                         self.arm(at, super::Timer::MaxAge(inst));
                     }
@@ -121,7 +74,6 @@ impl Scheduler {
                 _ => {
                     // Different machines (or no pool any more): drain the old ones.
                     i.draining = true;
-                    self.reindex_instance(inst);
                     self.settle(inst, out);
                 }
             }

@@ -18,7 +18,7 @@
 //!   ([`InstanceRecord::belongs_to`]: our owner tag with its UID, or Go's `taskRunID` tag);
 //!   addresses come from the listing, never from the `cloud-address` annotation;
 //! - a static host only if it serves the TaskRun's platform and has room under its
-//!   `concurrency`; a pool instance only if it is the platform's and has room under the pool's;
+//!   `concurrency` (a proven, served allocation is kept over a shrunk `concurrency`); a pool instance only if it is the platform's and has room under the pool's;
 //!   a host the config dropped only with a proven allocation. What does not fit is queued again;
 //! - proven allocations ([`TaskRunRecord::secret_proven`]: the TaskRun carries the controller's
 //!   proof for its host, and its secret exists) are rebuilt first, so an unproven claim (Go's,
@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::Key;
+use super::ledger::{Labels, Token};
 use super::snapshot::{InstanceRecord, Ownership, SecretKind, Snapshot, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
@@ -99,12 +100,26 @@ impl Scheduler {
             .filter(|r| !r.finished && !settled(r))
             .filter_map(|r| confirmed(r))
             .collect();
+        // Build users live TaskRuns hold, by host: a finished TaskRun whose (colliding) user name
+        // a live one holds on the same host left it there for that one (its own cleanup ran
+        // before the restart; only the finalizer's removal was lost), so it is not removed.
+        let live_users: BTreeSet<(String, String)> = records
+            .iter()
+            .filter(|r| !r.finished && !settled(r))
+            .filter_map(|r| {
+                let host = r.assigned_host.clone()?;
+                Some((
+                    crate::contract::remote_user_name(&r.name, &r.namespace),
+                    host,
+                ))
+            })
+            .collect();
         let mut waiters = Vec::new();
         // Live TaskRuns that had a secret: still gated ones are un-gated once it stands.
         let mut with_secret = Vec::new();
         for rec in records {
             let uid = Uid::new(&rec.uid);
-            if self.by_uid.get(&uid, &self.taskruns).is_some() {
+            if self.taskruns.find(&uid).is_some() {
                 continue;
             }
             let parsed = Platform::parse(&rec.platform);
@@ -112,7 +127,7 @@ impl Scheduler {
                 Ok(pl) => self.platform_id(pl),
                 Err(_) => NO_PLATFORM,
             };
-            let ns = self.intern_ns(&rec.namespace);
+            let ns = self.taskruns.intern_ns(&rec.namespace);
             let extra = (!rec.failed_hosts.is_empty()).then(|| {
                 Box::new(Extra {
                     failed: rec
@@ -123,29 +138,42 @@ impl Scheduler {
                     ..Extra::default()
                 })
             });
-            let key = self.taskruns.insert(TaskRun {
+            let mut t = TaskRun::new(
                 uid,
-                path: TaskRunRef::path_of(&rec.namespace, &rec.name),
+                TaskRunRef::path_of(&rec.namespace, &rec.name),
                 ns,
-                platform: p,
-                retries: rec.retries,
-                gated: rec.gated,
-                recorded: allocated(rec) || rec.waiting,
-                announced: rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty(),
-                // A secret a pod may have mounted already: its token is re-armed, not replaced.
-                // Only the controller's own: another's token (Go's, or a tenant's) is not one
-                // our key server issued.
-                rearm: proven(rec),
-                foreign_secret: rec.secret == Some(SecretKind::Remote) && !proven(rec),
-                since: rec.since,
-                queued: rec.since,
-                state: State::Failed,
-                extra,
-            });
-            self.by_uid.insert(key, &self.taskruns);
-            self.index_user(key);
+                p,
+                rec.since,
+            );
+            t.retries = rec.retries;
+            t.gated = rec.gated;
+            t.labels = if rec.waiting && !allocated(rec) && rec.failed_hosts.is_empty() {
+                Labels::Announced
+            } else if allocated(rec) || rec.waiting {
+                Labels::Written
+            } else {
+                Labels::Clear
+            };
+            // A secret a pod may have mounted already: its token is re-armed, not replaced.
+            // Only the controller's own: another's token (Go's, or a tenant's) is not one
+            // our key server issued.
+            t.token = if proven(rec) {
+                Token::Rearm
+            } else if rec.secret == Some(SecretKind::Remote) {
+                Token::Foreign
+            } else {
+                Token::Fresh
+            };
+            t.extra = extra;
+            let key = self.taskruns.insert(t);
             if rec.finished {
-                self.recover_finished(key, rec, &listed, &pool_members, &live_named, out);
+                self.recover_finished(
+                    key,
+                    rec,
+                    (&listed, &pool_members),
+                    (&live_named, &live_users),
+                    out,
+                );
                 continue;
             }
             if rec.secret.is_some() {
@@ -186,7 +214,7 @@ impl Scheduler {
         }
         self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
         // In their original order again (proven allocations were taken out of it).
-        waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path.clone())));
+        waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path().clone())));
         for p in 0..self.platforms.len() as PlatformId {
             let platform = self.platforms[p as usize].platform.clone();
             let of_p = snapshot
@@ -200,7 +228,7 @@ impl Scheduler {
             self.admit(key, retry, out);
             // Placed at once, or waiting and announced: either way a later wait is new.
             if let Some(t) = self.taskruns.get_mut(key) {
-                t.announced = false;
+                t.labels.settle();
             }
         }
         for key in with_secret {
@@ -210,6 +238,7 @@ impl Scheduler {
             self.pump(p, out);
             self.ensure_warm(p, out);
         }
+        self.instances.flush();
     }
 
     /// A recovered TaskRun still gated although its secret stands (the crash came between the
@@ -281,7 +310,6 @@ impl Scheduler {
         let inst = self.new_instance(p, template, pool.clone());
         let id: Arc<str> = rec.id.as_str().into();
         let i = self.instances.get_mut(inst).expect("just created");
-        i.id = Some(id.clone());
         i.address = rec.address.as_deref().map(Arc::from);
         i.created = rec.launched_at;
         i.launches = 1;
@@ -294,8 +322,7 @@ impl Scheduler {
             let at = rec.launched_at + pool.max_age;
             self.arm(at, Timer::MaxAge(inst));
         }
-        self.instance_ids.insert(id, inst);
-        self.reindex_instance(inst);
+        self.instances.set_id(inst, id);
         let now = self.now;
         self.arm(now, Timer::Probe(inst, 0));
         // Counted from recovery: its launch time says nothing of when it last answered. Without
@@ -370,7 +397,6 @@ impl Scheduler {
             let inst = self.new_instance(p, template.clone(), None);
             let i = self.instances.get_mut(inst).expect("just created");
             let id: Arc<str> = id.as_str().into();
-            i.id = Some(id.clone());
             i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
             i.created = rec_i.map_or(rec.since, |l| l.launched_at);
             i.launches = 1;
@@ -382,7 +408,7 @@ impl Scheduler {
             } else {
                 InstState::Booting
             };
-            self.instance_ids.insert(id, inst);
+            self.instances.set_id(inst, id);
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };
             }
@@ -402,7 +428,7 @@ impl Scheduler {
         };
         if let Some(&inst) = pool_members.get(host) {
             let fits = self.instances.get(inst).is_some_and(|i| {
-                i.platform == p
+                i.platform() == p
                     && i.pool
                         .as_ref()
                         .is_some_and(|pool| i.attached.len() < pool.concurrency as usize)
@@ -419,31 +445,39 @@ impl Scheduler {
             if let Some(t) = self.taskruns.get_mut(key) {
                 t.state = State::OnInstance { inst, phase };
             }
-            self.reindex_instance(inst);
             // Not ready: provisioned once the probe finds the instance reachable.
             return true;
         }
         if host == crate::contract::LOCALHOST {
             return false;
         }
-        let known = self.host_ids.get(host).copied();
-        let def = known.and_then(|h| self.hosts[h as usize].def.clone());
+        let known = self.hosts.id(host);
+        let def = known.and_then(|h| self.hosts[h].def.clone());
         if def.is_none() && !(ready && rec.secret_proven) {
             // Assigned to a host we cannot reach and never served, or not provably by us (the
             // config cannot confirm it): start over.
             return false;
         }
         if let (Some(h), Some(def)) = (known, &def) {
-            let host = &self.hosts[h as usize];
-            if host.platform != p || host.room.load() >= def.concurrency {
+            let host = &self.hosts[h];
+            // A proven, served allocation stays where its build runs even when the config shrank
+            // the host meanwhile (the host drains, as after a live config change): moving it would
+            // hand the attempt a second secret and leave its user behind.
+            let keeps = ready && rec.secret_proven;
+            // A TaskRun with the same (colliding) user name already rebuilt on this host keeps
+            // it: two builds must not share one user, and removing one's would end the other's.
+            let rival = self
+                .user_guard(key)
+                .is_some_and(|g| self.user_blocked(&g, super::users::Target::Host(h)));
+            if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {
                 // Not a host of its platform, or full with allocations already rebuilt: the
                 // claim is not the controller's (or no longer fits): queued again.
                 return false;
             }
         }
         // A running build on a host the config dropped is still counted against it.
-        let hid = known.unwrap_or_else(|| self.retired_host(host));
-        self.add_load(hid);
+        let hid = known.unwrap_or_else(|| self.hosts.retired(host));
+        self.hosts.add_load(hid);
         match def {
             Some(def) if !ready => self.start_static_provisioning(key, hid, def, out),
             def => {
@@ -502,9 +536,8 @@ impl Scheduler {
         &mut self,
         key: Key,
         rec: &TaskRunRecord,
-        listed: &BTreeMap<&str, &InstanceRecord>,
-        pool_members: &BTreeMap<String, Key>,
-        live_named: &BTreeSet<String>,
+        (listed, pool_members): (&BTreeMap<&str, &InstanceRecord>, &BTreeMap<String, Key>),
+        (live_named, live_users): (&BTreeSet<String>, &BTreeSet<(String, String)>),
         out: &mut Vec<Action>,
     ) {
         if let Some(t) = self.taskruns.get_mut(key) {
@@ -539,28 +572,32 @@ impl Scheduler {
                 let inst = self.new_instance(ip, template, None);
                 let i = self.instances.get_mut(inst).expect("just created");
                 let id: Arc<str> = id.as_str().into();
-                i.id = Some(id.clone());
                 i.state = InstState::Ready;
                 i.used = true;
                 i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
                 i.cleanup_for = Some(key);
-                self.instance_ids.insert(id, inst);
+                self.instances.set_id(inst, id);
                 self.terminate(inst, "its TaskRun finished", out);
                 pending += 1;
             }
-        } else if let Some(host) = rec.assigned_host.as_deref() {
+        } else if let Some(host) = rec.assigned_host.as_deref()
+            && !live_users.contains(&(
+                crate::contract::remote_user_name(&rec.name, &rec.namespace),
+                host.to_owned(),
+            ))
+        {
             let target = if let Some(&inst) = pool_members.get(host) {
                 self.instances.get(inst).and_then(|i| {
                     Some(HostRef::Instance {
-                        id: i.id.clone()?,
+                        id: i.id().cloned()?,
                         address: i.address.clone()?,
                         template: i.template.clone(),
                     })
                 })
             } else {
-                self.host_ids
-                    .get(host)
-                    .and_then(|&h| self.hosts[h as usize].def.clone())
+                self.hosts
+                    .id(host)
+                    .and_then(|h| self.hosts[h].def.clone())
                     .map(HostRef::Static)
             };
             if let (Some(target), Some(r)) = (target, self.taskrun_ref(key)) {
@@ -589,7 +626,7 @@ impl Scheduler {
             if rec.state.is_gone()
                 || claimed.contains(&rec.id)
                 || pool_members.contains_key(&rec.id)
-                || self.instance_ids.contains_key(rec.id.as_str())
+                || self.instances.find(rec.id.as_str()).is_some()
             {
                 continue;
             }
@@ -606,81 +643,12 @@ impl Scheduler {
             self.orphan(p, rec, template, out);
         }
     }
-
-    /// Tracks an unowned instance of this cluster; terminated once past the grace period, or at
-    /// once when its owner tag says no result can still claim it ([`Scheduler::owner_moved_on`]).
-    pub(super) fn orphan(
-        &mut self,
-        p: PlatformId,
-        rec: &InstanceRecord,
-        template: Arc<DynamicPlatform>,
-        out: &mut Vec<Action>,
-    ) {
-        let moved_on = self.owner_moved_on(p, rec);
-        let inst = self.new_instance(p, template, None);
-        let i = self.instances.get_mut(inst).expect("just created");
-        let id: Arc<str> = rec.id.as_str().into();
-        i.id = Some(id.clone());
-        i.created = rec.launched_at;
-        i.launches = 1;
-        i.state = InstState::Ready;
-        i.used = true;
-        self.instance_ids.insert(id, inst);
-        let at = rec.launched_at + self.policy.orphan_grace;
-        if at <= self.now || moved_on {
-            self.orphan_due(inst, out);
-        } else {
-            self.arm(at, Timer::Orphan(inst));
-        }
-    }
-
-    /// An untracked instance of ours whose owner tag names a TaskRun this ledger knows (live, in
-    /// cleanup, or finalized and remembered) with no launch of that owner in flight: a leader
-    /// that died between its launch call and recording the result left it, and the TaskRun has
-    /// moved on (its claims were all recovered, so this instance is not among them). Waiting out
-    /// the grace period would only hold a `max-instances` place, and, when the TaskRun is
-    /// finished, outlive everything else of it. An owner the ledger does not know keeps the
-    /// grace: its TaskRun may not be indexed yet.
-    pub(super) fn owner_moved_on(&self, p: PlatformId, rec: &InstanceRecord) -> bool {
-        let Some(owner) = rec.owner.as_deref() else {
-            return false;
-        };
-        let launching = self.platforms[p as usize]
-            .members
-            .iter()
-            .filter_map(|&k| self.instances.get(k))
-            .any(|i| i.id.is_none() && i.launch.as_ref().is_some_and(|l| l.owner_key() == owner));
-        if launching {
-            return false;
-        }
-        let uid = Uid::new(owner);
-        self.tombstones.contains(&uid) || self.by_uid.get(&uid, &self.taskruns).is_some()
-    }
-
-    pub(super) fn orphan_due(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get(inst) else {
-            return;
-        };
-        if i.owner.is_some() || i.pool.is_some() || i.state != InstState::Ready {
-            return;
-        }
-        let id = i.id.clone().unwrap_or_else(|| "?".into());
-        out.push(Action::Notify {
-            taskrun: None,
-            warning: true,
-            reason: "OrphanInstance",
-            message: format!(
-                "instance {id} carries our tags but no TaskRun owns it; terminating it"
-            ),
-        });
-        self.terminate(inst, "orphan: no TaskRun owns it", out);
-    }
 }
 
 fn id_of(s: &Scheduler, inst: Key) -> Arc<str> {
     s.instances
         .get(inst)
-        .and_then(|i| i.id.clone())
+        .and_then(|i| i.id().cloned())
         .unwrap_or_else(|| "".into())
 }
 

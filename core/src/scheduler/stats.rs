@@ -56,19 +56,25 @@ impl Scheduler {
     /// Current gauges. Linear in tracked TaskRuns; call once per metrics pass.
     pub fn gauges(&self) -> Gauges {
         let mut g = Gauges::default();
-        for ps in &self.platforms {
+        for (p, ps) in self.platforms.iter().enumerate() {
+            let p = p as super::PlatformId;
             let mut pg = PlatformGauges {
-                instances: ps.instances,
+                instances: self.instances.counted(p),
                 foreign: ps.foreign,
                 capacity: self.config.capacity(&ps.platform),
                 ..Default::default()
             };
-            for i in ps.members.iter().filter_map(|k| self.instances.get(*k)) {
+            for i in self
+                .instances
+                .members(p)
+                .iter()
+                .filter_map(|k| self.instances.get(*k))
+            {
                 match i.state {
                     InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => {
                         pg.booting += 1
                     }
-                    InstState::Terminating(_) | InstState::TerminateWait if i.leaked => {
+                    InstState::Terminating(_) | InstState::TerminateWait if i.leaked() => {
                         pg.leaked += 1
                     }
                     InstState::Terminating(_) | InstState::TerminateWait => pg.terminating += 1,
@@ -100,7 +106,7 @@ impl Scheduler {
                 .by_namespace
                 .entry((
                     ps.platform.as_str().to_owned(),
-                    self.namespaces[t.ns as usize].to_string(),
+                    self.taskruns.namespace(t.ns).to_string(),
                 ))
                 .or_default();
             n.0 += w;
@@ -116,9 +122,7 @@ impl Scheduler {
 
     /// Whether the TaskRun with this UID is tracked (allocated, queued, or being cleaned up).
     pub fn tracks(&self, uid: &str) -> bool {
-        self.by_uid
-            .get(&super::Uid::new(uid), &self.taskruns)
-            .is_some()
+        self.taskruns.find(&super::Uid::new(uid)).is_some()
     }
 
     /// Directly held buffer sizes of the per-TaskRun structures (heap strings excluded; measure
@@ -127,7 +131,7 @@ impl Scheduler {
         LedgerSize {
             taskruns: self.taskruns.len(),
             taskrun_slots: self.taskruns.capacity_bytes(),
-            uid_index: self.by_uid.allocation_size(),
+            uid_index: self.taskruns.uid_index_bytes(),
             queues: self
                 .platforms
                 .iter()

@@ -25,8 +25,9 @@ impl Scheduler {
             _ => return,
         };
         let label = self.platforms[p as usize].label.clone();
+        self.forget_terminated(p, listed);
         for rec in listed {
-            if let Some(&inst) = self.instance_ids.get(rec.id.as_str()) {
+            if let Some(inst) = self.instances.find(rec.id.as_str()) {
                 let Some(i) = self.instances.get(inst) else {
                     continue;
                 };
@@ -54,6 +55,7 @@ impl Scheduler {
             if rec.state.is_terminating()
                 || !rec.is_ours_for(&label)
                 || rec.instance_tag != template.instance_tag
+                || self.instances.was_terminated(rec.id.as_str())
             {
                 continue;
             }
@@ -67,11 +69,24 @@ impl Scheduler {
         self.count_foreign(p, listed.iter(), out);
     }
 
+    /// Forgets acknowledged terminations of `p` its listing shows done, and those older than
+    /// the orphan grace (see `Fleet::forget_terminated`).
+    fn forget_terminated(&mut self, p: PlatformId, listed: &[InstanceRecord]) {
+        let live: BTreeSet<&str> = listed
+            .iter()
+            .filter(|r| !r.state.is_terminating())
+            .map(|r| r.id.as_str())
+            .collect();
+        let (now, grace) = (self.now, self.policy.orphan_grace);
+        self.instances.forget_terminated(p, &live, now, grace);
+    }
+
     /// Sets the platform's foreign count from its listing: live instances the ledger does not
     /// track as the platform's own (other clusters', the Go controller's, other platforms'
     /// sharing the tag, and this cluster's own that nothing here tracks yet: ones younger than
     /// the orphan grace, which the sweep leaves alone), except those a launch in flight may have
-    /// started (same owner tag; the ledger counts that launch already). Serves waiters when it
+    /// started (same owner tag; the ledger counts that launch already) and ours whose termination
+    /// the ledger saw acknowledged (the listing predates it or lags it). Serves waiters when it
     /// dropped.
     pub(super) fn count_foreign<'a>(
         &mut self,
@@ -81,12 +96,13 @@ impl Scheduler {
     ) {
         let label = self.platforms[p as usize].label.clone();
         let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
-        for i in self.platforms[p as usize]
-            .members
+        for i in self
+            .instances
+            .members(p)
             .iter()
             .filter_map(|k| self.instances.get(*k))
         {
-            if i.id.is_none()
+            if i.id().is_none()
                 && let Some(l) = &i.launch
             {
                 *in_flight.entry(l.owner_key()).or_default() += 1;
@@ -99,11 +115,15 @@ impl Scheduler {
                 continue;
             }
             let tracked = self
-                .instance_ids
-                .get(rec.id.as_str())
-                .and_then(|&k| self.instances.get(k))
-                .is_some_and(|i| i.platform == p);
-            if tracked {
+                .instances
+                .find(rec.id.as_str())
+                .and_then(|k| self.instances.get(k))
+                .is_some_and(|i| i.platform() == p);
+            // Ours and terminated already: the listing predates the termination (or lags it).
+            // Counting it would hold the slot its termination freed until the next listing.
+            if tracked
+                || (rec.is_ours_for(&label) && self.instances.was_terminated(rec.id.as_str()))
+            {
                 continue;
             }
             if rec.is_ours_for(&label)
@@ -133,10 +153,10 @@ impl Scheduler {
         users: &[super::HostUser],
         out: &mut Vec<Action>,
     ) {
-        let Some(&hid) = self.host_ids.get(host) else {
+        let Some(hid) = self.hosts.id(host) else {
             return;
         };
-        let Some(def) = self.hosts[hid as usize].def.clone() else {
+        let Some(def) = self.hosts[hid].def.clone() else {
             return;
         };
         let mut keep = BTreeSet::new();
@@ -147,7 +167,7 @@ impl Scheduler {
                 keep.insert(r.remote_user());
             }
         }
-        for op in self.ops.values().chain(self.delayed.values()) {
+        for op in self.ops.values().chain(self.timers.delayed_ops()) {
             match op {
                 Op::Deprovision { user, .. } => {
                     keep.insert(user.name());
@@ -160,7 +180,7 @@ impl Scheduler {
                 _ => {}
             }
         }
-        let p = self.hosts[hid as usize].platform;
+        let p = self.hosts[hid].platform;
         let grace = self.policy.host_user_grace;
         for user in users {
             // Only our users' shape, and only old ones: a young one may be an allocation whose

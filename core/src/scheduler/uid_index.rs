@@ -8,9 +8,9 @@ use std::hash::BuildHasher;
 use foldhash::quality::FixedState;
 use hashbrown::HashTable;
 
-use super::TaskRun;
 use super::arena::{Arena, Key};
 use super::ids::Uid;
+use super::ledger::TaskRun;
 
 /// Keys of tracked TaskRuns, hashed by UID. Holds exactly the live keys of the arena it is
 /// used with (rehashing reads their UIDs).
@@ -28,16 +28,19 @@ impl UidIndex {
     pub(super) fn get(&self, uid: &Uid, taskruns: &Arena<TaskRun>) -> Option<Key> {
         self.table
             .find(hash(uid), |&k| {
-                taskruns.get(k).is_some_and(|t| t.uid == *uid)
+                taskruns.get(k).is_some_and(|t| t.uid() == uid)
             })
             .copied()
     }
 
     /// Indexes `key`, already stored in `taskruns` and not yet indexed.
     pub(super) fn insert(&mut self, key: Key, taskruns: &Arena<TaskRun>) {
-        let uid = &taskruns.get(key).expect("indexed TaskRuns are stored").uid;
+        let uid = taskruns
+            .get(key)
+            .expect("indexed TaskRuns are stored")
+            .uid();
         self.table.insert_unique(hash(uid), key, |&k| {
-            hash(&taskruns.get(k).expect("indexed TaskRuns are stored").uid)
+            hash(taskruns.get(k).expect("indexed TaskRuns are stored").uid())
         });
     }
 
@@ -46,6 +49,11 @@ impl UidIndex {
         if let Ok(entry) = self.table.find_entry(hash(uid), |&k| k == key) {
             entry.remove();
         }
+    }
+
+    /// Number of keys indexed.
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
     }
 
     /// Bytes of the table's buffer.

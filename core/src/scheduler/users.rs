@@ -9,13 +9,10 @@
 //! Costs: one md5 and one ordered-set range per placement; the per-target checks run only when
 //! a same-named TaskRun or a removal of the name exists (never, unless names collide).
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use foldhash::quality::FixedState;
-
 use super::arena::Key;
-use super::{Action, HostId, NO_PLATFORM, PlatformId, Scheduler, State, TaskRunRef};
+use super::{Action, HostId, NO_PLATFORM, PlatformId, Scheduler, State, TaskRun};
 
 /// A place a build user lives.
 #[derive(Clone, Copy)]
@@ -33,31 +30,14 @@ pub(super) struct UserGuard {
     cleaning: Vec<Arc<str>>,
 }
 
-fn user_hash(user: &str) -> u64 {
-    FixedState::default().hash_one(user)
-}
-
-fn user_of_path(path: &Arc<str>) -> String {
-    TaskRunRef::from_path(path.clone(), super::Uid::new("")).remote_user()
-}
-
 impl Scheduler {
-    /// Indexes a newly tracked TaskRun by its user name.
-    pub(super) fn index_user(&mut self, key: Key) {
-        if let Some(t) = self.taskruns.get(key) {
-            self.by_user
-                .insert((user_hash(&user_of_path(&t.path)), key));
-        }
-    }
-
-    /// Forgets a TaskRun that is no longer tracked (`path` was its path); TaskRuns it kept off a
-    /// host may go there now.
-    pub(super) fn unindex_user(&mut self, key: Key, path: &Arc<str>, out: &mut Vec<Action>) {
-        let user = user_of_path(path);
-        let h = user_hash(&user);
-        self.by_user.remove(&(h, key));
+    /// A TaskRun (`t`, under `key`) is no longer tracked: TaskRuns it kept off a host may go
+    /// there now.
+    pub(super) fn user_left(&mut self, key: Key, t: &TaskRun, out: &mut Vec<Action>) {
+        let user = t.user();
         let freed: Vec<_> = self
-            .same_user(h, &user, key)
+            .taskruns
+            .same_user(&user, key)
             .filter_map(|k| self.taskruns.get(k).map(|t| t.platform))
             .collect();
         for p in freed {
@@ -65,32 +45,10 @@ impl Scheduler {
         }
     }
 
-    fn same_user<'a>(&'a self, h: u64, user: &'a str, me: Key) -> impl Iterator<Item = Key> + 'a {
-        let lo = Key {
-            index: 0,
-            generation: 0,
-        };
-        let hi = Key {
-            index: u32::MAX,
-            generation: u32::MAX,
-        };
-        self.by_user
-            .range((h, lo)..=(h, hi))
-            .map(|&(_, k)| k)
-            .filter(move |&k| {
-                k != me
-                    && self
-                        .taskruns
-                        .get(k)
-                        .is_some_and(|t| user_of_path(&t.path) == user)
-            })
-    }
-
     /// What keeps `key`'s user name off some hosts, if anything.
     pub(super) fn user_guard(&self, key: Key) -> Option<UserGuard> {
-        let t = self.taskruns.get(key)?;
-        let user = user_of_path(&t.path);
-        let rivals: Vec<Key> = self.same_user(user_hash(&user), &user, key).collect();
+        let user = self.taskruns.get(key)?.user();
+        let rivals: Vec<Key> = self.taskruns.same_user(&user, key).collect();
         let cleaning = self.cleaning.get(&user).cloned().unwrap_or_default();
         (!rivals.is_empty() || !cleaning.is_empty()).then_some(UserGuard { rivals, cleaning })
     }
@@ -98,8 +56,8 @@ impl Scheduler {
     /// True when the guard keeps its TaskRun off `target`.
     pub(super) fn user_blocked(&self, guard: &UserGuard, target: Target) -> bool {
         let name = match target {
-            Target::Host(h) => Some(self.hosts[h as usize].name.clone()),
-            Target::Instance(i) => self.instances.get(i).and_then(|i| i.id.clone()),
+            Target::Host(h) => Some(self.hosts[h].name.clone()),
+            Target::Instance(i) => self.instances.get(i).and_then(|i| i.id().cloned()),
         };
         if name.is_some_and(|n| guard.cleaning.contains(&n)) {
             return true;

@@ -1,11 +1,8 @@
-//! Cloud actions (launch, probe, terminate, retag) and listings, through the one path of
+//! Cloud actions (launch, probe, terminate, retag) and the instance listing, through the one path of
 //! [`cloud::Runner`](crate::cloud::runner::Runner), with credentials read from the platform's
 //! `aws-secret` at use time (a rotated Secret takes effect at once).
 
 use std::sync::Arc;
-use std::time::Duration;
-
-use tokio::sync::mpsc;
 
 use super::{Context, kube as k8s};
 use crate::cloud::aws::{AwsCloud, AwsOptions};
@@ -13,8 +10,7 @@ use crate::cloud::metrics::CloudMetrics;
 use crate::cloud::reach::Direct;
 use crate::cloud::runner::{Runner, RunnerOptions};
 use crate::cloud::{ClusterId, Credentials};
-use crate::config::{DynamicPlatform, HostConfig};
-use crate::controller::driver::Input;
+use crate::config::DynamicPlatform;
 use crate::platform::Platform;
 use crate::scheduler::{Action, Event, InstanceRecord, ProbeResult};
 
@@ -52,14 +48,33 @@ fn template(action: &Action) -> Option<&Arc<DynamicPlatform>> {
     }
 }
 
+/// Why a platform's cloud credentials could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error(transparent)]
+    Secret(#[from] k8s::SecretError),
+    #[error("cloud credentials of {platform} (Secret {namespace}/{secret}): {source}")]
+    Invalid {
+        platform: String,
+        namespace: String,
+        secret: String,
+        source: crate::cloud::CredentialsError,
+    },
+}
+
 /// Credentials from the platform's `aws-secret` in the controller namespace; errors name it.
-async fn credentials(ctx: &Context, template: &DynamicPlatform) -> Result<Credentials, String> {
+async fn credentials(
+    ctx: &Context,
+    template: &DynamicPlatform,
+) -> Result<Credentials, CredentialsError> {
     let data = k8s::controller_secret(ctx, &template.aws_secret).await?;
-    Credentials::from_secret_data(&template.aws_secret, &data).map_err(|e| {
-        format!(
-            "cloud credentials of {} (Secret {}/{}): {e}",
-            template.platform, ctx.namespace, template.aws_secret
-        )
+    Credentials::from_secret_data(&template.aws_secret, &data).map_err(|source| {
+        CredentialsError::Invalid {
+            platform: template.platform.to_string(),
+            namespace: ctx.namespace.clone(),
+            secret: template.aws_secret.clone(),
+            source,
+        }
     })
 }
 
@@ -77,7 +92,7 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
                 // A configuration problem: the TaskRun's error secret says which Secret.
                 Action::Launch { op, .. } => vec![Event::LaunchFailed {
                     op,
-                    error,
+                    error: error.to_string(),
                     retryable: false,
                 }],
                 // Tried again at the next probe, within the allocation timeout.
@@ -87,7 +102,7 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
                 }],
                 Action::Terminate { op, .. } => vec![Event::Terminated {
                     op,
-                    error: Some(error),
+                    error: Some(error.to_string()),
                 }],
                 _ => Vec::new(),
             };
@@ -121,23 +136,8 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
     events
 }
 
-/// Every dynamic platform and pool of `config`, with its instance template.
-fn templates(config: &HostConfig) -> Vec<(Platform, DynamicPlatform)> {
-    config
-        .dynamic
-        .iter()
-        .map(|(p, d)| (p.clone(), d.clone()))
-        .chain(
-            config
-                .pools
-                .iter()
-                .map(|(p, pool)| (p.clone(), pool.instance.clone())),
-        )
-        .collect()
-}
-
 /// Lists one platform's instances, `None` on failure (logged).
-async fn list(
+pub async fn list(
     ctx: &Context,
     platform: &Platform,
     t: &DynamicPlatform,
@@ -154,57 +154,6 @@ async fn list(
         Err(error) => {
             tracing::warn!(%platform, %error, "listing instances failed");
             None
-        }
-    }
-}
-
-/// Every instance the dynamic platforms' credentials can see (recovery's listing). A platform
-/// whose listing keeps failing is left out after a few tries (its instances are found by the
-/// periodic listing); `None` when the term is cancelled.
-pub async fn list_all(ctx: &Context, config: &HostConfig) -> Option<Vec<InstanceRecord>> {
-    let mut all = Vec::new();
-    for (platform, t) in templates(config) {
-        let mut delay = Duration::from_millis(500);
-        for attempt in 1..=5 {
-            if ctx.cancel.is_cancelled() {
-                return None;
-            }
-            if let Some(l) = list(ctx, &platform, &t).await {
-                all.extend(l);
-                break;
-            }
-            if attempt == 5 {
-                tracing::error!(%platform, "recovering without this platform's instance listing");
-                break;
-            }
-            tokio::time::sleep(delay).await;
-            delay *= 2;
-        }
-    }
-    Some(all)
-}
-
-/// Lists every dynamic platform's instances every `every` and feeds them to the loop (orphans,
-/// instances gone behind our back, other clusters' instances for the bill guard), until the term
-/// ends.
-pub async fn sweep(
-    ctx: Context,
-    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    tx: mpsc::Sender<Input>,
-    every: Duration,
-) {
-    let mut rounds = super::Rounds::new(&ctx, config, every);
-    while let Some(cfg) = rounds.next().await {
-        for (platform, t) in templates(&cfg) {
-            if let Some(instances) = list(&ctx, &platform, &t).await {
-                let ev = Event::InstancesListed {
-                    platform: platform.clone(),
-                    instances,
-                };
-                if tx.send(Input::Sweep(ev)).await.is_err() {
-                    return;
-                }
-            }
         }
     }
 }

@@ -21,18 +21,63 @@ use crate::controller::patch::{self, Maps};
 use crate::controller::taskrun::TaskRun;
 use crate::scheduler::{Placement, SecretData, TaskRunRef};
 
-/// Why a write did not land.
+/// Why a request about a TaskRun, its secret or a Secret of the controller did not succeed
+/// (reads and writes alike).
 #[derive(Debug, thiserror::Error)]
-pub enum WriteError {
+pub enum ApiError {
     /// The TaskRun (or the object) no longer exists, or is another object of the same name.
     #[error("gone")]
     Gone,
-    /// The API refused the write for a reason a retry cannot fix.
-    #[error("{0}")]
-    Refused(String),
+    /// The API refused the request for a reason a retry cannot fix.
+    #[error(transparent)]
+    Refused(Box<kube::Error>),
+    /// Our finalizer could not be removed: the list kept changing under every attempt.
+    #[error("the finalizer list kept changing under five attempts")]
+    KeptChanging,
+    /// It did not land within its time limit, retries included.
+    #[error("did not land within {0:?}")]
+    TimedOut(Duration),
     /// Cancelled before it landed (leadership lost, shutdown).
     #[error("cancelled")]
     Cancelled,
+}
+
+impl ApiError {
+    fn refused(e: kube::Error) -> Self {
+        ApiError::Refused(Box::new(e))
+    }
+}
+
+/// How [`retrying`] fails.
+enum Failed {
+    /// Answered 422 (a failed `test` op) or 409 AlreadyExists: the caller decides what it means.
+    Rejected(kube::Error),
+    Api(ApiError),
+}
+
+impl From<Failed> for ApiError {
+    fn from(f: Failed) -> Self {
+        match f {
+            Failed::Rejected(e) => ApiError::refused(e),
+            Failed::Api(e) => e,
+        }
+    }
+}
+
+impl From<ApiError> for Failed {
+    fn from(e: ApiError) -> Self {
+        Failed::Api(e)
+    }
+}
+
+/// `f` within `limit`, retries included; else [`ApiError::TimedOut`].
+pub async fn within<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or(Err(ApiError::TimedOut(limit)))
 }
 
 /// How one API error is handled.
@@ -62,12 +107,8 @@ fn classify(e: &kube::Error) -> Class {
 /// Longest wait between retries of one write.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
-/// Runs `f` until it succeeds or fails for good; `Ok(Err(e))` hands a 422 back to the caller.
-async fn retrying<T, F, Fut>(
-    ctx: &Context,
-    what: &str,
-    mut f: F,
-) -> Result<Result<T, kube::Error>, WriteError>
+/// Runs `f` until it succeeds or fails for good; a 422 is handed back as [`Failed::Rejected`].
+async fn retrying<T, F, Fut>(ctx: &Context, what: &str, mut f: F) -> Result<T, Failed>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, kube::Error>>,
@@ -79,11 +120,11 @@ where
             tokio::time::timeout(ctx.limits.request_timeout, f()).await
         };
         let result = tokio::select! {
-            () = ctx.cancel.cancelled() => return Err(WriteError::Cancelled),
+            () = ctx.cancel.cancelled() => return Err(ApiError::Cancelled.into()),
             r = attempt => r,
         };
         let error = match result {
-            Ok(Ok(v)) => return Ok(Ok(v)),
+            Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => e,
             Err(_) => {
                 tracing::debug!(what, "API request timed out; retrying");
@@ -92,9 +133,9 @@ where
             }
         };
         match classify(&error) {
-            Class::Gone => return Err(WriteError::Gone),
-            Class::Invalid => return Ok(Err(error)),
-            Class::Permanent => return Err(WriteError::Refused(error.to_string())),
+            Class::Gone => return Err(ApiError::Gone.into()),
+            Class::Invalid => return Err(Failed::Rejected(error)),
+            Class::Permanent => return Err(ApiError::refused(error).into()),
             Class::Transient => {
                 tracing::debug!(what, %error, "API write failed; retrying");
                 sleep_or_cancel(ctx, &mut delay).await?;
@@ -103,9 +144,9 @@ where
     }
 }
 
-async fn sleep_or_cancel(ctx: &Context, delay: &mut Duration) -> Result<(), WriteError> {
+async fn sleep_or_cancel(ctx: &Context, delay: &mut Duration) -> Result<(), ApiError> {
     tokio::select! {
-        () = ctx.cancel.cancelled() => return Err(WriteError::Cancelled),
+        () = ctx.cancel.cancelled() => return Err(ApiError::Cancelled),
         () = tokio::time::sleep(*delay) => {}
     }
     *delay = (*delay * 2).min(MAX_BACKOFF);
@@ -117,23 +158,21 @@ fn taskruns(ctx: &Context, ns: &str) -> Api<TaskRun> {
 }
 
 /// The TaskRun if it still exists with this UID.
-pub async fn current(ctx: &Context, tr: &TaskRunRef) -> Result<TaskRun, WriteError> {
+pub async fn current(ctx: &Context, tr: &TaskRunRef) -> Result<TaskRun, ApiError> {
     let api = taskruns(ctx, tr.namespace());
     let uid = tr.uid().to_string();
-    let got = retrying(ctx, "read TaskRun", || api.get_opt(tr.name())).await?;
-    match got {
-        Ok(Some(t)) if t.metadata.uid.as_deref() == Some(uid.as_str()) => Ok(t),
-        Ok(_) => Err(WriteError::Gone),
-        Err(e) => Err(WriteError::Refused(e.to_string())),
+    match retrying(ctx, "read TaskRun", || api.get_opt(tr.name())).await? {
+        Some(t) if t.metadata.uid.as_deref() == Some(uid.as_str()) => Ok(t),
+        _ => Err(ApiError::Gone),
     }
 }
 
-/// One JSON Patch on a TaskRun; `Ok(Err(_))` when the API answered 422.
+/// One JSON Patch on a TaskRun; [`Failed::Rejected`] when the API answered 422.
 async fn json_patch(
     ctx: &Context,
     tr: &TaskRunRef,
     ops: &patch::TaskRunPatch,
-) -> Result<Result<(), kube::Error>, WriteError> {
+) -> Result<(), Failed> {
     let path = format!(
         "/apis/tekton.dev/v1/namespaces/{}/taskruns/{}",
         tr.namespace(),
@@ -163,21 +202,23 @@ async fn patch_taskrun(
     ctx: &Context,
     tr: &TaskRunRef,
     build: impl Fn(Maps) -> patch::TaskRunPatch,
-) -> Result<(), WriteError> {
-    match json_patch(ctx, tr, &build(Maps::MARKED)).await? {
+) -> Result<(), ApiError> {
+    match json_patch(ctx, tr, &build(Maps::MARKED)).await {
         Ok(()) => Ok(()),
-        Err(_) => {
+        Err(Failed::Api(e)) => Err(e),
+        Err(Failed::Rejected(_)) => {
             let t = current(ctx, tr).await?;
             let maps = Maps {
                 labels: t.metadata.labels.is_some(),
                 annotations: t.metadata.annotations.is_some(),
             };
-            match json_patch(ctx, tr, &build(maps)).await? {
+            match json_patch(ctx, tr, &build(maps)).await {
                 Ok(()) => Ok(()),
-                Err(e) => {
+                Err(Failed::Api(e)) => Err(e),
+                Err(Failed::Rejected(e)) => {
                     // Changed again in between, or the UID no longer matches.
                     current(ctx, tr).await?;
-                    Err(WriteError::Refused(e.to_string()))
+                    Err(ApiError::refused(e))
                 }
             }
         }
@@ -185,11 +226,7 @@ async fn patch_taskrun(
 }
 
 /// `Action::Record`.
-pub async fn record(
-    ctx: &Context,
-    tr: &TaskRunRef,
-    placement: &Placement,
-) -> Result<(), WriteError> {
+pub async fn record(ctx: &Context, tr: &TaskRunRef, placement: &Placement) -> Result<(), ApiError> {
     let uid = tr.uid().to_string();
     // Recovery trusts the recorded host only with this proof (it does not read the secret).
     let proof = placement
@@ -203,44 +240,39 @@ pub async fn record(
 }
 
 /// `Action::Ungate`: fine when already un-gated.
-pub async fn ungate(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteError> {
+pub async fn ungate(ctx: &Context, tr: &TaskRunRef) -> Result<(), ApiError> {
     let uid = tr.uid().to_string();
-    match json_patch(ctx, tr, &patch::ungate(&uid)).await? {
+    match json_patch(ctx, tr, &patch::ungate(&uid)).await {
         Ok(()) => Ok(()),
-        Err(_) => {
+        Err(Failed::Api(e)) => Err(e),
+        Err(Failed::Rejected(_)) => {
             let t = current(ctx, tr).await?;
             if !t.is_gated() {
                 return Ok(());
             }
-            match json_patch(ctx, tr, &patch::ungate(&uid)).await? {
-                Ok(()) => Ok(()),
-                Err(e) => Err(WriteError::Refused(e.to_string())),
-            }
+            Ok(json_patch(ctx, tr, &patch::ungate(&uid)).await?)
         }
     }
 }
 
 /// Adds our finalizer (a TaskRun that lacks it); fine when present.
-pub async fn add_finalizer(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteError> {
+pub async fn add_finalizer(ctx: &Context, tr: &TaskRunRef) -> Result<(), ApiError> {
     let uid = tr.uid().to_string();
     let t = current(ctx, tr).await?;
     let Some(ops) = patch::add_finalizer(&uid, t.metadata.finalizers.as_deref()) else {
         return Ok(());
     };
-    match json_patch(ctx, tr, &ops).await? {
-        Ok(()) => Ok(()),
-        Err(e) => Err(WriteError::Refused(e.to_string())),
-    }
+    Ok(json_patch(ctx, tr, &ops).await?)
 }
 
 /// `Action::RemoveFinalizer`: reads the list (the patch names an index), removes ours; retried
 /// when the list changed in between; fine when absent or the TaskRun is gone.
-pub async fn remove_finalizer(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteError> {
+pub async fn remove_finalizer(ctx: &Context, tr: &TaskRunRef) -> Result<(), ApiError> {
     let uid = tr.uid().to_string();
     for _ in 0..5 {
         let t = match current(ctx, tr).await {
             Ok(t) => t,
-            Err(WriteError::Gone) => return Ok(()),
+            Err(ApiError::Gone) => return Ok(()),
             Err(e) => return Err(e),
         };
         let Some(ops) =
@@ -249,14 +281,12 @@ pub async fn remove_finalizer(ctx: &Context, tr: &TaskRunRef) -> Result<(), Writ
             return Ok(());
         };
         match json_patch(ctx, tr, &ops).await {
-            Ok(Ok(())) | Err(WriteError::Gone) => return Ok(()),
-            Ok(Err(_)) => continue,
-            Err(e) => return Err(e),
+            Ok(()) | Err(Failed::Api(ApiError::Gone)) => return Ok(()),
+            Err(Failed::Rejected(_)) => continue,
+            Err(Failed::Api(e)) => return Err(e),
         }
     }
-    Err(WriteError::Refused(
-        "the finalizer list kept changing under five attempts".into(),
-    ))
+    Err(ApiError::KeptChanging)
 }
 
 fn secrets(ctx: &Context, ns: &str) -> Api<Secret> {
@@ -269,7 +299,7 @@ pub async fn write_secret(
     ctx: &Context,
     tr: &TaskRunRef,
     data: &SecretData,
-) -> Result<(), WriteError> {
+) -> Result<(), ApiError> {
     let api = secrets(ctx, tr.namespace());
     let desired = patch::secret(tr, data, &ctx.otp, &ctx.secret_proof);
     let name = tr.secret_name();
@@ -281,26 +311,24 @@ pub async fn write_secret(
         current(ctx, tr).await?;
         let created = retrying(ctx, "create secret", || api.create(&pp, &desired)).await;
         match created {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(kube::Error::Api(s))) if s.reason == "AlreadyExists" => {}
-            Ok(Err(e)) => return Err(WriteError::Refused(e.to_string())),
+            Ok(_) => return Ok(()),
+            Err(Failed::Rejected(kube::Error::Api(s))) if s.reason == "AlreadyExists" => {}
             // 404: the namespace is gone, and the TaskRun with it.
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
         // No resourceVersion: an unconditional update, which Secrets allow.
         match retrying(ctx, "replace secret", || api.replace(&name, &pp, &desired)).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => return Err(WriteError::Refused(e.to_string())),
+            Ok(_) => return Ok(()),
             // Deleted in between: create it again.
-            Err(WriteError::Gone) => continue,
-            Err(e) => return Err(e),
+            Err(Failed::Api(ApiError::Gone)) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 /// Whether the TaskRun's secret exists, without reading it: a dry-run create is refused with
 /// 409 AlreadyExists when the name is taken, and stores nothing either way.
-pub async fn secret_exists(ctx: &Context, tr: &TaskRunRef) -> Result<bool, WriteError> {
+pub async fn secret_exists(ctx: &Context, tr: &TaskRunRef) -> Result<bool, ApiError> {
     let api = secrets(ctx, tr.namespace());
     let probe = patch::secret_probe(tr);
     let pp = PostParams {
@@ -308,12 +336,11 @@ pub async fn secret_exists(ctx: &Context, tr: &TaskRunRef) -> Result<bool, Write
         ..PostParams::default()
     };
     match retrying(ctx, "probe secret", || api.create(&pp, &probe)).await {
-        Ok(Ok(_)) => Ok(false),
-        Ok(Err(kube::Error::Api(s))) if s.reason == "AlreadyExists" => Ok(true),
-        Ok(Err(e)) => Err(WriteError::Refused(e.to_string())),
+        Ok(_) => Ok(false),
+        Err(Failed::Rejected(kube::Error::Api(s))) if s.reason == "AlreadyExists" => Ok(true),
         // The namespace is gone: no secret.
-        Err(WriteError::Gone) => Ok(false),
-        Err(e) => Err(e),
+        Err(Failed::Api(ApiError::Gone)) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -323,18 +350,18 @@ pub async fn secret_exists(ctx: &Context, tr: &TaskRunRef) -> Result<bool, Write
 /// stale one. For a TaskRun already gone nothing is deleted: a namesake's secret may have the
 /// name now, and the GC deletes the old one through its ownerReference. The admission policy
 /// on the controller's Secret writes lets it delete only Secrets it could have written.
-pub async fn delete_secret(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteError> {
+pub async fn delete_secret(ctx: &Context, tr: &TaskRunRef) -> Result<(), ApiError> {
     match current(ctx, tr).await {
         Ok(_) => {}
-        Err(WriteError::Gone) => return Ok(()),
+        Err(ApiError::Gone) => return Ok(()),
         Err(e) => return Err(e),
     }
     let api = secrets(ctx, tr.namespace());
     let name = tr.secret_name();
     let dp = DeleteParams::default();
     match retrying(ctx, "delete secret", || api.delete(&name, &dp)).await {
-        Ok(_) | Err(WriteError::Gone) => Ok(()),
-        Err(e) => Err(e),
+        Ok(_) | Err(Failed::Api(ApiError::Gone)) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -343,21 +370,38 @@ pub async fn delete_secret(ctx: &Context, tr: &TaskRunRef) -> Result<(), WriteEr
 pub async fn controller_secret(
     ctx: &Context,
     name: &str,
-) -> Result<BTreeMap<String, Vec<u8>>, String> {
+) -> Result<BTreeMap<String, Vec<u8>>, SecretError> {
     let api = secrets(ctx, &ctx.namespace);
-    match retrying(ctx, "read controller secret", || api.get_opt(name)).await {
-        Ok(Ok(Some(s))) => Ok(s
+    let (namespace, name) = (ctx.namespace.clone(), name.to_owned());
+    match retrying(ctx, "read controller secret", || api.get_opt(&name)).await {
+        Ok(Some(s)) => Ok(s
             .data
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect()),
-        Ok(Ok(None)) | Err(WriteError::Gone) => {
-            Err(format!("Secret {}/{name} does not exist", ctx.namespace))
+        Ok(None) | Err(Failed::Api(ApiError::Gone)) => {
+            Err(SecretError::Missing { namespace, name })
         }
-        Ok(Err(e)) => Err(format!("Secret {}/{name}: {e}", ctx.namespace)),
-        Err(e) => Err(format!("Secret {}/{name}: {e}", ctx.namespace)),
+        Err(e) => Err(SecretError::Unreadable {
+            namespace,
+            name,
+            source: e.into(),
+        }),
     }
+}
+
+/// Why a Secret of the controller's namespace could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("Secret {namespace}/{name} does not exist")]
+    Missing { namespace: String, name: String },
+    #[error("Secret {namespace}/{name}: {source}")]
+    Unreadable {
+        namespace: String,
+        name: String,
+        source: ApiError,
+    },
 }
 
 /// A reference to a TaskRun for Events.

@@ -26,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 use super::events::{EventSink, Note};
 use super::metrics::ControllerMetrics;
 use super::patch::{OtpEndpoint, SecretProof};
-use crate::config::HostConfig;
+use crate::otp::OtpClientError;
 use crate::provision::Provisioner;
-use crate::scheduler::{Action, Event, TaskRunRef};
+use crate::scheduler::{Action, Event, LaunchOwner, RemoteUser, TaskRunRef};
+use kube::{ApiError, within};
 
 /// Where private keys go: the OTP server (docs/architecture.md, "The key hand-off and retries").
 pub trait KeyStore: Send + Sync {
@@ -43,10 +44,10 @@ pub trait KeyStore: Send + Sync {
         rearm: bool,
         rearms_left: u32,
         key: &'a [u8],
-    ) -> BoxFuture<'a, Result<String, String>>;
+    ) -> BoxFuture<'a, Result<String, OtpClientError>>;
 
     /// Removes every entry of `owner` (its TaskRun ended).
-    fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), String>>;
+    fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), OtpClientError>>;
 }
 
 /// Concurrency bounds per class of work and time limits per kind of action (`mpc controller`
@@ -166,41 +167,115 @@ impl Job {
             },
         }
     }
-
-    /// The TaskRun the job is about, if one.
-    fn taskrun(&self) -> Option<&TaskRunRef> {
-        match self {
-            Job::AddFinalizer(tr) => Some(tr),
-            Job::Action(
-                Action::Record { taskrun, .. }
-                | Action::Provision { taskrun, .. }
-                | Action::WriteSecret { taskrun, .. }
-                | Action::DeleteSecret { taskrun }
-                | Action::Ungate { taskrun }
-                | Action::RemoveFinalizer { taskrun, .. },
-            ) => Some(taskrun),
-            Job::Action(Action::Notify { taskrun, .. }) => taskrun.as_ref(),
-            Job::Action(_) => None,
-        }
-    }
 }
 
 /// Target of the per-step timing lines (debug level): where a TaskRun's time goes, for the
 /// controller benchmark's breakdown; off in production's `info`.
 pub const TIMING: &str = "mpc::timing";
 
-/// Runs a job; returns the events to feed back to the scheduler (empty when cancelled).
+impl Job {
+    /// The TaskRun the job is about, if any.
+    pub fn taskrun(&self) -> Option<&TaskRunRef> {
+        match self {
+            Job::AddFinalizer(t) => Some(t),
+            Job::Action(a) => match a {
+                Action::Record { taskrun, .. }
+                | Action::Provision { taskrun, .. }
+                | Action::WriteSecret { taskrun, .. }
+                | Action::DeleteSecret { taskrun }
+                | Action::Ungate { taskrun }
+                | Action::RemoveFinalizer { taskrun, .. }
+                | Action::Deprovision {
+                    user: RemoteUser::Of(taskrun),
+                    ..
+                } => Some(taskrun),
+                Action::Launch { launch, .. } | Action::Retag { launch, .. } => {
+                    match &launch.owner {
+                        LaunchOwner::TaskRun(taskrun) => Some(taskrun),
+                        LaunchOwner::Warm(_) => None,
+                    }
+                }
+                Action::Notify { taskrun, .. } => taskrun.as_ref(),
+                _ => None,
+            },
+        }
+    }
+
+    /// The scheduler's operation id, for the jobs whose result it waits for.
+    pub fn op(&self) -> Option<u64> {
+        match self {
+            Job::Action(
+                Action::Provision { op, .. }
+                | Action::Deprovision { op, .. }
+                | Action::Launch { op, .. }
+                | Action::Probe { op, .. }
+                | Action::Terminate { op, .. },
+            ) => Some(op.0),
+            _ => None,
+        }
+    }
+
+    /// The cloud instance the job is about, if any.
+    pub fn instance(&self) -> Option<&str> {
+        match self {
+            Job::Action(
+                Action::Probe { instance_id, .. }
+                | Action::Terminate { instance_id, .. }
+                | Action::Retag { instance_id, .. },
+            ) => Some(instance_id),
+            _ => None,
+        }
+    }
+
+    /// The span the job runs in: its kind, the TaskRun (`namespace`, `taskrun` for its name, `uid`;
+    /// `name` is the span's own in the JSON logs), the op id and the cloud instance, so
+    /// that one filter on the JSON logs reads a TaskRun's story (docs/architecture.md, "The
+    /// controller shell").
+    pub fn span(&self) -> tracing::Span {
+        use tracing::field::{Empty, display};
+        let span = tracing::info_span!(
+            "job",
+            kind = self.kind(),
+            namespace = Empty,
+            taskrun = Empty,
+            uid = Empty,
+            op = Empty,
+            instance = Empty
+        );
+        if let Some(t) = self.taskrun() {
+            span.record("namespace", t.namespace());
+            span.record("taskrun", t.name());
+            span.record("uid", display(t.uid()));
+        }
+        if let Some(op) = self.op() {
+            span.record("op", op);
+        }
+        if let Some(id) = self.instance() {
+            span.record("instance", id);
+        }
+        span
+    }
+}
+
+/// Runs a job in its [`Job::span`]; returns the events to feed back to the scheduler (empty
+/// when cancelled).
 pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
+    use tracing::Instrument;
     let kind = job.kind();
     let about = tracing::enabled!(target: TIMING, tracing::Level::DEBUG)
         .then(|| job.taskrun().cloned())
         .flatten();
     let started = std::time::Instant::now();
+    let span = job.span();
     ctx.metrics.in_flight(kind, 1);
-    let out = tokio::select! {
-        () = ctx.cancel.cancelled() => Vec::new(),
-        out = dispatch(ctx, job) => out,
-    };
+    let out = async {
+        tokio::select! {
+            () = ctx.cancel.cancelled() => Vec::new(),
+            out = dispatch(ctx, job) => out,
+        }
+    }
+    .instrument(span)
+    .await;
     ctx.metrics.in_flight(kind, -1);
     if let Some(tr) = about {
         tracing::debug!(
@@ -224,24 +299,18 @@ fn gone(tr: &TaskRunRef) -> Vec<Event> {
 }
 
 /// Outcome of a TaskRun write as events, with failures counted and logged.
-fn written(
-    ctx: &Context,
-    kind: &str,
-    tr: &TaskRunRef,
-    r: Result<Result<(), kube::WriteError>, tokio::time::error::Elapsed>,
-) -> Vec<Event> {
+fn written(ctx: &Context, kind: &str, tr: &TaskRunRef, r: Result<(), ApiError>) -> Vec<Event> {
     match r {
-        Ok(Ok(())) => Vec::new(),
-        Ok(Err(kube::WriteError::Gone)) => gone(tr),
-        Ok(Err(kube::WriteError::Cancelled)) => Vec::new(),
-        Ok(Err(kube::WriteError::Refused(error))) => {
+        Ok(()) | Err(ApiError::Cancelled) => Vec::new(),
+        Err(ApiError::Gone) => gone(tr),
+        Err(ApiError::TimedOut(limit)) => {
             ctx.metrics.failed(kind);
-            tracing::error!(taskrun = %tr, kind, %error, "API refused a write");
+            tracing::error!(taskrun = %tr, kind, ?limit, "write did not land in time");
             Vec::new()
         }
-        Err(_) => {
+        Err(error) => {
             ctx.metrics.failed(kind);
-            tracing::error!(taskrun = %tr, kind, limit = ?ctx.limits.write_timeout, "write did not land in time");
+            tracing::error!(taskrun = %tr, kind, %error, "API refused a write");
             Vec::new()
         }
     }
@@ -257,11 +326,9 @@ async fn remove_finalizer(ctx: &Context, taskrun: &TaskRunRef) {
     let (mut delay, longest) = FINALIZER_RETRY;
     let limit = ctx.limits.write_timeout;
     loop {
-        let r = tokio::time::timeout(limit, kube::remove_finalizer(ctx, taskrun)).await;
-        let error = match r {
-            Ok(Ok(()) | Err(kube::WriteError::Gone | kube::WriteError::Cancelled)) => return,
-            Ok(Err(kube::WriteError::Refused(error))) => error,
-            Err(_) => format!("did not land within {limit:?}"),
+        let error = match within(limit, kube::remove_finalizer(ctx, taskrun)).await {
+            Ok(()) | Err(ApiError::Gone | ApiError::Cancelled) => return,
+            Err(error) => error,
         };
         ctx.metrics.failed("remove_finalizer");
         tracing::error!(taskrun = %taskrun, %error, retry_in = ?delay, "finalizer not removed; retrying");
@@ -278,24 +345,23 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
     let (write_limit, ssh_limit) = (ctx.limits.write_timeout, ctx.limits.ssh_timeout);
     let action = match job {
         Job::AddFinalizer(tr) => {
-            let r = tokio::time::timeout(write_limit, kube::add_finalizer(ctx, &tr)).await;
+            let r = within(write_limit, kube::add_finalizer(ctx, &tr)).await;
             return written(ctx, kind, &tr, r);
         }
         Job::Action(a) => a,
     };
     match action {
         Action::Record { taskrun, placement } => {
-            let r =
-                tokio::time::timeout(write_limit, kube::record(ctx, &taskrun, &placement)).await;
+            let r = within(write_limit, kube::record(ctx, &taskrun, &placement)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::WriteSecret { taskrun, secret } => {
-            let r =
-                tokio::time::timeout(write_limit, kube::write_secret(ctx, &taskrun, &secret)).await;
+            let r = within(write_limit, kube::write_secret(ctx, &taskrun, &secret)).await;
             // A refusal is the scheduler's to decide on (write again, or free the host).
             let error = match r {
-                Ok(Err(kube::WriteError::Refused(error))) => error,
-                Err(_) => format!("did not land within {write_limit:?}"),
+                Err(
+                    e @ (ApiError::Refused(_) | ApiError::TimedOut(_) | ApiError::KeptChanging),
+                ) => e.to_string(),
                 r => return written(ctx, kind, &taskrun, r),
             };
             ctx.metrics.failed(kind);
@@ -307,11 +373,11 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             }]
         }
         Action::DeleteSecret { taskrun } => {
-            let r = tokio::time::timeout(write_limit, kube::delete_secret(ctx, &taskrun)).await;
+            let r = within(write_limit, kube::delete_secret(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::Ungate { taskrun } => {
-            let r = tokio::time::timeout(write_limit, kube::ungate(ctx, &taskrun)).await;
+            let r = within(write_limit, kube::ungate(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
         Action::RemoveFinalizer { taskrun, revoke } => {
@@ -350,12 +416,15 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
         Action::Deprovision { op, user, host } => {
             let r = tokio::time::timeout(ssh_limit, ssh::deprovision(ctx, &user, &host))
                 .await
-                .unwrap_or_else(|_| Err(format!("removal took longer than {ssh_limit:?}")));
+                .unwrap_or(Err(ssh::HostError::TimedOut(ssh_limit)));
             if let Err(error) = &r {
                 ctx.metrics.failed(kind);
                 tracing::warn!(user = %user.name(), host = host.name(), %error, "build user removal failed");
             }
-            vec![Event::Deprovisioned { op, error: r.err() }]
+            vec![Event::Deprovisioned {
+                op,
+                error: r.err().map(|e| e.to_string()),
+            }]
         }
         Action::Launch { .. }
         | Action::Probe { .. }
@@ -399,38 +468,157 @@ impl Context {
     }
 }
 
-/// The rounds of a periodic listing: the served config every `every`, until the term ends.
-pub struct Rounds {
-    cancel: CancellationToken,
-    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    every: Duration,
-}
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Mutex;
 
-impl Rounds {
-    /// Rounds of `ctx`'s term.
-    pub fn new(
-        ctx: &Context,
-        config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-        every: Duration,
-    ) -> Self {
-        Rounds {
-            cancel: ctx.cancel.clone(),
-            config,
-            every,
+    use serde_json::Value;
+
+    use super::*;
+    use crate::config::StaticHost;
+    use crate::scheduler::{HostRef, OpId, Uid};
+
+    /// Log lines as the binary writes them with `--log-format json`.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
 
-    /// The config to list for, after the next period; `None` once the term ended.
-    pub async fn next(&mut self) -> Option<Arc<HostConfig>> {
-        loop {
-            tokio::select! {
-                () = self.cancel.cancelled() => return None,
-                () = tokio::time::sleep(self.every) => {}
-            }
-            let current = self.config.borrow().clone();
-            if current.is_some() {
-                return current;
-            }
+    struct NoKeys;
+
+    impl KeyStore for NoKeys {
+        fn store<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: bool,
+            _: u32,
+            _: &'a [u8],
+        ) -> BoxFuture<'a, Result<String, OtpClientError>> {
+            Box::pin(async { Err(OtpClientError::InvalidUrl("unused".into())) })
         }
+        fn revoke<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), OtpClientError>> {
+            Box::pin(async { Err(OtpClientError::InvalidUrl("unused".into())) })
+        }
+    }
+
+    /// A context whose API server refuses connections (a closed loopback port): every read is
+    /// retried until the job's limit.
+    fn context(state: &std::path::Path) -> Context {
+        let registry = prometheus::Registry::new();
+        let config = ::kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = ::kube::Client::try_from(config).unwrap();
+        let recorder = ::kube::runtime::events::Recorder::new(
+            client.clone(),
+            ::kube::runtime::events::Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let cancel = CancellationToken::new();
+        Context {
+            client,
+            namespace: "mpc".into(),
+            otp: OtpEndpoint {
+                url: "https://otp.invalid/otp".into(),
+                ca_pem: String::new(),
+            },
+            secret_proof: Arc::new(SecretProof::from_store_token(b"t")),
+            keys: Arc::new(NoKeys),
+            provisioner: Arc::new(
+                Provisioner::new(crate::provision::SshOptions::new(state)).unwrap(),
+            ),
+            known_hosts: Arc::new(ssh::KnownHosts::new("known".into())),
+            config: crate::config_source::ConfigSource::new(None),
+            cloud: Arc::new(cloud::CloudExec::new(
+                crate::cloud::ClusterId::new("test").unwrap(),
+                None,
+                crate::cloud::metrics::CloudMetrics::new(&registry).unwrap(),
+            )),
+            events: EventSink::start(
+                recorder,
+                super::super::events::OutboxLimits::default(),
+                1,
+                super::super::events::dropped_counter(&registry).unwrap(),
+                cancel.clone(),
+            ),
+            metrics: ControllerMetrics::register(&registry).unwrap(),
+            limits: Arc::new(Limits::new(LimitSettings {
+                ssh_timeout: Duration::from_millis(300),
+                ..LimitSettings::default()
+            })),
+            cancel,
+        }
+    }
+
+    /// What a job logs carries the TaskRun and the op id in its span, in the JSON shape the
+    /// binary writes, so `select(.span.uid == $uid or any(.spans[]?; .uid == $uid))` finds it.
+    #[tokio::test]
+    async fn a_jobs_log_lines_carry_its_taskrun_and_op() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let state = std::env::temp_dir().join(format!("mpc-span-{}", std::process::id()));
+        let ctx = context(&state);
+        let taskrun = TaskRunRef::new("tenant-1", "build-arm64", Uid::new("uid-42"));
+        let host = StaticHost {
+            name: "h1".into(),
+            address: "127.0.0.1".into(),
+            user: "admin".into(),
+            platform: crate::platform::Platform::parse("linux/arm64").unwrap(),
+            secret: "h1-admin".into(),
+            concurrency: 1,
+            host_key: None,
+        };
+        let job = Job::Action(Action::Deprovision {
+            op: OpId(7),
+            user: RemoteUser::Of(taskrun),
+            host: HostRef::Static(Arc::new(host)),
+        });
+        let events = run(&ctx, job).await;
+        assert!(
+            matches!(&events[..], [Event::Deprovisioned { error: Some(_), .. }]),
+            "{events:?}"
+        );
+        drop(_default);
+        let _ = std::fs::remove_dir_all(&state);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let logged: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let failed = logged
+            .iter()
+            .find(|l| l["message"] == "build user removal failed")
+            .unwrap_or_else(|| panic!("the job's warning is logged: {text}"));
+        for (field, want) in [
+            ("name", Value::from("job")),
+            ("kind", "deprovision".into()),
+            ("namespace", "tenant-1".into()),
+            ("taskrun", "build-arm64".into()),
+            ("uid", "uid-42".into()),
+            ("op", 7.into()),
+        ] {
+            assert_eq!(failed["span"][field], want, "span.{field}: {failed}");
+            assert_eq!(
+                failed["spans"][0][field], want,
+                "spans[0].{field}: {failed}"
+            );
+        }
+        assert_eq!(failed["host"], "h1");
     }
 }

@@ -1,4 +1,4 @@
-//! Provisioning and removal of build users over SSH, and the hand-over of the private key to the
+//! Provisioning, listing and removal of build users over SSH, and the hand-over of the private key to the
 //! OTP server (docs/architecture.md, "The contract with the Go controller" and "The key hand-off
 //! and retries").
 
@@ -10,28 +10,26 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{Context, kube as k8s};
-use tokio::sync::mpsc;
-
-use crate::config::{HostConfig, StaticHost};
-use crate::controller::driver::Input;
-use crate::provision::{ProvisionError, ProvisionRequest, Target, Zeroizing};
-use crate::scheduler::{Blame, Event, HostRef, RemoteUser, TaskRunRef};
+use crate::config::StaticHost;
+use crate::otp::OtpClientError;
+use crate::provision::{HostUser, ProvisionError, ProvisionRequest, Target, Zeroizing};
+use crate::scheduler::{Blame, HostRef, RemoteUser, TaskRunRef};
 
 /// Why [`provision`] failed, with whose fault it is ([`ProvisionFailure::blame`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionFailure {
     /// The host's admin key could not be read from its Secret: ours to fix, not the host's.
-    #[error("{0}")]
-    AdminKey(String),
+    #[error(transparent)]
+    AdminKey(#[from] AdminKeyError),
     /// The SSH step failed; its own blame says whose fault.
     #[error(transparent)]
     Ssh(#[from] ProvisionError),
     /// The TaskRun could not be read back after the user was created.
     #[error("reading the TaskRun: {0}")]
-    TaskRun(#[source] k8s::WriteError),
+    TaskRun(#[source] k8s::ApiError),
     /// The private key could not be stored in the OTP server.
     #[error("storing the key in the OTP server: {0}")]
-    Otp(String),
+    Otp(#[source] OtpClientError),
     /// The whole provisioning overran its limit (connect, script and store together).
     #[error("provisioning took longer than {0:?}")]
     TimedOut(Duration),
@@ -50,8 +48,32 @@ impl ProvisionFailure {
     }
 }
 
+/// Why a host's admin key could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminKeyError {
+    #[error(transparent)]
+    Secret(#[from] k8s::SecretError),
+    #[error("Secret {namespace}/{secret} has no {key:?} key (the host's admin SSH private key)")]
+    NoKey {
+        namespace: String,
+        secret: String,
+        key: &'static str,
+    },
+}
+
+/// Why an SSH operation other than provisioning (a removal, a listing) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(transparent)]
+    AdminKey(#[from] AdminKeyError),
+    #[error(transparent)]
+    Ssh(#[from] ProvisionError),
+    #[error("removal took longer than {0:?}")]
+    TimedOut(Duration),
+}
+
 /// The admin login for a host, with its key read now from the host's Secret (`id_rsa`).
-async fn target(ctx: &Context, host: &HostRef) -> Result<Target, String> {
+async fn target(ctx: &Context, host: &HostRef) -> Result<Target, AdminKeyError> {
     let (secret, key_name) = match host {
         HostRef::Static(h) => (h.secret.as_str(), "id_rsa"),
         HostRef::Instance { template, .. } => (template.ssh_secret.as_str(), "id_rsa"),
@@ -60,11 +82,10 @@ async fn target(ctx: &Context, host: &HostRef) -> Result<Target, String> {
     let key = data
         .get(key_name)
         .filter(|k| !k.is_empty())
-        .ok_or_else(|| {
-            format!(
-                "Secret {}/{secret} has no {key_name:?} key (the host's admin SSH private key)",
-                ctx.namespace
-            )
+        .ok_or_else(|| AdminKeyError::NoKey {
+            namespace: ctx.namespace.clone(),
+            secret: secret.to_owned(),
+            key: key_name,
         })?;
     let key = Arc::new(Zeroizing::new(key.clone()));
     Ok(match host {
@@ -196,62 +217,24 @@ fn hex_nonce() -> String {
 }
 
 /// `Action::Deprovision`: removes the user and everything provisioning created.
-pub async fn deprovision(ctx: &Context, user: &RemoteUser, host: &HostRef) -> Result<(), String> {
+pub async fn deprovision(
+    ctx: &Context,
+    user: &RemoteUser,
+    host: &HostRef,
+) -> Result<(), HostError> {
     let target = target(ctx, host).await?;
     let _permit = ctx.limits.ssh.acquire().await;
-    ctx.provisioner
-        .deprovision(&target, &user.name())
-        .await
-        .map_err(|e| e.to_string())
+    Ok(ctx.provisioner.deprovision(&target, &user.name()).await?)
 }
 
-/// Lists the build users of every static host every `every` and feeds them to the loop, which
-/// removes the old ones no allocation owns (docs/architecture.md, "What the scheduler guarantees").
-/// A host that cannot be listed is skipped until the next round; the term's end stops it.
-pub async fn list_host_users(
-    ctx: Context,
-    config: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    tx: mpsc::Sender<Input>,
-    every: Duration,
-) {
-    let mut rounds = super::Rounds::new(&ctx, config, every);
-    while let Some(cfg) = rounds.next().await {
-        let hosts: BTreeMap<&str, &StaticHost> = cfg
-            .static_pools
-            .values()
-            .flat_map(|p| &p.hosts)
-            .map(|h| (h.name.as_str(), h))
-            .collect();
-        for host in hosts.into_values() {
-            let listed = async {
-                let target = target(&ctx, &HostRef::Static(Arc::new(host.clone()))).await?;
-                let _permit = ctx.limits.ssh.acquire().await;
-                ctx.provisioner
-                    .list_build_users(&target)
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            let users = tokio::select! {
-                () = ctx.cancel.cancelled() => return,
-                r = listed => r,
-            };
-            match users {
-                Ok(users) => {
-                    let ev = Event::HostUsersListed {
-                        host: host.name.clone(),
-                        users,
-                    };
-                    if tx.send(Input::Sweep(ev)).await.is_err() {
-                        return;
-                    }
-                }
-                Err(error) => {
-                    ctx.metrics.failed("list_host_users");
-                    tracing::warn!(host = %host.name, %error, "listing build users failed");
-                }
-            }
-        }
-    }
+/// The build users on static host `host`.
+pub async fn list_build_users(
+    ctx: &Context,
+    host: &StaticHost,
+) -> Result<Vec<HostUser>, HostError> {
+    let target = target(ctx, &HostRef::Static(Arc::new(host.clone()))).await?;
+    let _permit = ctx.limits.ssh.acquire().await;
+    Ok(ctx.provisioner.list_build_users(&target).await?)
 }
 
 /// Host keys learned on first use, of static hosts (by name) and instances (by instance id),
@@ -277,18 +260,21 @@ impl KnownHosts {
 
     /// Writes every stored record into the local known-hosts files (the ConfigMap wins). Called
     /// before a term schedules anything.
-    pub async fn load(&self, ctx: &Context) -> Result<usize, String> {
+    pub async fn load(&self, ctx: &Context) -> Result<usize, KnownHostsError> {
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
         let cm = api
             .get_opt(&self.name)
             .await
-            .map_err(|e| format!("ConfigMap {}/{}: {e}", ctx.namespace, self.name))?;
+            .map_err(|source| KnownHostsError::Api {
+                configmap: format!("{}/{}", ctx.namespace, self.name),
+                source,
+            })?;
         let data = cm.and_then(|c| c.data).unwrap_or_default();
         let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
         for (id, text) in &data {
             let path = ctx.provisioner.connections().tofu_file(id);
-            if let Err(e) = std::fs::write(&path, text) {
-                return Err(format!("writing {}: {e}", path.display()));
+            if let Err(source) = std::fs::write(&path, text) {
+                return Err(KnownHostsError::Write { path, source });
             }
             synced.insert(id.clone(), text.clone());
         }
@@ -366,10 +352,14 @@ impl KnownHosts {
         tracing::warn!(host = %id, "could not remove the host key: the ConfigMap kept changing");
     }
 
-    async fn store(&self, ctx: &Context, id: &str, text: &str) -> Result<(), String> {
+    async fn store(&self, ctx: &Context, id: &str, text: &str) -> Result<(), KnownHostsError> {
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+        let failed = |source| KnownHostsError::Api {
+            configmap: format!("{}/{}", ctx.namespace, self.name),
+            source,
+        };
         for _ in 0..5 {
-            let current = api.get_opt(&self.name).await.map_err(|e| e.to_string())?;
+            let current = api.get_opt(&self.name).await.map_err(failed)?;
             let result = match current {
                 None => {
                     let cm = ConfigMap {
@@ -399,11 +389,28 @@ impl KnownHosts {
             match result {
                 Ok(()) => return Ok(()),
                 Err(::kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(failed(e)),
             }
         }
-        Err("the ConfigMap kept changing".into())
+        Err(KnownHostsError::KeptChanging)
     }
+}
+
+/// Why the known host keys could not be loaded or stored.
+#[derive(Debug, thiserror::Error)]
+pub enum KnownHostsError {
+    #[error("ConfigMap {configmap}: {source}")]
+    Api {
+        configmap: String,
+        source: ::kube::Error,
+    },
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the ConfigMap kept changing")]
+    KeptChanging,
 }
 
 #[cfg(test)]
@@ -413,10 +420,13 @@ mod tests {
     /// Only a failure of the host itself may count against its health.
     #[test]
     fn only_the_hosts_own_failures_are_blamed_on_it() {
-        let missing = ProvisionFailure::AdminKey("Secret ns/h1-admin not found".into());
+        let missing = ProvisionFailure::from(AdminKeyError::Secret(k8s::SecretError::Missing {
+            namespace: "ns".into(),
+            name: "h1-admin".into(),
+        }));
         assert_eq!(missing.blame(), Blame::Controller);
         assert_eq!(
-            ProvisionFailure::Otp("refused".into()).blame(),
+            ProvisionFailure::Otp(OtpClientError::InvalidUrl("x".into())).blame(),
             Blame::Controller
         );
         let refused = ProvisionFailure::from(ProvisionError::AuthRefused {

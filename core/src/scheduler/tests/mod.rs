@@ -3,12 +3,14 @@
 
 mod dynamic;
 mod faults;
+mod handoff;
 mod lifecycle;
 mod metrics;
 mod ownership;
 mod pool;
 mod recovery;
 mod shared_users;
+mod state;
 mod static_pool;
 mod tenant;
 
@@ -85,6 +87,8 @@ pub(super) fn dynamic_pairs(max: u32, pool: Option<(u32, u32)>) -> Vec<(String, 
 pub(super) struct H {
     pub s: Scheduler,
     pub now: Time,
+    /// Check the state's invariants after every event (off for bulk tests: the check is linear).
+    pub check: bool,
 }
 
 pub(super) const START: u64 = 1_700_000_000;
@@ -100,11 +104,29 @@ impl H {
         let mut out = Vec::new();
         s.recover(now, Snapshot::default(), &mut out);
         assert!(out.is_empty(), "{out:?}");
-        H { s, now }
+        H::from(s, now)
     }
 
+    /// Takes over a scheduler (recovered already); its state must be consistent.
+    pub fn from(s: Scheduler, now: Time) -> Self {
+        s.check()
+            .expect("a recovered scheduler's state is consistent");
+        H {
+            s,
+            now,
+            check: true,
+        }
+    }
+
+    /// Feeds one event; the state's invariants must hold after it.
     pub fn send(&mut self, e: Event) -> Vec<Action> {
-        self.s.step(self.now, e)
+        let out = self.s.step(self.now, e);
+        if self.check
+            && let Err(e) = self.s.check()
+        {
+            panic!("{e}\nafter actions {out:#?}");
+        }
+        out
     }
 
     /// Moves time forward and fires due timers.

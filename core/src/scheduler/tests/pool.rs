@@ -123,10 +123,7 @@ fn min_instances_are_kept_warm() {
     let l = launches(&out);
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].1, None, "warm instances belong to no TaskRun");
-    let mut h = H {
-        s,
-        now: Time::from_secs(START),
-    };
+    let mut h = H::from(s, Time::from_secs(START));
     let a = boot(&mut h, l[0].0, "i-warm");
     assert!(provisions(&a).is_empty());
     // Idle past the idle timeout (but not max-age): kept, it is the warm one.

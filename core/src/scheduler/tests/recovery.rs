@@ -18,7 +18,7 @@ pub(super) fn start(pairs: &[(String, String)], snap: Snapshot) -> (H, Vec<Actio
     let now = Time::from_secs(START);
     let mut out = Vec::new();
     s.recover(now, snap, &mut out);
-    (H { s, now }, out)
+    (H::from(s, now), out)
 }
 
 /// An instance of this cluster for linux/arm64, launched for the TaskRun with UID `owner`.

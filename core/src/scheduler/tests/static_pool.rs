@@ -596,6 +596,7 @@ fn operation_table_gives_memory_back_after_a_burst() {
     let names: Vec<String> = (0..640).map(|i| format!("h{i}")).collect();
     let hosts: Vec<(&str, u32)> = names.iter().map(|n| (n.as_str(), 8)).collect();
     let mut h = H::new(&static_pairs(&hosts));
+    h.check = false;
     let mut ops = Vec::new();
     for i in 0..5000 {
         let a = h.submit("ns", &format!("t{i}"), "linux/s390x");
@@ -611,6 +612,7 @@ fn operation_table_gives_memory_back_after_a_burst() {
         });
     }
     assert_eq!(h.s.ops.len(), 0);
+    h.s.check().expect("consistent after the burst");
     assert!(
         h.s.ops.capacity() * 8 <= peak,
         "{} of {peak}",

@@ -1,7 +1,7 @@
 //! Pure: what a watched TaskRun means for the scheduler (docs/architecture.md, "One TaskRun, end to
 //! end" and "The contract with the Go controller"; docs/architecture.md, "The controller shell").
 //!
-//! [`observe`] turns one slim TaskRun into an [`Observed`]: a TaskRun that needs (or holds) a
+//! [`of`] turns one slim TaskRun into its [`Meaning`]: a TaskRun that needs (or holds) a
 //! host, one that is done (finished, deleted, or released because its Task never mounts the
 //! secret), or one that cannot be decided yet. The secret-mount rule: only TaskRuns whose pod
 //! mounts `multi-platform-ssh-*` get a host. An inline Task answers at once; a `taskRef` answers
@@ -22,7 +22,7 @@ use crate::scheduler::{TaskRunRecord, TaskRunSpec, Time};
 
 /// What a TaskRun needs from the scheduler.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Observed {
+pub enum Meaning {
     /// Nothing to do: not ours, or finished and already cleaned up.
     Ignore,
     /// Needs or holds a build host: send [`Event::TaskRun`](crate::scheduler::Event::TaskRun).
@@ -92,13 +92,13 @@ impl MountMemo {
 }
 
 /// Decides what a TaskRun (a watch event's object) means; records mount answers in `memo`.
-pub fn observe(tr: &TaskRun, memo: &mut MountMemo) -> Observed {
+pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
     let Some((namespace, name, uid)) = tr.identity() else {
-        return Observed::Ignore;
+        return Meaning::Ignore;
     };
     let has_finalizer = tr.has_finalizer();
     let finished = tr.is_deleting() || tr.is_finished();
-    let done = |ungate: bool| Observed::Done {
+    let done = |ungate: bool| Meaning::Done {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         uid: uid.to_owned(),
@@ -121,7 +121,7 @@ pub fn observe(tr: &TaskRun, memo: &mut MountMemo) -> Observed {
         Some(true) => {}
         Some(false) => return done(tr.is_gated()),
         None => {
-            return Observed::Undecided {
+            return Meaning::Undecided {
                 ungate: tr.is_gated(),
             };
         }
@@ -135,7 +135,7 @@ pub fn observe(tr: &TaskRun, memo: &mut MountMemo) -> Observed {
         (Some(a), Some(created)) => a.max(created),
         (a, created) => a.or(created).unwrap_or(0),
     };
-    Observed::Active {
+    Meaning::Active {
         spec: TaskRunSpec {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
@@ -257,21 +257,21 @@ pub fn record(tr: &TaskRun, spec: Option<&TaskRunSpec>) -> Option<TaskRunRecord>
     Some(rec)
 }
 
-/// What recovery keeps of a watched TaskRun, given what [`observe`] made of it: its record and
+/// What recovery keeps of a watched TaskRun, given what it [`Meaning`] is: its record and
 /// whether its Secret must be read ([`secret_matters`]); `None` when recovery has nothing to
 /// rebuild for it (ignored, undecided, or done without our finalizer).
-pub fn recovery_entry(tr: &TaskRun, observed: &Observed) -> Option<(TaskRunRecord, bool)> {
-    match observed {
-        Observed::Active { spec, .. } => {
+pub fn recovery_entry(tr: &TaskRun, meaning: &Meaning) -> Option<(TaskRunRecord, bool)> {
+    match meaning {
+        Meaning::Active { spec, .. } => {
             let rec = record(tr, Some(spec))?;
             let matters = secret_matters(&rec, tr);
             Some((rec, matters))
         }
-        Observed::Done {
+        Meaning::Done {
             tracked_only: false,
             ..
         } => Some((record(tr, None)?, false)),
-        Observed::Done { .. } | Observed::Ignore | Observed::Undecided { .. } => None,
+        Meaning::Done { .. } | Meaning::Ignore | Meaning::Undecided { .. } => None,
     }
 }
 
@@ -317,14 +317,14 @@ mod tests {
         let mut memo = MountMemo::default();
         let mut v = base();
         assert_eq!(
-            observe(&tr(v.clone()), &mut memo),
-            Observed::Undecided { ungate: false }
+            of(&tr(v.clone()), &mut memo),
+            Meaning::Undecided { ungate: false }
         );
         v["status"]["taskSpec"] = resolved(true);
-        let Observed::Active {
+        let Meaning::Active {
             spec,
             needs_finalizer,
-        } = observe(&tr(v), &mut memo)
+        } = of(&tr(v), &mut memo)
         else {
             panic!("resolved Task mounts the secret")
         };
@@ -336,10 +336,7 @@ mod tests {
         w["metadata"]["uid"] = "u2".into();
         w["spec"]["taskRef"]["params"] = serde_json::json!([
             {"name": "name", "value": "buildah"}, {"name": "bundle", "value": "quay.io/b@sha256:1"}]);
-        assert!(matches!(
-            observe(&tr(w), &mut memo),
-            Observed::Active { .. }
-        ));
+        assert!(matches!(of(&tr(w), &mut memo), Meaning::Active { .. }));
     }
 
     #[test]
@@ -349,8 +346,8 @@ mod tests {
         v["spec"]["status"] = "TaskRunPending".into();
         v["status"]["taskSpec"] = resolved(false);
         assert_eq!(
-            observe(&tr(v.clone()), &mut memo),
-            Observed::Done {
+            of(&tr(v.clone()), &mut memo),
+            Meaning::Done {
                 namespace: "t1".into(),
                 name: "b1".into(),
                 uid: "u1".into(),
@@ -362,8 +359,8 @@ mod tests {
         // Once the finalizer is gone, nothing more to do unless the scheduler still tracks it.
         v["metadata"]["finalizers"] = serde_json::json!([]);
         assert!(matches!(
-            observe(&tr(v), &mut memo),
-            Observed::Done {
+            of(&tr(v), &mut memo),
+            Meaning::Done {
                 tracked_only: true,
                 ..
             }
@@ -376,14 +373,14 @@ mod tests {
         let mut v = base();
         v["spec"]["status"] = "TaskRunPending".into();
         assert_eq!(
-            observe(&tr(v.clone()), &mut memo),
-            Observed::Undecided { ungate: true }
+            of(&tr(v.clone()), &mut memo),
+            Meaning::Undecided { ungate: true }
         );
         v["spec"]["taskRef"] = Value::Null;
         v["spec"]["taskSpec"] = resolved(true);
         assert!(matches!(
-            observe(&tr(v), &mut memo),
-            Observed::Active { spec, .. } if spec.gated
+            of(&tr(v), &mut memo),
+            Meaning::Active { spec, .. } if spec.gated
         ));
     }
 
@@ -395,23 +392,23 @@ mod tests {
         v["status"]["conditions"] = serde_json::json!([{"type": "Succeeded", "status": "Unknown", "reason": "ToBeRetried"}]);
         v["status"]["retriesStatus"] = serde_json::json!([{}]);
         assert!(matches!(
-            observe(&tr(v.clone()), &mut memo),
-            Observed::Active { spec, .. } if spec.retries == 1
+            of(&tr(v.clone()), &mut memo),
+            Meaning::Active { spec, .. } if spec.retries == 1
         ));
         v["status"]["conditions"][0]["status"] = "False".into();
         assert!(matches!(
-            observe(&tr(v.clone()), &mut memo),
-            Observed::Done {
+            of(&tr(v.clone()), &mut memo),
+            Meaning::Done {
                 tracked_only: false,
                 ..
             }
         ));
         let mut d = base();
         d["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z".into();
-        assert!(matches!(observe(&tr(d), &mut memo), Observed::Done { .. }));
+        assert!(matches!(of(&tr(d), &mut memo), Meaning::Done { .. }));
         let mut i = base();
         i["metadata"]["labels"][contract::TASK_TYPE_LABEL] = "internal".into();
-        assert!(matches!(observe(&tr(i), &mut memo), Observed::Done { .. }));
+        assert!(matches!(of(&tr(i), &mut memo), Meaning::Done { .. }));
     }
 
     #[test]
@@ -437,7 +434,7 @@ mod tests {
         // Queued: rebuilt, no Secret to read.
         v["metadata"]["labels"][contract::WAITING_FOR_PLATFORM_LABEL] = "linux-arm64".into();
         let t = tr(v.clone());
-        let (rec, matters) = recovery_entry(&t, &observe(&t, &mut memo)).unwrap();
+        let (rec, matters) = recovery_entry(&t, &of(&t, &mut memo)).unwrap();
         assert!(!rec.finished && !matters);
         // Placed: its Secret says whether it was served.
         v["metadata"]["labels"]
@@ -445,15 +442,15 @@ mod tests {
             .unwrap()
             .remove(contract::WAITING_FOR_PLATFORM_LABEL);
         let t = tr(v.clone());
-        assert!(recovery_entry(&t, &observe(&t, &mut memo)).unwrap().1);
+        assert!(recovery_entry(&t, &of(&t, &mut memo)).unwrap().1);
         // Finished with our finalizer: cleanup is due. Without it: nothing to rebuild.
         v["status"]["conditions"] = serde_json::json!([{"type": "Succeeded", "status": "True"}]);
         let t = tr(v.clone());
-        let (rec, matters) = recovery_entry(&t, &observe(&t, &mut memo)).unwrap();
+        let (rec, matters) = recovery_entry(&t, &of(&t, &mut memo)).unwrap();
         assert!(rec.finished && !matters);
         v["metadata"]["finalizers"] = serde_json::json!([]);
         let t = tr(v);
-        assert_eq!(recovery_entry(&t, &observe(&t, &mut memo)), None);
+        assert_eq!(recovery_entry(&t, &of(&t, &mut memo)), None);
     }
 
     #[test]
@@ -480,17 +477,17 @@ mod tests {
         v["status"]["taskSpec"] = resolved(true);
         v["metadata"]["annotations"][contract::ALLOCATION_START_TIME_ANNOTATION] = "1".into();
         let t = tr(v.clone());
-        let observed = observe(&t, &mut memo);
-        let Observed::Active { spec, .. } = &observed else {
-            panic!("active: {observed:?}")
+        let meaning = of(&t, &mut memo);
+        let Meaning::Active { spec, .. } = &meaning else {
+            panic!("active: {meaning:?}")
         };
         assert_eq!(spec.since, created);
-        let (rec, _) = recovery_entry(&t, &observed).unwrap();
+        let (rec, _) = recovery_entry(&t, &meaning).unwrap();
         assert_eq!(rec.since, created);
         // Finished: recovery reads the annotation itself.
         v["status"]["conditions"] = serde_json::json!([{"type": "Succeeded", "status": "True"}]);
         let t = tr(v);
-        let (rec, _) = recovery_entry(&t, &observe(&t, &mut memo)).unwrap();
+        let (rec, _) = recovery_entry(&t, &of(&t, &mut memo)).unwrap();
         assert!(rec.finished);
         assert_eq!(rec.since, created);
     }

@@ -1,9 +1,11 @@
 //! Leader election on a `coordination.k8s.io` Lease (docs/architecture.md, "The controller shell").
 //!
-//! Every replica serves the webhook; only the Lease holder schedules. [`decide`] is the pure rule
-//! (take a free or expired Lease, renew our own, otherwise follow); [`Elector`] is the shell: it
-//! reads and writes the Lease with optimistic concurrency (a write that loses a race is a 409 and
-//! changes nothing) and publishes leadership on a watch channel.
+//! Every replica serves the webhook; only the Lease holder schedules. Pure: [`decide`], the rule
+//! for one round (take a free or expired Lease, renew our own, otherwise follow), and [`Terms`],
+//! which turns the rounds' outcomes and the clock (passed in) into leadership gained and lost.
+//! [`Elector`] is the shell: it reads and writes the Lease with optimistic concurrency (a write
+//! that loses a race is a 409 and changes nothing), sleeps when [`Terms`] says, and publishes
+//! leadership on a watch channel.
 //!
 //! Guarantees: a replica reports leadership only while the round of its last successful renewal
 //! started less than `renew_deadline` ago, which is shorter than the Lease duration, so the old
@@ -90,6 +92,99 @@ impl Default for Timing {
     }
 }
 
+/// How one round of Lease requests ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// We hold the Lease (acquired or renewed).
+    Held,
+    /// Someone else holds it, or a race was lost.
+    NotHeld,
+    /// No answer: an error, or none by the round's limit. A claim we had stands until it ends.
+    Failed,
+}
+
+/// A change of leadership to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Gained,
+    Lost,
+}
+
+/// Leadership terms from the rounds' outcomes (pure: every instant is passed in).
+///
+/// A claim lasts `renew_deadline` from the start of the round that made it, whatever the
+/// request did meanwhile; leadership is reported exactly while a claim lasts.
+#[derive(Debug, Clone)]
+pub struct Terms {
+    timing: Timing,
+    /// Until when the current claim is ours: `renew_deadline` after the start of the round that
+    /// renewed it. The Lease records a renew time taken later than that start, so this replica
+    /// stops before any other can see the Lease expire.
+    valid_until: Option<Instant>,
+    leading: bool,
+}
+
+impl Terms {
+    pub fn new(timing: Timing) -> Self {
+        Terms {
+            timing,
+            valid_until: None,
+            leading: false,
+        }
+    }
+
+    /// Whether leadership is reported now.
+    pub fn leading(&self) -> bool {
+        self.leading
+    }
+
+    /// When a round starting at `started` must have answered ([`Timing::round_limit`]).
+    pub fn round_limit(&self, started: Instant) -> Instant {
+        self.timing.round_limit(started, self.valid_until)
+    }
+
+    /// A round that started at `started` ended at `now` with `round`.
+    pub fn round_ended(&mut self, started: Instant, now: Instant, round: Round) -> Option<Change> {
+        match round {
+            Round::Held => self.valid_until = Some(started + self.timing.renew_deadline),
+            Round::NotHeld => self.valid_until = None,
+            Round::Failed => {}
+        }
+        self.valid_until = self.valid_until.filter(|v| *v > now);
+        self.set(self.valid_until.is_some())
+    }
+
+    /// When to wake after a round that ended at `now`: the next round, or the end of the claim
+    /// if sooner (to step down on time).
+    pub fn wake_at(&self, now: Instant) -> Instant {
+        let next = now + self.timing.retry_period;
+        self.valid_until.map_or(next, |v| v.min(next))
+    }
+
+    /// Woken at `now`: a claim that ran out ends leadership.
+    pub fn woke(&mut self, now: Instant) -> Option<Change> {
+        if self.valid_until.is_some_and(|v| v <= now) {
+            self.valid_until = None;
+            return self.set(false);
+        }
+        None
+    }
+
+    /// Stopping: leadership ends (the caller then releases the Lease if it was held).
+    pub fn stop(&mut self) -> Option<Change> {
+        self.valid_until = None;
+        self.set(false)
+    }
+
+    fn set(&mut self, lead: bool) -> Option<Change> {
+        if lead == self.leading {
+            return None;
+        }
+        self.leading = lead;
+        Some(if lead { Change::Gained } else { Change::Lost })
+    }
+}
+
 /// Runs the election for `identity` on Lease `name` until `stop`; leadership is published on
 /// the returned channel. Releases the Lease on stop when holding it.
 pub struct Elector {
@@ -119,43 +214,36 @@ impl Elector {
         leading: watch::Sender<Option<CancellationToken>>,
         stop: CancellationToken,
     ) {
-        // Until when the current claim is ours: `renew_deadline` after the start of the round
-        // that renewed it. The Lease records a renew time taken later than that start, so this
-        // replica stops before any other can see the Lease expire.
-        let mut valid_until: Option<Instant> = None;
+        let mut terms = Terms::new(self.timing);
         loop {
             let started = Instant::now();
-            let limit = self.timing.round_limit(started, valid_until);
+            let limit = terms.round_limit(started);
             let outcome = tokio::select! {
                 () = stop.cancelled() => break,
                 r = tokio::time::timeout_at(limit, self.try_once()) => r,
             };
-            match outcome {
-                Ok(Ok(true)) => valid_until = Some(started + self.timing.renew_deadline),
-                Ok(Ok(false)) => valid_until = None,
+            let round = match outcome {
+                Ok(Ok(true)) => Round::Held,
+                Ok(Ok(false)) => Round::NotHeld,
                 Ok(Err(error)) => {
                     tracing::warn!(%error, lease = %self.name, "lease renewal failed");
+                    Round::Failed
                 }
                 Err(_) => {
                     tracing::warn!(lease = %self.name, limit = ?limit.duration_since(started), "lease request did not answer in time; abandoned");
+                    Round::Failed
                 }
-            }
-            valid_until = valid_until.filter(|v| *v > Instant::now());
-            self.publish(&leading, valid_until.is_some());
-            // Sleep until the next round, waking at the deadline to step down on time.
-            let next = Instant::now() + self.timing.retry_period;
-            let wake = valid_until.map_or(next, |v| v.min(next));
+            };
+            self.publish(&leading, terms.round_ended(started, Instant::now(), round));
+            let wake = terms.wake_at(Instant::now());
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep_until(wake) => {}
             }
-            if valid_until.is_some_and(|v| v <= Instant::now()) {
-                valid_until = None;
-                self.publish(&leading, false);
-            }
+            self.publish(&leading, terms.woke(Instant::now()));
         }
-        if leading.borrow().is_some() {
-            self.publish(&leading, false);
+        if let Some(change) = terms.stop() {
+            self.publish(&leading, Some(change));
             let released = tokio::time::timeout(self.timing.renew_deadline, self.release()).await;
             match released {
                 Ok(Ok(())) => tracing::info!(lease = %self.name, "lease released"),
@@ -167,7 +255,11 @@ impl Elector {
 
     /// Publishes a change of leadership: a fresh term token on gain, the old one cancelled on
     /// loss.
-    fn publish(&self, leading: &watch::Sender<Option<CancellationToken>>, lead: bool) {
+    fn publish(&self, leading: &watch::Sender<Option<CancellationToken>>, change: Option<Change>) {
+        let Some(change) = change else {
+            return;
+        };
+        let lead = change == Change::Gained;
         leading.send_if_modified(|current| {
             if current.is_some() == lead {
                 return false;
@@ -180,7 +272,6 @@ impl Elector {
             true
         });
     }
-
     /// One round: true when we hold the Lease afterwards.
     async fn try_once(&self) -> Result<bool, kube::Error> {
         let current = match self.api.get_opt(&self.name).await? {
@@ -303,5 +394,68 @@ mod tests {
             t.round_limit(start, Some(start + Duration::from_secs(60))),
             start + t.renew_deadline
         );
+    }
+
+    fn at(start: Instant, secs: u64) -> Instant {
+        start + Duration::from_secs(secs)
+    }
+
+    /// Default timing: a claim lasts 10 s from its round's start, rounds every 2 s.
+    #[test]
+    fn a_held_round_gains_and_renewals_keep_the_term() {
+        let t0 = Instant::now();
+        let mut terms = Terms::new(Timing::default());
+        assert!(!terms.leading());
+        assert_eq!(terms.round_limit(t0), at(t0, 10));
+        assert_eq!(
+            terms.round_ended(t0, at(t0, 1), Round::Held),
+            Some(Change::Gained)
+        );
+        assert_eq!(terms.wake_at(at(t0, 1)), at(t0, 3));
+        assert_eq!(terms.woke(at(t0, 3)), None);
+        // Renewed at 3 s: the claim now runs to 13 s, and the next round must answer by then.
+        assert_eq!(terms.round_ended(at(t0, 3), at(t0, 4), Round::Held), None);
+        assert_eq!(terms.round_limit(at(t0, 5)), at(t0, 13));
+        assert!(terms.leading());
+    }
+
+    /// A hanging API server: rounds fail, the claim of the last renewal runs out, and leadership
+    /// ends exactly then, not when some request returns.
+    #[test]
+    fn failed_rounds_keep_the_claim_until_it_runs_out_and_no_longer() {
+        let t0 = Instant::now();
+        let mut terms = Terms::new(Timing::default());
+        terms.round_ended(t0, t0, Round::Held);
+        assert_eq!(terms.round_ended(at(t0, 2), at(t0, 8), Round::Failed), None);
+        assert!(terms.leading(), "the claim of 0 s lasts until 10 s");
+        // The next round may not outlive the claim; the elector wakes at its end.
+        assert_eq!(terms.round_limit(at(t0, 8)), at(t0, 10));
+        assert_eq!(terms.wake_at(at(t0, 9)), at(t0, 10));
+        assert_eq!(terms.woke(at(t0, 10)), Some(Change::Lost));
+        assert!(!terms.leading());
+        assert_eq!(terms.woke(at(t0, 11)), None, "lost once");
+        // A success that answers after its own claim ended gains nothing.
+        assert_eq!(terms.round_ended(at(t0, 11), at(t0, 21), Round::Held), None);
+        assert!(!terms.leading());
+    }
+
+    #[test]
+    fn losing_the_lease_or_stopping_ends_the_term_at_once() {
+        let t0 = Instant::now();
+        let mut terms = Terms::new(Timing::default());
+        terms.round_ended(t0, t0, Round::Held);
+        assert_eq!(
+            terms.round_ended(at(t0, 2), at(t0, 2), Round::NotHeld),
+            Some(Change::Lost)
+        );
+        assert_eq!(
+            terms.round_limit(at(t0, 4)),
+            at(t0, 14),
+            "a follower waits a full deadline"
+        );
+        assert_eq!(terms.stop(), None, "nothing to release when following");
+        terms.round_ended(at(t0, 4), at(t0, 4), Round::Held);
+        assert_eq!(terms.stop(), Some(Change::Lost));
+        assert!(!terms.leading());
     }
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
 
-use super::execute::Context;
 use crate::admission::{self, Decision, TaskRunView};
 use crate::config::HostConfig;
+use crate::controller::execute::Context;
 
 /// The JSON Patch that marks a missed TaskRun (labels, finalizer, `allocation-start-time`),
 /// guarded by its UID and resourceVersion; `None` when it needs nothing (finished, not a
@@ -73,7 +73,7 @@ pub async fn scan(ctx: &Context, config: &HostConfig) -> Result<usize, kube::Err
     let mut marked = 0;
     loop {
         let page = api.list(&params).await?;
-        let now = super::driver::now().as_secs();
+        let now = super::now().as_secs();
         for obj in &page.items {
             let Ok(v) = serde_json::to_value(obj) else {
                 continue;
@@ -141,14 +141,14 @@ mod tests {
     use super::*;
 
     fn config() -> HostConfig {
-        let text = include_str!("../../core/tests/fixtures/admission/host-config.yaml");
+        let text = include_str!("../../../core/tests/fixtures/admission/host-config.yaml");
         let (data, _) = crate::config::read_configmap_yaml(text).unwrap();
         crate::config::parse(&data).config
     }
 
     fn unmarked() -> Value {
         let mut v: Value = serde_json::from_str(include_str!(
-            "../../tests/fixtures/controller/taskrun-waiting.json"
+            "../../../tests/fixtures/controller/taskrun-waiting.json"
         ))
         .unwrap();
         let m = v["metadata"].as_object_mut().unwrap();

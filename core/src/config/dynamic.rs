@@ -1,0 +1,389 @@
+//! One `dynamic.<label>.*` group: a dynamic platform or the instance template of a dynamic pool.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::build_user;
+use super::parse::{DynKind, Sink};
+use super::{
+    BuildUserSettings, CloudKind, DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_CHECK_INTERVAL,
+    DEFAULT_DISK_GB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER, DEFAULT_MAX_AGE, DynamicPlatform,
+    HostKeyPolicy, ImdsOptions, MAX_CONCURRENCY, MAX_USER_DATA_BYTES, values,
+};
+use crate::platform::Platform;
+
+const DYNAMIC_FIELDS: [&str; 31] = [
+    "type",
+    "region",
+    "ami",
+    "instance-type",
+    "key-name",
+    "aws-secret",
+    "ssh-secret",
+    "user",
+    "security-group",
+    "security-group-id",
+    "subnet-id",
+    "instance-profile-name",
+    "instance-profile-arn",
+    "strict-public-address",
+    "disk",
+    "iops",
+    "throughput",
+    "user-data",
+    "max-instances",
+    "instance-tag",
+    "allocation-timeout",
+    "check-interval",
+    "sudo-commands",
+    "spot",
+    "host-key-policy",
+    "imds-tokens",
+    "imds-hop-limit",
+    // Pool-only.
+    "concurrency",
+    "max-age",
+    "min-instances",
+    // Written by some Go deployments; the scheduler does its own back-off.
+    "max-retries",
+];
+
+const POOL_ONLY_FIELDS: [&str; 3] = ["concurrency", "max-age", "min-instances"];
+
+pub(super) type PoolFields = (u32, Duration, u32);
+
+/// Parses one `dynamic.<label>.*` group. `None` when an error disables the platform.
+pub(super) fn parse_dynamic(
+    platform: &Platform,
+    prefix: &str,
+    f: &BTreeMap<&str, &str>,
+    kind: DynKind,
+    global_tag: Option<&str>,
+    sink: &mut Sink,
+) -> Option<(DynamicPlatform, Option<PoolFields>, BuildUserSettings)> {
+    let mut ok = true;
+    let key = |field: &str| format!("{prefix}.{field}");
+
+    for (field, value) in f {
+        if !DYNAMIC_FIELDS.contains(field) && !build_user::FIELDS.contains(field) {
+            sink.warn(
+                &key(field),
+                Some(value),
+                "unknown field, ignored by this version",
+            );
+        } else if kind == DynKind::Dynamic && POOL_ONLY_FIELDS.contains(field) {
+            sink.warn(
+                &key(field),
+                Some(value),
+                format!(
+                    "ignored: {field} applies only to platforms listed in dynamic-pool-platforms"
+                ),
+            );
+        } else if *field == "max-retries" {
+            sink.warn(
+                &key(field),
+                Some(value),
+                "ignored: retries are bounded by the scheduler",
+            );
+        }
+    }
+
+    let mut required = |field: &str, sink: &mut Sink| -> Option<String> {
+        match f.get(field) {
+            None => {
+                sink.error(
+                    &key(field),
+                    None,
+                    format!("required for dynamic platform {platform}"),
+                );
+                ok = false;
+                None
+            }
+            Some(v) => match values::single_token(v) {
+                Ok(t) => Some(t.to_owned()),
+                Err(e) => {
+                    sink.error(&key(field), Some(v), e);
+                    ok = false;
+                    None
+                }
+            },
+        }
+    };
+    let cloud = match required("type", sink).as_deref() {
+        Some("aws") => Some(CloudKind::Aws),
+        Some(other) => {
+            sink.error(
+                &key("type"),
+                Some(other),
+                "unsupported cloud type (this version supports \"aws\")",
+            );
+            None
+        }
+        None => None,
+    };
+    let region = required("region", sink);
+    let ami = required("ami", sink);
+    let instance_type = required("instance-type", sink);
+    let aws_secret = required("aws-secret", sink);
+    let ssh_secret = required("ssh-secret", sink);
+    let mut ok = ok && cloud.is_some();
+
+    let mut optional_token = |field: &str, sink: &mut Sink| -> Option<String> {
+        let v = f.get(field)?;
+        match values::single_token(v) {
+            Ok(t) => Some(t.to_owned()),
+            Err(e) => {
+                sink.error(&key(field), Some(v), e);
+                ok = false;
+                None
+            }
+        }
+    };
+    let key_name = optional_token("key-name", sink);
+    let security_group = optional_token("security-group", sink);
+    let security_group_id = optional_token("security-group-id", sink);
+    let subnet_id = optional_token("subnet-id", sink);
+    let instance_profile_name = optional_token("instance-profile-name", sink);
+    let instance_profile_arn = optional_token("instance-profile-arn", sink);
+    let instance_tag = optional_token("instance-tag", sink);
+
+    let mut check = |field: &str, r: Result<(), values::ValueError>, sink: &mut Sink| {
+        if let Err(e) = r {
+            sink.error(&key(field), f.get(field).copied(), e);
+            ok = false;
+        }
+    };
+    let mut num = |field: &str, min: u32, max: u32, sink: &mut Sink| -> Option<u32> {
+        let v = f.get(field)?;
+        let r = values::parse_u32_in(v, min, max);
+        let n = r.as_ref().ok().copied();
+        check(field, r.map(|_| ()), sink);
+        n
+    };
+    let max_instances = match f.get("max-instances") {
+        None => {
+            sink.error(
+                &key("max-instances"),
+                None,
+                format!("required for dynamic platform {platform} (at least 1)"),
+            );
+            None
+        }
+        Some(_) => num("max-instances", 1, 100_000, sink),
+    };
+    let disk_gb = num("disk", 1, 65_536, sink).unwrap_or(DEFAULT_DISK_GB);
+    let iops = num("iops", 1, 1_000_000, sink);
+    let throughput = num("throughput", 1, 100_000, sink);
+    let allocation_timeout = num("allocation-timeout", 1, 86_400, sink)
+        .map(|s| Duration::from_secs(s.into()))
+        .unwrap_or(DEFAULT_ALLOCATION_TIMEOUT);
+    let check_interval = num("check-interval", 1, 3_600, sink)
+        .map(|s| Duration::from_secs(s.into()))
+        .unwrap_or(DEFAULT_CHECK_INTERVAL);
+    let imds_hop_limit = num("imds-hop-limit", 1, 64, sink);
+    let pool = if kind == DynKind::Pool {
+        let concurrency = match f.get("concurrency") {
+            None => {
+                sink.error(
+                    &key("concurrency"),
+                    None,
+                    format!("required for dynamic pool {platform} (1..={MAX_CONCURRENCY})"),
+                );
+                None
+            }
+            Some(_) => num("concurrency", 1, MAX_CONCURRENCY, sink),
+        };
+        let max_age = num("max-age", 1, 1_440, sink)
+            .map(|m| Duration::from_secs(u64::from(m) * 60))
+            .unwrap_or(DEFAULT_MAX_AGE);
+        let min_instances = num("min-instances", 0, 100_000, sink).unwrap_or(0);
+        if let (Some(min), Some(max)) = (f.get("min-instances"), max_instances)
+            && min_instances > max
+        {
+            sink.error(
+                &key("min-instances"),
+                Some(min),
+                format!("larger than max-instances ({max})"),
+            );
+            ok = false;
+        }
+        concurrency.map(|c| (c, max_age, min_instances))
+    } else {
+        None
+    };
+    if kind == DynKind::Pool && pool.is_none() {
+        ok = false;
+    }
+
+    let bool_field = |field: &str, sink: &mut Sink, ok: &mut bool| -> bool {
+        match f.get(field) {
+            None => false,
+            Some(v) => values::parse_bool(v).unwrap_or_else(|e| {
+                sink.error(&key(field), Some(v), e);
+                *ok = false;
+                false
+            }),
+        }
+    };
+    let strict_public_address = bool_field("strict-public-address", sink, &mut ok);
+    let spot = bool_field("spot", sink, &mut ok);
+
+    let user = match f.get("user") {
+        None => DEFAULT_INSTANCE_USER.to_owned(),
+        Some(v) => match values::posix_user(v) {
+            Ok(u) => u.to_owned(),
+            Err(e) => {
+                sink.error(&key("user"), Some(v), e);
+                ok = false;
+                String::new()
+            }
+        },
+    };
+    let user_data = match f.get("user-data") {
+        Some(v) if v.len() > MAX_USER_DATA_BYTES => {
+            sink.error(
+                &key("user-data"),
+                None,
+                format!(
+                    "{} bytes; the cloud accepts at most {MAX_USER_DATA_BYTES} bytes of user-data",
+                    v.len()
+                ),
+            );
+            ok = false;
+            None
+        }
+        Some(v) if v.trim().is_empty() => None,
+        Some(v) => Some((*v).to_owned()),
+        None => None,
+    };
+    let sudo_commands = match f.get("sudo-commands") {
+        None => Vec::new(),
+        Some(v) => values::sudo_commands(v).unwrap_or_else(|e| {
+            sink.error(&key("sudo-commands"), Some(v), e);
+            ok = false;
+            Vec::new()
+        }),
+    };
+    for why in sudo_commands
+        .iter()
+        .filter_map(|c| values::sudo_grants_root(c))
+    {
+        sink.warn(
+            &key("sudo-commands"),
+            f.get("sudo-commands").copied(),
+            format!("{why}: every build user of the platform can become root on its instance, and another TaskRun's build on a shared (pool) instance is then theirs"),
+        );
+    }
+    let host_key_policy = match f.get("host-key-policy").map(|v| v.trim()) {
+        None | Some("tofu") | Some("trust-on-first-use") => HostKeyPolicy::TrustOnFirstUse,
+        Some(other) => {
+            sink.error(
+                &key("host-key-policy"),
+                Some(other),
+                "unknown policy (expected \"tofu\": trust each instance's key on first contact)",
+            );
+            ok = false;
+            HostKeyPolicy::TrustOnFirstUse
+        }
+    };
+    let imds_tokens_required = match f.get("imds-tokens").map(|v| v.trim()) {
+        None | Some("required") => true,
+        Some("optional") => {
+            sink.warn(
+                &key("imds-tokens"),
+                Some("optional"),
+                "IMDSv1 allowed: a request forgery on the instance (a plain GET) can read its role's credentials",
+            );
+            false
+        }
+        Some(other) => {
+            sink.error(
+                &key("imds-tokens"),
+                Some(other),
+                "expected \"required\" (IMDSv2 only, the default) or \"optional\"",
+            );
+            ok = false;
+            true
+        }
+    };
+    let imds = ImdsOptions {
+        tokens_required: imds_tokens_required,
+        hop_limit: imds_hop_limit.unwrap_or(1),
+    };
+    let build_user = BuildUserSettings::parse(
+        |field| f.get(field).copied(),
+        |field, value, message| sink.error(&key(field), Some(value), message),
+    );
+    ok &= build_user.is_ok();
+    if security_group.is_some() && security_group_id.is_some() {
+        sink.warn(
+            &key("security-group"),
+            f.get("security-group").copied(),
+            "both security-group and security-group-id are set; security-group-id is used",
+        );
+    }
+    if instance_profile_name.is_some() && instance_profile_arn.is_some() {
+        sink.warn(
+            &key("instance-profile-name"),
+            f.get("instance-profile-name").copied(),
+            "both instance-profile-name and instance-profile-arn are set; the ARN is used",
+        );
+    }
+    if key_name.is_none() {
+        sink.warn(
+            &key("key-name"),
+            None,
+            "not set: instances get no cloud key pair, so ssh-secret must be authorised by user-data or the image",
+        );
+    }
+    let instance_tag = match instance_tag.or_else(|| global_tag.map(str::to_owned)) {
+        Some(t) => t,
+        None => {
+            sink.warn(
+                &key("instance-tag"),
+                None,
+                format!(
+                    "neither instance-tag nor {prefix}.instance-tag is set; using {DEFAULT_INSTANCE_TAG:?} (set one per cluster so clusters sharing an account never sweep each other's instances)"
+                ),
+            );
+            DEFAULT_INSTANCE_TAG.to_owned()
+        }
+    };
+
+    if !ok || max_instances.is_none() {
+        return None;
+    }
+    Some((
+        DynamicPlatform {
+            platform: platform.clone(),
+            cloud: cloud?,
+            region: region?,
+            ami: ami?,
+            instance_type: instance_type?,
+            key_name,
+            aws_secret: aws_secret?,
+            ssh_secret: ssh_secret?,
+            user,
+            security_group,
+            security_group_id,
+            subnet_id,
+            instance_profile_name,
+            instance_profile_arn,
+            strict_public_address,
+            disk_gb,
+            iops,
+            throughput,
+            user_data,
+            max_instances: max_instances?,
+            instance_tag,
+            allocation_timeout,
+            check_interval,
+            sudo_commands,
+            spot,
+            host_key_policy,
+            imds,
+        },
+        pool,
+        build_user.ok()?,
+    ))
+}

@@ -1,0 +1,455 @@
+//! The fleet of cloud instances this cluster tracks, with every index over them: by instance
+//! id, each platform's members, its `max-instances` count, and its pool instances with room
+//! (ready or booting).
+//!
+//! Nothing outside this module can change an instance's indexed facts without the index
+//! following: the facts the id index, the members and the count hang on (platform, id, leaked)
+//! are private and change only through [`Fleet`]'s methods, and the instance a
+//! [`Fleet::get_mut`] handed out is re-indexed in its platform's pool sets before anything can
+//! read them (the next call on the fleet that changes or reads an index), so a caller never
+//! re-indexes by hand and cannot forget to.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::arena::{Arena, Key};
+use super::check::{Invariant, StateError, ensure};
+use super::{DynamicPlatform, DynamicPool, InstState, LaunchId, OpId, PlatformId, Time};
+
+/// A pool's set of instances with room: (free slots, newest first, key).
+pub(super) type PoolSet = BTreeSet<(u32, u64, Key)>;
+
+static NO_INSTANCES: PoolSet = BTreeSet::new();
+static NO_MEMBERS: BTreeSet<Key> = BTreeSet::new();
+
+pub(super) struct Instance {
+    platform: PlatformId,
+    pub(super) template: Arc<DynamicPlatform>,
+    /// Pool parameters; `None` for a dynamic (one TaskRun) instance.
+    pub(super) pool: Option<Arc<DynamicPool>>,
+    id: Option<Arc<str>>,
+    pub(super) address: Option<Arc<str>>,
+    /// The launch's identity, fixed at the first launch request (retries reuse it).
+    pub(super) launch: Option<LaunchId>,
+    /// Adopted through a TaskRun that names it; may lack our cluster tag.
+    pub(super) legacy: bool,
+    /// Handed to another TaskRun while its launch was in flight: retag it once its id is known.
+    pub(super) retag: bool,
+    /// First launch request.
+    pub(super) created: Time,
+    pub(super) state: InstState,
+    pub(super) launches: u32,
+    pub(super) last_error: Option<String>,
+    /// Dynamic: the TaskRun it serves. Pool: unused.
+    pub(super) owner: Option<Key>,
+    /// Pool: TaskRuns on it in any phase, in arrival order (the launching one first); its
+    /// load.
+    pub(super) attached: Vec<Key>,
+    /// A user was provisioned on it (never handed to another dynamic TaskRun).
+    pub(super) used: bool,
+    /// Its address was reached before (a recovered instance that holds a recorded allocation):
+    /// a failed probe means unhealthy, not failed to boot.
+    pub(super) booted: bool,
+    pub(super) draining: bool,
+    /// The allocation deadline passed while the launch was in flight.
+    pub(super) overdue: bool,
+    pub(super) provision_failures: u32,
+    pub(super) terminate_attempts: u32,
+    /// Termination kept failing: no longer counted against `max-instances` (its termination is
+    /// still retried; operators see it in the `leaked` gauge and an Event).
+    leaked: bool,
+    pub(super) probes: u32,
+    pub(super) probe_op: Option<OpId>,
+    pub(super) idle_since: Option<Time>,
+    /// A finished TaskRun whose finalizer waits for this instance's termination.
+    pub(super) cleanup_for: Option<Key>,
+    /// Where it is indexed among its platform's pool instances with room.
+    indexed: Option<(bool, (u32, u64, Key))>,
+}
+
+impl Instance {
+    /// An instance entry not launched yet, created (first launch request) at `created`.
+    pub(super) fn new(
+        platform: PlatformId,
+        template: Arc<DynamicPlatform>,
+        pool: Option<Arc<DynamicPool>>,
+        created: Time,
+    ) -> Self {
+        Instance {
+            platform,
+            template,
+            pool,
+            id: None,
+            address: None,
+            launch: None,
+            legacy: false,
+            retag: false,
+            created,
+            state: InstState::LaunchWait,
+            launches: 0,
+            last_error: None,
+            owner: None,
+            attached: Vec::new(),
+            used: false,
+            booted: false,
+            draining: false,
+            overdue: false,
+            provision_failures: 0,
+            terminate_attempts: 0,
+            leaked: false,
+            probes: 0,
+            probe_op: None,
+            idle_since: None,
+            cleanup_for: None,
+            indexed: None,
+        }
+    }
+
+    pub(super) fn platform(&self) -> PlatformId {
+        self.platform
+    }
+
+    /// The cloud's instance id, once known.
+    pub(super) fn id(&self) -> Option<&Arc<str>> {
+        self.id.as_ref()
+    }
+
+    /// Its termination kept failing: it no longer counts against `max-instances`.
+    pub(super) fn leaked(&self) -> bool {
+        self.leaked
+    }
+
+    /// Where it belongs in its platform's sets of pool instances with room: (ready, key), or
+    /// `None` when it takes no work (dynamic, draining, full, terminating).
+    fn pool_key(&self, key: Key) -> Option<(bool, (u32, u64, Key))> {
+        let pool = self.pool.as_ref()?;
+        let load = self.attached.len() as u32;
+        if self.draining || load >= pool.concurrency {
+            return None;
+        }
+        let ready = match self.state {
+            InstState::Ready => true,
+            InstState::LaunchWait | InstState::Launching(_) | InstState::Booting => false,
+            InstState::Terminating(_) | InstState::TerminateWait => return None,
+        };
+        // Most loaded first (fewest free slots), then newest.
+        Some((
+            ready,
+            (
+                pool.concurrency - load,
+                u64::MAX - self.created.as_millis(),
+                key,
+            ),
+        ))
+    }
+}
+
+#[derive(Default)]
+struct PerPlatform {
+    /// Instances counted against `max-instances` (all but leaked ones).
+    counted: u32,
+    /// All instance entries of the platform.
+    members: BTreeSet<Key>,
+    /// Pool instances with room, ready and booting.
+    ready: PoolSet,
+    booting: PoolSet,
+}
+
+/// Tracked instances and their indexes.
+#[derive(Default)]
+pub(super) struct Fleet {
+    instances: Arena<Instance>,
+    ids: BTreeMap<Arc<str>, Key>,
+    /// By platform id; platforms past the end have no instances.
+    platforms: Vec<PerPlatform>,
+    /// The instance last handed out mutably: re-indexed before the next index change or read.
+    pending: Option<Key>,
+    /// Ids of instances whose termination was acknowledged (no longer tracked), with their
+    /// platform and when: a listing made before that, or a lagging one, may still show them
+    /// running, and must neither count them nor terminate them again.
+    terminated: BTreeMap<Arc<str>, (PlatformId, Time)>,
+}
+
+impl Fleet {
+    /// Remembers an acknowledged termination (see [`Fleet::was_terminated`]).
+    pub(super) fn terminated(&mut self, id: Arc<str>, platform: PlatformId, at: Time) {
+        self.terminated.insert(id, (platform, at));
+    }
+
+    /// The instance's termination was acknowledged recently.
+    pub(super) fn was_terminated(&self, id: &str) -> bool {
+        self.terminated.contains_key(id)
+    }
+
+    /// Forgets acknowledged terminations of `platform` that a listing shows done (gone from it,
+    /// or shutting down: not in `live`) and those acknowledged `grace` or longer before `now`: an
+    /// instance listed running that long after its termination was acknowledged is treated as
+    /// any other again (terminated as an orphan, counted), in case the termination did not take.
+    pub(super) fn forget_terminated(
+        &mut self,
+        platform: PlatformId,
+        live: &BTreeSet<&str>,
+        now: Time,
+        grace: std::time::Duration,
+    ) {
+        self.terminated.retain(|id, &mut (of, at)| {
+            of != platform || (live.contains(id.as_ref()) && at + grace > now)
+        });
+    }
+
+    pub(super) fn get(&self, key: Key) -> Option<&Instance> {
+        self.instances.get(key)
+    }
+
+    /// Mutable access; the instance is re-indexed before its index is next read or changed.
+    pub(super) fn get_mut(&mut self, key: Key) -> Option<&mut Instance> {
+        self.flush();
+        self.instances.get(key)?;
+        self.pending = Some(key);
+        self.instances.get_mut(key)
+    }
+
+    /// Re-indexes the instance last handed out mutably.
+    pub(super) fn flush(&mut self) {
+        if let Some(key) = self.pending.take() {
+            self.reindex(key);
+        }
+    }
+
+    /// Tracked instances in key order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (Key, &Instance)> {
+        self.instances.iter()
+    }
+
+    /// The instance with this cloud id.
+    pub(super) fn find(&self, id: &str) -> Option<Key> {
+        self.ids.get(id).copied()
+    }
+
+    /// Tracks an instance: it counts against its platform's `max-instances` from now on.
+    pub(super) fn insert(&mut self, i: Instance) -> Key {
+        self.flush();
+        let p = i.platform;
+        let key = self.instances.insert(i);
+        let pp = self.platform_mut(p);
+        pp.counted += 1;
+        pp.members.insert(key);
+        self.reindex(key);
+        key
+    }
+
+    /// Forgets an instance: it no longer counts, and its id no longer resolves to it.
+    pub(super) fn remove(&mut self, key: Key) -> Option<Instance> {
+        self.flush();
+        let i = self.instances.remove(key)?;
+        if let Some(id) = &i.id
+            && self.ids.get(id) == Some(&key)
+        {
+            self.ids.remove(id);
+        }
+        let pp = self.platform_mut(i.platform);
+        if let Some((ready, k)) = i.indexed {
+            if ready {
+                pp.ready.remove(&k);
+            } else {
+                pp.booting.remove(&k);
+            }
+        }
+        if !i.leaked {
+            pp.counted = pp.counted.saturating_sub(1);
+        }
+        pp.members.remove(&key);
+        Some(i)
+    }
+
+    /// The instance's cloud id is known: it resolves to it from now on.
+    pub(super) fn set_id(&mut self, key: Key, id: Arc<str>) {
+        self.flush();
+        if let Some(i) = self.instances.get_mut(key) {
+            i.id = Some(id.clone());
+            self.ids.insert(id, key);
+        }
+    }
+
+    /// Names an instance that is about to be forgotten (for the failure record only): its id
+    /// does not resolve to it.
+    pub(super) fn name_only(&mut self, key: Key, id: Arc<str>) {
+        self.flush();
+        if let Some(i) = self.instances.get_mut(key) {
+            i.id = Some(id);
+        }
+    }
+
+    /// The instance's termination kept failing: it stops counting against `max-instances`.
+    pub(super) fn leak(&mut self, key: Key) {
+        self.flush();
+        let Some(i) = self.instances.get_mut(key) else {
+            return;
+        };
+        if std::mem::replace(&mut i.leaked, true) {
+            return;
+        }
+        let p = i.platform;
+        let pp = self.platform_mut(p);
+        pp.counted = pp.counted.saturating_sub(1);
+    }
+
+    /// Instances of platform `p` counted against its `max-instances`.
+    pub(super) fn counted(&self, p: PlatformId) -> u32 {
+        self.platforms.get(p as usize).map_or(0, |pp| pp.counted)
+    }
+
+    /// Every instance entry of platform `p`.
+    pub(super) fn members(&self, p: PlatformId) -> &BTreeSet<Key> {
+        self.platforms
+            .get(p as usize)
+            .map_or(&NO_MEMBERS, |pp| &pp.members)
+    }
+
+    /// Pool instances of platform `p` with room, (ready, booting), each most loaded first,
+    /// then newest. Call [`Fleet::flush`] first: reading an index an instance handed out since
+    /// has not caught up with is a bug, and panics.
+    pub(super) fn with_room(&self, p: PlatformId) -> (&PoolSet, &PoolSet) {
+        assert!(
+            self.pending.is_none(),
+            "pool index read before {:?} was re-indexed",
+            self.pending
+        );
+        self.sets(p)
+    }
+
+    fn sets(&self, p: PlatformId) -> (&PoolSet, &PoolSet) {
+        self.platforms
+            .get(p as usize)
+            .map_or((&NO_INSTANCES, &NO_INSTANCES), |pp| {
+                (&pp.ready, &pp.booting)
+            })
+    }
+
+    fn platform_mut(&mut self, p: PlatformId) -> &mut PerPlatform {
+        let i = p as usize;
+        if self.platforms.len() <= i {
+            self.platforms.resize_with(i + 1, PerPlatform::default);
+        }
+        &mut self.platforms[i]
+    }
+
+    /// Puts the instance in (or takes it out of) its platform's sets of pool instances with
+    /// room.
+    fn reindex(&mut self, key: Key) {
+        let Some(i) = self.instances.get_mut(key) else {
+            return;
+        };
+        let old = i.indexed.take();
+        let new = i.pool_key(key);
+        if old == new {
+            i.indexed = new;
+            return;
+        }
+        i.indexed = new;
+        let p = i.platform;
+        let pp = self.platform_mut(p);
+        if let Some((ready, k)) = old {
+            if ready {
+                pp.ready.remove(&k);
+            } else {
+                pp.booting.remove(&k);
+            }
+        }
+        if let Some((ready, k)) = new {
+            if ready {
+                pp.ready.insert(k);
+            } else {
+                pp.booting.insert(k);
+            }
+        }
+    }
+
+    /// Ids resolve to exactly the instances that carry them; each platform's members, count
+    /// and pool sets match its instances.
+    pub(super) fn check(&self, platforms: usize) -> Result<(), StateError> {
+        use Invariant::*;
+        ensure(self.pending.is_none(), PoolIndex, || {
+            format!("{:?} was changed and not re-indexed", self.pending)
+        })?;
+        let n = self.platforms.len().max(platforms);
+        let mut members = vec![BTreeSet::new(); n];
+        let mut counted = vec![0u32; n];
+        let mut ready = vec![PoolSet::new(); n];
+        let mut booting = vec![PoolSet::new(); n];
+        let mut with_id = 0;
+        for (k, i) in self.instances.iter() {
+            ensure((i.platform as usize) < platforms, Platforms, || {
+                format!("instance {k:?} has platform id {}", i.platform)
+            })?;
+            let p = i.platform as usize;
+            members[p].insert(k);
+            if !i.leaked {
+                counted[p] += 1;
+            }
+            if let Some(id) = &i.id {
+                with_id += 1;
+                ensure(self.ids.get(id) == Some(&k), InstanceIds, || {
+                    format!("instance {id} ({k:?}) is indexed as {:?}", self.ids.get(id))
+                })?;
+            }
+            let want = i.pool_key(k);
+            ensure(i.indexed == want, PoolIndex, || {
+                format!(
+                    "instance {k:?} is indexed as {:?}, its state says {want:?}",
+                    i.indexed
+                )
+            })?;
+            match want {
+                Some((true, key)) => ready[p].insert(key),
+                Some((false, key)) => booting[p].insert(key),
+                None => false,
+            };
+        }
+        ensure(self.ids.len() == with_id, InstanceIds, || {
+            format!("{} ids for {with_id} instances with one", self.ids.len())
+        })?;
+        for p in 0..n {
+            let pid = p as PlatformId;
+            ensure(*self.members(pid) == members[p], InstanceMembers, || {
+                format!(
+                    "platform {p}: members {:?}, instances say {:?}",
+                    self.members(pid),
+                    members[p]
+                )
+            })?;
+            ensure(self.counted(pid) == counted[p], InstanceCount, || {
+                format!(
+                    "platform {p}: counts {}, {} instances are not leaked",
+                    self.counted(pid),
+                    counted[p]
+                )
+            })?;
+            let (have_ready, have_booting) = self.sets(pid);
+            ensure(
+                *have_ready == ready[p] && *have_booting == booting[p],
+                PoolIndex,
+                || {
+                    format!(
+                        "platform {p}: ready {have_ready:?} booting {have_booting:?}, instances \
+                         say {:?} {:?}",
+                        ready[p], booting[p]
+                    )
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Test hook: miscounts platform `p`'s instances.
+    #[cfg(test)]
+    pub(super) fn corrupt_count(&mut self, p: PlatformId) {
+        self.platform_mut(p).counted += 1;
+    }
+
+    /// Test hook: empties platform `p`'s set of booting pool instances.
+    #[cfg(test)]
+    pub(super) fn corrupt_booting(&mut self, p: PlatformId) {
+        self.platform_mut(p).booting.clear();
+    }
+}
