@@ -3,7 +3,8 @@
 //! sshd build hosts and moto. Needs root and what `e2e/setup.sh` installs.
 //!
 //! ```sh
-//! cargo bench -p e2e --bench controller                        # every phase but `memory`
+//! cargo bench -p e2e --bench controller                        # every phase but `memory`, `burst`
+//! MPC_BENCH=burst,throughput cargo bench -p e2e --bench controller
 //! MPC_BENCH=memory MPC_BENCH_TASKRUNS=20000,100000 cargo bench -p e2e --bench controller
 //! ```
 //!
@@ -14,6 +15,14 @@
 //! - `dynamic`: a moto instance whose SSH daemon starts late; SSH answering → secret.
 //! - `throughput`: `MPC_BENCH_N` (1,000) TaskRuns through 20 static slots with builds of
 //!   0.5–1.5 s; wall time against the sum of build times over 20 slots.
+//! - `burst`: `MPC_BENCH_BURST_N` (1,000) TaskRuns created at `MPC_BENCH_BURST_RATE` (100) a
+//!   second, paced by the clock (open loop), into 200 static slots (`MPC_BENCH_BURST_HOSTS`, 25
+//!   sshd hosts on their own 127.0.0.x addresses, `MPC_BENCH_BURST_CONCURRENCY` 8 each), each
+//!   build holding its slot `MPC_BENCH_BURST_BUILD_MS` (1,000) after its secret, so slots stay
+//!   free; after one warm-up TaskRun per host, CREATE → secret of those sent while fewer than
+//!   the slots were in flight, and where that time goes: the bench's own clock (CREATE sent and
+//!   answered, the secret's watch event) against the controller's debug lines of target
+//!   `mpc::timing` (watch event received, each job's duration, provisioning's steps).
 //! - `memory`: `MPC_BENCH_TASKRUNS` Konflux-shaped TaskRuns in the API server (the resolved
 //!   `buildah-remote-oci-ta` spec in `status.taskSpec`, ~57 KB each as JSON), half finished, half
 //!   queued for the one slot of one host; then the controller starts, lists them, rebuilds its
@@ -30,7 +39,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
 use e2e::product::Product;
@@ -72,6 +81,7 @@ fn main() -> anyhow::Result<()> {
                 "handoff" => handoff(env_num("MPC_BENCH_HANDOFF_N", 50)).await?,
                 "dynamic" => dynamic(env_num("MPC_BENCH_DYNAMIC_N", 5)).await?,
                 "throughput" => throughput(env_num("MPC_BENCH_N", 1000)).await?,
+                "burst" => burst(BurstSetup::from_env()).await?,
                 "memory" => {
                     let sizes =
                         std::env::var("MPC_BENCH_TASKRUNS").unwrap_or_else(|_| "20000".into());
@@ -438,6 +448,293 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
     }
     if secrets.max_holding() > slots as usize {
         bail!("more secrets held at once than slots");
+    }
+    Ok(())
+}
+
+/// The `burst` phase's shape (`MPC_BENCH_BURST_*`).
+struct BurstSetup {
+    /// TaskRuns measured.
+    n: usize,
+    /// TaskRuns created per second.
+    rate: f64,
+    hosts: usize,
+    concurrency: u32,
+    /// How long each build holds its slot after its secret.
+    build: Duration,
+}
+
+impl BurstSetup {
+    fn from_env() -> Self {
+        BurstSetup {
+            n: env_num("MPC_BENCH_BURST_N", 1000),
+            rate: env_num("MPC_BENCH_BURST_RATE", 100) as f64,
+            // 200 slots: a host's concurrency is at most 8 (the host-config's bound).
+            hosts: env_num("MPC_BENCH_BURST_HOSTS", 25),
+            concurrency: env_num("MPC_BENCH_BURST_CONCURRENCY", 8) as u32,
+            build: Duration::from_millis(env_num("MPC_BENCH_BURST_BUILD_MS", 1000) as u64),
+        }
+    }
+}
+
+/// When one burst TaskRun's CREATE was sent and answered, and how many TaskRuns were in flight
+/// (created, secret not yet deleted) when it was sent.
+struct Sent {
+    key: String,
+    sent: SystemTime,
+    answered: SystemTime,
+    in_flight: usize,
+}
+
+/// TaskRuns created at `rate` per second (open loop: paced by the clock, not by answers) into
+/// `hosts × concurrency` static slots, each finishing `build` after its secret; CREATE → secret
+/// while slots are free, and where that time goes ([`breakdown`]).
+async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
+    // The controller's per-step timing lines (debug, target `mpc::timing`) for the breakdown.
+    let log = std::env::var("MPC_E2E_LOG").unwrap_or_default();
+    if !log.contains("mpc::timing") {
+        // SAFETY: the controller is spawned after this; the variable is only read at spawns.
+        unsafe { std::env::set_var("MPC_E2E_LOG", format!("{log},mpc::timing=debug")) };
+    }
+    let names: Vec<String> = (1..=setup.hosts).map(|i| format!("b{i}")).collect();
+    let hosts: Vec<(&str, u32)> = names
+        .iter()
+        .map(|n| (n.as_str(), setup.concurrency))
+        .collect();
+    let slots = setup.hosts * setup.concurrency as usize;
+    let (p, secrets) = product(&hosts).await?;
+    let p = Arc::new(p);
+    let addresses: std::collections::BTreeSet<String> =
+        p.hosts.iter().map(|h| h.sshd.address()).collect();
+    if addresses.len() != setup.hosts {
+        bail!("{} sshd hosts share addresses", setup.hosts);
+    }
+    // One TaskRun per host first, together: every host's SSH master is up, as it is on a
+    // controller that has been serving (masters stay up 10 minutes idle).
+    let mut warm = tokio::task::JoinSet::new();
+    for i in 0..setup.hosts {
+        let (p, secrets) = (Arc::clone(&p), Arc::clone(&secrets));
+        let name = format!("bw-{i}");
+        track(&p, "tenant-a", &name);
+        warm.spawn(async move {
+            p.create_taskrun("tenant-a", &name, PLATFORM, json!({}))
+                .await?;
+            let key = format!("tenant-a/{name}");
+            secrets.wait(&key, false, Duration::from_secs(120)).await?;
+            finish(&p, "tenant-a", &name).await?;
+            secrets.wait(&key, true, Duration::from_secs(120)).await?;
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = warm.join_next().await {
+        r??;
+    }
+    let connected = p.controllers[0]
+        .log_text()
+        .matches("SSH master connected")
+        .count();
+    println!(
+        "burst: {} warm-up TaskRuns served ({connected} SSH masters connected)",
+        setup.hosts
+    );
+
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let every = Duration::from_secs_f64(1.0 / setup.rate);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..setup.n {
+        tokio::time::sleep_until((started + every * i as u32).into()).await;
+        let ns = ["tenant-a", "tenant-b"][i % 2];
+        let name = format!("bu-{i}");
+        track(&p, ns, &name);
+        let (p, secrets) = (Arc::clone(&p), Arc::clone(&secrets));
+        let (in_flight, most) = (Arc::clone(&in_flight), Arc::clone(&most));
+        let build = setup.build;
+        tasks.spawn(async move {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = in_flight.fetch_add(1, SeqCst);
+            most.fetch_max(now + 1, SeqCst);
+            let (created, sent) = (Instant::now(), SystemTime::now());
+            p.create_taskrun(ns, &name, PLATFORM, json!({})).await?;
+            let answered = SystemTime::now();
+            let key = format!("{ns}/{name}");
+            let served = secrets.wait(&key, false, Duration::from_secs(300)).await?;
+            tokio::time::sleep(build).await;
+            finish(&p, ns, &name).await?;
+            secrets.wait(&key, true, Duration::from_secs(300)).await?;
+            in_flight.fetch_sub(1, SeqCst);
+            let sent = Sent {
+                key,
+                sent,
+                answered,
+                in_flight: now,
+            };
+            anyhow::Ok((sent, served - created))
+        });
+    }
+    let created_in = started.elapsed();
+    let mut runs = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        runs.push(r??);
+    }
+    let wall = started.elapsed();
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    let mut free: Vec<Duration> = runs
+        .iter()
+        .filter(|(s, _)| s.in_flight < slots)
+        .map(|(_, d)| *d)
+        .collect();
+    println!(
+        "burst: {} TaskRuns created at {}/s (all sent in {:.1} s) into {slots} slots on {} \
+         hosts, builds of {} ms; done in {:.1} s; most in flight at once {most}, most secrets \
+         held at once {}",
+        setup.n,
+        setup.rate,
+        created_in.as_secs_f64(),
+        setup.hosts,
+        setup.build.as_millis(),
+        wall.as_secs_f64(),
+        secrets.max_holding()
+    );
+    println!(
+        "burst: CREATE -> secret with token, slots free: {}",
+        summary(&mut free)
+    );
+    let anchor = (Instant::now(), SystemTime::now());
+    let sent: Vec<Sent> = runs.into_iter().map(|(s, _)| s).collect();
+    breakdown(&p, &secrets, &sent, anchor)?;
+    if secrets.max_holding() > slots {
+        bail!("more secrets held at once than slots");
+    }
+    Ok(())
+}
+
+/// One step of [`breakdown`]: its name and each TaskRun's time in it.
+type Step = (&'static str, Vec<Duration>);
+
+/// Where CREATE → secret goes, per TaskRun, from the bench's own clock (CREATE sent and
+/// answered, the secret seen by its watch) and the controller's timing lines (target
+/// `mpc::timing`: the TaskRun's watch event received, each job's duration, provisioning's
+/// steps) and its "build user provisioned" line (the SSH command's parts). Steps in order; the
+/// Record patch runs beside provisioning (the secret write waits for it).
+fn breakdown(
+    p: &Product,
+    secrets: &Secrets,
+    sent: &[Sent],
+    (now, wall_now): (Instant, SystemTime),
+) -> anyhow::Result<()> {
+    use time::format_description::well_known::Rfc3339;
+    let wall = |i: Instant| wall_now - now.saturating_duration_since(i);
+    // Per TaskRun key: when it was logged (the first line of each kind) and the line.
+    let mut lines: HashMap<(String, String), (SystemTime, Value)> = HashMap::new();
+    for l in p.controllers[0].log_text().lines() {
+        let Ok(v) = serde_json::from_str::<Value>(l) else {
+            continue;
+        };
+        let (Some(ns), Some(name), Some(ts)) = (
+            v["namespace"].as_str(),
+            v["taskrun"].as_str(),
+            v["timestamp"].as_str(),
+        ) else {
+            continue;
+        };
+        let Ok(at) = time::OffsetDateTime::parse(ts, &Rfc3339) else {
+            continue;
+        };
+        let what = match (v["message"].as_str(), v["kind"].as_str()) {
+            (Some("job finished"), Some(kind)) => kind.to_owned(),
+            (Some(m), _) => m.to_owned(),
+            _ => continue,
+        };
+        lines
+            .entry((format!("{ns}/{name}"), what))
+            .or_insert((SystemTime::from(at), v));
+    }
+    let us = |v: &Value, f: &str| v[f].as_u64().map(Duration::from_micros);
+    let since = |a: SystemTime, b: SystemTime| a.duration_since(b).unwrap_or_default();
+    let mut steps: Vec<Step> = [
+        "CREATE answered (admission webhook, store)",
+        "watch event reaches the controller",
+        "loop: event -> provisioning starts (job caps)",
+        "  admin key Secret read",
+        "  SSH permit (all hosts)",
+        "  key generation",
+        "  host session permit",
+        "  SSH master check / connect",
+        "  provisioning script",
+        "  host key record",
+        "  TaskRun read (retries)",
+        "  OTP store",
+        "provisioning job (sum of the above)",
+        "loop: result -> secret write starts (caps, Record)",
+        "secret write (TaskRun read, create)",
+        "secret reaches the bench's watch",
+        "Record patch (beside provisioning)",
+    ]
+    .into_iter()
+    .map(|n| (n, Vec::new()))
+    .collect();
+    let mut missing = 0;
+    for s in sent {
+        let get = |what: &str| lines.get(&(s.key.clone(), what.to_owned()));
+        let (
+            Some((received, _)),
+            Some((prov_end, prov)),
+            Some((_, stepv)),
+            Some((_, user)),
+            Some((ws_end, ws)),
+            Some((_, rec)),
+            Some(served),
+        ) = (
+            get("TaskRun event received"),
+            get("provision"),
+            get("provisioning steps"),
+            get("build user provisioned"),
+            get("write_secret"),
+            get("record"),
+            secrets.state.lock().unwrap().served.get(&s.key).copied(),
+        )
+        else {
+            missing += 1;
+            continue;
+        };
+        let prov_job = us(prov, "elapsed_us").unwrap_or_default();
+        let prov_start = *prov_end - prov_job;
+        let ws_job = us(ws, "elapsed_us").unwrap_or_default();
+        let ws_start = *ws_end - ws_job;
+        let vals = [
+            Some(since(s.answered, s.sent)),
+            Some(since(*received, s.answered)),
+            Some(since(prov_start, *received)),
+            us(stepv, "admin_key_us"),
+            us(stepv, "ssh_permit_us"),
+            us(user, "keygen_us"),
+            us(user, "permit_us"),
+            us(user, "session_us"),
+            us(user, "script_us"),
+            us(stepv, "known_host_us"),
+            us(stepv, "taskrun_read_us"),
+            us(stepv, "otp_us"),
+            Some(prov_job),
+            Some(since(ws_start, *prov_end)),
+            Some(ws_job),
+            Some(since(wall(served), *ws_end)),
+            us(rec, "elapsed_us"),
+        ];
+        for ((_, v), x) in steps.iter_mut().zip(vals) {
+            v.extend(x);
+        }
+    }
+    println!(
+        "burst: where CREATE -> secret goes ({} TaskRuns; {missing} without every timing line):",
+        sent.len() - missing
+    );
+    for (name, v) in &mut steps {
+        if !v.is_empty() {
+            let mean = v.iter().sum::<Duration>() / v.len() as u32;
+            println!("burst:   {name:<56} mean={:.1} ms {}", ms(mean), summary(v));
+        }
     }
     Ok(())
 }

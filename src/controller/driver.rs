@@ -19,7 +19,8 @@
 //!   renew deadline, so in-flight writes of an ended term are abandoned even before this loop
 //!   reads the change.
 //!
-//! - at most [`JOBS_IN_FLIGHT`] jobs run at once ([`NOTIFY_IN_FLIGHT`] of them Events); the
+//! - at most [`JOBS_IN_FLIGHT`] jobs run at once, besides [`NOTIFY_IN_FLIGHT`] Events and
+//!   [`SSH_IN_FLIGHT`] provisionings and removals, each class capped apart; the
 //!   rest wait as plain values, in submission order. A spawned job is kilobytes (its future, a
 //!   clone of the context, then the API's answer), an action at most 128 B, and recovering
 //!   10,000 queued TaskRuns dispatches a label write and an Event for each at once: spawned
@@ -73,34 +74,41 @@ pub const JOBS_IN_FLIGHT: usize = 256;
 /// Of those, Events: they are published a few at a time, and jobs waiting for that must not fill
 /// every place while writes queue behind them.
 pub const NOTIFY_IN_FLIGHT: usize = 16;
+/// Provisionings and removals, counted apart: when hosts are slow they wait seconds for SSH
+/// permits, and in the shared cap they held every place while provisioned TaskRuns' secret
+/// writes queued behind them (a 100/s burst: 6.5 s on average; BENCHMARKS.md, "Burst"). Twice
+/// the default SSH parallelism keeps the SSH permits busy.
+pub const SSH_IN_FLIGHT: usize = 64;
 
 /// Which cap a job counts against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
     Notify,
+    Ssh,
     Other,
 }
 
 fn class_of(job: &Job) -> Class {
     match job {
         Job::Action(Action::Notify { .. }) => Class::Notify,
+        Job::Action(Action::Provision { .. } | Action::Deprovision { .. }) => Class::Ssh,
         _ => Class::Other,
     }
 }
 
-/// Admission of jobs under the two caps: what does not fit waits, first in first out per class.
+/// Admission of jobs under the caps: what does not fit waits, first in first out per class.
 struct InFlight<T> {
-    running: [usize; 2],
-    waiting: [VecDeque<T>; 2],
-    caps: [usize; 2],
+    running: [usize; 3],
+    waiting: [VecDeque<T>; 3],
+    caps: [usize; 3],
 }
 
 impl<T> InFlight<T> {
-    fn new(others: usize, notify: usize) -> Self {
+    fn new(others: usize, notify: usize, ssh: usize) -> Self {
         InFlight {
-            running: [0, 0],
-            waiting: [VecDeque::new(), VecDeque::new()],
-            caps: [others.max(1), notify.max(1)],
+            running: [0, 0, 0],
+            waiting: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            caps: [others.max(1), notify.max(1), ssh.max(1)],
         }
     }
 
@@ -108,6 +116,7 @@ impl<T> InFlight<T> {
         match class {
             Class::Other => 0,
             Class::Notify => 1,
+            Class::Ssh => 2,
         }
     }
 
@@ -453,7 +462,7 @@ impl Driver {
             ctx,
             phase: Phase::Recovering(Vec::new()),
             lanes: Lanes::default(),
-            running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT),
+            running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT),
         });
         let mut found = Vec::new();
         self.taskruns.term_started(&mut found);
@@ -599,7 +608,7 @@ mod tests {
     /// the caps run, the rest start one per finished job of their class, in order.
     #[test]
     fn a_burst_runs_under_the_caps_in_order() {
-        let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT);
+        let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT);
         let mut started = Vec::new();
         for i in 0..10_000 {
             started.extend(q.submit(Class::Other, ("write", i)));
@@ -630,5 +639,25 @@ mod tests {
         }
         assert_eq!(q.running[0], 0);
         assert!(q.submit(Class::Other, ("write", 0)).is_some());
+    }
+
+    /// Provisionings waiting for slow hosts fill their own cap, not the places of the API
+    /// writes (a provisioned TaskRun's secret) behind them.
+    #[test]
+    fn ssh_work_does_not_hold_writes_back() {
+        let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT);
+        let write = Job::Action(Action::Ungate {
+            taskrun: TaskRunRef::new("ns", "tr", Uid::new("u")),
+        });
+        assert_eq!(class_of(&write), Class::Other);
+        for i in 0..1_000 {
+            q.submit(Class::Ssh, ("provision", i));
+        }
+        assert_eq!(q.waiting(), 1_000 - SSH_IN_FLIGHT);
+        assert_eq!(q.submit(Class::Other, ("write", 0)), Some(("write", 0)));
+        assert_eq!(
+            q.finish(Class::Ssh),
+            Some(("provision", SSH_IN_FLIGHT as i32))
+        );
     }
 }

@@ -59,6 +59,19 @@ impl SshOptions {
 pub(crate) struct RemoteOutput {
     /// Standard output.
     pub stdout: Vec<u8>,
+    /// Where its time went.
+    pub timing: RunTiming,
+}
+
+/// The parts of one remote command's time (for the timing log lines).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RunTiming {
+    /// Waiting for one of the host's session permits.
+    pub permit: Duration,
+    /// Checking the master, or connecting when there was none.
+    pub session: Duration,
+    /// The command itself (a new channel on the master, the script, its exit).
+    pub command: Duration,
 }
 
 struct Live {
@@ -218,12 +231,15 @@ impl Connections {
             operation,
             after: limit,
         };
-        let deadline = Instant::now() + limit;
+        let started = Instant::now();
+        let deadline = started + limit;
         let _permit = tokio::time::timeout_at(deadline.into(), slot.permits.acquire())
             .await
             .map_err(|_| timed_out())?
             .map_err(|_| ProvisionError::Local("connection manager closed".into()))?;
+        let permitted = Instant::now();
         let (session, needs_sudo) = self.session(&slot, target, deadline).await?;
+        let connected = Instant::now();
         let prefix: &[&str] = if needs_sudo { &["sudo", "-n"] } else { &[] };
         let line = build(prefix).map_err(|e| ProvisionError::InvalidRequest(e.to_string()))?;
         let result = tokio::time::timeout_at(
@@ -246,7 +262,14 @@ impl Connections {
                 Self::invalidate(&slot, &session).await;
                 Err(self.classify(target, e))
             }
-            Ok(Ok(out)) if out.status.success() => Ok(RemoteOutput { stdout: out.stdout }),
+            Ok(Ok(out)) if out.status.success() => Ok(RemoteOutput {
+                stdout: out.stdout,
+                timing: RunTiming {
+                    permit: permitted - started,
+                    session: connected - permitted,
+                    command: connected.elapsed(),
+                },
+            }),
             Ok(Ok(out)) => Err(ProvisionError::CommandFailed {
                 host: target.id.clone(),
                 operation,

@@ -123,7 +123,9 @@ impl Provisioner {
         let sudoers = scripts::sudoers_file(&user, &sudo_commands);
         let limits = scripts::limits_file(&user, &self.limits);
         let slice = scripts::slice_drop_in(&user, req.settings);
-        self.connections
+        let keyed = started.elapsed();
+        let out = self
+            .connections
             .run(target, "provision", |prefix| {
                 scripts::provision_command(
                     prefix,
@@ -144,6 +146,10 @@ impl Provisioner {
             key_type = %key_type,
             slice = !slice.is_empty(),
             elapsed_ms = started.elapsed().as_millis() as u64,
+            keygen_us = keyed.as_micros() as u64,
+            permit_us = out.timing.permit.as_micros() as u64,
+            session_us = out.timing.session.as_micros() as u64,
+            script_us = out.timing.command.as_micros() as u64,
             "build user provisioned"
         );
         Ok(Provisioned {

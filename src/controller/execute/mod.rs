@@ -169,6 +169,10 @@ impl Job {
     }
 }
 
+/// Target of the per-step timing lines (debug level): where a TaskRun's time goes, for the
+/// controller benchmark's breakdown; off in production's `info`.
+pub const TIMING: &str = "mpc::timing";
+
 impl Job {
     /// The TaskRun the job is about, if any.
     pub fn taskrun(&self) -> Option<&TaskRunRef> {
@@ -258,6 +262,10 @@ impl Job {
 pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
     use tracing::Instrument;
     let kind = job.kind();
+    let about = tracing::enabled!(target: TIMING, tracing::Level::DEBUG)
+        .then(|| job.taskrun().cloned())
+        .flatten();
+    let started = std::time::Instant::now();
     let span = job.span();
     ctx.metrics.in_flight(kind, 1);
     let out = async {
@@ -269,6 +277,16 @@ pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
     .instrument(span)
     .await;
     ctx.metrics.in_flight(kind, -1);
+    if let Some(tr) = about {
+        tracing::debug!(
+            target: TIMING,
+            kind,
+            namespace = tr.namespace(),
+            taskrun = tr.name(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "job finished"
+        );
+    }
     out
 }
 

@@ -116,33 +116,54 @@ pub async fn provision(
     host: &HostRef,
     rearm: bool,
 ) -> Result<String, ProvisionFailure> {
-    let target = target(ctx, host).await?;
-    let _permit = ctx.limits.ssh.acquire().await;
-    // Key type and slice caps as the host-config says now for the host or platform.
-    let config = ctx.config.current().unwrap_or_default();
-    let settings = match host {
-        HostRef::Static(h) => config.build_users.for_static_host(&h.name),
-        HostRef::Instance { template, .. } => config.build_users.for_platform(&template.platform),
-    };
-    let req = ProvisionRequest {
-        taskrun_name: taskrun.name(),
-        namespace: taskrun.namespace(),
-        sudo_commands: sudo_commands(host),
-        settings,
-    };
-    let provisioned = ctx.provisioner.provision(&target, &req).await?;
-    // Instances too: a replica taking over must not trust whatever answers at a pool
-    // instance's address next.
-    ctx.known_hosts.record(ctx, &target).await;
-    // Only a used token with a retry still to come may hold its redeems in the OTP server
-    // (a tenant can redeem its own token at will). Tekton's retry count is read now: a
-    // provisioning takes seconds of SSH, next to which this read is nothing.
-    let t = k8s::current(ctx, taskrun)
-        .await
-        .map_err(ProvisionFailure::TaskRun)?;
+    let mut clock = Steps::new();
+    // Tekton's retry count (only a used token with a retry still to come may hold its redeems
+    // in the OTP server; a tenant can redeem its own token at will) is read beside the SSH
+    // work rather than after it: the read was a whole API round trip on every TaskRun's way
+    // to its secret, and the count changes only when a retry starts, long after this.
+    let (t, ssh_part) = tokio::join!(
+        async {
+            let t = k8s::current(ctx, taskrun).await;
+            (t, clock.since_start())
+        },
+        async {
+            let target = target(ctx, host)
+                .await
+                .map_err(ProvisionFailure::AdminKey)?;
+            let admin_key = clock.since_start();
+            let _permit = ctx.limits.ssh.acquire().await;
+            let ssh_permit = clock.since_start() - admin_key;
+            // Key type and slice caps as the host-config says now for the host or platform.
+            let config = ctx.config.current().unwrap_or_default();
+            let settings = match host {
+                HostRef::Static(h) => config.build_users.for_static_host(&h.name),
+                HostRef::Instance { template, .. } => {
+                    config.build_users.for_platform(&template.platform)
+                }
+            };
+            let req = ProvisionRequest {
+                taskrun_name: taskrun.name(),
+                namespace: taskrun.namespace(),
+                sudo_commands: sudo_commands(host),
+                settings,
+            };
+            let provisioned = ctx.provisioner.provision(&target, &req).await?;
+            let ssh = clock.since_start() - admin_key - ssh_permit;
+            // Instances too: a replica taking over must not trust whatever answers at a pool
+            // instance's address next.
+            ctx.known_hosts.record(ctx, &target).await;
+            let known_host = clock.since_start() - admin_key - ssh_permit - ssh;
+            Ok::<_, ProvisionFailure>((provisioned, [admin_key, ssh_permit, ssh, known_host]))
+        }
+    );
+    let (provisioned, [admin_key, ssh_permit, ssh, known_host]) = ssh_part?;
+    let (t, taskrun_read) = t;
+    let t = t.map_err(ProvisionFailure::TaskRun)?;
     let rearms_left = t.spec.retries.saturating_sub(t.status.retries);
+    clock.lap();
     let owner = taskrun.uid().to_string();
-    ctx.keys
+    let token = ctx
+        .keys
         .store(
             &owner,
             // Unique per provisioning (a fresh key each time, op ids restart with the process);
@@ -154,7 +175,40 @@ pub async fn provision(
             provisioned.private_key.as_bytes(),
         )
         .await
-        .map_err(ProvisionFailure::Otp)
+        .map_err(ProvisionFailure::Otp)?;
+    tracing::debug!(
+        target: super::TIMING,
+        namespace = taskrun.namespace(),
+        taskrun = taskrun.name(),
+        admin_key_us = admin_key,
+        ssh_permit_us = ssh_permit,
+        ssh_us = ssh,
+        known_host_us = known_host,
+        taskrun_read_us = taskrun_read,
+        otp_us = clock.lap(),
+        "provisioning steps"
+    );
+    Ok(token)
+}
+
+/// Microseconds between successive steps.
+struct Steps(std::time::Instant);
+
+impl Steps {
+    fn new() -> Self {
+        Steps(std::time::Instant::now())
+    }
+
+    fn since_start(&self) -> u64 {
+        self.0.elapsed().as_micros() as u64
+    }
+
+    fn lap(&mut self) -> u64 {
+        let now = std::time::Instant::now();
+        let us = (now - self.0).as_micros() as u64;
+        self.0 = now;
+        us
+    }
 }
 
 fn hex_nonce() -> String {

@@ -42,6 +42,14 @@ pub async fn watch(client: kube::Client, tx: mpsc::Sender<Input>, stop: Cancella
         };
         match next {
             Some(Ok(ev)) => {
+                if let watcher::Event::Apply(tr) = &ev {
+                    tracing::debug!(
+                        target: crate::controller::execute::TIMING,
+                        namespace = tr.metadata.namespace.as_deref(),
+                        taskrun = tr.metadata.name.as_deref(),
+                        "TaskRun event received"
+                    );
+                }
                 if tx.send(Input::TaskRuns(Box::new(ev))).await.is_err() {
                     return;
                 }
