@@ -647,7 +647,7 @@ mod tests {
     fn ssh_work_does_not_hold_writes_back() {
         let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT);
         let write = Job::Action(Action::Ungate {
-            taskrun: TaskRunRef::new("ns", "tr", Uid::new("u")),
+            taskrun: TaskRunRef::new("ns", "tr", crate::scheduler::Uid::new("u")),
         });
         assert_eq!(class_of(&write), Class::Other);
         for i in 0..1_000 {
