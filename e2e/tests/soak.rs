@@ -1299,6 +1299,16 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
         }
     }
 
+    // The full logs outlive the run when asked for (the product's directory does not).
+    if let Ok(dir) = std::env::var("SOAK_LOG_DIR") {
+        std::fs::create_dir_all(&dir).expect("SOAK_LOG_DIR");
+        for p in s.p.controllers.iter().chain(std::iter::once(&s.p.otp)) {
+            let to = std::path::Path::new(&dir).join(format!("{}.log", p.name));
+            std::fs::write(&to, p.log_text()).expect("copying a log");
+        }
+        println!("soak: logs kept in {dir}");
+    }
+
     let violations = s.violations.lock().unwrap().clone();
     assert!(
         violations.is_empty() && left.is_empty(),

@@ -92,9 +92,19 @@ impl Runner {
                     launch,
                     additional_tags,
                 };
+                // Start and end with the time taken: the gap between a slot freed and the next
+                // instance booting is read from these.
+                tracing::debug!(platform = %template.platform, %launch, "launching");
+                let began = std::time::Instant::now();
                 let result = self.cloud.launch(&request).await;
-                if let Err(e) = &result {
-                    tracing::warn!(platform = %template.platform, %launch, error = %e, "launch failed");
+                let ms = began.elapsed().as_millis() as u64;
+                match &result {
+                    Ok(_) => {
+                        tracing::debug!(platform = %template.platform, %launch, ms, "launch answered")
+                    }
+                    Err(e) => {
+                        tracing::warn!(platform = %template.platform, %launch, ms, error = %e, "launch failed")
+                    }
                 }
                 Some(launch_event(*op, result))
             }
@@ -123,7 +133,10 @@ impl Runner {
                 };
                 let platform = template.platform.as_str();
                 tracing::info!(platform, instance = %instance_id, reason, "terminating");
+                let began = std::time::Instant::now();
                 let result = self.cloud.terminate(scope, instance_id, *legacy).await;
+                let ms = began.elapsed().as_millis() as u64;
+                tracing::debug!(platform, instance = %instance_id, ms, ok = result.is_ok(), "termination answered");
                 match &result {
                     Ok(Terminated::Requested) => self.metrics.terminated(platform, reason),
                     Ok(Terminated::AlreadyGone) => {}
