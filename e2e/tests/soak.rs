@@ -1235,6 +1235,28 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
         times.last().copied().unwrap_or_default().as_secs_f64(),
         DONE_BOUND.as_secs()
     );
+    for strategy in [
+        Strategy::Local,
+        Strategy::Static,
+        Strategy::Dynamic,
+        Strategy::Pool,
+    ] {
+        // The record's id names its strategy as its second word.
+        let word = format!("{strategy:?}");
+        let mut of: Vec<Duration> = records
+            .iter()
+            .filter(|r| r.id.split(' ').nth(1) == Some(word.as_str()))
+            .filter_map(|r| r.done_after)
+            .collect();
+        of.sort();
+        println!(
+            "soak: {word}: done {}; time to done p50 {:.1} s, p99 {:.1} s, max {:.1} s",
+            of.len(),
+            percentile(&of, 0.5).as_secs_f64(),
+            percentile(&of, 0.99).as_secs_f64(),
+            of.last().copied().unwrap_or_default().as_secs_f64(),
+        );
+    }
     println!("soak outcomes: {outcomes:?}");
     println!(
         "soak: most TaskRuns on one host: {:?} (concurrency h1 2, h2 1, dynamic 1, pool {POOL_CONCURRENCY})",
