@@ -24,6 +24,11 @@
 //! - A RunInstances with an unknown security group *name* fails with an HTTP 500 (a moto bug);
 //!   unknown group ids fail with `InvalidGroup.NotFound` as on AWS.
 //! - Key pair names are not validated at launch.
+//! - It keeps terminated instances for ever and scans them all on every DescribeInstances, so a
+//!   long run slows down with every instance it ever launched. EC2 drops a terminated instance
+//!   from its answers after about an hour; moto here runs under a launcher ([`FORGET_TERMINATED`])
+//!   that does the same after [`Moto::start_forgetting_terminated_after`]'s delay (an hour for
+//!   [`Moto::start`]; a soak that compresses hours into minutes passes less).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -46,7 +51,9 @@ pub const SECRET_ACCESS_KEY: &str = "mpc-testing-secret";
 #[derive(Debug, thiserror::Error)]
 pub enum MotoError {
     /// The moto binary is missing.
-    #[error("moto_server not found at {0} (run e2e/setup.sh, or set MPC_E2E_HOME / MPC_E2E_MOTO)")]
+    #[error(
+        "moto is not installed: {0} is missing (run e2e/setup.sh, or set MPC_E2E_HOME / MPC_E2E_MOTO)"
+    )]
     NotInstalled(PathBuf),
     /// Starting or reaching moto failed.
     #[error("moto: {0}")]
@@ -98,6 +105,46 @@ pub fn test_credentials() -> Credentials {
     }
 }
 
+/// Runs moto's server (`moto.server.main`, as `moto_server` does) in a Python process whose
+/// background thread forgets instances that have been terminated for `MPC_E2E_TERMINATED_TTL`
+/// seconds: removed from their reservation (the reservation too once empty) with their tags, as
+/// EC2 stops listing them. Only moto's own data is touched; requests are served unchanged.
+pub const FORGET_TERMINATED: &str = r#"
+import os, sys, threading, time
+from moto.server import main
+from moto.ec2.models import ec2_backends
+
+TTL = float(os.environ["MPC_E2E_TERMINATED_TTL"])
+
+def forget_terminated():
+    since = {}
+    while True:
+        time.sleep(1)
+        now = time.monotonic()
+        # dict.values: moto's backend dicts create accounts and regions on lookup.
+        for account in list(dict.values(ec2_backends)):
+            for backend in list(dict.values(account)):
+                for rid, res in list(backend.reservations.items()):
+                    keep = []
+                    for inst in list(res.instances):
+                        if inst.state != "terminated":
+                            keep.append(inst)
+                            continue
+                        first = since.setdefault(inst.id, now)
+                        if now - first < TTL:
+                            keep.append(inst)
+                            continue
+                        since.pop(inst.id, None)
+                        backend.tags.pop(inst.id, None)
+                    if len(keep) != len(res.instances):
+                        res.instances = keep
+                        if not keep:
+                            backend.reservations.pop(rid, None)
+
+threading.Thread(target=forget_terminated, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+"#;
+
 /// A running moto server, killed on drop.
 #[derive(Debug)]
 pub struct Moto {
@@ -120,16 +167,28 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 impl Moto {
-    /// Starts moto on 127.0.0.1 and a random free port and waits until it answers.
+    /// Starts moto on 127.0.0.1 and a random free port and waits until it answers; terminated
+    /// instances are listed for an hour, as on EC2.
     pub async fn start() -> Result<Self, MotoError> {
+        Self::start_forgetting_terminated_after(Duration::from_secs(60 * 60)).await
+    }
+
+    /// As [`Moto::start`], with terminated instances dropped from moto's answers `ttl` after
+    /// their termination.
+    pub async fn start_forgetting_terminated_after(ttl: Duration) -> Result<Self, MotoError> {
         let bin = moto_server_path();
         if !bin.exists() {
             return Err(MotoError::NotInstalled(bin));
         }
+        // The launcher runs with the Python that has moto installed, the one beside its script.
+        let python = bin.with_file_name("python3");
+        if !python.exists() {
+            return Err(MotoError::NotInstalled(python));
+        }
         // The port may be taken between probing and binding: try a few.
         let mut last = None;
         for _ in 0..5 {
-            match Self::start_on(&bin, free_port()?).await {
+            match Self::start_on(&python, ttl, free_port()?).await {
                 Ok(m) => return Ok(m),
                 Err(e) => last = Some(e),
             }
@@ -137,11 +196,19 @@ impl Moto {
         Err(last.expect("at least one try"))
     }
 
-    async fn start_on(bin: &PathBuf, port: u16) -> Result<Self, MotoError> {
+    async fn start_on(python: &PathBuf, ttl: Duration, port: u16) -> Result<Self, MotoError> {
         let dir = tempfile::tempdir()?;
         let log = std::fs::File::create(dir.path().join("moto.log"))?;
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let child = Command::new(python)
+            .args([
+                "-c",
+                FORGET_TERMINATED,
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .env("MPC_E2E_TERMINATED_TTL", ttl.as_secs_f64().to_string())
             .env("MOTO_ENABLE_AMI_VALIDATION", "true")
             .env("MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION", "true")
             // Never reach out for anything: moto only serves what it emulates.

@@ -1162,6 +1162,52 @@ async fn moto_resets_and_stops_on_drop() {
     assert!(std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
 }
 
+/// EC2 stops listing a terminated instance after a while; moto, left alone, never does, and its
+/// DescribeInstances slows with every instance it ever ran.
+#[tokio::test]
+async fn moto_forgets_terminated_instances_after_the_delay() {
+    let moto = Moto::start_forgetting_terminated_after(Duration::from_secs(2))
+        .await
+        .unwrap();
+    let fx = moto.fixture(REGION).await.unwrap();
+    let ids = moto
+        .launch_raw(REGION, &fx.ami, 2, &[("k", "v")])
+        .await
+        .unwrap();
+    let ec2 = moto.ec2(REGION);
+    ec2.terminate_instances()
+        .instance_ids(&ids[0])
+        .send()
+        .await
+        .unwrap();
+    let listed = |out: aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput| {
+        out.reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .filter_map(|i| i.instance_id().map(str::to_owned))
+            .collect::<Vec<_>>()
+    };
+    let all = listed(ec2.describe_instances().send().await.unwrap());
+    assert!(
+        all.contains(&ids[0]),
+        "still listed right after termination: {all:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        listed(ec2.describe_instances().send().await.unwrap()),
+        vec![ids[1].clone()],
+        "the terminated one is gone, the running one stays"
+    );
+    let e = ec2
+        .describe_instances()
+        .instance_ids(&ids[0])
+        .send()
+        .await
+        .unwrap_err();
+    let code = e.as_service_error().and_then(|e| e.meta().code());
+    assert_eq!(code, Some("InvalidInstanceID.NotFound"), "{e:?}");
+}
+
 #[tokio::test]
 async fn proxy_refuses_a_non_loopback_upstream() {
     let e = Ec2Proxy::start("10.1.2.3:80".parse().unwrap())

@@ -990,7 +990,11 @@ async fn fault_loop(s: Arc<Soak>, every: Duration) {
 async fn start(progress_every: usize) -> Soak {
     let p = Product::start(e2e::mpc_binary!(), &HOSTS).await.unwrap();
     p.create_namespace("tenant-c").await.unwrap();
-    let moto = Moto::start().await.unwrap();
+    // EC2 stops listing a terminated instance after about an hour; the soak runs hours of
+    // instance turnover in minutes, so moto forgets them after one.
+    let moto = Moto::start_forgetting_terminated_after(Duration::from_secs(60))
+        .await
+        .unwrap();
     let fx = moto
         .fixture_in("us-east-1", "127.0.0.0/16", SUBNET)
         .await

@@ -38,7 +38,8 @@ pub struct Policy {
     pub name: &'static str,
     /// How waiters get freed capacity.
     pub handoff: Handoff,
-    /// Delay from launch to the first probe of a new instance.
+    /// Delay from launch to the first probe of a new instance; the platform's `check-interval`
+    /// caps it.
     pub first_probe: Duration,
     /// Probe period after that; the platform's `check-interval` caps it. `None`: exactly
     /// `check-interval`.

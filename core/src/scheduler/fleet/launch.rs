@@ -90,8 +90,11 @@ impl Scheduler {
                 i.probes = 0;
                 let (overdue, pool, created) = (i.overdue, i.pool.clone(), i.created);
                 let owner = i.owner;
+                // The platform's check-interval caps every probe period, the first one too: an
+                // operator who asks for checks every few seconds gets them from the start.
+                let first_probe = self.policy.first_probe.min(i.template.check_interval);
                 self.instances.set_id(inst, id);
-                let first = self.now + self.policy.first_probe;
+                let first = self.now + first_probe;
                 self.arm(first, Timer::Probe(inst, 0));
                 if let Some(pool) = &pool
                     && self.policy.pool_idle_timeout.is_some()

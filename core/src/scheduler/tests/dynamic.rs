@@ -13,6 +13,27 @@ fn ready_taskrun(h: &mut H, name: &str, id: &str) -> OpId {
     provision_op(&a, name)
 }
 
+/// A platform checked every few seconds is first probed after its check-interval, not the
+/// default 20 s: the build waits for the probe that finds the instance up.
+#[test]
+fn a_short_check_interval_brings_the_first_probe_forward() {
+    let mut pairs = dynamic_pairs(2, None);
+    pairs.push(kv("dynamic.linux-arm64.check-interval", "2"));
+    let mut h = H::new(&pairs);
+    let a = h.submit("ns", "a", P);
+    let (op, _) = launches(&a)[0].clone();
+    h.send(Event::Launched {
+        op,
+        instance_id: "i-1".into(),
+    });
+    assert!(probes(&h.wait(1)).is_empty());
+    assert_eq!(
+        probes(&h.wait(1)).len(),
+        1,
+        "first probe at the 2 s check-interval"
+    );
+}
+
 #[test]
 fn launches_probes_provisions_and_terminates() {
     let mut h = H::new(&dynamic_pairs(2, None));
