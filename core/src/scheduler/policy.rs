@@ -38,9 +38,11 @@ pub struct Policy {
     pub name: &'static str,
     /// How waiters get freed capacity.
     pub handoff: Handoff,
-    /// Delay from launch to the first probe of a new instance; the platform's `check-interval`
-    /// caps it.
+    /// Delay from launch to the first probe of a new instance.
     pub first_probe: Duration,
+    /// The platform's `check-interval` caps `first_probe` too (an operator who asks for checks
+    /// every few seconds gets them from the start); Go waits its fixed delay whatever the interval.
+    pub first_probe_capped: bool,
     /// Probe period after that; the platform's `check-interval` caps it. `None`: exactly
     /// `check-interval`.
     pub probe_every: Option<Duration>,
@@ -97,6 +99,7 @@ impl Policy {
             name: "mpc",
             handoff: Handoff::Immediate,
             first_probe: Duration::from_secs(20),
+            first_probe_capped: true,
             probe_every: Some(Duration::from_secs(5)),
             ssh_probe_every: Some(Duration::from_secs(1)),
             pool_idle_timeout: Some(Duration::from_secs(10 * 60)),
@@ -130,6 +133,7 @@ impl Policy {
                 requeue: Duration::from_secs(60),
             },
             first_probe: Duration::from_secs(120),
+            first_probe_capped: false,
             probe_every: None,
             ssh_probe_every: None,
             pool_idle_timeout: None,

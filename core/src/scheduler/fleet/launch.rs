@@ -90,9 +90,11 @@ impl Scheduler {
                 i.probes = 0;
                 let (overdue, pool, created) = (i.overdue, i.pool.clone(), i.created);
                 let owner = i.owner;
-                // The platform's check-interval caps every probe period, the first one too: an
-                // operator who asks for checks every few seconds gets them from the start.
-                let first_probe = self.policy.first_probe.min(i.template.check_interval);
+                let first_probe = if self.policy.first_probe_capped {
+                    self.policy.first_probe.min(i.template.check_interval)
+                } else {
+                    self.policy.first_probe
+                };
                 self.instances.set_id(inst, id);
                 let first = self.now + first_probe;
                 self.arm(first, Timer::Probe(inst, 0));
