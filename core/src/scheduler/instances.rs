@@ -464,10 +464,7 @@ impl Fleet {
             format!("{} ids for {with_id} instances with one", self.ids.len())
         })?;
         ensure(self.awaited == awaited, AwaitedTerminations, || {
-            format!(
-                "counted {:?}, instances name {awaited:?}",
-                self.awaited
-            )
+            format!("counted {:?}, instances name {awaited:?}", self.awaited)
         })?;
         for p in 0..n {
             let pid = p as PlatformId;

@@ -2,6 +2,13 @@
 //! `concurrency`). Launch with retries, probe until reachable, provision, terminate; the
 //! `max-instances` ledger counts every instance from its launch request until its termination is
 //! acknowledged, so booting and terminating instances count too.
+//!
+//! A dynamic instance is made for one TaskRun, and that TaskRun's finalizer waits for its
+//! termination whether the TaskRun finished on it or left it earlier (timed out, its secret
+//! refused, the instance failed, moved on to another): until the termination is acknowledged, the
+//! instance is seen gone, its termination is given up as leaked, or it is handed unused to
+//! another TaskRun. The fleet counts the terminations each TaskRun awaits. A pool instance is
+//! nobody's own: only a TaskRun's user on it is waited for.
 
 mod dynamic;
 mod launch;

@@ -454,7 +454,10 @@ fn an_instance_launched_for_a_finished_taskrun_goes_to_a_waiter_and_frees_the_fi
     let mut h = H::new(&dynamic_pairs(1, None));
     let l = launches(&h.submit("ns", "a", P))[0].0;
     assert!(finalized(&h.done("ns", "a")).is_empty());
-    assert!(launches(&h.submit("ns", "b", P)).is_empty(), "max-instances 1");
+    assert!(
+        launches(&h.submit("ns", "b", P)).is_empty(),
+        "max-instances 1"
+    );
     let a = h.send(Event::Launched {
         op: l,
         instance_id: "i-1".into(),
