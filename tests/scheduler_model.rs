@@ -489,6 +489,12 @@ struct World {
     /// (from the launch result, or the TaskRun naming it at a restart, until the TaskRun is
     /// placed elsewhere or launched for again).
     launched_for: BTreeMap<String, String>,
+    /// Every instance launched for each TaskRun that this process saw launched (or, after a
+    /// restart, the one the TaskRun names): its finalizer waits for each one's termination,
+    /// whether the TaskRun finished on it or left it (timed out, failed, moved on), unless it was
+    /// handed to another TaskRun (retagged). A new process knows only the instance a TaskRun
+    /// names; others are terminated as orphans without holding the finalizer.
+    made_for: BTreeMap<String, BTreeSet<String>>,
     /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
     /// their finalizer goes with something left behind, for the sweeps.
     gave_up: BTreeSet<String>,
@@ -561,6 +567,7 @@ impl World {
             placed: BTreeMap::new(),
             known_users: BTreeSet::new(),
             launched_for: BTreeMap::new(),
+            made_for: BTreeMap::new(),
             gave_up: BTreeSet::new(),
             backed_off: BTreeMap::new(),
             leaked: BTreeSet::new(),
@@ -663,15 +670,21 @@ impl World {
         {
             return Some(format!("user {user} is still on {h}"));
         }
-        // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own (unless it
-        // was handed to another, which retags it; or failed, and the TaskRun moved on).
-        if let Some(id) = self.launched_for.get(&uid)
-            && let Some(i) = self.instances.get(id)
-            && i.alive
-            && i.owner == uid
-            && self.pool_slots(&i.platform).is_none()
+        // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own, also after
+        // it failed and the TaskRun moved on (unless it was handed to another, which retags it).
+        for id in self
+            .launched_for
+            .get(&uid)
+            .into_iter()
+            .chain(self.made_for.get(&uid).into_iter().flatten())
         {
-            return Some(format!("its instance {id} is still alive"));
+            if let Some(i) = self.instances.get(id)
+                && i.alive
+                && i.owner == uid
+                && self.pool_slots(&i.platform).is_none()
+            {
+                return Some(format!("its instance {id} is still alive"));
+            }
         }
         None
     }
@@ -1345,6 +1358,10 @@ impl World {
                 self.known_users.insert(k);
             }
             (Some((owner, _)), Event::Launched { instance_id, .. }) => {
+                self.made_for
+                    .entry(owner.clone())
+                    .or_default()
+                    .insert(instance_id.clone());
                 self.launched_for.insert(owner, instance_id.clone());
             }
             _ => {}
@@ -1542,6 +1559,10 @@ impl World {
             }
         }
         self.known_users = known;
+        self.made_for = launched
+            .iter()
+            .map(|(uid, id)| (uid.clone(), BTreeSet::from([id.clone()])))
+            .collect();
         self.launched_for = launched;
         let slots: Vec<(String, u32)> = self
             .instances
