@@ -489,11 +489,20 @@ struct World {
     /// (from the launch result, or the TaskRun naming it at a restart, until the TaskRun is
     /// placed elsewhere or launched for again).
     launched_for: BTreeMap<String, String>,
+    /// Every instance launched for each TaskRun that this process saw launched (or, after a
+    /// restart, the one the TaskRun names): its finalizer waits for each one's termination,
+    /// whether the TaskRun finished on it or left it (timed out, failed, moved on), unless it was
+    /// handed to another TaskRun (retagged). A new process knows only the instance a TaskRun
+    /// names; others are terminated as orphans without holding the finalizer.
+    made_for: BTreeMap<String, BTreeSet<String>>,
     /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
     /// their finalizer goes with something left behind, for the sweeps.
     gave_up: BTreeSet<String>,
     /// Static hosts backing off, until when, as the scheduler announced them (`HostBackedOff`).
     backed_off: BTreeMap<String, Time>,
+    /// Instances the scheduler reported leaked (`InstanceLeaked`: their termination kept
+    /// failing): by choice they no longer count against `max-instances` in that process.
+    leaked: BTreeSet<String>,
     /// Finalizer removals issued in the batch being applied, checked once it is.
     finalizing: Vec<TaskRunRef>,
 }
@@ -558,8 +567,10 @@ impl World {
             placed: BTreeMap::new(),
             known_users: BTreeSet::new(),
             launched_for: BTreeMap::new(),
+            made_for: BTreeMap::new(),
             gave_up: BTreeSet::new(),
             backed_off: BTreeMap::new(),
+            leaked: BTreeSet::new(),
             finalizing: Vec::new(),
         };
         let mut out = Vec::new();
@@ -659,15 +670,21 @@ impl World {
         {
             return Some(format!("user {user} is still on {h}"));
         }
-        // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own (unless it
-        // was handed to another, which retags it; or failed, and the TaskRun moved on).
-        if let Some(id) = self.launched_for.get(&uid)
-            && let Some(i) = self.instances.get(id)
-            && i.alive
-            && i.owner == uid
-            && self.pool_slots(&i.platform).is_none()
+        // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own, also after
+        // it failed and the TaskRun moved on (unless it was handed to another, which retags it).
+        for id in self
+            .launched_for
+            .get(&uid)
+            .into_iter()
+            .chain(self.made_for.get(&uid).into_iter().flatten())
         {
-            return Some(format!("its instance {id} is still alive"));
+            if let Some(i) = self.instances.get(id)
+                && i.alive
+                && i.owner == uid
+                && self.pool_slots(&i.platform).is_none()
+            {
+                return Some(format!("its instance {id} is still alive"));
+            }
         }
         None
     }
@@ -833,8 +850,8 @@ impl World {
                 let p = platform.as_str().to_owned();
                 let alive = self
                     .instances
-                    .values()
-                    .filter(|i| i.alive && i.platform == p)
+                    .iter()
+                    .filter(|(id, i)| i.alive && i.platform == p && !self.leaked.contains(*id))
                     .count();
                 let launching = self
                     .pending
@@ -936,6 +953,20 @@ impl World {
                 };
                 self.backed_off
                     .insert(name, self.now + Duration::from_secs(secs));
+            }
+            Action::Notify {
+                reason: "InstanceLeaked",
+                message,
+                ..
+            } => {
+                // "instance <id> could not be terminated after <n> attempts ..."
+                let Some((id, _)) = message
+                    .strip_prefix("instance ")
+                    .and_then(|m| m.split_once(' '))
+                else {
+                    panic!("unexpected InstanceLeaked message: {message}");
+                };
+                self.leaked.insert(id.to_owned());
             }
             Action::Notify { .. } | Action::Observe(_) => {}
         }
@@ -1327,6 +1358,10 @@ impl World {
                 self.known_users.insert(k);
             }
             (Some((owner, _)), Event::Launched { instance_id, .. }) => {
+                self.made_for
+                    .entry(owner.clone())
+                    .or_default()
+                    .insert(instance_id.clone());
                 self.launched_for.insert(owner, instance_id.clone());
             }
             _ => {}
@@ -1493,8 +1528,9 @@ impl World {
         // pool instance under the config it adopts it with.
         self.alloc = Allocations::default();
         self.placed.clear();
-        // A new process starts with every host healthy.
+        // A new process starts with every host healthy, and counts every instance it is shown.
         self.backed_off.clear();
+        self.leaked.clear();
         let mut known = BTreeSet::new();
         let mut launched = BTreeMap::new();
         for (uid, t) in &self.taskruns {
@@ -1523,6 +1559,10 @@ impl World {
             }
         }
         self.known_users = known;
+        self.made_for = launched
+            .iter()
+            .map(|(uid, id)| (uid.clone(), BTreeSet::from([id.clone()])))
+            .collect();
         self.launched_for = launched;
         let slots: Vec<(String, u32)> = self
             .instances
@@ -2918,4 +2958,70 @@ fn recovery_does_not_put_two_colliding_users_on_one_host() {
     for c in &cmds {
         w.run(c);
     }
+}
+
+/// Found by a deeper search (`MODEL_CASES=3000 PROPTEST_RNG_SEED=78`): a dynamic TaskRun whose
+/// instance was not reachable within `allocation-timeout` got its error secret and its instance
+/// was terminated, but the TaskRun's finalizer went before that termination was acknowledged
+/// (here it is refused, and retried).
+#[test]
+fn a_timed_out_taskrun_is_finalized_only_once_its_instance_is_gone() {
+    use Cmd::*;
+    let cmds = vec![
+        Create { platform: 1, ns: 0 },
+        Advance(128),
+        Retry(0),
+        Advance(144),
+        Advance(192),
+        Advance(136),
+        Deliver { pick: 0, ok: true },
+        Deliver { pick: 0, ok: false },
+    ];
+    check(Policy::mpc(), &cmds);
+}
+
+/// Found by a deeper search (`MODEL_CASES=3000 PROPTEST_RNG_SEED=78`, Go's policy: three
+/// termination attempts): the model counted an instance the scheduler had reported leaked against
+/// `max-instances`; by choice a leaked instance no longer counts (a lasting refusal must not block
+/// the platform), so the model now leaves it out too, until a restart.
+#[test]
+fn a_leaked_instance_does_not_count_against_max_instances() {
+    use Cmd::*;
+    let c = |platform, ns| Create { platform, ns };
+    let d = |pick, ok| Deliver { pick, ok };
+    let cmds = vec![
+        c(1, 0),
+        c(0, 0),
+        c(3, 1),
+        d(0, true),
+        c(0, 0),
+        c(3, 0),
+        c(2, 0),
+        Finish(52180),
+        d(15, true),
+        d(4058, true),
+        c(2, 0),
+        c(3, 0),
+        Finish(9806),
+        c(2, 1),
+        Finish(20853),
+        Finish(23232),
+        d(0, false),
+        d(0, false),
+        Advance(5),
+        d(0, false),
+        Advance(10),
+        Config(1),
+        d(0, false),
+        c(1, 0),
+    ];
+    let mut w = World::new(Policy::mpc_go());
+    for c in &cmds {
+        w.run(c);
+    }
+    assert!(
+        w.leaked.len() == 1,
+        "the instance was reported leaked: {:?}",
+        w.leaked
+    );
 }

@@ -45,6 +45,9 @@ pub enum Invariant {
     /// A pool instance's attached TaskRuns are exactly the TaskRuns on it; a dynamic one has
     /// none attached.
     PoolAttached,
+    /// Each TaskRun's count of instance terminations its finalizer waits for is the number of
+    /// instances naming it.
+    AwaitedTerminations,
     /// A launching or terminating instance's operation is in flight, for it.
     InstanceOps,
     /// A TaskRun being provisioned has its provisioning in flight, for it.
@@ -54,7 +57,8 @@ pub enum Invariant {
     Waiters,
     /// A queue's own bookkeeping (entry count, turn order) matches its lanes.
     Queue,
-    /// A TaskRun in cleanup waits for exactly the cleanups that name it.
+    /// A TaskRun in cleanup waits for exactly the cleanups that name it; a live one is named by
+    /// no cleanup but instance terminations (of instances it left).
     CleanupPending,
     /// Removals of a build user in progress are exactly the removals in flight or delayed.
     Cleaning,
@@ -83,6 +87,7 @@ impl fmt::Display for Invariant {
             Invariant::InstanceCount => "max-instances ledger",
             Invariant::PoolIndex => "index of pool instances with room",
             Invariant::PoolAttached => "pool attachments",
+            Invariant::AwaitedTerminations => "awaited instance terminations",
             Invariant::InstanceOps => "instance operations",
             Invariant::ProvisionOps => "provisioning operations",
             Invariant::Waiters => "waiters' queue entries",
@@ -337,20 +342,29 @@ impl Scheduler {
                 _ => {}
             }
         }
+        let mut terminations: BTreeMap<Key, u32> = BTreeMap::new();
         for (_, i) in self.instances.iter() {
-            if let Some(k) = i.cleanup_for {
-                *waits.entry(k).or_default() += 1;
+            if let Some(k) = i.cleanup_for() {
+                *terminations.entry(k).or_default() += 1;
             }
         }
         for (k, t) in self.taskruns.iter() {
-            let pending = match t.state {
-                State::Cleanup { pending } => pending,
-                _ => 0,
-            };
             let n = waits.remove(&k).unwrap_or(0);
-            ensure(pending == n, CleanupPending, || {
-                format!("{} waits for {pending} cleanups, {n} name it", t.path())
-            })?;
+            let m = terminations.remove(&k).unwrap_or(0);
+            match t.state {
+                State::Cleanup { pending } => ensure(pending == n + m, CleanupPending, || {
+                    format!(
+                        "{} waits for {pending} cleanups, {n} and {m} instance(s) name it",
+                        t.path()
+                    )
+                })?,
+                _ => ensure(n == 0, CleanupPending, || {
+                    format!("{} is live and {n} cleanups name it", t.path())
+                })?,
+            }
+        }
+        for (k, m) in terminations {
+            *waits.entry(k).or_default() += m;
         }
         ensure(waits.is_empty(), CleanupPending, || {
             format!("cleanups name untracked TaskRuns: {waits:?}")

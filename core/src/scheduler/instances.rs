@@ -4,7 +4,8 @@
 //!
 //! Nothing outside this module can change an instance's indexed facts without the index
 //! following: the facts the id index, the members and the count hang on (platform, id, leaked)
-//! are private and change only through [`Fleet`]'s methods, and the instance a
+//! are private and change only through [`Fleet`]'s methods (so is the TaskRun a termination is
+//! awaited for, behind the count of terminations each TaskRun awaits), and the instance a
 //! [`Fleet::get_mut`] handed out is re-indexed in its platform's pool sets before anything can
 //! read them (the next call on the fleet that changes or reads an index), so a caller never
 //! re-indexes by hand and cannot forget to.
@@ -61,8 +62,9 @@ pub(super) struct Instance {
     pub(super) probes: u32,
     pub(super) probe_op: Option<OpId>,
     pub(super) idle_since: Option<Time>,
-    /// A finished TaskRun whose finalizer waits for this instance's termination.
-    pub(super) cleanup_for: Option<Key>,
+    /// The TaskRun whose finalizer waits for this instance's termination: one that finished on
+    /// it, or one it was launched for that left it to be terminated (failed or moved on).
+    cleanup_for: Option<Key>,
     /// Where it is indexed among its platform's pool instances with room.
     indexed: Option<(bool, (u32, u64, Key))>,
 }
@@ -119,6 +121,11 @@ impl Instance {
         self.leaked
     }
 
+    /// The TaskRun whose finalizer waits for this instance's termination.
+    pub(super) fn cleanup_for(&self) -> Option<Key> {
+        self.cleanup_for
+    }
+
     /// Where it belongs in its platform's sets of pool instances with room: (ready, key), or
     /// `None` when it takes no work (dynamic, draining, full, terminating).
     fn pool_key(&self, key: Key) -> Option<(bool, (u32, u64, Key))> {
@@ -168,6 +175,8 @@ pub(super) struct Fleet {
     /// platform and when: a listing made before that, or a lagging one, may still show them
     /// running, and must neither count them nor terminate them again.
     terminated: BTreeMap<Arc<str>, (PlatformId, Time)>,
+    /// TaskRuns that instances' terminations are awaited for (`cleanup_for`), with how many.
+    awaited: BTreeMap<Key, u32>,
 }
 
 impl Fleet {
@@ -247,6 +256,9 @@ impl Fleet {
         {
             self.ids.remove(id);
         }
+        if let Some(tr) = i.cleanup_for {
+            self.unawait(tr);
+        }
         let pp = self.platform_mut(i.platform);
         if let Some((ready, k)) = i.indexed {
             if ready {
@@ -292,6 +304,44 @@ impl Fleet {
         let p = i.platform;
         let pp = self.platform_mut(p);
         pp.counted = pp.counted.saturating_sub(1);
+    }
+
+    /// `tr`'s finalizer waits for the instance's termination (unless it already does, or
+    /// another TaskRun's does: then nothing changes). True when it now waits.
+    pub(super) fn await_termination(&mut self, key: Key, tr: Key) -> bool {
+        self.flush();
+        let Some(i) = self.instances.get_mut(key) else {
+            return false;
+        };
+        if i.cleanup_for.is_some() {
+            return false;
+        }
+        i.cleanup_for = Some(tr);
+        *self.awaited.entry(tr).or_default() += 1;
+        true
+    }
+
+    /// Nobody waits for the instance's termination any more (done, given up, or handed to
+    /// another TaskRun): the TaskRun that did, if any.
+    pub(super) fn release_waiter(&mut self, key: Key) -> Option<Key> {
+        self.flush();
+        let tr = self.instances.get_mut(key)?.cleanup_for.take()?;
+        self.unawait(tr);
+        Some(tr)
+    }
+
+    fn unawait(&mut self, tr: Key) {
+        if let Some(n) = self.awaited.get_mut(&tr) {
+            *n -= 1;
+            if *n == 0 {
+                self.awaited.remove(&tr);
+            }
+        }
+    }
+
+    /// How many instances' terminations `tr`'s finalizer waits for.
+    pub(super) fn awaited(&self, tr: Key) -> u32 {
+        self.awaited.get(&tr).copied().unwrap_or(0)
     }
 
     /// Instances of platform `p` counted against its `max-instances`.
@@ -378,7 +428,11 @@ impl Fleet {
         let mut ready = vec![PoolSet::new(); n];
         let mut booting = vec![PoolSet::new(); n];
         let mut with_id = 0;
+        let mut awaited: BTreeMap<Key, u32> = BTreeMap::new();
         for (k, i) in self.instances.iter() {
+            if let Some(tr) = i.cleanup_for {
+                *awaited.entry(tr).or_default() += 1;
+            }
             ensure((i.platform as usize) < platforms, Platforms, || {
                 format!("instance {k:?} has platform id {}", i.platform)
             })?;
@@ -408,6 +462,9 @@ impl Fleet {
         }
         ensure(self.ids.len() == with_id, InstanceIds, || {
             format!("{} ids for {with_id} instances with one", self.ids.len())
+        })?;
+        ensure(self.awaited == awaited, AwaitedTerminations, || {
+            format!("counted {:?}, instances name {awaited:?}", self.awaited)
         })?;
         for p in 0..n {
             let pid = p as PlatformId;
@@ -445,6 +502,12 @@ impl Fleet {
     #[cfg(test)]
     pub(super) fn corrupt_count(&mut self, p: PlatformId) {
         self.platform_mut(p).counted += 1;
+    }
+
+    /// Test hook: counts one more termination awaited for `tr`.
+    #[cfg(test)]
+    pub(super) fn corrupt_awaited(&mut self, tr: Key) {
+        *self.awaited.entry(tr).or_default() += 1;
     }
 
     /// Test hook: empties platform `p`'s set of booting pool instances.

@@ -1158,17 +1158,21 @@ impl Scheduler {
             State::OnInstance { inst, phase } => self.leave_instance(key, inst, phase, out),
         };
         self.set_cleanup_pending(key, pending);
-        if pending == 0 {
+        let waits = self.taskruns.get(key).map(|t| &t.state);
+        if matches!(waits, Some(State::Cleanup { pending: 0 })) {
             self.finalize(key, out);
         }
     }
 
-    /// Records how many cleanups a finished TaskRun's finalizer waits for.
+    /// Records how many cleanups a finished TaskRun's finalizer waits for: `pending` of its own
+    /// (user removals), and the terminations of the instances it was launched for or finished on
+    /// (counted by the fleet).
     pub(super) fn set_cleanup_pending(&mut self, key: Key, pending: u32) {
+        let terminations = self.instances.awaited(key);
         if let Some(t) = self.taskruns.get_mut(key)
             && let State::Cleanup { pending: slot } = &mut t.state
         {
-            *slot = pending;
+            *slot = pending + terminations;
         }
     }
 

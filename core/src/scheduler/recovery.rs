@@ -575,8 +575,8 @@ impl Scheduler {
                 i.state = InstState::Ready;
                 i.used = true;
                 i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
-                i.cleanup_for = Some(key);
                 self.instances.set_id(inst, id);
+                self.instances.await_termination(inst, key);
                 self.terminate(inst, "its TaskRun finished", out);
                 pending += 1;
             }

@@ -57,30 +57,28 @@ impl Scheduler {
         let Some(i) = self.instances.get_mut(inst) else {
             return 0;
         };
+        // Its finalizer waits for the termination: counted by the fleet, not returned.
         match i.state {
-            InstState::LaunchWait => {
-                self.drop_instance(inst, out);
-                0
-            }
+            InstState::LaunchWait => self.drop_instance(inst, out),
             InstState::Launching(_) => {
                 // Terminated (or adopted) when the launch result arrives.
-                i.cleanup_for = Some(key);
-                1
+                self.instances.await_termination(inst, key);
             }
             InstState::Booting | InstState::Ready => {
-                i.cleanup_for = Some(key);
+                self.instances.await_termination(inst, key);
                 self.terminate(inst, "its TaskRun finished", out);
-                1
             }
+            // Terminated for it already (it left the instance earlier): awaited already.
             InstState::Terminating(_) | InstState::TerminateWait => {
-                i.cleanup_for = Some(key);
-                1
+                self.instances.await_termination(inst, key);
             }
         }
+        0
     }
 
     /// Hands an unused dynamic instance whose TaskRun went away to the next waiter of the same
-    /// platform (same template). True when adopted.
+    /// platform (same template): a finalizer waiting for its termination no longer does. True
+    /// when adopted.
     pub(super) fn adopt(&mut self, inst: Key, out: &mut Vec<Action>) -> bool {
         if !self.policy.adopt_instances {
             return false;
@@ -131,6 +129,9 @@ impl Scheduler {
         }
         if state == InstState::Ready {
             self.start_provision(w, inst, out);
+        }
+        if let Some(tr) = self.instances.release_waiter(inst) {
+            self.cleanup_done(tr, out);
         }
         true
     }

@@ -123,17 +123,9 @@ impl Scheduler {
                             });
                         }
                         self.record_instance(owner.expect("checked"), inst, out);
-                    } else if let Some(i) = self.instances.get_mut(inst) {
-                        i.owner = None;
-                        let waiting = i.cleanup_for;
-                        if self.adopt(inst, out) {
-                            if let Some(tr) = waiting {
-                                if let Some(i) = self.instances.get_mut(inst) {
-                                    i.cleanup_for = None;
-                                }
-                                self.cleanup_done(tr, out);
-                            }
-                        } else {
+                    } else {
+                        self.abandon(inst);
+                        if !self.adopt(inst, out) {
                             self.terminate(inst, "its TaskRun went away during launch", out);
                         }
                     }
@@ -478,10 +470,12 @@ impl Scheduler {
         // lasts must not block the platform for good) and its termination keeps being retried
         // every few minutes (the back-off's cap) until it lands or a listing shows it gone.
         let give_up = n == self.policy.cleanup_attempts.max(1) && !i.leaked();
-        let waiting = if give_up { i.cleanup_for.take() } else { None };
-        if give_up {
+        let waiting = if give_up {
             self.instances.leak(inst);
-        }
+            self.instances.release_waiter(inst)
+        } else {
+            None
+        };
         self.arm(at, Timer::TerminateRetry(inst, n));
         if give_up {
             let ps = &self.platforms[p as usize];
@@ -533,7 +527,7 @@ impl Scheduler {
             return;
         };
         let p = i.platform();
-        let cleanup_for = i.cleanup_for;
+        let cleanup_for = i.cleanup_for();
         let stranded: Vec<Key> = i
             .owner
             .into_iter()
@@ -578,9 +572,7 @@ impl Scheduler {
                 message: format!("build host {name} stopped while the build ran: {reason}"),
             });
         }
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.owner = None;
-        }
+        self.abandon(inst);
         if terminate {
             self.terminate(inst, "it failed", out);
         } else {
@@ -696,9 +688,7 @@ impl Scheduler {
             );
             self.fail(o, msg, out);
         }
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.owner = None;
-        }
+        self.abandon(inst);
         self.terminate(inst, "allocation timed out", out);
     }
 

@@ -2,6 +2,13 @@
 //! `concurrency`). Launch with retries, probe until reachable, provision, terminate; the
 //! `max-instances` ledger counts every instance from its launch request until its termination is
 //! acknowledged, so booting and terminating instances count too.
+//!
+//! A dynamic instance is made for one TaskRun, and that TaskRun's finalizer waits for its
+//! termination whether the TaskRun finished on it or left it earlier (timed out, its secret
+//! refused, the instance failed, moved on to another): until the termination is acknowledged, the
+//! instance is seen gone, its termination is given up as leaked, or it is handed unused to
+//! another TaskRun. The fleet counts the terminations each TaskRun awaits. A pool instance is
+//! nobody's own: only a TaskRun's user on it is waited for.
 
 mod dynamic;
 mod launch;
@@ -59,7 +66,22 @@ impl Scheduler {
         })
     }
 
-    /// A finished TaskRun leaves its instance. Returns the cleanups its finalizer waits for.
+    /// A dynamic instance's TaskRun leaves it, to be terminated, without finishing (it failed, or
+    /// moves on to another instance): its finalizer waits for that termination all the same (what
+    /// was made for it goes before it does), until acknowledged, given up as leaked, or the
+    /// instance is handed to another TaskRun. A pool instance has no owner: nothing changes.
+    pub(super) fn abandon(&mut self, inst: Key) {
+        let Some(owner) = self.instances.get_mut(inst).and_then(|i| i.owner.take()) else {
+            return;
+        };
+        if self.taskruns.get(owner).is_some() {
+            self.instances.await_termination(inst, owner);
+        }
+    }
+
+    /// A finished TaskRun leaves its instance. Returns the cleanups its finalizer waits for
+    /// besides instance terminations (those are counted by the fleet, see
+    /// [`Scheduler::set_cleanup_pending`]).
     pub(super) fn leave_instance(
         &mut self,
         key: Key,
@@ -171,8 +193,9 @@ impl Scheduler {
     }
 
     /// A TaskRun gives its instance up without finishing (its secret could not be written): a
-    /// dynamic instance is terminated, a pool instance loses the TaskRun's user. Nothing waits for
-    /// that cleanup: the TaskRun gets an error and may finish at any time.
+    /// dynamic instance is terminated (its finalizer waits for that, see [`Scheduler::abandon`]),
+    /// a pool instance loses the TaskRun's user (nothing waits for that: the instance is not its
+    /// own, and the host sweep removes a user left behind).
     pub(super) fn give_up_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
         let host = self.instance_host(inst);
         let Some(i) = self.instances.get_mut(inst) else {
@@ -181,7 +204,7 @@ impl Scheduler {
         let p = i.platform();
         if i.pool.is_none() {
             // It counts until terminated; the count goes when that is acknowledged.
-            i.owner = None;
+            self.abandon(inst);
             self.terminate(inst, "its TaskRun's secret was refused", out);
             return;
         }
@@ -207,7 +230,7 @@ impl Scheduler {
         let p = i.platform();
         if i.pool.is_none() {
             // A fresh instance rather than a second try on a suspect one.
-            i.owner = None;
+            self.abandon(inst);
             self.terminate(inst, "provisioning failed", out);
             self.enqueue(key, true, out);
             return;

@@ -381,3 +381,109 @@ fn go_policy_polls_on_its_own_timing() {
     // A waiter polls every minute instead of being handed the slot.
     assert!(launches(&h.submit("ns", "b", P)).is_empty());
 }
+
+/// Sends a refusal for the termination `op`, then waits until the retry's termination goes out.
+fn refuse_termination(h: &mut H, op: OpId) -> (Vec<Action>, Option<OpId>) {
+    let refused = h.send(Event::Terminated {
+        op,
+        error: Some("RequestLimitExceeded".into()),
+    });
+    for _ in 0..400 {
+        if let Some(t) = terminates(&h.wait(1)).first() {
+            return (refused, Some(t.0));
+        }
+    }
+    (refused, None)
+}
+
+/// A TaskRun whose launch timed out, done, its instance being terminated: (termination op).
+fn timed_out_and_done(h: &mut H) -> OpId {
+    let l = launches(&h.submit("ns", "a", P))[0].0;
+    // The deadline passes while the launch is in flight: the result brings the error.
+    h.wait(600);
+    let a = h.send(Event::Launched {
+        op: l,
+        instance_id: "i-1".into(),
+    });
+    assert!(error_of(&a, "a").contains("600 s"));
+    let t = terminates(&a);
+    assert_eq!(t[0].1, "i-1");
+    let a = h.done("ns", "a");
+    assert!(
+        finalized(&a).is_empty(),
+        "the instance launched for it is not terminated yet: {a:#?}"
+    );
+    t[0].0
+}
+
+#[test]
+fn a_timed_out_taskrun_keeps_its_finalizer_until_its_instance_is_terminated() {
+    let mut h = H::new(&dynamic_pairs(2, None));
+    let t = timed_out_and_done(&mut h);
+    let (a, retry) = refuse_termination(&mut h, t);
+    assert!(finalized(&a).is_empty(), "{a:#?}");
+    let a = h.send(Event::Terminated {
+        op: retry.expect("termination retried"),
+        error: None,
+    });
+    assert_eq!(finalized(&a), vec!["a"]);
+    assert_eq!(h.s.gauges().platforms[P].instances, 0);
+}
+
+#[test]
+fn a_timed_out_taskrun_is_finalized_when_its_instance_is_given_up_as_leaked() {
+    let mut h = H::new(&dynamic_pairs(2, None));
+    let mut op = timed_out_and_done(&mut h);
+    // The fifth refusal gives the instance up: it no longer holds the finalizer.
+    for n in 1..=5 {
+        let (a, retry) = refuse_termination(&mut h, op);
+        if n < 5 {
+            assert!(finalized(&a).is_empty(), "refusal {n}: {a:#?}");
+        } else {
+            assert_eq!(finalized(&a), vec!["a"]);
+            assert!(a.iter().any(|x| matches!(x,
+                Action::Notify { taskrun: Some(t), reason: "CleanupFailed", .. } if t.name() == "a")));
+        }
+        op = retry.expect("termination retried");
+    }
+}
+
+#[test]
+fn a_taskrun_moved_off_a_failed_instance_keeps_its_finalizer_until_that_instance_is_terminated() {
+    let mut h = H::new(&dynamic_pairs(1, None));
+    let op = ready_taskrun(&mut h, "a", "i-1");
+    let a = h.send(Event::ProvisionFailed {
+        op,
+        error: "ssh: handshake failed".into(),
+        blame: Blame::Host,
+    });
+    let t = terminates(&a);
+    assert_eq!(t[0].1, "i-1");
+    // Waiting for room for a fresh instance, it finishes.
+    let a = h.done("ns", "a");
+    assert!(finalized(&a).is_empty(), "i-1 was launched for it: {a:#?}");
+    let a = h.send(Event::Terminated {
+        op: t[0].0,
+        error: None,
+    });
+    assert_eq!(finalized(&a), vec!["a"]);
+    assert!(launches(&a).is_empty(), "{a:#?}");
+}
+
+#[test]
+fn an_instance_launched_for_a_finished_taskrun_goes_to_a_waiter_and_frees_the_first() {
+    let mut h = H::new(&dynamic_pairs(1, None));
+    let l = launches(&h.submit("ns", "a", P))[0].0;
+    assert!(finalized(&h.done("ns", "a")).is_empty());
+    assert!(
+        launches(&h.submit("ns", "b", P)).is_empty(),
+        "max-instances 1"
+    );
+    let a = h.send(Event::Launched {
+        op: l,
+        instance_id: "i-1".into(),
+    });
+    assert!(terminates(&a).is_empty(), "{a:#?}");
+    assert_eq!(records(&a, "b")[0].instance_id.as_deref(), Some("i-1"));
+    assert_eq!(finalized(&a), vec!["a"]);
+}

@@ -81,6 +81,14 @@ fn a_booting_pool_instance_missing_from_its_index() {
 }
 
 #[test]
+fn an_awaited_termination_no_instance_names() {
+    let mut h = busy();
+    let k = key_of(&h, "b");
+    h.s.instances.corrupt_awaited(k);
+    assert_eq!(broken(&h), Invariant::AwaitedTerminations);
+}
+
+#[test]
 fn a_waiter_missing_from_its_queue() {
     let mut h = busy();
     let p = platform(&h, S390X);
