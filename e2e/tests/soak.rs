@@ -12,7 +12,10 @@
 //!
 //! Cloud instances are simulated on loopback: when moto lists an instance with an address in the
 //! soak's subnet, an sshd starts there with the image's admin key (the instance booted); when the
-//! instance is terminated its sshd stops and the users made on it go with it.
+//! instance is terminated its sshd stops and the users made on it go with it. All the machines
+//! share this one's `/etc/passwd`, so the harness removes those users itself: the ones whose
+//! TaskRun the monitor saw on the instance when it goes, and, once every instance is gone, any
+//! other cloud TaskRun's user (one that came and went while the monitor could not list).
 //!
 //! Checked all along (every ~150 ms): no host (static host, dynamic instance, pool instance) holds
 //! more TaskRuns than its concurrency (a TaskRun that has not ended holds its `assigned-host` while
@@ -171,6 +174,9 @@ struct Cloud {
     gone: BTreeSet<String>,
     /// Users still present on a pool instance when it was terminated.
     pool_users_lost: u64,
+    /// Users of cloud TaskRuns removed at the end because the monitor never saw which instance
+    /// they were on (their machines are gone by then).
+    unattributed_users: u64,
 }
 
 struct Soak {
@@ -1109,14 +1115,32 @@ async fn leftovers(s: &Soak, names: &[(String, String)]) -> Vec<String> {
         }
     }
     let users = passwd_users();
-    left.extend(
-        names
-            .iter()
-            .map(|(ns, name)| contract::remote_user_name(name, ns))
-            .filter(|u| users.contains(u))
-            .map(|u| format!("user {u}")),
-    );
-    match instances(s).await {
+    let running = instances(s).await;
+    let cloud_machines_gone = running.as_ref().is_some_and(|all| {
+        all.values()
+            .all(|i| i.tag != DYNAMIC_TAG && i.tag != POOL_TAG)
+    }) && s.cloud.lock().unwrap().booted.is_empty();
+    for (i, (ns, name)) in names.iter().enumerate() {
+        let u = contract::remote_user_name(name, ns);
+        if !users.contains(&u) {
+            continue;
+        }
+        match Strategy::of(i) {
+            // All the machines share this one's /etc/passwd: a user made on an instance the
+            // monitor never saw its TaskRun assigned to (it came and went while the API server
+            // was down) was not removed when that instance went. With every instance gone, so
+            // is every machine such a user could be on.
+            Strategy::Dynamic | Strategy::Pool if cloud_machines_gone => {
+                let user = u.clone();
+                tokio::task::spawn_blocking(move || e2e::sshd::remove_user(&user))
+                    .await
+                    .expect("user removal task");
+                s.cloud.lock().unwrap().unattributed_users += 1;
+            }
+            _ => left.push(format!("user {u}")),
+        }
+    }
+    match running {
         Some(all) => left.extend(
             all.iter()
                 .filter(|(_, i)| i.tag == DYNAMIC_TAG || i.tag == POOL_TAG)
@@ -1273,10 +1297,11 @@ async fn chaos_soak_every_strategy_under_faults_keeps_the_invariants() {
     {
         let c = s.cloud.lock().unwrap();
         println!(
-            "soak: instances seen running {}, retired {}, users on terminated pool instances {}; second redeems refused {}",
+            "soak: instances seen running {}, retired {}, users on terminated pool instances {}, cloud users never seen on an instance (removed at the end) {}; second redeems refused {}",
             c.ip_of.len(),
             c.gone.len(),
             c.pool_users_lost,
+            c.unattributed_users,
             s.second_redeems.lock().unwrap()
         );
     }
