@@ -190,20 +190,19 @@ impl Fleet {
         self.terminated.contains_key(id)
     }
 
-    /// Forgets acknowledged terminations of `platform` that a listing shows done (gone from it,
-    /// or shutting down: not in `live`) and those acknowledged `grace` or longer before `now`: an
+    /// Forgets acknowledged terminations of `platform` made `grace` or longer before `now`: an
     /// instance listed running that long after its termination was acknowledged is treated as
     /// any other again (terminated as an orphan, counted), in case the termination did not take.
+    /// Ones a listing shows gone are kept as long: a removal of a user from that machine may
+    /// still be retried, and fails for a reason that no longer matters.
     pub(super) fn forget_terminated(
         &mut self,
         platform: PlatformId,
-        live: &BTreeSet<&str>,
         now: Time,
         grace: std::time::Duration,
     ) {
-        self.terminated.retain(|id, &mut (of, at)| {
-            of != platform || (live.contains(id.as_ref()) && at + grace > now)
-        });
+        self.terminated
+            .retain(|_, &mut (of, at)| of != platform || at + grace > now);
     }
 
     pub(super) fn get(&self, key: Key) -> Option<&Instance> {

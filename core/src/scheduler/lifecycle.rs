@@ -956,7 +956,11 @@ impl Scheduler {
         else {
             return;
         };
-        if let Some(error) = error {
+        // A machine whose termination was acknowledged took its users with it: a removal that
+        // failed there (the host stopped answering) has nothing left to do.
+        let went_with_its_machine =
+            matches!(&host, HostRef::Instance { id, .. } if self.instances.was_terminated(id));
+        if let Some(error) = error.filter(|_| !went_with_its_machine) {
             if attempt + 1 < self.policy.cleanup_attempts {
                 let at = self.now + backoff(self.policy.cleanup_backoff, attempt);
                 self.timers.delay(

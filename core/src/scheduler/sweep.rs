@@ -25,7 +25,8 @@ impl Scheduler {
             _ => return,
         };
         let label = self.platforms[p as usize].label.clone();
-        self.forget_terminated(p, listed);
+        self.instances
+            .forget_terminated(p, self.now, self.policy.orphan_grace);
         for rec in listed {
             if let Some(inst) = self.instances.find(rec.id.as_str()) {
                 let Some(i) = self.instances.get(inst) else {
@@ -67,18 +68,6 @@ impl Scheduler {
             }
         }
         self.count_foreign(p, listed.iter(), out);
-    }
-
-    /// Forgets acknowledged terminations of `p` its listing shows done, and those older than
-    /// the orphan grace (see `Fleet::forget_terminated`).
-    fn forget_terminated(&mut self, p: PlatformId, listed: &[InstanceRecord]) {
-        let live: BTreeSet<&str> = listed
-            .iter()
-            .filter(|r| !r.state.is_terminating())
-            .map(|r| r.id.as_str())
-            .collect();
-        let (now, grace) = (self.now, self.policy.orphan_grace);
-        self.instances.forget_terminated(p, &live, now, grace);
     }
 
     /// Sets the platform's foreign count from its listing: live instances the ledger does not

@@ -177,3 +177,40 @@ fn config_change_drains_instances_of_the_old_template() {
     let a = h.done("ns", "a");
     assert_eq!(terminates(&a)[0].1, "i-1", "old instance goes once idle");
 }
+
+/// A pool instance terminated while a finished TaskRun's user is being removed from it takes
+/// the user with it: the removal's failure ends that cleanup at once (no retries for a minute,
+/// no `CleanupFailed` warning) and the TaskRun is finalized.
+#[test]
+fn a_user_removal_failing_on_a_terminated_instance_is_done() {
+    let mut h = H::new(&dynamic_pairs(2, Some((2, 10))));
+    let l = launches(&h.submit("ns", "a", P))[0].0;
+    let op = provision_op(&boot(&mut h, l, "i-1"), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "t".into(),
+    });
+    h.wait(11 * 60);
+    let a = h.done("ns", "a");
+    let (dep, _, host) = deprovisions(&a)[0].clone();
+    assert_eq!(host, "i-1");
+    let (term, _) = terminates(&a)[0].clone();
+    assert!(
+        finalized(&h.send(Event::Terminated {
+            op: term,
+            error: None
+        }))
+        .is_empty()
+    );
+    let a = h.send(Event::Deprovisioned {
+        op: dep,
+        error: Some("host i-1 is unreachable: connection refused".into()),
+    });
+    assert_eq!(finalized(&a), ["a"], "{a:#?}");
+    assert!(
+        !a.iter()
+            .any(|x| matches!(x, Action::Notify { reason, .. } if *reason == "CleanupFailed")),
+        "{a:#?}"
+    );
+    assert!(deprovisions(&h.wait(60)).is_empty(), "no retry");
+}
