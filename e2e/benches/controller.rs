@@ -784,7 +784,15 @@ async fn load_konflux(
     // In-process: the same CREATE and status write a client makes (admission, resourceVersions
     // and watch events included), without serialising ~57 KB over HTTP twice per TaskRun.
     let (mut largest, mut queued) = (0, Vec::new());
+    let started = Instant::now();
     for i in 0..n {
+        // 100,000 take over an hour in a debug build: show that it moves.
+        if i > 0 && i % 10_000 == 0 {
+            println!(
+                "memory: {i} TaskRuns loaded after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
         let tr = konflux::TaskRun::new(i, i % 2 == 1, PLATFORM);
         let mut obj = tr.object();
         obj["status"] = tr.status(task_spec);

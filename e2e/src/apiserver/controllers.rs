@@ -124,15 +124,17 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                     }
                     let loc: Loc = (ev.storage.to_string(), ev.key.clone());
                     let gone = ev.kind == EventType::Deleted;
-                    state.index(loc.clone(), (!gone).then_some(&*ev.object));
-                    state.observe(&ev.storage, &ev.object, gone);
+                    // Everything these controllers look at is in the metadata.
+                    let object = ev.object.metadata();
+                    state.index(loc.clone(), (!gone).then_some(&object));
+                    state.observe(&ev.storage, &object, gone);
                     if gone {
-                        if let Some(uid) = ev.object["metadata"]["uid"].as_str()
+                        if let Some(uid) = object["metadata"]["uid"].as_str()
                             && let Some(deps) = state.dependents.get(uid)
                         {
                             check.extend(deps.iter().cloned());
                         }
-                    } else if !owner_uids(&ev.object).is_empty() {
+                    } else if !owner_uids(&object).is_empty() {
                         check.insert(loc);
                     }
                 }
@@ -141,10 +143,22 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             Some(Err(StoreError::Gone { .. })) | None => {
                 // First run, or we fell behind the history: rebuild from the full state.
                 state = State::default();
-                let s = shared.lock();
-                let current = s.current_rv();
-                for storage in shared.registry().storages() {
-                    for (k, o) in s.list(&storage, None) {
+                let (current, all) = {
+                    let s = shared.lock();
+                    let all: Vec<_> = shared
+                        .registry()
+                        .storages()
+                        .into_iter()
+                        .map(|storage| {
+                            let objs = s.list_encoded(&storage, None);
+                            (storage, objs)
+                        })
+                        .collect();
+                    (s.current_rv(), all)
+                };
+                for (storage, objs) in all {
+                    for (k, o) in objs {
+                        let o = o.metadata();
                         state.index((storage.clone(), k.clone()), Some(&o));
                         state.observe(&storage, &o, false);
                         if !owner_uids(&o).is_empty() {
@@ -287,7 +301,8 @@ fn owner_state(
     }
     let ns = if def.namespaced { dependent_ns } else { "" };
     let name = r["name"].as_str().unwrap_or_default();
-    match store.get(&def.storage, &(ns.to_owned(), name.to_owned())) {
+    let owner = store.get_encoded(&def.storage, &(ns.to_owned(), name.to_owned()));
+    match owner.map(|o| o.metadata()) {
         Some(o) if o["metadata"]["uid"] == r["uid"] => {
             if meta::is_deleting(&o)
                 && meta::finalizers(&o)
@@ -304,8 +319,8 @@ fn owner_state(
 }
 
 fn uid_at(shared: &Shared, loc: &Loc) -> Option<String> {
-    let o = shared.lock().get(&loc.0, &loc.1)?;
-    o["metadata"]["uid"].as_str().map(str::to_owned)
+    let o = shared.lock().get_encoded(&loc.0, &loc.1)?;
+    o.metadata()["metadata"]["uid"].as_str().map(str::to_owned)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,9 +334,11 @@ enum Verdict {
 /// the dependent is deleted (in the foreground if an owner waits for it and it has dependents of
 /// its own).
 async fn check_dependent(shared: &Arc<Shared>, loc: &Loc, has_dependents: bool) -> Verdict {
-    let Some(obj) = shared.lock().get(&loc.0, &loc.1) else {
+    let Some(obj) = shared.lock().get_encoded(&loc.0, &loc.1) else {
         return Verdict::Done;
     };
+    // What the garbage collector looks at is all in the metadata.
+    let obj = obj.metadata();
     if meta::is_deleting(&obj) {
         return Verdict::Done;
     }
@@ -370,9 +387,12 @@ async fn process_owner(
         let Some((st, k)) = s.locate_uid(uid) else {
             return;
         };
-        let Some(o) = s.get(&st, &k) else { return };
+        let Some(o) = s.get_encoded(&st, &k) else {
+            return;
+        };
         ((st, k), o)
     };
+    let obj = obj.metadata();
     let fins = meta::finalizers(&obj);
     let mut done: Vec<&str> = Vec::new();
     if fins.iter().any(|f| f == ORPHAN_FINALIZER) {
@@ -417,9 +437,10 @@ async fn process_owner(
 /// Whether the dependent at `loc` still holds a `blockOwnerDeletion` reference that resolves to
 /// the owner with `uid`.
 fn blocks_owner(shared: &Shared, loc: &Loc, uid: &str) -> bool {
-    let Some(dep) = shared.lock().get(&loc.0, &loc.1) else {
+    let Some(dep) = shared.lock().get_encoded(&loc.0, &loc.1) else {
         return false;
     };
+    let dep = dep.metadata();
     let defs = owner_defs(shared, &dep);
     let store = shared.lock();
     defs.iter().any(|(r, def)| {
@@ -439,10 +460,10 @@ async fn process_namespace(shared: &Arc<Shared>, ns: &str) {
         .collect();
     let mut remaining = 0;
     for storage in &storages {
-        let objs = shared.lock().list(storage, Some(ns));
+        let objs = shared.lock().list_encoded(storage, Some(ns));
         remaining += objs.len();
         for (k, o) in objs {
-            if !meta::is_deleting(&o) {
+            if !meta::is_deleting(&o.metadata()) {
                 delete_background(shared, &(storage.clone(), k)).await;
             }
         }
@@ -481,10 +502,10 @@ async fn process_crd(shared: &Arc<Shared>, crd_name: &str) {
         return;
     };
     let storage = format!("{group}/{plural}");
-    let objs = shared.lock().list(&storage, None);
+    let objs = shared.lock().list_encoded(&storage, None);
     let remaining = objs.len();
     for (k, o) in objs {
-        if !meta::is_deleting(&o) {
+        if !meta::is_deleting(&o.metadata()) {
             delete_background(shared, &(storage.clone(), k)).await;
         }
     }

@@ -682,8 +682,8 @@ mod tests {
         let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, [store::EventType::Added, store::EventType::Modified]);
         // As a CREATE of a resource with a status subresource: no status until the second write.
-        assert!(events[0].object["status"].is_null());
-        assert_eq!(events[1].object["status"]["podName"], "t-pod");
+        assert!(events[0].object.decode()["status"].is_null());
+        assert_eq!(events[1].object.decode()["status"]["podName"], "t-pod");
         assert_eq!(
             api.get("tekton.dev/v1", "taskruns", Some("default"), "t")
                 .unwrap()["status"],

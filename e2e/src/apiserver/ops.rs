@@ -11,7 +11,7 @@ use super::patch::{self, PatchError, PatchType};
 use super::resources::{self, ResourceDef};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{self, ApiError};
-use super::store::{ObjKey, StoreError};
+use super::store::{Encoded, ObjKey, StoreError};
 use super::{Shared, admission, policy};
 
 /// Options common to writes.
@@ -116,12 +116,6 @@ pub(crate) fn parse_rv(rv: Option<&str>) -> Result<Option<u64>, ApiError> {
     }
 }
 
-fn rv_of(obj: &Value) -> Option<u64> {
-    obj["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-}
-
 /// Whether an object passes label and field selectors (in the stored form).
 pub(crate) fn selected(
     def: &ResourceDef,
@@ -131,6 +125,21 @@ pub(crate) fn selected(
 ) -> bool {
     labels.matches(obj["metadata"].get("labels"))
         && fields.matches(|f| def.field_value(obj, f).ok().flatten())
+}
+
+/// [`selected`] on a stored object, decoding no more of it than the selectors need: nothing
+/// without selectors, the metadata for label selectors alone.
+pub(crate) fn selected_encoded(
+    def: &ResourceDef,
+    obj: &Encoded,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+) -> bool {
+    if fields.terms.is_empty() {
+        labels.is_empty() || labels.matches(obj.metadata()["metadata"].get("labels"))
+    } else {
+        selected(def, &obj.decode(), labels, fields)
+    }
 }
 
 /// Checks a field selector against the fields the resource supports.
@@ -213,9 +222,9 @@ impl Shared {
     ) -> Result<Value, ApiError> {
         let obj = self
             .lock()
-            .get(&def.storage, &key(ns, name))
+            .get_encoded(&def.storage, &key(ns, name))
             .ok_or_else(|| ApiError::not_found(def, name))?;
-        Ok(def.from_storage((*obj).clone()))
+        Ok(def.from_storage(obj.decode()))
     }
 
     /// Lists objects: `(items in def's version, list resourceVersion, continue, remaining)`.
@@ -264,7 +273,8 @@ impl Shared {
                 }
                 _ => ApiError::internal("snapshot failed"),
             })?;
-        let mut matching = snapshot.filter(|(_, o)| selected(def, o, &opts.labels, &opts.fields));
+        let mut matching =
+            snapshot.filter(|(_, o)| selected_encoded(def, o, &opts.labels, &opts.fields));
         let limit = opts.limit.filter(|l| *l > 0);
         let mut page = Vec::new();
         let mut last: Option<ObjKey> = None;
@@ -285,7 +295,7 @@ impl Shared {
         drop(store);
         let items = page
             .into_iter()
-            .map(|o| def.from_storage((*o).clone()))
+            .map(|o| def.from_storage(o.decode()))
             .collect();
         Ok(match more {
             Some((token, remaining)) => (items, at, Some(token), remaining),
@@ -387,7 +397,7 @@ impl Shared {
             }
         }
         if opts.dry_run {
-            if self.lock().get(&def.storage, &key(ns, &name)).is_some() {
+            if self.lock().contains(&def.storage, &key(ns, &name)) {
                 return Err(ApiError::already_exists(def, &name));
             }
             return Ok(def.from_storage(stored));
@@ -499,9 +509,10 @@ impl Shared {
         for _attempt in 0..20 {
             let old = self
                 .lock()
-                .get(&def.storage, &k)
+                .get_encoded(&def.storage, &k)
                 .ok_or_else(|| ApiError::not_found(def, name))?;
-            let old_rv = rv_of(&old).unwrap_or(0);
+            let old_rv = old.rv();
+            let old = Arc::new(old.decode());
             let old_view = def.from_storage((*old).clone());
             let mut new_view = compute(&old_view)?;
             check_type(def, &new_view)?;
@@ -606,9 +617,10 @@ impl Shared {
         for _attempt in 0..20 {
             let old = self
                 .lock()
-                .get(&def.storage, &k)
+                .get_encoded(&def.storage, &k)
                 .ok_or_else(|| ApiError::not_found(def, name))?;
-            let old_rv = rv_of(&old).unwrap_or(0);
+            let old_rv = old.rv();
+            let old = Arc::new(old.decode());
             if let Some(uid) = &dopts.precondition_uid
                 && old["metadata"]["uid"].as_str() != Some(uid)
             {

@@ -1,6 +1,12 @@
 //! In-memory object storage with one global resourceVersion counter and a bounded event history
 //! (what etcd plus the watch cache give the apiserver). Events older than the history's start are
 //! compacted: watching or reading from before that answers 410 Gone.
+//!
+//! Every object version is kept encoded (JSON bytes, as etcd keeps kube-apiserver's encoded
+//! objects) and decoded on read: a stored version costs its encoded size, not a tree of
+//! allocations several times larger, so a test can hold 100,000 large objects. Readers that hold
+//! the store lock take [`Encoded`] handles (reference-counted, cheap to clone) and decode after
+//! releasing it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -33,6 +39,67 @@ impl EventType {
     }
 }
 
+/// One stored object version: its JSON encoding (map keys sorted, so equal objects have equal
+/// bytes) and its resourceVersion.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Encoded {
+    rv: u64,
+    bytes: Arc<[u8]>,
+}
+
+impl std::fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Encoded(rv {}, {} bytes)", self.rv, self.bytes.len())
+    }
+}
+
+/// Only the `metadata` member of an object; the rest is skipped without being built.
+#[derive(serde::Deserialize)]
+struct MetadataOnly {
+    #[serde(default)]
+    metadata: Value,
+}
+
+impl Encoded {
+    fn new(obj: &Value) -> Self {
+        Self {
+            rv: rv_of(obj),
+            // Serialising a `Value` cannot fail (its map keys are strings).
+            bytes: serde_json::to_vec(obj).unwrap_or_default().into(),
+        }
+    }
+
+    /// The object.
+    pub fn decode(&self) -> Value {
+        // The bytes were produced from a `Value`, so they parse.
+        serde_json::from_slice(&self.bytes).unwrap_or(Value::Null)
+    }
+
+    /// `{"metadata": …}` of the object: enough for labels, owners, finalizers, at a fraction of
+    /// a full decode.
+    pub fn metadata(&self) -> Value {
+        let m = serde_json::from_slice::<MetadataOnly>(&self.bytes)
+            .map(|m| m.metadata)
+            .unwrap_or(Value::Null);
+        json!({ "metadata": m })
+    }
+
+    /// The object's resourceVersion.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// Size of the encoding in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether the encoding is empty (never, for a stored object).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
 /// One change, in resourceVersion order.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -45,9 +112,9 @@ pub struct Event {
     /// Change type.
     pub kind: EventType,
     /// The object after the change (for deletions: the last state, at the deletion's rv).
-    pub object: Arc<Value>,
+    pub object: Encoded,
     /// The object before the change (`None` for additions).
-    pub prev: Option<Arc<Value>>,
+    pub prev: Option<Encoded>,
 }
 
 /// Storage failures.
@@ -79,7 +146,7 @@ pub enum StoreError {
 #[derive(Debug)]
 pub struct Store {
     rv: u64,
-    objects: HashMap<String, BTreeMap<ObjKey, Arc<Value>>>,
+    objects: HashMap<String, BTreeMap<ObjKey, Encoded>>,
     history: VecDeque<Event>,
     capacity: usize,
     compacted: u64,
@@ -120,13 +187,33 @@ impl Store {
         self.compacted
     }
 
-    /// Reads one object.
+    /// Reads one object (decoding it: with the store locked, prefer [`Store::get_encoded`]).
     pub fn get(&self, storage: &str, key: &ObjKey) -> Option<Arc<Value>> {
+        self.get_encoded(storage, key).map(|e| Arc::new(e.decode()))
+    }
+
+    /// Reads one object's stored encoding.
+    pub fn get_encoded(&self, storage: &str, key: &ObjKey) -> Option<Encoded> {
         self.objects.get(storage)?.get(key).cloned()
     }
 
-    /// The current objects of a resource in key order, optionally in one namespace.
+    /// Whether the object exists.
+    pub fn contains(&self, storage: &str, key: &ObjKey) -> bool {
+        self.objects
+            .get(storage)
+            .is_some_and(|m| m.contains_key(key))
+    }
+
+    /// The current objects of a resource in key order, optionally in one namespace, decoded.
     pub fn list(&self, storage: &str, namespace: Option<&str>) -> Vec<(ObjKey, Arc<Value>)> {
+        self.list_encoded(storage, namespace)
+            .into_iter()
+            .map(|(k, e)| (k, Arc::new(e.decode())))
+            .collect()
+    }
+
+    /// The current objects of a resource in key order, optionally in one namespace, encoded.
+    pub fn list_encoded(&self, storage: &str, namespace: Option<&str>) -> Vec<(ObjKey, Encoded)> {
         let Some(m) = self.objects.get(storage) else {
             return Vec::new();
         };
@@ -134,15 +221,24 @@ impl Store {
             Some(ns) => m
                 .range((ns.to_owned(), String::new())..)
                 .take_while(|((n, _), _)| n == ns)
-                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            None => m.iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect(),
+            None => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         }
     }
 
     /// Number of objects of a resource in a namespace (or everywhere).
     pub fn count(&self, storage: &str, namespace: Option<&str>) -> usize {
-        self.list(storage, namespace).len()
+        let Some(m) = self.objects.get(storage) else {
+            return 0;
+        };
+        match namespace {
+            Some(ns) => m
+                .range((ns.to_owned(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .count(),
+            None => m.len(),
+        }
     }
 
     /// Where the object with this uid lives, if it exists.
@@ -178,28 +274,28 @@ impl Store {
         key: ObjKey,
         mut obj: Value,
     ) -> Result<Arc<Value>, StoreError> {
-        if self.get(storage, &key).is_some() {
+        if self.contains(storage, &key) {
             return Err(StoreError::AlreadyExists);
         }
         let rv = self.next_rv();
         Self::stamp(&mut obj, rv);
-        let obj = Arc::new(obj);
+        let enc = Encoded::new(&obj);
         if let Some(uid) = uid_of(&obj) {
             self.uids.insert(uid, (storage.to_owned(), key.clone()));
         }
         self.objects
             .entry(storage.to_owned())
             .or_default()
-            .insert(key.clone(), Arc::clone(&obj));
+            .insert(key.clone(), enc.clone());
         self.record(Event {
             rv,
             storage: storage.into(),
             key,
             kind: EventType::Added,
-            object: Arc::clone(&obj),
+            object: enc,
             prev: None,
         });
-        Ok(obj)
+        Ok(Arc::new(obj))
     }
 
     /// Replaces an object if its stored resourceVersion is `expected_rv` (when given). An update
@@ -211,30 +307,31 @@ impl Store {
         mut obj: Value,
         expected_rv: Option<u64>,
     ) -> Result<Arc<Value>, StoreError> {
-        let old = self.get(storage, key).ok_or(StoreError::NotFound)?;
-        if expected_rv.is_some_and(|e| e != rv_of(&old)) {
+        let old = self.get_encoded(storage, key).ok_or(StoreError::NotFound)?;
+        if expected_rv.is_some_and(|e| e != old.rv) {
             return Err(StoreError::Conflict);
         }
-        Self::stamp(&mut obj, rv_of(&old));
-        if obj == *old {
-            return Ok(old);
+        Self::stamp(&mut obj, old.rv);
+        // Sorted map keys: equal objects encode to equal bytes.
+        if Encoded::new(&obj) == old {
+            return Ok(Arc::new(obj));
         }
         let rv = self.next_rv();
         Self::stamp(&mut obj, rv);
-        let obj = Arc::new(obj);
+        let enc = Encoded::new(&obj);
         self.objects
             .entry(storage.to_owned())
             .or_default()
-            .insert(key.clone(), Arc::clone(&obj));
+            .insert(key.clone(), enc.clone());
         self.record(Event {
             rv,
             storage: storage.into(),
             key: key.clone(),
             kind: EventType::Modified,
-            object: Arc::clone(&obj),
+            object: enc,
             prev: Some(old),
         });
-        Ok(obj)
+        Ok(Arc::new(obj))
     }
 
     /// Removes an object (if its resourceVersion is `expected_rv`, when given). `last` is the final
@@ -246,18 +343,18 @@ impl Store {
         last: Option<Value>,
         expected_rv: Option<u64>,
     ) -> Result<Arc<Value>, StoreError> {
-        let old = self.get(storage, key).ok_or(StoreError::NotFound)?;
-        if expected_rv.is_some_and(|e| e != rv_of(&old)) {
+        let old = self.get_encoded(storage, key).ok_or(StoreError::NotFound)?;
+        if expected_rv.is_some_and(|e| e != old.rv) {
             return Err(StoreError::Conflict);
         }
         let rv = self.next_rv();
-        let mut obj = last.unwrap_or_else(|| (*old).clone());
+        let old_value = old.decode();
+        let mut obj = last.unwrap_or_else(|| old_value.clone());
         Self::stamp(&mut obj, rv);
-        let obj = Arc::new(obj);
         if let Some(m) = self.objects.get_mut(storage) {
             m.remove(key);
         }
-        if let Some(uid) = uid_of(&old) {
+        if let Some(uid) = uid_of(&old_value) {
             self.uids.remove(&uid);
         }
         self.record(Event {
@@ -265,10 +362,10 @@ impl Store {
             storage: storage.into(),
             key: key.clone(),
             kind: EventType::Deleted,
-            object: Arc::clone(&obj),
+            object: Encoded::new(&obj),
             prev: Some(old),
         });
-        Ok(obj)
+        Ok(Arc::new(obj))
     }
 
     /// Events after `rv` (exclusive), oldest first, or `Gone` if some were compacted away.
@@ -290,20 +387,23 @@ impl Store {
         namespace: Option<&str>,
         rv: u64,
     ) -> Result<Vec<(ObjKey, Arc<Value>)>, StoreError> {
-        Ok(self.snapshot_after(storage, namespace, rv, None)?.collect())
+        Ok(self
+            .snapshot_after(storage, namespace, rv, None)?
+            .map(|(k, e)| (k, Arc::new(e.decode())))
+            .collect())
     }
 
-    /// The objects of a resource as of revision `rv`, in key order, after the key `after`, lazily:
-    /// a page of a list costs the page plus the history since `rv`, not the whole resource, as
-    /// kube-apiserver's paginated reads do (a controller with a small page size must not pay
-    /// quadratically here).
+    /// The objects of a resource as of revision `rv`, in key order, after the key `after`, lazily
+    /// and encoded: a page of a list costs the page plus the history since `rv`, not the whole
+    /// resource, as kube-apiserver's paginated reads do (a controller with a small page size must
+    /// not pay quadratically here).
     pub fn snapshot_after<'a>(
         &'a self,
         storage: &str,
         namespace: Option<&'a str>,
         rv: u64,
         after: Option<&ObjKey>,
-    ) -> Result<impl Iterator<Item = (ObjKey, Arc<Value>)> + 'a, StoreError> {
+    ) -> Result<impl Iterator<Item = (ObjKey, Encoded)> + 'a, StoreError> {
         if rv > self.rv {
             return Err(StoreError::Future {
                 requested: rv,
@@ -325,7 +425,7 @@ impl Store {
         };
         // Each key changed since `rv` as it was at `rv`: the state before its first later change
         // (`None`: it did not exist).
-        let mut rewound: BTreeMap<ObjKey, Option<Arc<Value>>> = BTreeMap::new();
+        let mut rewound: BTreeMap<ObjKey, Option<Encoded>> = BTreeMap::new();
         let start = self.history.partition_point(|e| e.rv <= rv);
         for ev in self.history.range(start..).rev() {
             if &*ev.storage != storage {
@@ -370,7 +470,7 @@ impl Store {
                         return Some((k, v));
                     }
                 } else if let Some((k, v)) = current.next() {
-                    return Some((k.clone(), Arc::clone(v)));
+                    return Some((k.clone(), v.clone()));
                 }
             }
         });
@@ -400,6 +500,104 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        // Heap bytes allocated minus freed by this thread: a test measures what it keeps alive
+        // without seeing other tests' threads.
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn count(delta: isize) {
+        let _ = LIVE.try_with(|c| c.set(c.get() + delta));
+    }
+
+    struct Counting;
+
+    // SAFETY: every call is forwarded unchanged to the system allocator.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let p = unsafe { System.alloc(l) };
+            if !p.is_null() {
+                count(l.size() as isize);
+            }
+            p
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            let p = unsafe { System.alloc_zeroed(l) };
+            if !p.is_null() {
+                count(l.size() as isize);
+            }
+            p
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            unsafe { System.dealloc(p, l) };
+            count(-(l.size() as isize));
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            let q = unsafe { System.realloc(p, l, new) };
+            if !q.is_null() {
+                count(new as isize - l.size() as isize);
+            }
+            q
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: Counting = Counting;
+
+    fn live() -> isize {
+        LIVE.with(Cell::get)
+    }
+
+    /// A TaskRun-like object: a resolved spec of many small maps and strings, as Tekton writes.
+    fn big_object(i: usize) -> Value {
+        let steps: Vec<Value> = (0..12)
+            .map(|s| {
+                json!({
+                    "name": format!("step-{s}"),
+                    "image": "quay.io/konflux-ci/buildah-task:latest@sha256:0123456789abcdef",
+                    "env": (0..20).map(|e| json!({"name": format!("ENV_{e}"), "value": format!("$(params.P{e})")})).collect::<Vec<_>>(),
+                    "volumeMounts": (0..6).map(|v| json!({"name": format!("vol-{v}"), "mountPath": format!("/mnt/{v}")})).collect::<Vec<_>>(),
+                    "computeResources": {"limits": {"memory": "4Gi"}, "requests": {"cpu": "1", "memory": "4Gi"}},
+                })
+            })
+            .collect();
+        json!({
+            "apiVersion": "tekton.dev/v1", "kind": "TaskRun",
+            "metadata": {"name": format!("tr-{i}"), "namespace": "ns", "uid": format!("uid-{i}"),
+                         "labels": {"app": "x", "tekton.dev/task": "buildah-remote-oci-ta"}},
+            "spec": {"params": (0..40).map(|p| json!({"name": format!("P{p}"), "value": "v"})).collect::<Vec<_>>()},
+            "status": {"taskSpec": {"steps": steps}},
+        })
+    }
+
+    #[test]
+    fn a_stored_version_costs_about_its_encoded_size() {
+        const N: usize = 100;
+        let mut s = Store::new(10_000);
+        let mut encoded = 0;
+        let before = live();
+        for i in 0..N {
+            let key = k("ns", &format!("tr-{i}"));
+            let created = s.create("tekton.dev/taskruns", key.clone(), big_object(i));
+            let mut obj = (*created.unwrap()).clone();
+            encoded += serde_json::to_vec(&obj).unwrap().len();
+            obj["status"]["podName"] = json!(format!("tr-{i}-pod"));
+            let updated = s.update("tekton.dev/taskruns", &key, obj, None).unwrap();
+            encoded += serde_json::to_vec(&*updated).unwrap().len();
+        }
+        // Both versions of each object are kept (the current one and the history's previous).
+        assert_eq!(s.history_len(), 2 * N);
+        let kept = (live() - before) as usize;
+        let per_version = kept as f64 / encoded as f64;
+        assert!(
+            per_version < 1.3,
+            "{kept} bytes live for {encoded} bytes of encoded versions ({per_version:.2}x)"
+        );
+        drop(s);
+    }
 
     fn k(ns: &str, n: &str) -> ObjKey {
         (ns.into(), n.into())
@@ -476,9 +674,9 @@ mod tests {
             .unwrap();
         s.delete("r", &k("a", "3"), None, None).unwrap();
         s.create("r", k("b", "0"), json!({"v": "later"})).unwrap();
-        let keys = |it: Vec<(ObjKey, Arc<Value>)>| {
+        let keys = |it: Vec<(ObjKey, Encoded)>| {
             it.into_iter()
-                .map(|((ns, n), v)| format!("{ns}/{n}={}", v["v"].as_str().unwrap()))
+                .map(|((ns, n), v)| format!("{ns}/{n}={}", v.decode()["v"].as_str().unwrap()))
                 .collect::<Vec<_>>()
         };
         let after = |ns: Option<&str>, from: ObjKey| {

@@ -9,12 +9,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::Shared;
-use super::ops::{parse_rv, selected};
+use super::ops::{parse_rv, selected_encoded};
 use super::render::{self, Format};
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
-use super::store::{EventType, StoreError};
+use super::store::{Encoded, EventType, ObjKey, StoreError};
 
 /// Parameters of a watch request.
 #[derive(Debug, Clone)]
@@ -108,11 +108,11 @@ pub(crate) fn start(
             match start_rv {
                 Some(rv) if !initial_requested => store.events_after(rv).map(|_| (Vec::new(), rv)),
                 _ => {
+                    // Decoded and selected after the lock is released.
                     let items: Vec<_> = if initial_requested {
                         store
-                            .list(&def.storage, ns.as_deref())
+                            .list_encoded(&def.storage, ns.as_deref())
                             .into_iter()
-                            .filter(|(_, o)| selected(&def, o, &p.labels, &p.fields))
                             .map(|(_, o)| o)
                             .collect()
                     } else {
@@ -131,10 +131,10 @@ pub(crate) fn start(
             Err(_) => return,
         };
         for o in initial {
-            if !w
-                .send(EventType::Added, def.from_storage((*o).clone()))
-                .await
-            {
+            if !selected_encoded(&def, &o, &p.labels, &p.fields) {
+                continue;
+            }
+            if !w.send(EventType::Added, def.from_storage(o.decode())).await {
                 return;
             }
         }
@@ -177,11 +177,9 @@ impl Watcher<'_> {
             .is_ok()
     }
 
-    fn selects(&self, obj: &Value) -> bool {
-        let in_ns = self
-            .ns
-            .is_none_or(|n| obj["metadata"]["namespace"].as_str() == Some(n));
-        in_ns && selected(self.def, obj, &self.p.labels, &self.p.fields)
+    fn selects(&self, key: &ObjKey, obj: &Encoded) -> bool {
+        let in_ns = self.ns.is_none_or(|n| key.0 == n);
+        in_ns && selected_encoded(self.def, obj, &self.p.labels, &self.p.fields)
     }
 
     async fn run(
@@ -215,8 +213,9 @@ impl Watcher<'_> {
                         if *ev.storage != *self.def.storage {
                             continue;
                         }
-                        let now_in = ev.kind != EventType::Deleted && self.selects(&ev.object);
-                        let was_in = ev.prev.as_ref().is_some_and(|p| self.selects(p));
+                        let now_in =
+                            ev.kind != EventType::Deleted && self.selects(&ev.key, &ev.object);
+                        let was_in = ev.prev.as_ref().is_some_and(|p| self.selects(&ev.key, p));
                         let kind = match (ev.kind, was_in, now_in) {
                             (EventType::Deleted, true, _) => EventType::Deleted,
                             (EventType::Deleted, false, _) => continue,
@@ -226,7 +225,7 @@ impl Watcher<'_> {
                             (_, false, false) => continue,
                         };
                         if !self
-                            .send(kind, self.def.from_storage((*ev.object).clone()))
+                            .send(kind, self.def.from_storage(ev.object.decode()))
                             .await
                         {
                             return;
