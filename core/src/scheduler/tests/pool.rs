@@ -5,6 +5,16 @@ use super::*;
 
 const P: &str = "linux/arm64";
 
+/// Submits `ns/a`, which launches `i-1`, boots it and provisions `a` there.
+fn serve_a_on_a_new_instance(h: &mut H) {
+    let l = launches(&h.submit("ns", "a", P))[0].0;
+    let op = provision_op(&boot(h, l, "i-1"), "a");
+    h.send(Event::Provisioned {
+        op,
+        otp: "t".into(),
+    });
+}
+
 #[test]
 fn instance_is_shared_up_to_concurrency() {
     let mut h = H::new(&dynamic_pairs(2, Some((2, 60))));
@@ -30,12 +40,7 @@ fn instance_is_shared_up_to_concurrency() {
 #[test]
 fn pool_full_waits_and_gets_the_slot_when_freed() {
     let mut h = H::new(&dynamic_pairs(1, Some((1, 60))));
-    let l = launches(&h.submit("ns", "a", P))[0].0;
-    let op = provision_op(&boot(&mut h, l, "i-1"), "a");
-    h.send(Event::Provisioned {
-        op,
-        otp: "t".into(),
-    });
+    serve_a_on_a_new_instance(&mut h);
     let a = h.submit("ns", "b", P);
     assert!(launches(&a).is_empty() && provisions(&a).is_empty());
     let a = h.done("ns", "a");
@@ -49,12 +54,7 @@ fn pool_full_waits_and_gets_the_slot_when_freed() {
 #[test]
 fn old_instance_is_terminated_only_when_idle() {
     let mut h = H::new(&dynamic_pairs(2, Some((2, 10))));
-    let l = launches(&h.submit("ns", "a", P))[0].0;
-    let op = provision_op(&boot(&mut h, l, "i-1"), "a");
-    h.send(Event::Provisioned {
-        op,
-        otp: "t".into(),
-    });
+    serve_a_on_a_new_instance(&mut h);
     // Past max-age (10 min) with a build on it: no new work, not terminated.
     let a = h.wait(11 * 60);
     assert!(terminates(&a).is_empty(), "{a:#?}");
@@ -72,12 +72,7 @@ fn old_instance_is_terminated_only_when_idle() {
 #[test]
 fn idle_instance_is_terminated_on_a_timer_without_traffic() {
     let mut h = H::new(&dynamic_pairs(2, Some((2, 600))));
-    let l = launches(&h.submit("ns", "a", P))[0].0;
-    let op = provision_op(&boot(&mut h, l, "i-1"), "a");
-    h.send(Event::Provisioned {
-        op,
-        otp: "t".into(),
-    });
+    serve_a_on_a_new_instance(&mut h);
     let a = h.done("ns", "a");
     assert!(terminates(&a).is_empty(), "kept warm for a while");
     assert!(terminates(&h.wait(9 * 60)).is_empty());
@@ -159,12 +154,7 @@ fn provisioning_failure_moves_the_taskrun_to_another_instance() {
 #[test]
 fn config_change_drains_instances_of_the_old_template() {
     let mut h = H::new(&dynamic_pairs(2, Some((2, 60))));
-    let l = launches(&h.submit("ns", "a", P))[0].0;
-    let op = provision_op(&boot(&mut h, l, "i-1"), "a");
-    h.send(Event::Provisioned {
-        op,
-        otp: "t".into(),
-    });
+    serve_a_on_a_new_instance(&mut h);
     let mut pairs = dynamic_pairs(2, Some((2, 60)));
     for (k, v) in &mut pairs {
         if k.ends_with(".ami") {
@@ -184,12 +174,7 @@ fn config_change_drains_instances_of_the_old_template() {
 #[test]
 fn a_user_removal_failing_on_a_terminated_instance_is_done() {
     let mut h = H::new(&dynamic_pairs(2, Some((2, 10))));
-    let l = launches(&h.submit("ns", "a", P))[0].0;
-    let op = provision_op(&boot(&mut h, l, "i-1"), "a");
-    h.send(Event::Provisioned {
-        op,
-        otp: "t".into(),
-    });
+    serve_a_on_a_new_instance(&mut h);
     h.wait(11 * 60);
     let a = h.done("ns", "a");
     let (dep, _, host) = deprovisions(&a)[0].clone();
