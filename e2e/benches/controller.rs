@@ -226,6 +226,7 @@ fn track(p: &Product, ns: &str, name: &str) {
 async fn latency(n: usize) -> anyhow::Result<()> {
     let (p, secrets) = product(&[("h1", 2)]).await?;
     let mut times = Vec::new();
+    let cpu = CpuSample::take(&p);
     for i in 0..n + 5 {
         let name = format!("lat-{i}");
         track(&p, "tenant-a", &name);
@@ -251,6 +252,8 @@ async fn latency(n: usize) -> anyhow::Result<()> {
         "latency: static TaskRun CREATE -> secret with token: {}",
         summary(&mut times)
     );
+    // Each TaskRun was cleaned up (its user removed) before the next.
+    CpuSample::take(&p).report("latency", &cpu, n + 5);
     Ok(())
 }
 
@@ -403,6 +406,8 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
         track(&p, ns, name);
     }
     let total_build: Duration = names.iter().map(|(_, _, b)| *b).sum();
+    let removed = users_removed(&p);
+    let cpu = CpuSample::take(&p);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (ns, name, build) in names.clone() {
@@ -423,6 +428,8 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
         waits.push(r??);
     }
     let wall = started.elapsed();
+    removals_done(&p, removed + n, Duration::from_secs(300)).await;
+    CpuSample::take(&p).report("throughput", &cpu, n);
     let ideal = total_build / slots;
     println!(
         "throughput: {n} TaskRuns through {slots} slots: wall {:.1} s, sum of builds {:.1} s \
@@ -537,6 +544,11 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
         "burst: {} warm-up TaskRuns served ({connected} SSH masters connected)",
         setup.hosts
     );
+    // The warm-up's removals stay out of the burst's CPU figures.
+    let removed = users_removed(&p);
+    removals_done(&p, setup.hosts, Duration::from_secs(120)).await;
+    let removed = removed.max(users_removed(&p));
+    let cpu = CpuSample::take(&p);
 
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -579,6 +591,8 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
         runs.push(r??);
     }
     let wall = started.elapsed();
+    removals_done(&p, removed + setup.n, Duration::from_secs(300)).await;
+    let cpu_after = CpuSample::take(&p);
     let most = most.load(std::sync::atomic::Ordering::SeqCst);
     let mut free: Vec<Duration> = runs
         .iter()
@@ -604,6 +618,7 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
     let anchor = (Instant::now(), SystemTime::now());
     let sent: Vec<Sent> = runs.into_iter().map(|(s, _)| s).collect();
     breakdown(&p, &secrets, &sent, anchor)?;
+    cpu_after.report("burst", &cpu, setup.n);
     if secrets.max_holding() > slots {
         bail!("more secrets held at once than slots");
     }
@@ -737,6 +752,226 @@ fn breakdown(
         }
     }
     Ok(())
+}
+
+/// CPU time (user + system, clock ticks) each party of a phase has spent, from
+/// `/proc/<pid>/stat`: per-process accounting stays valid while other work runs on the machine,
+/// which whole-machine `/proc/stat` deltas do not. A party is a process tree summed over its
+/// members' own time plus their reaped children's (`cutime`, `cstime`): a session or script that
+/// exited counts once a member reaped it, a live one by itself, so the delta between two samples
+/// is what the tree spent in between (less what exited unreaped by a member, e.g. daemons).
+#[derive(Clone, Copy)]
+struct CpuSample {
+    at: Instant,
+    /// The controllers and their child processes.
+    controller: u64,
+    /// The controllers' SSH master connections: `ssh -f` detaches from the controller's tree,
+    /// so they are found by their command line (it names the product's directory).
+    masters: u64,
+    otp: u64,
+    /// Every sshd host: the listener, its connection and session processes, the scripts run.
+    sshd: u64,
+    /// This process alone (threads included): the test API server, the Tekton stand-in and the
+    /// bench's own clients. Its children are the parties above.
+    bench: u64,
+    /// Busy ticks of the whole machine (every CPU), whatever runs on it: context only.
+    machine: u64,
+}
+
+/// One process's line of `/proc/<pid>/stat`.
+struct ProcTicks {
+    comm: String,
+    ppid: u32,
+    /// utime + stime.
+    own: u64,
+    /// cutime + cstime: reaped descendants.
+    reaped: u64,
+}
+
+fn proc_ticks(pid: u32) -> Option<ProcTicks> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is parenthesised and may contain spaces: fields follow the last ')'.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
+    // After the name: state, ppid, ..., utime (11), stime (12), cutime (13), cstime (14).
+    Some(ProcTicks {
+        comm,
+        ppid: n(1)? as u32,
+        own: n(11)? + n(12)?,
+        reaped: n(13)? + n(14)?,
+    })
+}
+
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| cpu.get(i)).sum()
+}
+
+impl CpuSample {
+    fn take(p: &Product) -> Self {
+        let mut table = HashMap::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
+                && let Some(t) = proc_ticks(pid)
+            {
+                table.insert(pid, t);
+            }
+        }
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (&pid, t) in &table {
+            children.entry(t.ppid).or_default().push(pid);
+        }
+        let mut counted = std::collections::HashSet::new();
+        let mut tree = |root: u32| {
+            let mut sum = 0;
+            let mut todo = vec![root];
+            while let Some(pid) = todo.pop() {
+                if !counted.insert(pid) {
+                    continue;
+                }
+                if let Some(t) = table.get(&pid) {
+                    sum += t.own + t.reaped;
+                }
+                todo.extend(children.get(&pid).into_iter().flatten());
+            }
+            sum
+        };
+        let controller = p
+            .controllers
+            .iter()
+            .filter_map(|c| c.pid())
+            .map(&mut tree)
+            .sum();
+        let dir = p.dir.path().to_string_lossy().into_owned();
+        let masters: Vec<u32> = table
+            .iter()
+            .filter(|(_, t)| t.comm == "ssh")
+            .map(|(&pid, _)| pid)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(dir.as_str()))
+            })
+            .collect();
+        let masters = masters.into_iter().map(&mut tree).sum();
+        let otp = p.otp.pid().map(&mut tree).unwrap_or(0);
+        let sshd = p
+            .hosts
+            .iter()
+            .filter_map(|h| h.sshd.pid())
+            .map(&mut tree)
+            .sum();
+        let bench = proc_ticks(std::process::id()).map_or(0, |t| t.own);
+        CpuSample {
+            at: Instant::now(),
+            controller,
+            masters,
+            otp,
+            sshd,
+            bench,
+            machine: machine_busy_ticks(),
+        }
+    }
+
+    /// Prints what each party spent per TaskRun between `before` and `self`, and the rate of
+    /// TaskRuns this machine's cores could sustain at that cost.
+    fn report(&self, phase: &str, before: &CpuSample, taskruns: usize) {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let wall = (self.at - before.at).as_secs_f64();
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / hz * 1e3 / taskruns.max(1) as f64;
+        let parties = [
+            (
+                "controller (mpc controller)",
+                per(self.controller, before.controller),
+            ),
+            (
+                "its SSH masters (ssh -f)",
+                per(self.masters, before.masters),
+            ),
+            ("OTP server", per(self.otp, before.otp)),
+            (
+                "sshd hosts (sessions, scripts)",
+                per(self.sshd, before.sshd),
+            ),
+            ("bench (API server, Tekton)", per(self.bench, before.bench)),
+        ];
+        let total: f64 = parties.iter().map(|(_, v)| v).sum();
+        println!(
+            "{phase}: CPU per TaskRun (user + system, /proc/<pid>/stat), {taskruns} TaskRuns \
+             over {wall:.1} s:"
+        );
+        for (name, v) in parties {
+            println!(
+                "{phase}:   {name:<32} {v:>8.2} ms  ({:.2} cores over the window)",
+                v * taskruns as f64 / 1e3 / wall
+            );
+        }
+        let sustain = |ms_per: f64, cores: f64| cores * 1e3 / ms_per;
+        println!(
+            "{phase}:   {:<32} {total:>8.2} ms  -> {cores:.0} cores sustain at most {:.1} \
+             TaskRuns/s",
+            "total",
+            sustain(total, cores)
+        );
+        let side = parties[0].1 + parties[1].1 + parties[2].1;
+        println!(
+            "{phase}:   controller side (controller, SSH masters, OTP) {side:.2} ms -> {:.1} \
+             TaskRuns/s per core; sshd hosts {:.2} ms -> {:.1} TaskRuns/s per host core",
+            sustain(side, 1.0),
+            parties[3].1,
+            sustain(parties[3].1, 1.0)
+        );
+        println!(
+            "{phase}:   whole machine over the window: {:.2} of {cores:.0} cores busy (anything \
+             else running included)",
+            self.machine.saturating_sub(before.machine) as f64 / hz / wall
+        );
+    }
+}
+
+/// Build users the controller has logged as removed so far.
+fn users_removed(p: &Product) -> usize {
+    p.controllers[0]
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == "build users removed")
+        .map(|v| match &v["users"] {
+            Value::Array(a) => a.len(),
+            // A `?users` field: the Debug text of the list.
+            Value::String(s) => s.matches("u-").count(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Waits (up to `limit`) until the controller has removed `n` build users in all, so a CPU
+/// sample taken next includes the removals; says so when it gives up.
+async fn removals_done(p: &Product, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done = users_removed(p);
+        if done >= n {
+            return;
+        }
+        if Instant::now() > deadline {
+            println!("  (only {done} of {n} build users removed after {limit:?})");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Ends the TaskRun's attempt once the Tekton stand-in has started its pod (with a thousand
