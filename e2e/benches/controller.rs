@@ -23,6 +23,12 @@
 //!   the slots were in flight, and where that time goes: the bench's own clock (CREATE sent and
 //!   answered, the secret's watch event) against the controller's debug lines of target
 //!   `mpc::timing` (watch event received, each job's duration, provisioning's steps).
+//!
+//! `latency`, `throughput` and `burst` also print the CPU time (user + system) each party spent
+//! per TaskRun, provisioning and removal included: the controller, its SSH master connections,
+//! the OTP server, the sshd hosts (sessions and the scripts they ran) and this process (the API
+//! server and the Tekton stand-in), from `/proc/<pid>/stat` (valid while other work runs on the
+//! machine), and the TaskRun rate this machine's cores could sustain at that cost.
 //! - `memory`: `MPC_BENCH_TASKRUNS` Konflux-shaped TaskRuns in the API server (the resolved
 //!   `buildah-remote-oci-ta` spec in `status.taskSpec`, ~57 KB each as JSON), half finished, half
 //!   queued for the one slot of one host; then the controller starts, lists them, rebuilds its
@@ -226,20 +232,22 @@ fn track(p: &Product, ns: &str, name: &str) {
 async fn latency(n: usize) -> anyhow::Result<()> {
     let (p, secrets) = product(&[("h1", 2)]).await?;
     let mut times = Vec::new();
+    let idle = idle_rate("latency", &p, Duration::from_secs(5)).await;
     let cpu = CpuSample::take(&p);
+    // CPU per party from CREATE to the secret (provisioning) and from the finish to the cleanup
+    // (removal), after the warm-up.
+    let (mut provisioning, mut removal) = ([0.0; 5], [0.0; 5]);
     for i in 0..n + 5 {
         let name = format!("lat-{i}");
         track(&p, "tenant-a", &name);
+        let s0 = CpuSample::take(&p);
         let t0 = Instant::now();
         p.create_taskrun("tenant-a", &name, PLATFORM, json!({}))
             .await?;
         let t1 = secrets
             .wait(&format!("tenant-a/{name}"), false, Duration::from_secs(30))
             .await?;
-        // The first few warm connections and caches up.
-        if i >= 5 {
-            times.push(t1 - t0);
-        }
+        let s1 = CpuSample::take(&p);
         p.tekton
             .finish("tenant-a", &name, Outcome::Succeeded)
             .await?;
@@ -247,13 +255,32 @@ async fn latency(n: usize) -> anyhow::Result<()> {
             .wait(&format!("tenant-a/{name}"), true, Duration::from_secs(30))
             .await?;
         p.cleaned_up("tenant-a", &name).await;
+        // The first few warm connections and caches up.
+        if i >= 5 {
+            times.push(t1 - t0);
+            let s2 = CpuSample::take(&p);
+            for (sum, x) in provisioning.iter_mut().zip(s1.since(&s0)) {
+                *sum += x;
+            }
+            for (sum, x) in removal.iter_mut().zip(s2.since(&s1)) {
+                *sum += x;
+            }
+        }
     }
     println!(
         "latency: static TaskRun CREATE -> secret with token: {}",
         summary(&mut times)
     );
     // Each TaskRun was cleaned up (its user removed) before the next.
-    CpuSample::take(&p).report("latency", &cpu, n + 5);
+    CpuSample::take(&p).report("latency", &cpu, n + 5, Some(idle));
+    println!("latency: CPU per TaskRun, CREATE -> secret / finish -> cleaned up ({n} TaskRuns):");
+    for (i, name) in PARTIES.iter().enumerate() {
+        println!(
+            "latency:   {name:<32} {:>8.2} ms / {:>8.2} ms",
+            provisioning[i] * 1e3 / n.max(1) as f64,
+            removal[i] * 1e3 / n.max(1) as f64
+        );
+    }
     Ok(())
 }
 
@@ -407,6 +434,7 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
     }
     let total_build: Duration = names.iter().map(|(_, _, b)| *b).sum();
     let removed = users_removed(&p);
+    let idle = idle_rate("throughput", &p, Duration::from_secs(5)).await;
     let cpu = CpuSample::take(&p);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -429,7 +457,7 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
     }
     let wall = started.elapsed();
     removals_done(&p, removed + n, Duration::from_secs(300)).await;
-    CpuSample::take(&p).report("throughput", &cpu, n);
+    CpuSample::take(&p).report("throughput", &cpu, n, Some(idle));
     let ideal = total_build / slots;
     println!(
         "throughput: {n} TaskRuns through {slots} slots: wall {:.1} s, sum of builds {:.1} s \
@@ -545,9 +573,9 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
         setup.hosts
     );
     // The warm-up's removals stay out of the burst's CPU figures.
-    let removed = users_removed(&p);
     removals_done(&p, setup.hosts, Duration::from_secs(120)).await;
-    let removed = removed.max(users_removed(&p));
+    let removed = users_removed(&p);
+    let idle = idle_rate("burst", &p, Duration::from_secs(5)).await;
     let cpu = CpuSample::take(&p);
 
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -618,7 +646,7 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
     let anchor = (Instant::now(), SystemTime::now());
     let sent: Vec<Sent> = runs.into_iter().map(|(s, _)| s).collect();
     breakdown(&p, &secrets, &sent, anchor)?;
-    cpu_after.report("burst", &cpu, setup.n);
+    cpu_after.report("burst", &cpu, setup.n, Some(idle));
     if secrets.max_holding() > slots {
         bail!("more secrets held at once than slots");
     }
@@ -754,28 +782,51 @@ fn breakdown(
     Ok(())
 }
 
-/// CPU time (user + system, clock ticks) each party of a phase has spent, from
-/// `/proc/<pid>/stat`: per-process accounting stays valid while other work runs on the machine,
-/// which whole-machine `/proc/stat` deltas do not. A party is a process tree summed over its
-/// members' own time plus their reaped children's (`cutime`, `cstime`): a session or script that
-/// exited counts once a member reaped it, a live one by itself, so the delta between two samples
-/// is what the tree spent in between (less what exited unreaped by a member, e.g. daemons).
+/// The parties whose CPU time the bench accounts, in [`CpuSample::parties`]'s order.
+const PARTIES: [&str; 5] = [
+    "controller (mpc controller)",
+    "its SSH masters (ssh -f)",
+    "OTP server",
+    "sshd hosts (sessions, scripts)",
+    "bench (API server, Tekton)",
+];
+
+/// The sampler's own CPU time so far (ns), which lands in the bench's figure and is taken out.
+static SAMPLER_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
+}
+
+/// CPU time (user + system) each party has spent so far, from `/proc/<pid>/stat`: per-process
+/// accounting stays valid while other work runs on the machine, which whole-machine `/proc/stat`
+/// deltas do not. A party is a process tree summed over its members' own time plus their reaped
+/// children's (`cutime`, `cstime`): a session or script that exited counts once a member reaped
+/// it, a live one by itself, so the difference of two samples is what the tree spent in between
+/// (less what exited unreaped by a member, e.g. a daemon).
 #[derive(Clone, Copy)]
 struct CpuSample {
     at: Instant,
-    /// The controllers and their child processes.
-    controller: u64,
-    /// The controllers' SSH master connections: `ssh -f` detaches from the controller's tree,
-    /// so they are found by their command line (it names the product's directory).
-    masters: u64,
-    otp: u64,
-    /// Every sshd host: the listener, its connection and session processes, the scripts run.
-    sshd: u64,
-    /// This process alone (threads included): the test API server, the Tekton stand-in and the
-    /// bench's own clients. Its children are the parties above.
-    bench: u64,
-    /// Busy ticks of the whole machine (every CPU), whatever runs on it: context only.
-    machine: u64,
+    /// Seconds of CPU per party ([`PARTIES`]): the controllers and their child processes; their
+    /// SSH master connections (`ssh -f` detaches from the controller's tree, so they are found by
+    /// their command line, which names the product's directory); the OTP server; every sshd host
+    /// (the listener, its connection and session processes, the scripts run); this process alone
+    /// (threads included: the test API server, the Tekton stand-in and the bench's clients,
+    /// without the sampler's own time).
+    parties: [f64; 5],
+    /// Busy seconds of the whole machine (every CPU), whatever runs on it: context only.
+    machine: f64,
 }
 
 /// One process's line of `/proc/<pid>/stat`.
@@ -820,6 +871,7 @@ fn machine_busy_ticks() -> u64 {
 
 impl CpuSample {
     fn take(p: &Product) -> Self {
+        let started = thread_cpu_ns();
         let mut table = HashMap::new();
         for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
@@ -847,7 +899,7 @@ impl CpuSample {
             }
             sum
         };
-        let controller = p
+        let controller: u64 = p
             .controllers
             .iter()
             .filter_map(|c| c.pid())
@@ -863,58 +915,67 @@ impl CpuSample {
                     .is_ok_and(|c| String::from_utf8_lossy(&c).contains(dir.as_str()))
             })
             .collect();
-        let masters = masters.into_iter().map(&mut tree).sum();
+        let masters: u64 = masters.into_iter().map(&mut tree).sum();
         let otp = p.otp.pid().map(&mut tree).unwrap_or(0);
-        let sshd = p
+        let sshd: u64 = p
             .hosts
             .iter()
             .filter_map(|h| h.sshd.pid())
             .map(&mut tree)
             .sum();
+        let machine = machine_busy_ticks();
+        // Every sampler's time up to this read is in the bench's ticks: taken out.
+        use std::sync::atomic::Ordering::SeqCst;
+        let read = thread_cpu_ns();
+        let sampler = SAMPLER_NS.fetch_add(read - started, SeqCst) + (read - started);
         let bench = proc_ticks(std::process::id()).map_or(0, |t| t.own);
+        SAMPLER_NS.fetch_add(thread_cpu_ns() - read, SeqCst);
+        let hz = clock_ticks_per_s();
+        let s = |t: u64| t as f64 / hz;
         CpuSample {
             at: Instant::now(),
-            controller,
-            masters,
-            otp,
-            sshd,
-            bench,
-            machine: machine_busy_ticks(),
+            parties: [
+                s(controller),
+                s(masters),
+                s(otp),
+                s(sshd),
+                s(bench) - sampler as f64 / 1e9,
+            ],
+            machine: s(machine),
         }
     }
 
-    /// Prints what each party spent per TaskRun between `before` and `self`, and the rate of
+    /// What each party spent from `before` to `self`.
+    fn since(&self, before: &CpuSample) -> [f64; 5] {
+        std::array::from_fn(|i| (self.parties[i] - before.parties[i]).max(0.0))
+    }
+
+    /// Prints what each party spent per TaskRun between `before` and `self` (and that less its
+    /// `idle` rate over the window, when known: the cost the TaskRuns added), and the rate of
     /// TaskRuns this machine's cores could sustain at that cost.
-    fn report(&self, phase: &str, before: &CpuSample, taskruns: usize) {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    fn report(&self, phase: &str, before: &CpuSample, taskruns: usize, idle: Option<[f64; 5]>) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let wall = (self.at - before.at).as_secs_f64();
-        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / hz * 1e3 / taskruns.max(1) as f64;
-        let parties = [
-            (
-                "controller (mpc controller)",
-                per(self.controller, before.controller),
-            ),
-            (
-                "its SSH masters (ssh -f)",
-                per(self.masters, before.masters),
-            ),
-            ("OTP server", per(self.otp, before.otp)),
-            (
-                "sshd hosts (sessions, scripts)",
-                per(self.sshd, before.sshd),
-            ),
-            ("bench (API server, Tekton)", per(self.bench, before.bench)),
-        ];
-        let total: f64 = parties.iter().map(|(_, v)| v).sum();
+        let spent = self.since(before);
+        let per: Vec<f64> = spent
+            .iter()
+            .map(|s| s * 1e3 / taskruns.max(1) as f64)
+            .collect();
+        let total: f64 = per.iter().sum();
         println!(
             "{phase}: CPU per TaskRun (user + system, /proc/<pid>/stat), {taskruns} TaskRuns \
              over {wall:.1} s:"
         );
-        for (name, v) in parties {
+        for (i, (name, v)) in PARTIES.iter().zip(&per).enumerate() {
+            let net = idle.map_or(String::new(), |idle| {
+                let added = (spent[i] - idle[i] * wall).max(0.0);
+                format!(
+                    ", {:.2} ms above idle",
+                    added * 1e3 / taskruns.max(1) as f64
+                )
+            });
             println!(
-                "{phase}:   {name:<32} {v:>8.2} ms  ({:.2} cores over the window)",
+                "{phase}:   {name:<32} {v:>8.2} ms  ({:.2} cores over the window{net})",
                 v * taskruns as f64 / 1e3 / wall
             );
         }
@@ -925,20 +986,40 @@ impl CpuSample {
             "total",
             sustain(total, cores)
         );
-        let side = parties[0].1 + parties[1].1 + parties[2].1;
+        let side = per[0] + per[1] + per[2];
         println!(
             "{phase}:   controller side (controller, SSH masters, OTP) {side:.2} ms -> {:.1} \
              TaskRuns/s per core; sshd hosts {:.2} ms -> {:.1} TaskRuns/s per host core",
             sustain(side, 1.0),
-            parties[3].1,
-            sustain(parties[3].1, 1.0)
+            per[3],
+            sustain(per[3], 1.0)
         );
         println!(
             "{phase}:   whole machine over the window: {:.2} of {cores:.0} cores busy (anything \
              else running included)",
-            self.machine.saturating_sub(before.machine) as f64 / hz / wall
+            (self.machine - before.machine) / wall
         );
     }
+}
+
+/// CPU seconds per second each party spends with nothing in flight, over `span`.
+async fn idle_rate(phase: &str, p: &Product, span: Duration) -> [f64; 5] {
+    let before = CpuSample::take(p);
+    tokio::time::sleep(span).await;
+    let after = CpuSample::take(p);
+    let wall = (after.at - before.at).as_secs_f64();
+    let rate = after.since(&before).map(|s| s / wall);
+    let text: Vec<String> = PARTIES
+        .iter()
+        .zip(rate)
+        .map(|(name, r)| format!("{name} {:.1}", r * 1e3))
+        .collect();
+    println!(
+        "{phase}: idle CPU ({:.0} s, nothing in flight), ms per s: {}",
+        wall,
+        text.join(", ")
+    );
+    rate
 }
 
 /// Build users the controller has logged as removed so far.
