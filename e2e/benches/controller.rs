@@ -457,7 +457,7 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
     }
     let wall = started.elapsed();
     removals_done(&p, removed + n, Duration::from_secs(300)).await;
-    CpuSample::take(&p).report("throughput", &cpu, n, Some(idle));
+    let cpu_after = CpuSample::take(&p);
     let ideal = total_build / slots;
     println!(
         "throughput: {n} TaskRuns through {slots} slots: wall {:.1} s, sum of builds {:.1} s \
@@ -481,6 +481,7 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
             println!("throughput: {what} over SSH as logged: {}", summary(&mut v));
         }
     }
+    cpu_after.report("throughput", &cpu, n, Some(idle));
     if secrets.max_holding() > slots as usize {
         bail!("more secrets held at once than slots");
     }
