@@ -52,7 +52,7 @@ use e2e::product::Product;
 use e2e::tekton::Outcome;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use mpc::contract;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -146,13 +146,19 @@ struct SecretState {
 impl Secrets {
     fn watch(client: kube::Client) -> Arc<Self> {
         let this = Arc::new(Secrets::default());
-        let me = Arc::clone(&this);
+        let weak = Arc::downgrade(&this);
         let api: kube::Api<Secret> = kube::Api::all(client);
         let cfg = watcher::Config::default()
             .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL));
         tokio::spawn(async move {
-            let mut s = watcher(api, cfg).boxed();
+            // Backing off: once the phase's API server is gone, an immediate retry loop would
+            // spin a worker and keep the runtime from shutting down.
+            let mut s = watcher(api, cfg).default_backoff().boxed();
             while let Some(ev) = s.next().await {
+                // The phase is over.
+                let Some(me) = weak.upgrade() else {
+                    break;
+                };
                 let now = Instant::now();
                 let (seen, gone) = match ev {
                     Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => (Some(s), None),
