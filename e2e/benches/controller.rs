@@ -23,6 +23,12 @@
 //!   the slots were in flight, and where that time goes: the bench's own clock (CREATE sent and
 //!   answered, the secret's watch event) against the controller's debug lines of target
 //!   `mpc::timing` (watch event received, each job's duration, provisioning's steps).
+//!
+//! `latency`, `throughput` and `burst` also print the CPU time (user + system) each party spent
+//! per TaskRun, provisioning and removal included: the controller, its SSH master connections,
+//! the OTP server, the sshd hosts (sessions and the scripts they ran) and this process (the API
+//! server and the Tekton stand-in), from `/proc/<pid>/stat` (valid while other work runs on the
+//! machine), and the TaskRun rate this machine's cores could sustain at that cost.
 //! - `memory`: `MPC_BENCH_TASKRUNS` Konflux-shaped TaskRuns in the API server (the resolved
 //!   `buildah-remote-oci-ta` spec in `status.taskSpec`, ~57 KB each as JSON), half finished, half
 //!   queued for the one slot of one host; then the controller starts, lists them, rebuilds its
@@ -46,7 +52,7 @@ use e2e::product::Product;
 use e2e::tekton::Outcome;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use mpc::contract;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -140,13 +146,19 @@ struct SecretState {
 impl Secrets {
     fn watch(client: kube::Client) -> Arc<Self> {
         let this = Arc::new(Secrets::default());
-        let me = Arc::clone(&this);
+        let weak = Arc::downgrade(&this);
         let api: kube::Api<Secret> = kube::Api::all(client);
         let cfg = watcher::Config::default()
             .labels(&format!("{}=true", contract::MULTI_PLATFORM_SECRET_LABEL));
         tokio::spawn(async move {
-            let mut s = watcher(api, cfg).boxed();
+            // Backing off: once the phase's API server is gone, an immediate retry loop would
+            // spin a worker and keep the runtime from shutting down.
+            let mut s = watcher(api, cfg).default_backoff().boxed();
             while let Some(ev) = s.next().await {
+                // The phase is over.
+                let Some(me) = weak.upgrade() else {
+                    break;
+                };
                 let now = Instant::now();
                 let (seen, gone) = match ev {
                     Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => (Some(s), None),
@@ -226,19 +238,22 @@ fn track(p: &Product, ns: &str, name: &str) {
 async fn latency(n: usize) -> anyhow::Result<()> {
     let (p, secrets) = product(&[("h1", 2)]).await?;
     let mut times = Vec::new();
+    let idle = idle_rate("latency", &p, Duration::from_secs(5)).await;
+    let cpu = CpuSample::take(&p);
+    // CPU per party from CREATE to the secret (provisioning) and from the finish to the cleanup
+    // (removal), after the warm-up.
+    let (mut provisioning, mut removal) = ([0.0; 5], [0.0; 5]);
     for i in 0..n + 5 {
         let name = format!("lat-{i}");
         track(&p, "tenant-a", &name);
+        let s0 = CpuSample::take(&p);
         let t0 = Instant::now();
         p.create_taskrun("tenant-a", &name, PLATFORM, json!({}))
             .await?;
         let t1 = secrets
             .wait(&format!("tenant-a/{name}"), false, Duration::from_secs(30))
             .await?;
-        // The first few warm connections and caches up.
-        if i >= 5 {
-            times.push(t1 - t0);
-        }
+        let s1 = CpuSample::take(&p);
         p.tekton
             .finish("tenant-a", &name, Outcome::Succeeded)
             .await?;
@@ -246,11 +261,32 @@ async fn latency(n: usize) -> anyhow::Result<()> {
             .wait(&format!("tenant-a/{name}"), true, Duration::from_secs(30))
             .await?;
         p.cleaned_up("tenant-a", &name).await;
+        // The first few warm connections and caches up.
+        if i >= 5 {
+            times.push(t1 - t0);
+            let s2 = CpuSample::take(&p);
+            for (sum, x) in provisioning.iter_mut().zip(s1.since(&s0)) {
+                *sum += x;
+            }
+            for (sum, x) in removal.iter_mut().zip(s2.since(&s1)) {
+                *sum += x;
+            }
+        }
     }
     println!(
         "latency: static TaskRun CREATE -> secret with token: {}",
         summary(&mut times)
     );
+    // Each TaskRun was cleaned up (its user removed) before the next.
+    CpuSample::take(&p).report("latency", &cpu, n + 5, Some(idle));
+    println!("latency: CPU per TaskRun, CREATE -> secret / finish -> cleaned up ({n} TaskRuns):");
+    for (i, name) in PARTIES.iter().enumerate() {
+        println!(
+            "latency:   {name:<32} {:>8.2} ms / {:>8.2} ms",
+            provisioning[i] * 1e3 / n.max(1) as f64,
+            removal[i] * 1e3 / n.max(1) as f64
+        );
+    }
     Ok(())
 }
 
@@ -403,6 +439,9 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
         track(&p, ns, name);
     }
     let total_build: Duration = names.iter().map(|(_, _, b)| *b).sum();
+    let removed = users_removed(&p);
+    let idle = idle_rate("throughput", &p, Duration::from_secs(5)).await;
+    let cpu = CpuSample::take(&p);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (ns, name, build) in names.clone() {
@@ -423,6 +462,8 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
         waits.push(r??);
     }
     let wall = started.elapsed();
+    removals_done(&p, removed + n, Duration::from_secs(300)).await;
+    let cpu_after = CpuSample::take(&p);
     let ideal = total_build / slots;
     println!(
         "throughput: {n} TaskRuns through {slots} slots: wall {:.1} s, sum of builds {:.1} s \
@@ -446,6 +487,7 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
             println!("throughput: {what} over SSH as logged: {}", summary(&mut v));
         }
     }
+    cpu_after.report("throughput", &cpu, n, Some(idle));
     if secrets.max_holding() > slots as usize {
         bail!("more secrets held at once than slots");
     }
@@ -537,6 +579,11 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
         "burst: {} warm-up TaskRuns served ({connected} SSH masters connected)",
         setup.hosts
     );
+    // The warm-up's removals stay out of the burst's CPU figures.
+    removals_done(&p, setup.hosts, Duration::from_secs(120)).await;
+    let removed = users_removed(&p);
+    let idle = idle_rate("burst", &p, Duration::from_secs(5)).await;
+    let cpu = CpuSample::take(&p);
 
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -579,6 +626,8 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
         runs.push(r??);
     }
     let wall = started.elapsed();
+    removals_done(&p, removed + setup.n, Duration::from_secs(300)).await;
+    let cpu_after = CpuSample::take(&p);
     let most = most.load(std::sync::atomic::Ordering::SeqCst);
     let mut free: Vec<Duration> = runs
         .iter()
@@ -604,6 +653,7 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
     let anchor = (Instant::now(), SystemTime::now());
     let sent: Vec<Sent> = runs.into_iter().map(|(s, _)| s).collect();
     breakdown(&p, &secrets, &sent, anchor)?;
+    cpu_after.report("burst", &cpu, setup.n, Some(idle));
     if secrets.max_holding() > slots {
         bail!("more secrets held at once than slots");
     }
@@ -737,6 +787,279 @@ fn breakdown(
         }
     }
     Ok(())
+}
+
+/// The parties whose CPU time the bench accounts, in [`CpuSample::parties`]'s order.
+const PARTIES: [&str; 5] = [
+    "controller (mpc controller)",
+    "its SSH masters (ssh -f)",
+    "OTP server",
+    "sshd hosts (sessions, scripts)",
+    "bench (API server, Tekton)",
+];
+
+/// The sampler's own CPU time so far (ns), which lands in the bench's figure and is taken out.
+static SAMPLER_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
+}
+
+/// CPU time (user + system) each party has spent so far, from `/proc/<pid>/stat`: per-process
+/// accounting stays valid while other work runs on the machine, which whole-machine `/proc/stat`
+/// deltas do not. A party is a process tree summed over its members' own time plus their reaped
+/// children's (`cutime`, `cstime`): a session or script that exited counts once a member reaped
+/// it, a live one by itself, so the difference of two samples is what the tree spent in between
+/// (less what exited unreaped by a member, e.g. a daemon).
+#[derive(Clone, Copy)]
+struct CpuSample {
+    at: Instant,
+    /// Seconds of CPU per party ([`PARTIES`]): the controllers and their child processes; their
+    /// SSH master connections (`ssh -f` detaches from the controller's tree, so they are found by
+    /// their command line, which names the product's directory); the OTP server; every sshd host
+    /// (the listener, its connection and session processes, the scripts run); this process alone
+    /// (threads included: the test API server, the Tekton stand-in and the bench's clients,
+    /// without the sampler's own time).
+    parties: [f64; 5],
+    /// Busy seconds of the whole machine (every CPU), whatever runs on it: context only.
+    machine: f64,
+}
+
+/// One process's line of `/proc/<pid>/stat`.
+struct ProcTicks {
+    comm: String,
+    ppid: u32,
+    /// utime + stime.
+    own: u64,
+    /// cutime + cstime: reaped descendants.
+    reaped: u64,
+}
+
+fn proc_ticks(pid: u32) -> Option<ProcTicks> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is parenthesised and may contain spaces: fields follow the last ')'.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
+    // After the name: state, ppid, ..., utime (11), stime (12), cutime (13), cstime (14).
+    Some(ProcTicks {
+        comm,
+        ppid: n(1)? as u32,
+        own: n(11)? + n(12)?,
+        reaped: n(13)? + n(14)?,
+    })
+}
+
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| cpu.get(i)).sum()
+}
+
+impl CpuSample {
+    fn take(p: &Product) -> Self {
+        let started = thread_cpu_ns();
+        let mut table = HashMap::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
+                && let Some(t) = proc_ticks(pid)
+            {
+                table.insert(pid, t);
+            }
+        }
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (&pid, t) in &table {
+            children.entry(t.ppid).or_default().push(pid);
+        }
+        let mut counted = std::collections::HashSet::new();
+        let mut tree = |root: u32| {
+            let mut sum = 0;
+            let mut todo = vec![root];
+            while let Some(pid) = todo.pop() {
+                if !counted.insert(pid) {
+                    continue;
+                }
+                if let Some(t) = table.get(&pid) {
+                    sum += t.own + t.reaped;
+                }
+                todo.extend(children.get(&pid).into_iter().flatten());
+            }
+            sum
+        };
+        let controller: u64 = p
+            .controllers
+            .iter()
+            .filter_map(|c| c.pid())
+            .map(&mut tree)
+            .sum();
+        let dir = p.dir.path().to_string_lossy().into_owned();
+        let masters: Vec<u32> = table
+            .iter()
+            .filter(|(_, t)| t.comm == "ssh")
+            .map(|(&pid, _)| pid)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(dir.as_str()))
+            })
+            .collect();
+        let masters: u64 = masters.into_iter().map(&mut tree).sum();
+        let otp = p.otp.pid().map(&mut tree).unwrap_or(0);
+        let sshd: u64 = p
+            .hosts
+            .iter()
+            .filter_map(|h| h.sshd.pid())
+            .map(&mut tree)
+            .sum();
+        let machine = machine_busy_ticks();
+        // Every sampler's time up to this read is in the bench's ticks: taken out.
+        use std::sync::atomic::Ordering::SeqCst;
+        let read = thread_cpu_ns();
+        let sampler = SAMPLER_NS.fetch_add(read - started, SeqCst) + (read - started);
+        let bench = proc_ticks(std::process::id()).map_or(0, |t| t.own);
+        SAMPLER_NS.fetch_add(thread_cpu_ns() - read, SeqCst);
+        let hz = clock_ticks_per_s();
+        let s = |t: u64| t as f64 / hz;
+        CpuSample {
+            at: Instant::now(),
+            parties: [
+                s(controller),
+                s(masters),
+                s(otp),
+                s(sshd),
+                s(bench) - sampler as f64 / 1e9,
+            ],
+            machine: s(machine),
+        }
+    }
+
+    /// What each party spent from `before` to `self`.
+    fn since(&self, before: &CpuSample) -> [f64; 5] {
+        std::array::from_fn(|i| (self.parties[i] - before.parties[i]).max(0.0))
+    }
+
+    /// Prints what each party spent per TaskRun between `before` and `self` (and that less its
+    /// `idle` rate over the window, when known: the cost the TaskRuns added), and the rate of
+    /// TaskRuns this machine's cores could sustain at that cost.
+    fn report(&self, phase: &str, before: &CpuSample, taskruns: usize, idle: Option<[f64; 5]>) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let wall = (self.at - before.at).as_secs_f64();
+        let spent = self.since(before);
+        let per: Vec<f64> = spent
+            .iter()
+            .map(|s| s * 1e3 / taskruns.max(1) as f64)
+            .collect();
+        let total: f64 = per.iter().sum();
+        println!(
+            "{phase}: CPU per TaskRun (user + system, /proc/<pid>/stat), {taskruns} TaskRuns \
+             over {wall:.1} s:"
+        );
+        for (i, (name, v)) in PARTIES.iter().zip(&per).enumerate() {
+            let net = idle.map_or(String::new(), |idle| {
+                let added = (spent[i] - idle[i] * wall).max(0.0);
+                format!(
+                    ", {:.2} ms above idle",
+                    added * 1e3 / taskruns.max(1) as f64
+                )
+            });
+            println!(
+                "{phase}:   {name:<32} {v:>8.2} ms  ({:.2} cores over the window{net})",
+                v * taskruns as f64 / 1e3 / wall
+            );
+        }
+        let sustain = |ms_per: f64, cores: f64| cores * 1e3 / ms_per;
+        println!(
+            "{phase}:   {:<32} {total:>8.2} ms  -> {cores:.0} cores sustain at most {:.1} \
+             TaskRuns/s",
+            "total",
+            sustain(total, cores)
+        );
+        let side = per[0] + per[1] + per[2];
+        println!(
+            "{phase}:   controller side (controller, SSH masters, OTP) {side:.2} ms -> {:.1} \
+             TaskRuns/s per core; sshd hosts {:.2} ms -> {:.1} TaskRuns/s per host core",
+            sustain(side, 1.0),
+            per[3],
+            sustain(per[3], 1.0)
+        );
+        println!(
+            "{phase}:   whole machine over the window: {:.2} of {cores:.0} cores busy (anything \
+             else running included)",
+            (self.machine - before.machine) / wall
+        );
+    }
+}
+
+/// CPU seconds per second each party spends with nothing in flight, over `span`.
+async fn idle_rate(phase: &str, p: &Product, span: Duration) -> [f64; 5] {
+    let before = CpuSample::take(p);
+    tokio::time::sleep(span).await;
+    let after = CpuSample::take(p);
+    let wall = (after.at - before.at).as_secs_f64();
+    let rate = after.since(&before).map(|s| s / wall);
+    let text: Vec<String> = PARTIES
+        .iter()
+        .zip(rate)
+        .map(|(name, r)| format!("{name} {:.1}", r * 1e3))
+        .collect();
+    println!(
+        "{phase}: idle CPU ({:.0} s, nothing in flight), ms per s: {}",
+        wall,
+        text.join(", ")
+    );
+    rate
+}
+
+/// Build users the controller has logged as removed so far.
+fn users_removed(p: &Product) -> usize {
+    p.controllers[0]
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == "build users removed")
+        .map(|v| match &v["users"] {
+            Value::Array(a) => a.len(),
+            // A `?users` field: the Debug text of the list.
+            Value::String(s) => s.matches("u-").count(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Waits (up to `limit`) until the controller has removed `n` build users in all, so a CPU
+/// sample taken next includes the removals; says so when it gives up.
+async fn removals_done(p: &Product, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done = users_removed(p);
+        if done >= n {
+            return;
+        }
+        if Instant::now() > deadline {
+            println!("  (only {done} of {n} build users removed after {limit:?})");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Ends the TaskRun's attempt once the Tekton stand-in has started its pod (with a thousand

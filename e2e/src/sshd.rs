@@ -507,6 +507,11 @@ impl SshdHost {
         self.address.to_string()
     }
 
+    /// The listening sshd's process id while it runs (its sessions are its descendants).
+    pub fn pid(&self) -> Option<u32> {
+        self.child().as_ref().map(|c| c.id())
+    }
+
     /// The port sshd listens on.
     pub fn port(&self) -> u16 {
         self.port
