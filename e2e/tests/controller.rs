@@ -961,8 +961,9 @@ async fn the_host_user_sweep_removes_old_users_no_allocation_owns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamic_pool_reuses_an_instance_then_reaps_it_when_idle() {
     let pool = [("concurrency", "2"), ("max-age", "60")];
+    // Long enough that the instance is still idle-kept when pool-3 arrives on a loaded machine.
     let (p, moto, hosts) =
-        on_moto(2, "dynamic-pool", &pool, 2, &["--pool-idle-timeout", "3s"]).await;
+        on_moto(2, "dynamic-pool", &pool, 2, &["--pool-idle-timeout", "12s"]).await;
     let names = [
         ("tenant-a", "pool-1"),
         ("tenant-b", "pool-2"),
