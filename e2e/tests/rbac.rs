@@ -266,6 +266,24 @@ async fn the_controller_calls_exactly_what_its_rbac_grants() {
             .then_some(())
     })
     .await;
+    // rbac-dead fails on one dead host, then the other: wait for that repeat's Event (a patch of
+    // its series) rather than hope the scenario lasted long enough on a loaded machine.
+    p.wait(
+        T,
+        "rbac-dead's repeated Event (its series patched)",
+        || async {
+            p.api
+                .requests()
+                .of(CONTROLLER)
+                .keys()
+                .any(|r| {
+                    describe(r)
+                        .starts_with("patch events.k8s.io/events ns=tenant-a name=rbac-dead.")
+                })
+                .then_some(())
+        },
+    )
+    .await;
     // Adopt scans run every 2 s; leave time for one after the builds, then stop gracefully
     // (the Lease is released).
     tokio::time::sleep(Duration::from_secs(3)).await;
