@@ -329,6 +329,21 @@ pub(super) fn parse_dynamic(
             "both instance-profile-name and instance-profile-arn are set; the ARN is used",
         );
     }
+    if let Some((field, value)) = instance_profile_arn
+        .as_ref()
+        .map(|v| ("instance-profile-arn", v))
+        .or(instance_profile_name
+            .as_ref()
+            .map(|v| ("instance-profile-name", v)))
+    {
+        // IMDS answers any process on the instance itself; the hop limit only keeps out
+        // containers behind a bridge, so every build can use the role.
+        sink.warn(
+            &key(field),
+            Some(value.as_str()),
+            "every build on the instance can use this role's credentials (the metadata service answers processes on the instance itself, whatever the hop limit): grant it nothing a tenant must not have",
+        );
+    }
     if key_name.is_none() {
         sink.warn(
             &key("key-name"),

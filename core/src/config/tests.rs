@@ -747,6 +747,33 @@ fn sudo_commands_that_grant_root_are_warned_about() {
 }
 
 #[test]
+fn an_instance_profile_is_flagged_as_readable_by_every_build() {
+    let base = || {
+        with(
+            dynamic_keys("linux-arm64"),
+            &[("dynamic-platforms", "linux/arm64"), ("instance-tag", "t")],
+        )
+    };
+    let warned = |parsed: &Parsed, field: &str| {
+        parsed.of(Severity::Warning).any(|d| {
+            d.key == format!("dynamic.linux-arm64.{field}") && d.message.contains("every build")
+        })
+    };
+    let parsed = parse(&base());
+    assert!(!warned(&parsed, "instance-profile-arn") && !warned(&parsed, "instance-profile-name"));
+    for field in ["instance-profile-arn", "instance-profile-name"] {
+        let mut data = base();
+        data.insert(
+            format!("dynamic.linux-arm64.{field}"),
+            "arn:aws:iam::1:instance-profile/p".into(),
+        );
+        let parsed = parse(&data);
+        assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+        assert!(warned(&parsed, field), "{field}: {:#?}", parsed.diagnostics);
+    }
+}
+
+#[test]
 fn imds_defaults_to_v2_with_one_hop() {
     let base = || {
         with(
