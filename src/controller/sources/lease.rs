@@ -459,3 +459,207 @@ mod tests {
         assert!(!terms.leading());
     }
 }
+
+/// The elector against an in-memory Lease API (no network, no request timeout of any kind),
+/// on tokio's paused clock.
+#[cfg(test)]
+mod elector_tests {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http::{Method, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+
+    /// What the fake API server holds and does.
+    #[derive(Default)]
+    struct Server {
+        lease: Option<Lease>,
+        version: u64,
+        /// Requests get no answer, ever (a hung API server; nothing times them out).
+        hang: bool,
+        /// Holders written through the API, in order.
+        writes: Vec<String>,
+    }
+
+    impl Server {
+        /// Another replica writes the Lease directly (its own renewal).
+        fn put(&mut self, holder: &str, renewed: SystemTime) {
+            self.version += 1;
+            let time = |t: SystemTime| {
+                MicroTime(k8s_openapi::jiff::Timestamp::try_from(t).expect("in range"))
+            };
+            self.lease = Some(Lease {
+                metadata: ObjectMeta {
+                    name: Some("lease".into()),
+                    namespace: Some("ns".into()),
+                    resource_version: Some(self.version.to_string()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(holder.into()),
+                    lease_duration_seconds: Some(15),
+                    acquire_time: Some(time(renewed)),
+                    renew_time: Some(time(renewed)),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            });
+        }
+
+        fn answer(&mut self, method: &Method, body: &[u8]) -> (StatusCode, Vec<u8>) {
+            let status = |code: u16, reason: &str| {
+                let s = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "reason": reason, "message": reason, "code": code});
+                (StatusCode::from_u16(code).unwrap(), s.to_string().into_bytes())
+            };
+            let ok = |code: StatusCode, lease: &Lease| (code, serde_json::to_vec(lease).unwrap());
+            match *method {
+                Method::GET => match &self.lease {
+                    Some(l) => ok(StatusCode::OK, l),
+                    None => status(404, "NotFound"),
+                },
+                Method::POST | Method::PUT => {
+                    let mut lease: Lease = serde_json::from_slice(body).unwrap();
+                    let current = self.lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
+                    let conflict = if *method == Method::POST {
+                        self.lease.is_some()
+                    } else {
+                        lease.metadata.resource_version != current
+                    };
+                    if conflict {
+                        return status(409, "Conflict");
+                    }
+                    self.version += 1;
+                    lease.metadata.resource_version = Some(self.version.to_string());
+                    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                    self.writes.push(holder.unwrap_or_default());
+                    self.lease = Some(lease.clone());
+                    ok(StatusCode::OK, &lease)
+                }
+                _ => status(405, "MethodNotAllowed"),
+            }
+        }
+    }
+
+    fn client(server: Arc<Mutex<Server>>) -> kube::Client {
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let server = server.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                if server.lock().unwrap().hang {
+                    std::future::pending::<()>().await;
+                }
+                let (code, bytes) = server.lock().unwrap().answer(&parts.method, &body);
+                let response = Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(bytes)))
+                    .unwrap();
+                Ok::<_, Infallible>(response)
+            }
+        });
+        kube::Client::new(service, "ns")
+    }
+
+    type Leading = watch::Receiver<Option<CancellationToken>>;
+
+    /// Replica `a` electing itself on the fake server.
+    fn start(server: &Arc<Mutex<Server>>, timing: Timing) -> (Leading, CancellationToken) {
+        let api = Api::namespaced(client(server.clone()), "ns");
+        let elector = Elector::new(api, "lease".into(), "a".into(), timing);
+        let (tx, rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        tokio::spawn(elector.run(tx, stop.clone()));
+        (rx, stop)
+    }
+
+    async fn led_within(leading: &mut Leading, limit: Duration) -> bool {
+        tokio::time::timeout(limit, leading.wait_for(|l| l.is_some()))
+            .await
+            .is_ok()
+    }
+
+    /// The holder's clock is an hour behind ours, and it renews every 2 s: its `renewTime`
+    /// always looks long expired by our clock, yet the Lease is alive.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_behind_a_holder_with_a_slow_clock_does_not_take_a_lease_being_renewed() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let slow = SystemTime::now() - Duration::from_secs(3600);
+        server.lock().unwrap().put("b", slow);
+        let renewing = {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    server.lock().unwrap().put("b", slow + started.elapsed());
+                }
+            })
+        };
+        let (mut leading, stop) = start(&server, Timing::default());
+        assert!(
+            !led_within(&mut leading, Duration::from_secs(120)).await,
+            "took a Lease its holder renews every 2 s"
+        );
+        assert!(server.lock().unwrap().writes.is_empty());
+        renewing.abort();
+        stop.cancel();
+    }
+
+    /// The holder's clock is an hour ahead of ours and it stopped renewing: its last
+    /// `renewTime` looks fresh for an hour by our clock, yet the Lease is dead after one
+    /// duration without a change.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_takes_a_lease_that_stopped_changing_whatever_its_renew_time_says() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        server
+            .lock()
+            .unwrap()
+            .put("b", SystemTime::now() + Duration::from_secs(3600));
+        let timing = Timing::default();
+        let started = Instant::now();
+        let (mut leading, stop) = start(&server, timing);
+        assert!(
+            led_within(&mut leading, Duration::from_secs(120)).await,
+            "never took a Lease that stopped changing"
+        );
+        let waited = started.elapsed();
+        // A full duration after first seeing the record, as client-go: not sooner, and no
+        // more than a retry period later.
+        assert!(
+            waited >= timing.lease_duration
+                && waited <= timing.lease_duration + timing.retry_period,
+            "took it after {waited:?}"
+        );
+        assert_eq!(server.lock().unwrap().writes, ["a"]);
+        stop.cancel();
+    }
+    /// Mechanism one alone: the leader's Lease requests stop answering and nothing times them
+    /// out (this API has no request timeout, as a client without one): the elector's own clock
+    /// ends the term, and cancels its token, when the claim of the last renewal runs out.
+    #[tokio::test(start_paused = true)]
+    async fn without_request_timeouts_the_electors_clock_ends_the_term_when_the_api_hangs() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let timing = Timing::default();
+        let t0 = Instant::now();
+        let (mut leading, stop) = start(&server, timing);
+        assert!(led_within(&mut leading, Duration::from_secs(1)).await);
+        let term = leading.borrow().clone().expect("leading");
+        // Rounds at 0, 2, 4 s renew; from 5 s nothing answers. The claim of the round of 4 s
+        // lasts to 14 s.
+        tokio::time::sleep_until(t0 + Duration::from_secs(5)).await;
+        server.lock().unwrap().hang = true;
+        let renewals = server.lock().unwrap().writes.len();
+        assert_eq!(renewals, 3, "acquired at 0 s, renewed at 2 and 4 s");
+        tokio::time::timeout(Duration::from_secs(60), term.cancelled())
+            .await
+            .expect("the term never ended while its Lease requests hung");
+        assert_eq!(t0.elapsed(), Duration::from_secs(4) + timing.renew_deadline);
+        assert!(leading.borrow().is_none());
+        stop.cancel();
+    }
+}
