@@ -72,6 +72,9 @@ pub enum ControllerError {
     /// The webhook server failed to start.
     #[error(transparent)]
     Server(#[from] server::ServerError),
+    /// The Lease timings cannot keep one leader at a time.
+    #[error("leader election: {0}")]
+    Lease(#[from] sources::lease::TimingError),
 }
 
 /// `mpc controller` arguments.
@@ -126,10 +129,12 @@ pub struct ControllerArgs {
     /// This replica's identity in the Lease (the pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Lease duration (a holder that stops renewing loses it after this long).
+    /// Lease duration: a follower takes the Lease once its record has not changed for this long
+    /// (by the follower's own clock); at least 1s.
     #[arg(long, default_value = "15s", value_parser = crate::duration::parse_nonzero)]
     pub lease_duration: Duration,
-    /// The holder stops scheduling when it could not renew for this long (< lease duration).
+    /// The holder stops scheduling when it could not renew for this long; shorter than
+    /// `--lease-duration` and longer than 1.2 × `--lease-retry-period` (checked at start).
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub lease_renew_deadline: Duration,
     /// How often the Lease is renewed or retried.
@@ -256,6 +261,15 @@ impl ControllerArgs {
             ssh_timeout: self.ssh_timeout,
         }
     }
+
+    /// The Lease timings, refused when they cannot keep one leader at a time.
+    pub fn lease_timing(&self) -> Result<sources::lease::Timing, sources::lease::TimingError> {
+        sources::lease::Timing::new(
+            self.lease_duration,
+            self.lease_renew_deadline,
+            self.lease_retry_period,
+        )
+    }
 }
 
 /// The OTP server as the executor's key store.
@@ -362,6 +376,7 @@ pub struct Controller {
 impl Controller {
     /// Starts every part: webhook server, config watch, TaskRun watch, election, loop.
     pub async fn start(args: &ControllerArgs, registry: Registry) -> Result<Self, ControllerError> {
+        let timing = args.lease_timing()?;
         let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
         let stop = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -496,11 +511,7 @@ impl Controller {
             kube::Api::namespaced(requests, &args.namespace),
             args.lease_name.clone(),
             identity,
-            sources::lease::Timing {
-                lease_duration: args.lease_duration,
-                renew_deadline: args.lease_renew_deadline,
-                retry_period: args.lease_retry_period,
-            },
+            timing,
         );
         tasks.spawn(elector.run(lead_tx, stop.clone()));
         Ok(Controller {
@@ -595,6 +606,15 @@ mod tests {
             }
         );
         assert_eq!(args.ssh_sessions_per_host, 4);
+        assert_eq!(args.lease_timing(), Ok(sources::lease::Timing::default()));
+        for bad in [
+            &["--lease-duration=10s", "--lease-renew-deadline=10s"][..],
+            &["--lease-renew-deadline=20s"],
+            &["--lease-retry-period=9s"],
+        ] {
+            let args = parse(bad).unwrap();
+            assert!(args.lease_timing().is_err(), "{bad:?} is refused");
+        }
         for bad in [
             "--api-parallelism=0",
             "--ssh-timeout=0s",
