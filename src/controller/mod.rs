@@ -312,6 +312,14 @@ impl KeyStore for OtpKeys {
     }
 }
 
+/// The client of the leader's requests (Lease, writes, reads, lists; watches use their own):
+/// each gets an answer within the renew deadline or fails by itself. One of the two mechanisms
+/// that end a term's work on time, each enough alone: this one, and the term's cancellation
+/// (`sources::lease::Elector`), which abandons whatever the term still has in flight.
+async fn leader_client(args: &ControllerArgs) -> Result<kube::Client, ControllerError> {
+    kube_client(args, Some(args.lease_renew_deadline)).await
+}
+
 /// A client for `args`; `read_timeout` bounds each response (unset for watches, which stay idle
 /// between events).
 async fn kube_client(
@@ -418,9 +426,7 @@ impl Controller {
             });
         }
         let client = client.expect("created unless webhook-only with a file");
-        // The leader's requests (Lease, writes, reads, lists) get an answer within the renew
-        // deadline or fail, so none outlives the term it was made in; watches use `client`.
-        let requests = kube_client(args, Some(args.lease_renew_deadline)).await?;
+        let requests = leader_client(args).await?;
         let metrics = ControllerMetrics::register(&registry)?;
         let registry_for_cloud = registry.clone();
         let events_dropped = events::dropped_counter(&registry)?;
@@ -575,6 +581,48 @@ mod tests {
     fn parse(extra: &[&str]) -> Result<ControllerArgs, clap::Error> {
         let argv = ["mpc", "--webhook-only"].iter().chain(extra);
         Cli::try_parse_from(argv).map(|c| c.args)
+    }
+
+    /// The leader's requests give up by the renew deadline by themselves, whatever the term's
+    /// cancellation does: an API server that accepts connections and never answers.
+    #[tokio::test]
+    async fn the_leaders_requests_give_up_by_the_renew_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                open.push(conn);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n"
+        );
+        std::fs::write(&kubeconfig, config).unwrap();
+        let args = parse(&[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--lease-duration=2s",
+            "--lease-renew-deadline=1s",
+            "--lease-retry-period=200ms",
+        ])
+        .unwrap();
+        let client = leader_client(&args).await.unwrap();
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(client, "ns");
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(10), leases.get_opt("lease"))
+            .await
+            .expect("a request of the leader hung past 10 s");
+        assert!(answer.is_err(), "{answer:?}");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_millis(1500),
+            "gave up after {took:?}"
+        );
+        held.abort();
     }
 
     #[test]
