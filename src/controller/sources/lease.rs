@@ -9,18 +9,20 @@
 //! leadership on a watch channel.
 //!
 //! Guarantees: a replica reports leadership only while the round of its last successful renewal
-//! started less than `renew_deadline` ago, which is shorter than the Lease duration, so the old
-//! holder has stopped (reported `false`, its term token cancelled) before any other replica can
-//! take an expired Lease. This holds when the API server hangs: a round that has not answered by
-//! the deadline is abandoned and leadership ends on time, not when the request returns. Graceful
-//! shutdown releases the Lease so a successor takes over at once.
-//! Expiry is judged on this replica's own monotonic clock, as client-go's leader election does: a
-//! Lease held by another replica expires `leaseDurationSeconds` after this replica last saw its
-//! record change, never by comparing the holder's `renewTime` with the local clock. So the
-//! wall clocks of the replicas may disagree by any amount.
+//! started less than `renew_deadline` ago. Another replica takes the Lease only once it has seen
+//! the record unchanged for `leaseDurationSeconds` by its own monotonic clock (as client-go's
+//! leader election: never the holder's `renewTime` against the local clock, so wall clocks may
+//! disagree by any amount); it saw that last renewal after the round that wrote it started, and
+//! the duration is longer than the renew deadline, so the old holder has stopped (reported
+//! `false`, its term token cancelled) first. This holds when the API server hangs: a round that
+//! has not answered by the deadline is abandoned and leadership ends on time, not when the
+//! request returns (the leader's client also gives each request up at the renew deadline; each
+//! of the two ends a term alone). Graceful shutdown releases the Lease so a successor takes over
+//! at once.
 //! Assumptions: the replicas' clocks run at nearly the same rate (a claim lasts `renew_deadline`
 //! on the holder's clock, a follower waits `lease_duration` on its own; [`Timing::new`] refuses
-//! a renew deadline that does not leave room between them).
+//! a renew deadline that leaves no room between them). A follower that starts, or first sees a
+//! new holder, waits a full duration even if the holder is long gone.
 
 use std::time::Duration;
 
