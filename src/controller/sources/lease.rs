@@ -16,9 +16,9 @@
 //! the duration is longer than the renew deadline, so the old holder has stopped (reported
 //! `false`, its term token cancelled) first. This holds when the API server hangs: a round that
 //! has not answered by the deadline is abandoned and leadership ends on time, not when the
-//! request returns (the leader's client also gives each request up at the renew deadline; each
-//! of the two ends a term alone). Graceful shutdown releases the Lease so a successor takes over
-//! at once.
+//! request returns. (The leader's client also gives each request up at the renew deadline: alone,
+//! that would end the term too, up to a retry period after the claim.) Graceful shutdown releases
+//! the Lease so a successor takes over at once.
 //! Assumptions: the replicas' clocks run at nearly the same rate (a claim lasts `renew_deadline`
 //! on the holder's clock, a follower waits `lease_duration` on its own; [`Timing::new`] refuses
 //! a renew deadline that leaves no room between them). A follower that starts, or first sees a
