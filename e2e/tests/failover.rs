@@ -1,5 +1,6 @@
 //! Failover between two real `mpc controller` replicas (issue 24 §1, §2): one leader even when
-//! the API server hangs for the leader, and nothing lost across a hand-over.
+//! the API server hangs for the leader, and nothing lost across a hand-over. And what a term's
+//! end leaves behind on a build host: nothing (an SSH job dropped mid-script stops remotely).
 //!
 //! Each replica talks to the test API server as its own user, so the fault layer can slow one
 //! replica down and the request log tells whose writes landed.
@@ -12,11 +13,13 @@ use std::time::{Duration, Instant};
 use e2e::apiserver::audit::Request;
 use e2e::apiserver::faults::{RequestMatch, Verb};
 use e2e::product::Product;
-use e2e::sshd::user_exists;
+use e2e::sshd::{HostSetup, SshdHost, unique_name, user_exists};
 use e2e::tekton;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use mpc::config::BuildUserSettings;
 use mpc::contract;
+use mpc::provision::{ProvisionRequest, Provisioner, SshOptions};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(60);
@@ -386,4 +389,98 @@ async fn a_refused_or_failing_finalizer_removal_is_retried_until_it_lands() {
         "{}",
         p.logs()
     );
+}
+
+/// Whether process `pid` runs (a zombie does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z')
+        })
+        .unwrap_or(false)
+}
+
+/// A provisioning whose job is dropped mid-script (its term ended, or it timed out) leaves no
+/// process on the host: SSH alone lets a remote command run on when its client goes, and the
+/// next leader would then provision or clean up beside the old leader's leftover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioning_dropped_mid_script_leaves_no_remote_process() {
+    let logs = tempfile::tempdir().unwrap();
+    let pid_file = logs.path().join("useradd.pid");
+    // A `useradd` that hangs: the script is mid-way when the job is dropped.
+    let useradd = format!("echo $$ > '{}'\nexec sleep 300\n", pid_file.display());
+    let host = SshdHost::start_with(HostSetup::default().with_tool("useradd", &useradd)).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let provisioner =
+        Arc::new(Provisioner::new(SshOptions::new(state.path().join("ssh"))).unwrap());
+    let name = unique_name("dropped");
+    host.track_user(&contract::remote_user_name(&name, "tenant-e2e"));
+    let job = tokio::spawn({
+        let (provisioner, target) = (provisioner.clone(), host.target("dropped-host"));
+        async move {
+            let settings = BuildUserSettings::DEFAULT;
+            let request = ProvisionRequest {
+                taskrun_name: &name,
+                namespace: "tenant-e2e",
+                sudo_commands: &[],
+                settings: &settings,
+            };
+            provisioner.provision(&target, &request).await
+        }
+    });
+    let started = Instant::now();
+    let pid = loop {
+        let pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        if let Some(pid) = pid {
+            break pid;
+        }
+        assert!(started.elapsed() < T, "useradd never ran: {}", host.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(running(pid));
+    job.abort();
+    assert!(job.await.unwrap_err().is_cancelled());
+    let dropped = Instant::now();
+    while running(pid) && dropped.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !running(pid),
+        "the remote useradd (pid {pid}) still runs 10 s after its job was dropped"
+    );
+    // SIGTERM goes out as soon as the channel closes; SIGKILL 2 s later for what ignores it.
+    assert!(
+        dropped.elapsed() < Duration::from_secs(3),
+        "stopped {:?} after the drop",
+        dropped.elapsed()
+    );
+}
+
+/// Lease timings that cannot keep one leader at a time are refused before anything starts.
+#[test]
+fn the_controller_refuses_lease_timings_that_cannot_keep_one_leader() {
+    for (flags, message) in [
+        (
+            &["--lease-duration=10s", "--lease-renew-deadline=10s"][..],
+            "--lease-renew-deadline (10s) must be shorter than --lease-duration (10s)",
+        ),
+        (
+            &["--lease-retry-period=9s"],
+            "must be longer than 1.2 × --lease-retry-period (9s)",
+        ),
+    ] {
+        let out = std::process::Command::new(e2e::mpc_binary!())
+            .args(["controller", "--webhook-only"])
+            .args(flags)
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} started");
+        assert!(stderr.contains(message), "{flags:?}: {stderr}");
+    }
 }

@@ -72,6 +72,9 @@ pub enum ControllerError {
     /// The webhook server failed to start.
     #[error(transparent)]
     Server(#[from] server::ServerError),
+    /// The Lease timings cannot keep one leader at a time.
+    #[error("leader election: {0}")]
+    Lease(#[from] sources::lease::TimingError),
 }
 
 /// `mpc controller` arguments.
@@ -126,10 +129,12 @@ pub struct ControllerArgs {
     /// This replica's identity in the Lease (the pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Lease duration (a holder that stops renewing loses it after this long).
+    /// Lease duration: a follower takes the Lease once its record has not changed for this long
+    /// (by the follower's own clock); at least 1s.
     #[arg(long, default_value = "15s", value_parser = crate::duration::parse_nonzero)]
     pub lease_duration: Duration,
-    /// The holder stops scheduling when it could not renew for this long (< lease duration).
+    /// The holder stops scheduling when it could not renew for this long; shorter than
+    /// `--lease-duration` and longer than 1.2 × `--lease-retry-period` (checked at start).
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub lease_renew_deadline: Duration,
     /// How often the Lease is renewed or retried.
@@ -256,6 +261,15 @@ impl ControllerArgs {
             ssh_timeout: self.ssh_timeout,
         }
     }
+
+    /// The Lease timings, refused when they cannot keep one leader at a time.
+    pub fn lease_timing(&self) -> Result<sources::lease::Timing, sources::lease::TimingError> {
+        sources::lease::Timing::new(
+            self.lease_duration,
+            self.lease_renew_deadline,
+            self.lease_retry_period,
+        )
+    }
 }
 
 /// The OTP server as the executor's key store.
@@ -296,6 +310,14 @@ impl KeyStore for OtpKeys {
     fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), OtpClientError>> {
         Box::pin(async move { self.0.revoke(owner).await.map(|_| ()) })
     }
+}
+
+/// The client of the leader's requests (Lease, writes, reads, lists; watches use their own):
+/// each gets an answer within the renew deadline or fails by itself. One of the two mechanisms
+/// that end a term's work on time, each enough alone: this one, and the term's cancellation
+/// (`sources::lease::Elector`), which abandons whatever the term still has in flight.
+async fn leader_client(args: &ControllerArgs) -> Result<kube::Client, ControllerError> {
+    kube_client(args, Some(args.lease_renew_deadline)).await
 }
 
 /// A client for `args`; `read_timeout` bounds each response (unset for watches, which stay idle
@@ -362,6 +384,7 @@ pub struct Controller {
 impl Controller {
     /// Starts every part: webhook server, config watch, TaskRun watch, election, loop.
     pub async fn start(args: &ControllerArgs, registry: Registry) -> Result<Self, ControllerError> {
+        let timing = args.lease_timing()?;
         let config = ConfigSource::new(Some(ConfigMetrics::register(&registry)?));
         let stop = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -403,9 +426,7 @@ impl Controller {
             });
         }
         let client = client.expect("created unless webhook-only with a file");
-        // The leader's requests (Lease, writes, reads, lists) get an answer within the renew
-        // deadline or fail, so none outlives the term it was made in; watches use `client`.
-        let requests = kube_client(args, Some(args.lease_renew_deadline)).await?;
+        let requests = leader_client(args).await?;
         let metrics = ControllerMetrics::register(&registry)?;
         let registry_for_cloud = registry.clone();
         let events_dropped = events::dropped_counter(&registry)?;
@@ -496,11 +517,7 @@ impl Controller {
             kube::Api::namespaced(requests, &args.namespace),
             args.lease_name.clone(),
             identity,
-            sources::lease::Timing {
-                lease_duration: args.lease_duration,
-                renew_deadline: args.lease_renew_deadline,
-                retry_period: args.lease_retry_period,
-            },
+            timing,
         );
         tasks.spawn(elector.run(lead_tx, stop.clone()));
         Ok(Controller {
@@ -566,6 +583,48 @@ mod tests {
         Cli::try_parse_from(argv).map(|c| c.args)
     }
 
+    /// The leader's requests give up by the renew deadline by themselves, whatever the term's
+    /// cancellation does: an API server that accepts connections and never answers.
+    #[tokio::test]
+    async fn the_leaders_requests_give_up_by_the_renew_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                open.push(conn);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n"
+        );
+        std::fs::write(&kubeconfig, config).unwrap();
+        let args = parse(&[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--lease-duration=2s",
+            "--lease-renew-deadline=1s",
+            "--lease-retry-period=200ms",
+        ])
+        .unwrap();
+        let client = leader_client(&args).await.unwrap();
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(client, "ns");
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(10), leases.get_opt("lease"))
+            .await
+            .expect("a request of the leader hung past 10 s");
+        assert!(answer.is_err(), "{answer:?}");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_millis(1500),
+            "gave up after {took:?}"
+        );
+        held.abort();
+    }
+
     #[test]
     fn executor_limits_come_from_the_flags() {
         let args = parse(&[]).unwrap();
@@ -595,6 +654,15 @@ mod tests {
             }
         );
         assert_eq!(args.ssh_sessions_per_host, 4);
+        assert_eq!(args.lease_timing(), Ok(sources::lease::Timing::default()));
+        for bad in [
+            &["--lease-duration=10s", "--lease-renew-deadline=10s"][..],
+            &["--lease-renew-deadline=20s"],
+            &["--lease-retry-period=9s"],
+        ] {
+            let args = parse(bad).unwrap();
+            assert!(args.lease_timing().is_err(), "{bad:?} is refused");
+        }
         for bad in [
             "--api-parallelism=0",
             "--ssh-timeout=0s",

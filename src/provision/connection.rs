@@ -6,6 +6,12 @@
 //! keyed by host id through `HostKeyAlias`, so a recycled cloud address never inherits an old key.
 //! Every connection uses our own `ssh_config` (`-F`), so nothing from `~/.ssh/config` or
 //! `/etc/ssh/ssh_config` (e.g. `StrictHostKeyChecking no`) can weaken this.
+//!
+//! A remote command dies with the controller's interest in it: it runs under [`GUARD`], which
+//! kills it when the channel's stdin reaches end of file, and the controller holds that stdin
+//! open, unwritten, until the command has exited. Dropping the command (a term that ended, a
+//! timeout), the controller dying and the connection breaking all close it; SSH itself would
+//! leave the command running (no pty: sshd signals nothing when a channel closes).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -19,8 +25,42 @@ use openssh::{ControlPersist, KnownHosts, Session, SessionBuilder, Stdio};
 use tokio::sync::{Mutex, Semaphore};
 
 use super::error::{ProvisionError, tail};
-use super::quote::NulInArgument;
+use super::quote::{NulInArgument, sh_command};
 use super::target::{HostKeyTrust, Target};
+
+/// Runs `$1`, a command line, so that it dies when the SSH channel's stdin closes (the
+/// controller dropped it, died, or lost the connection): the command gets its own session
+/// (`setsid`, so its whole process group can be killed) and `/dev/null` as stdin, while a watcher
+/// reads this shell's stdin, which the controller keeps open and never writes. End of file there
+/// means nobody waits for the command any more: SIGTERM to its group, SIGKILL 2 s later. Exits
+/// with the command's status.
+/// (An asynchronous list's stdin is `/dev/null` unless redirected, hence the copy on fd 3.)
+pub(crate) const GUARD: &str = r#"exec 3<&0
+if command -v setsid >/dev/null 2>&1; then
+  setsid sh -c "$1" </dev/null 3<&- &
+else
+  sh -c "$1" </dev/null 3<&- &
+fi
+pid=$!
+(
+  while read -r _; do :; done
+  for sig in TERM KILL; do
+    kill -s "$sig" -- "-$pid" 2>/dev/null || kill -s "$sig" "$pid" 2>/dev/null
+    sleep 2
+  done
+) <&3 3<&- >/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$pid"
+rc=$?
+kill "$watcher" 2>/dev/null
+exit "$rc""#;
+
+/// `line` run under [`GUARD`], behind `prefix` (`sudo -n`: the guard must be able to kill what
+/// the command starts as root).
+fn guarded(prefix: &[&str], line: &str) -> Result<String, NulInArgument> {
+    sh_command(prefix, GUARD, "mpc-guard", &[line])
+}
 
 /// Connection behaviour.
 #[derive(Debug, Clone)]
@@ -241,16 +281,25 @@ impl Connections {
         let (session, needs_sudo) = self.session(&slot, target, deadline).await?;
         let connected = Instant::now();
         let prefix: &[&str] = if needs_sudo { &["sudo", "-n"] } else { &[] };
-        let line = build(prefix).map_err(|e| ProvisionError::InvalidRequest(e.to_string()))?;
-        let result = tokio::time::timeout_at(
-            deadline.into(),
-            session
+        // The command itself runs as the guard's user: root.
+        let line = build(&[])
+            .and_then(|line| guarded(prefix, &line))
+            .map_err(|e| ProvisionError::InvalidRequest(e.to_string()))?;
+        let result = tokio::time::timeout_at(deadline.into(), async {
+            let mut child = session
                 .raw_command(&line)
-                .stdin(Stdio::null())
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .output(),
-        )
+                .spawn()
+                .await?;
+            // Held open until the command has exited (or this future is dropped): its end of
+            // file is what stops the command remotely (GUARD).
+            let stdin = child.stdin().take();
+            let out = child.wait_with_output().await;
+            drop(stdin);
+            out
+        })
         .await;
         match result {
             Err(_) => {

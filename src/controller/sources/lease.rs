@@ -1,21 +1,30 @@
 //! Leader election on a `coordination.k8s.io` Lease (docs/architecture.md, "The controller shell").
 //!
 //! Every replica serves the webhook; only the Lease holder schedules. Pure: [`decide`], the rule
-//! for one round (take a free or expired Lease, renew our own, otherwise follow), and [`Terms`],
-//! which turns the rounds' outcomes and the clock (passed in) into leadership gained and lost.
+//! for one round (take a free or expired Lease, renew our own, otherwise follow), [`Observer`],
+//! which tells when this replica last saw the Lease record change, and [`Terms`], which turns the
+//! rounds' outcomes and the clock (passed in) into leadership gained and lost.
 //! [`Elector`] is the shell: it reads and writes the Lease with optimistic concurrency (a write
 //! that loses a race is a 409 and changes nothing), sleeps when [`Terms`] says, and publishes
 //! leadership on a watch channel.
 //!
 //! Guarantees: a replica reports leadership only while the round of its last successful renewal
-//! started less than `renew_deadline` ago, which is shorter than the Lease duration, so the old
-//! holder has stopped (reported `false`, its term token cancelled) before any other replica can
-//! take an expired Lease. This holds when the API server hangs: a round that has not answered by
-//! the deadline is abandoned and leadership ends on time, not when the request returns. Graceful
-//! shutdown releases the Lease so a successor takes over at once.
-//! Assumptions: clocks of the replicas agree to well within `lease_duration - renew_deadline`.
+//! started less than `renew_deadline` ago. Another replica takes the Lease only once it has seen
+//! the record unchanged for `leaseDurationSeconds` by its own monotonic clock (as client-go's
+//! leader election: never the holder's `renewTime` against the local clock, so wall clocks may
+//! disagree by any amount); it saw that last renewal after the round that wrote it started, and
+//! the duration is longer than the renew deadline, so the old holder has stopped (reported
+//! `false`, its term token cancelled) first. This holds when the API server hangs: a round that
+//! has not answered by the deadline is abandoned and leadership ends on time, not when the
+//! request returns. (The leader's client also gives each request up at the renew deadline: alone,
+//! that would end the term too, up to a retry period after the claim.) Graceful shutdown releases
+//! the Lease so a successor takes over at once.
+//! Assumptions: the replicas' clocks run at nearly the same rate (a claim lasts `renew_deadline`
+//! on the holder's clock, a follower waits `lease_duration` on its own; [`Timing::new`] refuses
+//! a renew deadline that leaves no room between them). A follower that starts, or first sees a
+//! new holder, waits a full duration even if the holder is long gone.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -28,9 +37,35 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Holder {
     pub identity: Option<String>,
-    /// Last renewal.
-    pub renewed: Option<SystemTime>,
+    /// How long the holder's claim lasts without a change of the record.
     pub duration: Duration,
+}
+
+/// When this replica last saw the Lease record change (client-go's `observedTime`): the holder's
+/// own timestamps are another machine's clock, so only their changing counts, timed here.
+#[derive(Debug, Clone)]
+pub struct Observer<R> {
+    seen: Option<(R, Instant)>,
+}
+
+impl<R> Default for Observer<R> {
+    fn default() -> Self {
+        Observer { seen: None }
+    }
+}
+
+impl<R: PartialEq + Clone> Observer<R> {
+    /// `record` was read at `now`: returns when it last changed, by this replica's clock (`now`
+    /// when it differs from the record seen before, or is the first one seen).
+    pub fn observe(&mut self, record: &R, now: Instant) -> Instant {
+        match &self.seen {
+            Some((seen, at)) if seen == record => *at,
+            _ => {
+                self.seen = Some((record.clone(), now));
+                now
+            }
+        }
+    }
 }
 
 /// What to do with the Lease now.
@@ -44,13 +79,14 @@ pub enum Decision {
     Follow,
 }
 
-/// The election rule.
-pub fn decide(holder: &Holder, me: &str, now: SystemTime) -> Decision {
+/// The election rule. `changed` is when this replica last saw the record change
+/// ([`Observer::observe`]), `now` is this replica's clock.
+pub fn decide(holder: &Holder, me: &str, changed: Instant, now: Instant) -> Decision {
     match holder.identity.as_deref() {
         Some(id) if id == me => Decision::Renew,
         None | Some("") => Decision::Acquire,
         Some(_) => {
-            let expired = holder.renewed.is_none_or(|t| t + holder.duration <= now);
+            let expired = changed + holder.duration <= now;
             if expired {
                 Decision::Acquire
             } else {
@@ -61,7 +97,7 @@ pub fn decide(holder: &Holder, me: &str, now: SystemTime) -> Decision {
 }
 
 /// Lease timing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     /// How long a holder's claim lasts without renewal.
     pub lease_duration: Duration,
@@ -71,7 +107,73 @@ pub struct Timing {
     pub retry_period: Duration,
 }
 
+/// Lease timings that cannot elect one leader at a time (client-go refuses the same).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    #[error(
+        "--lease-renew-deadline ({renew_deadline:?}) must be shorter than --lease-duration \
+         ({lease_duration:?}): a leader must stop before a follower may take the Lease"
+    )]
+    RenewDeadlineNotShorter {
+        renew_deadline: Duration,
+        lease_duration: Duration,
+    },
+    #[error(
+        "--lease-renew-deadline ({renew_deadline:?}) must be longer than 1.2 × \
+         --lease-retry-period ({retry_period:?}): a leader must get more than one renewal \
+         attempt before its term ends"
+    )]
+    RetryPeriodTooLong {
+        renew_deadline: Duration,
+        retry_period: Duration,
+    },
+    #[error("--lease-duration ({0:?}) must be at least 1s (the Lease records whole seconds)")]
+    DurationTooShort(Duration),
+    #[error("--lease-retry-period must be longer than zero")]
+    NoRetryPeriod,
+}
+
 impl Timing {
+    /// Checked timings: the renew deadline shorter than the duration, and longer than 1.2 retry
+    /// periods (client-go's `JitterFactor`); a duration of at least a second.
+    pub fn new(
+        lease_duration: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Result<Self, TimingError> {
+        if lease_duration < Duration::from_secs(1) {
+            return Err(TimingError::DurationTooShort(lease_duration));
+        }
+        if renew_deadline >= lease_duration {
+            return Err(TimingError::RenewDeadlineNotShorter {
+                renew_deadline,
+                lease_duration,
+            });
+        }
+        if retry_period.is_zero() {
+            return Err(TimingError::NoRetryPeriod);
+        }
+        if renew_deadline <= retry_period.mul_f64(1.2) {
+            return Err(TimingError::RetryPeriodTooLong {
+                renew_deadline,
+                retry_period,
+            });
+        }
+        Ok(Timing {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+        })
+    }
+
+    /// The duration written into the Lease: whole seconds, rounded up, so that a follower
+    /// never waits less than this replica's own setting.
+    fn lease_duration_seconds(&self) -> i32 {
+        let d = self.lease_duration;
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
+    }
+
     /// When a round of Lease requests that starts at `started` must have answered: by the end
     /// of the current claim (`valid_until`) while leading, else one renew deadline later (an
     /// answer after that could not make this replica leader anyway).
@@ -215,12 +317,13 @@ impl Elector {
         stop: CancellationToken,
     ) {
         let mut terms = Terms::new(self.timing);
+        let mut observer = Observer::default();
         loop {
             let started = Instant::now();
             let limit = terms.round_limit(started);
             let outcome = tokio::select! {
                 () = stop.cancelled() => break,
-                r = tokio::time::timeout_at(limit, self.try_once()) => r,
+                r = tokio::time::timeout_at(limit, self.try_once(&mut observer)) => r,
             };
             let round = match outcome {
                 Ok(Ok(true)) => Round::Held,
@@ -272,27 +375,32 @@ impl Elector {
             true
         });
     }
-    /// One round: true when we hold the Lease afterwards.
-    async fn try_once(&self) -> Result<bool, kube::Error> {
+    /// One round: true when we hold the Lease afterwards. `observer` keeps when the record
+    /// last changed, across rounds.
+    async fn try_once(&self, observer: &mut Observer<LeaseSpec>) -> Result<bool, kube::Error> {
         let current = match self.api.get_opt(&self.name).await? {
             Some(l) => l,
             None => {
                 let lease = self.claim(None, 0);
                 return match self.api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(true),
+                    Ok(written) => {
+                        observer.observe(&written.spec.unwrap_or_default(), Instant::now());
+                        Ok(true)
+                    }
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                     Err(e) => Err(e),
                 };
             }
         };
         let spec = current.spec.clone().unwrap_or_default();
+        let now = Instant::now();
+        let changed = observer.observe(&spec, now);
         let holder = Holder {
             identity: spec.holder_identity.clone(),
-            renewed: spec.renew_time.as_ref().map(|t| SystemTime::from(t.0)),
             duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64),
         };
         let transitions = spec.lease_transitions.unwrap_or(0);
-        let mut next = match decide(&holder, &self.identity, SystemTime::now()) {
+        let mut next = match decide(&holder, &self.identity, changed, now) {
             Decision::Follow => return Ok(false),
             Decision::Renew => self.claim(spec.acquire_time.clone(), transitions),
             Decision::Acquire => self.claim(None, transitions + 1),
@@ -303,7 +411,10 @@ impl Elector {
             .replace(&self.name, &PostParams::default(), &next)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(written) => {
+                observer.observe(&written.spec.unwrap_or_default(), Instant::now());
+                Ok(true)
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
@@ -318,7 +429,7 @@ impl Elector {
             },
             spec: Some(LeaseSpec {
                 holder_identity: Some(self.identity.clone()),
-                lease_duration_seconds: Some(self.timing.lease_duration.as_secs().max(1) as i32),
+                lease_duration_seconds: Some(self.timing.lease_duration_seconds()),
                 acquire_time: Some(acquired.unwrap_or_else(|| now.clone())),
                 renew_time: Some(now),
                 lease_transitions: Some(transitions),
@@ -362,25 +473,72 @@ fn jiff_now() -> k8s_openapi::jiff::Timestamp {
 mod tests {
     use super::*;
 
+    /// `changed_ago`: how long ago (by this replica's clock) the record last changed.
     #[test]
     fn take_free_or_expired_renew_own_follow_live() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let held = |id: &str, ago: u64| Holder {
+        let now = Instant::now() + Duration::from_secs(1000);
+        let held = |id: &str| Holder {
             identity: Some(id.into()),
-            renewed: Some(now - Duration::from_secs(ago)),
             duration: Duration::from_secs(15),
         };
-        assert_eq!(decide(&Holder::default(), "a", now), Decision::Acquire);
-        assert_eq!(decide(&held("", 0), "a", now), Decision::Acquire);
-        assert_eq!(decide(&held("a", 100), "a", now), Decision::Renew);
-        assert_eq!(decide(&held("b", 5), "a", now), Decision::Follow);
-        assert_eq!(decide(&held("b", 15), "a", now), Decision::Acquire);
-        let never = Holder {
-            identity: Some("b".into()),
-            renewed: None,
-            duration: Duration::from_secs(15),
+        let ago = |s: u64| now - Duration::from_secs(s);
+        assert_eq!(decide(&Holder::default(), "a", now, now), Decision::Acquire);
+        assert_eq!(decide(&held(""), "a", now, now), Decision::Acquire);
+        assert_eq!(decide(&held("a"), "a", ago(100), now), Decision::Renew);
+        assert_eq!(decide(&held("b"), "a", ago(5), now), Decision::Follow);
+        assert_eq!(decide(&held("b"), "a", ago(14), now), Decision::Follow);
+        assert_eq!(decide(&held("b"), "a", ago(15), now), Decision::Acquire);
+    }
+
+    /// Only a change of the record restarts the wait; reading the same record again does not,
+    /// and its timestamps are never compared with this replica's clock.
+    #[test]
+    fn expiry_counts_from_when_the_record_last_changed_here() {
+        let t0 = Instant::now();
+        let mut o = Observer::default();
+        assert_eq!(o.observe(&"renewed at 09:00", t0), t0, "first seen");
+        assert_eq!(o.observe(&"renewed at 09:00", at(t0, 5)), t0);
+        assert_eq!(o.observe(&"renewed at 09:00", at(t0, 14)), t0);
+        assert_eq!(o.observe(&"renewed at 08:00", at(t0, 16)), at(t0, 16));
+        assert_eq!(o.observe(&"renewed at 08:00", at(t0, 20)), at(t0, 16));
+    }
+
+    /// client-go's rules: a renew deadline shorter than the duration and longer than 1.2 retry
+    /// periods.
+    #[test]
+    fn timings_that_cannot_keep_one_leader_are_refused() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(Timing::new(s(15), s(10), s(2)), Ok(Timing::default()));
+        assert!(Timing::new(s(3), s(2), ms(300)).is_ok(), "the e2e timings");
+        for (duration, deadline, retry) in [
+            (s(15), s(15), s(2)),
+            (s(10), s(15), s(2)),
+            (s(15), s(10), s(10)),
+            (s(15), s(10), ms(8400)),
+            (s(15), s(10), Duration::ZERO),
+            (ms(900), ms(500), ms(100)),
+        ] {
+            let refused = Timing::new(duration, deadline, retry);
+            assert!(refused.is_err(), "{duration:?} {deadline:?} {retry:?}");
+        }
+        let e = Timing::new(s(10), s(10), s(2)).unwrap_err().to_string();
+        assert!(
+            e.contains("--lease-renew-deadline (10s) must be shorter than --lease-duration (10s)"),
+            "{e}"
+        );
+        let e = Timing::new(s(15), s(10), s(9)).unwrap_err().to_string();
+        assert!(e.contains("--lease-retry-period (9s)"), "{e}");
+    }
+
+    #[test]
+    fn the_recorded_duration_never_undercuts_the_setting() {
+        let t = |d| Timing {
+            lease_duration: d,
+            ..Timing::default()
         };
-        assert_eq!(decide(&never, "a", now), Decision::Acquire);
+        assert_eq!(t(Duration::from_secs(15)).lease_duration_seconds(), 15);
+        assert_eq!(t(Duration::from_millis(2500)).lease_duration_seconds(), 3);
     }
 
     #[test]
@@ -457,5 +615,221 @@ mod tests {
         terms.round_ended(at(t0, 4), at(t0, 4), Round::Held);
         assert_eq!(terms.stop(), Some(Change::Lost));
         assert!(!terms.leading());
+    }
+}
+
+/// The elector against an in-memory Lease API (no network, no request timeout of any kind),
+/// on tokio's paused clock.
+#[cfg(test)]
+mod elector_tests {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http::{Method, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+
+    use std::time::SystemTime;
+
+    use super::*;
+
+    /// What the fake API server holds and does.
+    #[derive(Default)]
+    struct Server {
+        lease: Option<Lease>,
+        version: u64,
+        /// Requests get no answer, ever (a hung API server; nothing times them out).
+        hang: bool,
+        /// Holders written through the API, in order.
+        writes: Vec<String>,
+    }
+
+    impl Server {
+        /// Another replica writes the Lease directly (its own renewal).
+        fn put(&mut self, holder: &str, renewed: SystemTime) {
+            self.version += 1;
+            let time = |t: SystemTime| {
+                MicroTime(k8s_openapi::jiff::Timestamp::try_from(t).expect("in range"))
+            };
+            self.lease = Some(Lease {
+                metadata: ObjectMeta {
+                    name: Some("lease".into()),
+                    namespace: Some("ns".into()),
+                    resource_version: Some(self.version.to_string()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(holder.into()),
+                    lease_duration_seconds: Some(15),
+                    acquire_time: Some(time(renewed)),
+                    renew_time: Some(time(renewed)),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            });
+        }
+
+        fn answer(&mut self, method: &Method, body: &[u8]) -> (StatusCode, Vec<u8>) {
+            let status = |code: u16, reason: &str| {
+                let s = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "reason": reason, "message": reason, "code": code});
+                (
+                    StatusCode::from_u16(code).unwrap(),
+                    s.to_string().into_bytes(),
+                )
+            };
+            let ok = |code: StatusCode, lease: &Lease| (code, serde_json::to_vec(lease).unwrap());
+            match *method {
+                Method::GET => match &self.lease {
+                    Some(l) => ok(StatusCode::OK, l),
+                    None => status(404, "NotFound"),
+                },
+                Method::POST | Method::PUT => {
+                    let mut lease: Lease = serde_json::from_slice(body).unwrap();
+                    let current = self
+                        .lease
+                        .as_ref()
+                        .and_then(|l| l.metadata.resource_version.clone());
+                    let conflict = if *method == Method::POST {
+                        self.lease.is_some()
+                    } else {
+                        lease.metadata.resource_version != current
+                    };
+                    if conflict {
+                        return status(409, "Conflict");
+                    }
+                    self.version += 1;
+                    lease.metadata.resource_version = Some(self.version.to_string());
+                    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                    self.writes.push(holder.unwrap_or_default());
+                    self.lease = Some(lease.clone());
+                    ok(StatusCode::OK, &lease)
+                }
+                _ => status(405, "MethodNotAllowed"),
+            }
+        }
+    }
+
+    fn client(server: Arc<Mutex<Server>>) -> kube::Client {
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let server = server.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                if server.lock().unwrap().hang {
+                    std::future::pending::<()>().await;
+                }
+                let (code, bytes) = server.lock().unwrap().answer(&parts.method, &body);
+                let response = Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(bytes)))
+                    .unwrap();
+                Ok::<_, Infallible>(response)
+            }
+        });
+        kube::Client::new(service, "ns")
+    }
+
+    type Leading = watch::Receiver<Option<CancellationToken>>;
+
+    /// Replica `a` electing itself on the fake server.
+    fn start(server: &Arc<Mutex<Server>>, timing: Timing) -> (Leading, CancellationToken) {
+        let api = Api::namespaced(client(server.clone()), "ns");
+        let elector = Elector::new(api, "lease".into(), "a".into(), timing);
+        let (tx, rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        tokio::spawn(elector.run(tx, stop.clone()));
+        (rx, stop)
+    }
+
+    async fn led_within(leading: &mut Leading, limit: Duration) -> bool {
+        tokio::time::timeout(limit, leading.wait_for(|l| l.is_some()))
+            .await
+            .is_ok()
+    }
+
+    /// The holder's clock is an hour behind ours, and it renews every 2 s: its `renewTime`
+    /// always looks long expired by our clock, yet the Lease is alive.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_behind_a_holder_with_a_slow_clock_does_not_take_a_lease_being_renewed() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let slow = SystemTime::now() - Duration::from_secs(3600);
+        server.lock().unwrap().put("b", slow);
+        let renewing = {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    server.lock().unwrap().put("b", slow + started.elapsed());
+                }
+            })
+        };
+        let (mut leading, stop) = start(&server, Timing::default());
+        assert!(
+            !led_within(&mut leading, Duration::from_secs(120)).await,
+            "took a Lease its holder renews every 2 s"
+        );
+        assert!(server.lock().unwrap().writes.is_empty());
+        renewing.abort();
+        stop.cancel();
+    }
+
+    /// The holder's clock is an hour ahead of ours and it stopped renewing: its last
+    /// `renewTime` looks fresh for an hour by our clock, yet the Lease is dead after one
+    /// duration without a change.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_takes_a_lease_that_stopped_changing_whatever_its_renew_time_says() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        server
+            .lock()
+            .unwrap()
+            .put("b", SystemTime::now() + Duration::from_secs(3600));
+        let timing = Timing::default();
+        let started = Instant::now();
+        let (mut leading, stop) = start(&server, timing);
+        assert!(
+            led_within(&mut leading, Duration::from_secs(120)).await,
+            "never took a Lease that stopped changing"
+        );
+        let waited = started.elapsed();
+        // A full duration after first seeing the record, as client-go: not sooner, and no
+        // more than a retry period later.
+        assert!(
+            waited >= timing.lease_duration
+                && waited <= timing.lease_duration + timing.retry_period,
+            "took it after {waited:?}"
+        );
+        assert_eq!(server.lock().unwrap().writes, ["a"]);
+        stop.cancel();
+    }
+    /// Mechanism one alone: the leader's Lease requests stop answering and nothing times them
+    /// out (this API has no request timeout, as a client without one): the elector's own clock
+    /// ends the term, and cancels its token, when the claim of the last renewal runs out.
+    #[tokio::test(start_paused = true)]
+    async fn without_request_timeouts_the_electors_clock_ends_the_term_when_the_api_hangs() {
+        let server = Arc::new(Mutex::new(Server::default()));
+        let timing = Timing::default();
+        let t0 = Instant::now();
+        let (mut leading, stop) = start(&server, timing);
+        assert!(led_within(&mut leading, Duration::from_secs(1)).await);
+        let term = leading.borrow().clone().expect("leading");
+        // Rounds at 0, 2, 4 s renew; from 5 s nothing answers. The claim of the round of 4 s
+        // lasts to 14 s.
+        tokio::time::sleep_until(t0 + Duration::from_secs(5)).await;
+        server.lock().unwrap().hang = true;
+        let renewals = server.lock().unwrap().writes.len();
+        assert_eq!(renewals, 3, "acquired at 0 s, renewed at 2 and 4 s");
+        tokio::time::timeout(Duration::from_secs(60), term.cancelled())
+            .await
+            .expect("the term never ended while its Lease requests hung");
+        assert_eq!(t0.elapsed(), Duration::from_secs(4) + timing.renew_deadline);
+        assert!(leading.borrow().is_none());
+        stop.cancel();
     }
 }
