@@ -254,3 +254,12 @@ pub fn check(
     }
     Ok(findings)
 }
+
+/// The findings as `mpc check-config` prints them: a title line, then one `error:` line each.
+pub fn render_findings(title: &str, findings: &[Finding]) -> String {
+    let mut out = format!("{title}: {} problem(s)\n", findings.len());
+    for f in findings {
+        out.push_str(&format!("  error: {f}\n"));
+    }
+    out
+}

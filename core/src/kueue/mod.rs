@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde_norway::{Mapping, Value};
 
 use crate::config::{self, ConfigData, Diagnostic, Parsed};
-pub use check::{Finding, check};
+pub use check::{Finding, check, render_findings};
 pub use queue::{
     allowed_annotations, format_annotation_list, platform_groups, render_cluster_queue,
     render_groups,
@@ -104,29 +104,32 @@ pub enum KueueError {
     Unsupported(#[from] yaml::UnsupportedValue),
 }
 
-/// Reads a host-config: the rendered ConfigMap YAML, or a YAML mapping of its `data` alone
-/// (`local-platforms: ...`, `dynamic.linux-arm64.max-instances: "250"`, ...).
-/// Returns the data (for checks on raw keys) and the parsed config.
-pub fn read_host_config(text: &str, shown: &str) -> Result<(ConfigData, Parsed), KueueError> {
-    let wrap = |source| KueueError::HostConfig {
-        path: shown.to_owned(),
-        source,
-    };
-    let doc: Value =
-        serde_norway::from_str(text).map_err(|e| wrap(config::ConfigMapError::Yaml(e)))?;
-    let configmap_text = match &doc {
+/// Reads a host-config's data: from the rendered ConfigMap YAML, or from a YAML mapping of its
+/// `data` alone (`local-platforms: ...`, `dynamic.linux-arm64.max-instances: "250"`, ...), with the
+/// same checks and diagnostics.
+pub fn read_host_config_data(
+    text: &str,
+) -> Result<(ConfigData, Vec<Diagnostic>), config::ConfigMapError> {
+    let doc: Value = serde_norway::from_str(text)?;
+    match doc {
         Value::Mapping(m) if !m.contains_key("kind") => {
-            // A data file: read it as the data of a ConfigMap, with the same checks.
             let mut cm = Mapping::new();
             cm.insert("kind".into(), "ConfigMap".into());
-            cm.insert("data".into(), doc.clone());
-            serde_norway::to_string(&Value::Mapping(cm))
-                .map_err(|e| wrap(config::ConfigMapError::Yaml(e)))?
+            cm.insert("data".into(), Value::Mapping(m));
+            config::read_configmap_yaml(&serde_norway::to_string(&Value::Mapping(cm))?)
         }
-        _ => text.to_owned(),
-    };
-    let (data, mut diagnostics): (ConfigData, Vec<Diagnostic>) =
-        config::read_configmap_yaml(&configmap_text).map_err(wrap)?;
+        _ => config::read_configmap_yaml(text),
+    }
+}
+
+/// [`read_host_config_data`] and [`config::parse`]: the data (for checks on raw keys) and the
+/// parsed config, every diagnostic included.
+pub fn read_host_config(text: &str, shown: &str) -> Result<(ConfigData, Parsed), KueueError> {
+    let (data, mut diagnostics) =
+        read_host_config_data(text).map_err(|source| KueueError::HostConfig {
+            path: shown.to_owned(),
+            source,
+        })?;
     let mut parsed = config::parse(&data);
     diagnostics.append(&mut parsed.diagnostics);
     parsed.diagnostics = diagnostics;
