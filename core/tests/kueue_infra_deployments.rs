@@ -31,6 +31,9 @@ const V1BETA1_CLUSTERS: [&str; 10] = [
     "stone-stg-rh01",
 ];
 
+/// None of these clusters has a dynamic pool, a platform listed without keys or an unlisted
+/// platform's keys, so none of the deliberate differences from the script (kueue module docs)
+/// shows: every file must come out unchanged.
 #[test]
 fn rendering_equals_every_committed_v1beta1_cluster_queue() {
     let mut failures = Vec::new();
@@ -115,4 +118,35 @@ fn allowed_annotations_match_the_committed_admission_policy_lists() {
         // And the check agrees.
         assert!(derived.contains(&"kueue.konflux-ci.dev/requests-linux-arm64".to_owned()));
     }
+}
+
+/// The one deliberate difference in numbers: a dynamic pool exports `max-instances × concurrency`
+/// where the script exports `max-instances`. Shown on a real cluster whose `linux/arm64` is turned
+/// into a pool of 4 builds per instance: everything stays as committed but that quota.
+#[test]
+fn a_pool_exports_its_real_capacity_the_rest_unchanged() {
+    let dir = fixtures().join("v1beta1").join("stone-stg-rh01");
+    let committed = read(dir.join("cluster-queue.yaml"));
+    let (mut data, _) = kueue::read_host_config_data(&read(dir.join("host-config.yaml"))).unwrap();
+    let dynamic: Vec<String> = data["dynamic-platforms"]
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && *p != "linux/arm64")
+        .map(str::to_owned)
+        .collect();
+    data.insert("dynamic-platforms".into(), dynamic.join(","));
+    data.insert("dynamic-pool-platforms".into(), "linux/arm64".into());
+    data.insert("dynamic.linux-arm64.concurrency".into(), "4".into());
+    data.insert("dynamic.linux-arm64.max-age".into(), "1440".into());
+    let parsed = mpc_core::config::parse(&data);
+    let quotas = platform_quotas(&parsed.config);
+    assert_eq!(quotas["linux-arm64"].quota, 1000);
+
+    let before = "      - name: linux-arm64\n        nominalQuota: '250'\n";
+    assert!(committed.contains(before));
+    let expected = committed.replace(
+        before,
+        "      - name: linux-arm64\n        nominalQuota: '1000'\n",
+    );
+    assert_eq!(render_cluster_queue(&committed, &quotas).unwrap(), expected);
 }

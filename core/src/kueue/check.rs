@@ -149,10 +149,9 @@ pub fn listed_without_keys(data: &ConfigData, config: &HostConfig) -> Vec<Findin
 /// Why host-config has no platform behind `resource`.
 fn why_unknown(resource: &str, data: &ConfigData, config: &HostConfig) -> String {
     for p in config.platforms() {
-        if p.label_value() == resource || p.label_value().replace('_', "-") == resource {
-            if let Strategy::Disabled(reason) = config.resolve(p) {
-                return format!("{p} is disabled in host-config ({reason})");
-            }
+        let named = p.label_value() == resource || p.label_value().replace('_', "-") == resource;
+        if named && let Strategy::Disabled(reason) = config.resolve(p) {
+            return format!("{p} is disabled in host-config ({reason})");
         }
     }
     let prefix = format!("dynamic.{resource}.");

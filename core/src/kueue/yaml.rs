@@ -199,7 +199,7 @@ impl Emitter {
         whitespace: bool,
         indention: bool,
     ) {
-        if !(self.whitespace || !need_whitespace) {
+        if !self.whitespace && need_whitespace {
             self.write(" ");
         }
         self.write(ind);
