@@ -814,7 +814,7 @@ mod tests {
             ("'#x'", "'#x'"),
             ("a#b", "a#b"),
             ("'a #b'", "'a #b'"),
-            ("' lead'", "' lead'"),
+            ("' leading'", "' leading'"),
             ("\"it's\"", "it's"),
             ("\"caf\\u00e9\"", "\"caf\\xE9\""),
             ("\"tab\\there\"", "\"tab\\there\""),
