@@ -1,11 +1,12 @@
 //! Multi-platform build-host broker for Tekton.
 //!
 //! Functional core (pure, deterministic; the `mpc-core` crate, re-exported here at the same
-//! paths): [`platform`], [`contract`], [`config`], [`admission`], [`scheduler`], [`simulate`].
+//! paths): [`platform`], [`contract`], [`config`], [`admission`], [`scheduler`], [`simulate`],
+//! [`kueue`].
 //! Imperative shell: [`server`] (webhook + admin), [`controller`], [`provision`] (SSH), [`otp`],
 //! [`cloud`] (EC2), with [`tls`] and [`serve`] shared by the HTTPS servers.
 
-pub use mpc_core::{admission, config, contract, duration, platform, scheduler, simulate};
+pub use mpc_core::{admission, config, contract, duration, kueue, platform, scheduler, simulate};
 
 pub mod certs;
 pub mod cloud;

@@ -1,11 +1,11 @@
 //! `mpc`: the multi-platform controller binary. Thin: parses arguments and calls the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use mpc::{certs, config, controller, otp, simulate, tls};
+use mpc::{certs, config, controller, kueue, otp, simulate, tls};
 
 #[derive(Parser)]
 #[command(
@@ -34,12 +34,25 @@ enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Run the one-time-password key server.
     OtpServer(otp::OtpServerArgs),
-    /// Check host-config ConfigMap files and print each platform's strategy and capacity.
+    /// Check host-config ConfigMap files and print each platform's strategy and capacity; with
+    /// --cluster-queue, also check the Kueue ClusterQueue's quotas against the host-config.
     CheckConfig {
-        /// ConfigMap YAML files.
+        /// ConfigMap YAML files (or YAML mappings of their data).
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// The cluster's Kueue ClusterQueue file: report every quota that disagrees with the
+        /// host-config (one file), platform resources it does not serve and platforms listed
+        /// without keys; exit 1 on any.
+        #[arg(long, value_name = "FILE")]
+        cluster_queue: Option<PathBuf>,
+        /// The admission policy's allowed request annotations (its ConfigMap, or the list): report
+        /// those that disagree with the ClusterQueue's resources.
+        #[arg(long, value_name = "FILE", requires = "cluster_queue")]
+        allowed_annotations: Option<PathBuf>,
     },
+    /// Render the Kueue ClusterQueue quotas (platform resource groups) of a host-config, or the
+    /// whole ClusterQueue file, or its allowed request annotations.
+    KueueQuotas(kueue::KueueQuotasArgs),
     /// Write a CA and a serving certificate for the webhook or OTP Service.
     Certs(certs::CertsArgs),
     /// Run the scheduler core on a workload trace with a virtual clock (no cluster needed).
@@ -88,26 +101,70 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Controller(args) => runtime()?.block_on(controller::run(*args))?,
         Command::OtpServer(args) => runtime()?.block_on(otp::run_server(args))?,
-        Command::CheckConfig { files } => return check_config(&files),
+        Command::CheckConfig {
+            files,
+            cluster_queue,
+            allowed_annotations,
+        } => {
+            return check_config(
+                &files,
+                cluster_queue.as_deref(),
+                allowed_annotations.as_deref(),
+            );
+        }
+        Command::KueueQuotas(args) => {
+            let out = kueue::run(&args)?;
+            for note in &out.notes {
+                eprintln!("mpc kueue-quotas: {note}");
+            }
+            print!("{}", out.stdout);
+        }
         Command::Certs(args) => certs::run(&args)?,
         Command::Simulate(args) => simulate::run(&args)?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn check_config(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn check_config(
+    files: &[PathBuf],
+    cluster_queue: Option<&Path>,
+    allowed_annotations: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    if cluster_queue.is_some() && files.len() != 1 {
+        anyhow::bail!("--cluster-queue checks one host-config: give exactly one file");
+    }
     let mut failed = false;
     for path in files {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = read(path)?;
         let shown = path.display().to_string();
-        match config::read_configmap_yaml(&text) {
+        match kueue::read_host_config_data(&text) {
             Ok((data, mut diagnostics)) => {
                 let mut parsed = config::parse(&data);
                 diagnostics.append(&mut parsed.diagnostics);
                 parsed.diagnostics = diagnostics;
                 print!("{}", config::render_report(&shown, &parsed));
                 failed |= parsed.has_errors();
+                if let Some(queue_path) = cluster_queue {
+                    let annotations = allowed_annotations.map(read).transpose()?;
+                    let findings = kueue::check(
+                        &data,
+                        &parsed.config,
+                        &read(queue_path)?,
+                        annotations.as_deref(),
+                    )
+                    .with_context(|| format!("checking {}", queue_path.display()))?;
+                    let mut title = format!("{}", queue_path.display());
+                    if let Some(a) = allowed_annotations {
+                        title.push_str(&format!(" and {}", a.display()));
+                    }
+                    title.push_str(&format!(" against {shown}"));
+                    print!("{}", kueue::render_findings(&title, &findings));
+                    failed |= !findings.is_empty();
+                }
             }
             Err(error) => {
                 println!("{shown}: error: {error}");

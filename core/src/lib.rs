@@ -4,13 +4,15 @@
 //! [`platform`] and [`contract`] (the Go controller's names, labels and secret layout) are shared
 //! by everything; [`config`] parses a `host-config` ConfigMap; [`admission`] decides and patches
 //! AdmissionReviews; [`scheduler`] is the state machine that allocates build hosts (events in,
-//! actions out); [`simulate`] runs that scheduler on a workload trace with a virtual clock. The
+//! actions out); [`simulate`] runs that scheduler on a workload trace with a virtual clock;
+//! [`kueue`] renders Kueue quotas from a host-config and checks a ClusterQueue against it. The
 //! `mpc` crate is the shell around them: servers, Kubernetes, SSH, the cloud, metrics.
 
 pub mod admission;
 pub mod config;
 pub mod contract;
 pub mod duration;
+pub mod kueue;
 pub mod platform;
 pub mod scheduler;
 pub mod simulate;
