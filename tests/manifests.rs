@@ -481,7 +481,8 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
     // tests/fixtures/namespace-overlay sets only `namespace: build-hosts`.
     let o = render(&repo().join("tests/fixtures/namespace-overlay"));
     let ns = "build-hosts";
-    let sa = s(&pod_spec(&o, CONTROLLER)["serviceAccountName"]);
+    let pod = pod_spec(&o, CONTROLLER);
+    let sa = s(&pod["serviceAccountName"]);
     assert_eq!(
         s(&o[&format!("ServiceAccount/{sa}")]["metadata"]["namespace"]),
         ns
@@ -515,7 +516,7 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
     let values = strings(&excluded["values"]);
     assert!(values.contains(&ns) && !values.contains(&NAMESPACE), "{values:?}");
     assert_eq!(
-        flags(&pod_spec(&o, CONTROLLER))["otp-url"],
+        flags(&pod)["otp-url"],
         format!("https://mpc-otp.{ns}.svc")
     );
     // Nowhere else either (the base's namespace name survives only as object names, the Lease
@@ -525,7 +526,7 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
         all_strings(obj, &mut found);
         for text in found {
             assert!(!text.contains("$(MPC_"), "{key}: unresolved var in {text}");
-            for pattern in [format!(":{NAMESPACE}:"), format!(".{NAMESPACE}.")] {
+            for pattern in [format!(":{NAMESPACE}:"), format!(".{NAMESPACE}.svc")] {
                 assert!(!text.contains(&pattern), "{key}: {text}");
             }
         }
