@@ -510,15 +510,17 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
     }
     // The webhook leaves the controller's own namespace alone, and the controller reaches the
     // OTP Service in it.
-    let excluded = &seq(&o["MutatingWebhookConfiguration/multi-platform-controller"]["webhooks"]
-        [0]["namespaceSelector"]["matchExpressions"])[0];
+    let excluded = &seq(
+        &o["MutatingWebhookConfiguration/multi-platform-controller"]["webhooks"][0]["namespaceSelector"]
+            ["matchExpressions"],
+    )[0];
     assert_eq!(s(&excluded["operator"]), "NotIn");
     let values = strings(&excluded["values"]);
-    assert!(values.contains(&ns) && !values.contains(&NAMESPACE), "{values:?}");
-    assert_eq!(
-        flags(&pod)["otp-url"],
-        format!("https://mpc-otp.{ns}.svc")
+    assert!(
+        values.contains(&ns) && !values.contains(&NAMESPACE),
+        "{values:?}"
     );
+    assert_eq!(flags(&pod)["otp-url"], format!("https://mpc-otp.{ns}.svc"));
     // Nowhere else either (the base's namespace name survives only as object names, the Lease
     // among them), and no var is left unresolved.
     for (key, obj) in &o {

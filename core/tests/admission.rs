@@ -413,7 +413,8 @@ fn an_ignored_taskrun_loses_our_finalizer_unless_it_carries_the_platform_label()
 
     // With the label the controller watches it and removes the finalizer itself: kept.
     let mut request: Value = serde_json::from_slice(&fixture("unearned-finalizer")).unwrap();
-    request["request"]["object"]["metadata"]["labels"][TARGET_PLATFORM_LABEL] = json!("linux-arm64");
+    request["request"]["object"]["metadata"]["labels"][TARGET_PLATFORM_LABEL] =
+        json!("linux-arm64");
     let case = run_bytes(&serde_json::to_vec(&request).unwrap(), &config());
     assert_eq!(
         case.reviewed.decision,

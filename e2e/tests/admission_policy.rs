@@ -350,7 +350,10 @@ async fn at_create_controller_keys_are_refused_and_webhook_keys_pass() {
     );
     inline.data["spec"]["taskSpec"] = json!({"steps": [{"name": "s", "image": "busybox"}]});
     let r = tenant.create(&pp, &inline).await.unwrap();
-    assert_eq!(r.metadata.finalizers.unwrap_or_default(), ["example.com/mine"]);
+    assert_eq!(
+        r.metadata.finalizers.unwrap_or_default(),
+        ["example.com/mine"]
+    );
     assert!(
         !r.metadata
             .labels
@@ -542,16 +545,20 @@ async fn grant(s: &ApiServer, name: &str, namespace: Option<&str>, rules: Value,
         None => json!({"name": n}),
         Some(ns) => json!({"name": n, "namespace": ns}),
     };
-    s.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": role,
-        "metadata": meta(name), "rules": rules}))
-        .await
-        .unwrap();
-    s.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding,
+    s.create(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": role,
+        "metadata": meta(name), "rules": rules}),
+    )
+    .await
+    .unwrap();
+    s.create(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding,
         "metadata": meta(name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role, "name": name},
-        "subjects": [subject]}))
-        .await
-        .unwrap();
+        "subjects": [subject]}),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -596,7 +603,11 @@ async fn a_stuck_finalizer_is_removed_by_cluster_administrators_and_the_document
     let kubeadmin = taskruns_as(&s, "kube:admin;groups=system:cluster-admins").await;
     let bob = taskruns_as(&s, "bob").await;
     // The group the shipped ClusterRoleBinding names (taskrun-policy.yaml).
-    let oncall = taskruns_as(&s, "carol;groups=multi-platform-controller-finalizer-admins").await;
+    let oncall = taskruns_as(
+        &s,
+        "carol;groups=multi-platform-controller-finalizer-admins",
+    )
+    .await;
     let tenant = taskruns_as(&s, TENANT).await;
     let tekton = taskruns_as(&s, TEKTON).await;
     let pp = PatchParams::default();

@@ -130,7 +130,14 @@ pub(super) fn strip_unearned_finalizer(patch: &mut Patch, meta: Option<&Metadata
     if labelled {
         return;
     }
-    for (i, f) in meta.finalizers.as_deref().unwrap_or_default().iter().enumerate().rev() {
+    for (i, f) in meta
+        .finalizers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .rev()
+    {
         if &**f == contract::FINALIZER {
             patch.remove(format!("/metadata/finalizers/{i}"));
         }

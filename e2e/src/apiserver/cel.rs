@@ -819,7 +819,9 @@ mod tests {
             Ok(json!(true))
         );
         assert_eq!(
-            ev("authorizer.group('').resource('pods').subresource('log').namespace(request.namespace).name('p').check('get').allowed() || false"),
+            ev(
+                "authorizer.group('').resource('pods').subresource('log').namespace(request.namespace).name('p').check('get').allowed() || false"
+            ),
             Ok(json!(false))
         );
         assert_eq!(

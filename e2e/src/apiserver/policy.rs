@@ -213,9 +213,8 @@ fn evaluate(
         };
         auth::allowed(&shared.lock(), a.user, &attributes)
     };
-    let eval = |expr: &cel::Expr, vars: &[(&str, Value)]| {
-        cel::eval_with(expr, vars, Some(&authorize))
-    };
+    let eval =
+        |expr: &cel::Expr, vars: &[(&str, Value)]| cel::eval_with(expr, vars, Some(&authorize));
     let eval_bool = |expr: &cel::Expr, vars: &[(&str, Value)]| {
         eval(expr, vars).and_then(|v| {
             v.as_bool()
