@@ -467,6 +467,27 @@ fn all_strings<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
     }
 }
 
+/// Paths (`a.b.0.c`) of every `namespace:` field in `v` whose value is `ns`.
+fn namespace_fields(v: &Value, ns: &str, path: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Sequence(q) => {
+            for (i, item) in q.iter().enumerate() {
+                namespace_fields(item, ns, &format!("{path}.{i}"), out);
+            }
+        }
+        Value::Mapping(m) => {
+            for (k, item) in m {
+                let key = k.as_str().unwrap_or_default();
+                if key == "namespace" && item.as_str() == Some(ns) {
+                    out.push(format!("{path}.{key}"));
+                }
+                namespace_fields(item, ns, &format!("{path}.{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The CEL expressions of a ValidatingAdmissionPolicy: matchConditions, variables, validations.
 fn policy_expressions(policy: &Value) -> Vec<&str> {
     ["matchConditions", "variables", "validations"]
@@ -521,6 +542,23 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
         "{values:?}"
     );
     assert_eq!(flags(&pod)["otp-url"], format!("https://mpc-otp.{ns}.svc"));
+    // The controller's bindings still name its ServiceAccount, where it now is; the webhook's
+    // Service is found there too.
+    for binding in [
+        "ClusterRoleBinding/multi-platform-controller",
+        "RoleBinding/multi-platform-controller",
+    ] {
+        let subject = &seq(&o[binding]["subjects"])[0];
+        assert_eq!(
+            (s(&subject["name"]), s(&subject["namespace"])),
+            (sa, ns),
+            "{binding}"
+        );
+    }
+    let service = &o["MutatingWebhookConfiguration/multi-platform-controller"]["webhooks"][0]["clientConfig"]
+        ["service"];
+    assert_eq!(s(&service["namespace"]), ns);
+    assert!(o.contains_key(&format!("Service/{}", s(&service["name"]))));
     // Nowhere else either (the base's namespace name survives only as object names, the Lease
     // among them), and no var is left unresolved.
     for (key, obj) in &o {
@@ -532,9 +570,9 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
                 assert!(!text.contains(&pattern), "{key}: {text}");
             }
         }
-        if let Some(n) = obj["metadata"].get("namespace") {
-            assert_eq!(s(n), ns, "{key}");
-        }
+        let mut left = Vec::new();
+        namespace_fields(obj, NAMESPACE, "", &mut left);
+        assert!(left.is_empty(), "{key} still names {NAMESPACE} at {left:?}");
     }
 }
 
