@@ -233,6 +233,8 @@ fn base_renders_the_controller_and_otp_server_consistently() {
         kinds(&o),
         [
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
             "Deployment",
@@ -449,6 +451,129 @@ fn otp_server_is_one_writer_on_its_own_volume_without_an_api_token() {
         mpc::duration::parse_nonzero(&f["ttl"]).unwrap().as_secs(),
         24 * 3600
     );
+}
+
+/// Every string in `v`, recursively (keys too).
+fn all_strings<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+    match v {
+        Value::String(x) => out.push(x),
+        Value::Sequence(q) => q.iter().for_each(|i| all_strings(i, out)),
+        Value::Mapping(m) => m.iter().for_each(|(k, i)| {
+            all_strings(k, out);
+            all_strings(i, out);
+        }),
+        Value::Tagged(t) => all_strings(&t.value, out),
+        _ => {}
+    }
+}
+
+/// Paths (`a.b.0.c`) of every `namespace:` field in `v` whose value is `ns`.
+fn namespace_fields(v: &Value, ns: &str, path: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Sequence(q) => {
+            for (i, item) in q.iter().enumerate() {
+                namespace_fields(item, ns, &format!("{path}.{i}"), out);
+            }
+        }
+        Value::Mapping(m) => {
+            for (k, item) in m {
+                let key = k.as_str().unwrap_or_default();
+                if key == "namespace" && item.as_str() == Some(ns) {
+                    out.push(format!("{path}.{key}"));
+                }
+                namespace_fields(item, ns, &format!("{path}.{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The CEL expressions of a ValidatingAdmissionPolicy: matchConditions, variables, validations.
+fn policy_expressions(policy: &Value) -> Vec<&str> {
+    ["matchConditions", "variables", "validations"]
+        .iter()
+        .flat_map(|k| seq(&policy["spec"][*k]))
+        .map(|e| s(&e["expression"]))
+        .collect()
+}
+
+#[test]
+fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() {
+    // tests/fixtures/namespace-overlay sets only `namespace: build-hosts`.
+    let o = render(&repo().join("tests/fixtures/namespace-overlay"));
+    let ns = "build-hosts";
+    let pod = pod_spec(&o, CONTROLLER);
+    let sa = s(&pod["serviceAccountName"]);
+    assert_eq!(
+        s(&o[&format!("ServiceAccount/{sa}")]["metadata"]["namespace"]),
+        ns
+    );
+    let controller = format!("'system:serviceaccount:{ns}:{sa}'");
+    for policy in [
+        "ValidatingAdmissionPolicy/multi-platform-controller-taskruns",
+        "ValidatingAdmissionPolicy/multi-platform-controller-secrets",
+    ] {
+        let exprs = policy_expressions(&o[policy]);
+        let naming: Vec<&&str> = exprs
+            .iter()
+            .filter(|e| e.contains("system:serviceaccount:"))
+            .collect();
+        assert!(!naming.is_empty(), "{policy} names no ServiceAccount");
+        for e in naming {
+            assert!(e.contains(&controller), "{policy}: {e}");
+        }
+        for e in &exprs {
+            assert!(
+                !e.contains(&format!(":{NAMESPACE}:")) && !e.contains("$("),
+                "{policy}: {e}"
+            );
+        }
+    }
+    // The webhook leaves the controller's own namespace alone, and the controller reaches the
+    // OTP Service in it.
+    let excluded = &seq(
+        &o["MutatingWebhookConfiguration/multi-platform-controller"]["webhooks"][0]["namespaceSelector"]
+            ["matchExpressions"],
+    )[0];
+    assert_eq!(s(&excluded["operator"]), "NotIn");
+    let values = strings(&excluded["values"]);
+    assert!(
+        values.contains(&ns) && !values.contains(&NAMESPACE),
+        "{values:?}"
+    );
+    assert_eq!(flags(&pod)["otp-url"], format!("https://mpc-otp.{ns}.svc"));
+    // The controller's bindings still name its ServiceAccount, where it now is; the webhook's
+    // Service is found there too.
+    for binding in [
+        "ClusterRoleBinding/multi-platform-controller",
+        "RoleBinding/multi-platform-controller",
+    ] {
+        let subject = &seq(&o[binding]["subjects"])[0];
+        assert_eq!(
+            (s(&subject["name"]), s(&subject["namespace"])),
+            (sa, ns),
+            "{binding}"
+        );
+    }
+    let service = &o["MutatingWebhookConfiguration/multi-platform-controller"]["webhooks"][0]["clientConfig"]
+        ["service"];
+    assert_eq!(s(&service["namespace"]), ns);
+    assert!(o.contains_key(&format!("Service/{}", s(&service["name"]))));
+    // Nowhere else either (the base's namespace name survives only as object names, the Lease
+    // among them), and no var is left unresolved.
+    for (key, obj) in &o {
+        let mut found = Vec::new();
+        all_strings(obj, &mut found);
+        for text in found {
+            assert!(!text.contains("$(MPC_"), "{key}: unresolved var in {text}");
+            for pattern in [format!(":{NAMESPACE}:"), format!(".{NAMESPACE}.svc")] {
+                assert!(!text.contains(&pattern), "{key}: {text}");
+            }
+        }
+        let mut left = Vec::new();
+        namespace_fields(obj, NAMESPACE, "", &mut left);
+        assert!(left.is_empty(), "{key} still names {NAMESPACE} at {left:?}");
+    }
 }
 
 /// `(apiGroup, resource, resourceNames, verbs)` of every rule of a Role or ClusterRole.

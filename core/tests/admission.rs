@@ -392,6 +392,38 @@ fn controller_only_keys_are_removed_from_taskruns_the_webhook_otherwise_ignores(
 }
 
 #[test]
+fn an_ignored_taskrun_loses_our_finalizer_unless_it_carries_the_platform_label() {
+    // An inline Task that mounts no multi-platform secret, created with our finalizer (twice) next
+    // to its own: no label is added, so the controller would never remove ours.
+    let case = run("unearned-finalizer", &config());
+    assert_eq!(
+        case.reviewed.decision,
+        Decision::Ignored(IgnoreReason::NoSecretVolume)
+    );
+    assert_eq!(
+        case.ops(),
+        [
+            json!({"op": "remove", "path": "/metadata/finalizers/2"}),
+            json!({"op": "remove", "path": "/metadata/finalizers/0"}),
+        ]
+    );
+    let mut expected = case.object();
+    expected["metadata"]["finalizers"] = json!(["example.com/tenant-cleanup"]);
+    assert_eq!(case.patched, expected);
+
+    // With the label the controller watches it and removes the finalizer itself: kept.
+    let mut request: Value = serde_json::from_slice(&fixture("unearned-finalizer")).unwrap();
+    request["request"]["object"]["metadata"]["labels"][TARGET_PLATFORM_LABEL] =
+        json!("linux-arm64");
+    let case = run_bytes(&serde_json::to_vec(&request).unwrap(), &config());
+    assert_eq!(
+        case.reviewed.decision,
+        Decision::Ignored(IgnoreReason::NoSecretVolume)
+    );
+    assert_eq!(case.ops(), Vec::<Value>::new());
+}
+
+#[test]
 fn ignored_requests_are_allowed_untouched() {
     for (name, reason) in [
         ("no-platform", IgnoreReason::NoPlatform),

@@ -4,8 +4,12 @@
 //!
 //! - TaskRuns (taskrun-policy.yaml): at CREATE the keys only the controller writes are refused
 //!   and `allocation-start-time` must be the creation time, while what our real mutating webhook
-//!   adds passes; on UPDATE only the controller may change its labels, annotations and
-//!   finalizer, and Tekton's controller and tenants may change everything else.
+//!   adds passes, and our finalizer needs the `target-platform` label (without it nobody could
+//!   ever remove it); on UPDATE only the controller may change its labels, annotations and
+//!   finalizer, and Tekton's controller and tenants may change everything else. A stuck
+//!   finalizer is removed by a cluster administrator of any kind (an OpenShift cluster-admin is
+//!   not in `system:masters`) or a member of the documented break-glass group, never by a
+//!   namespace administrator.
 //! - Secrets (secret-policy.yaml, rbac.yaml): the controller may write only its own
 //!   `multi-platform-ssh-*` Secrets, may not read, list or watch Secrets outside its namespace,
 //!   and has no rights its roles do not grant.
@@ -101,7 +105,8 @@ const CONTROLLER_ANNOTATIONS_AT_CREATE: &str = "annotations build.appstudio.redh
 const START_TIME: &str = "annotation build.appstudio.redhat.com/allocation-start-time must be the unix time of the TaskRun's creation (the multi-platform controller's webhook sets it)";
 const LABELS_ON_UPDATE: &str = "only the multi-platform controller may change the labels build.appstudio.redhat.com/target-platform, assigned-host and waiting-for-platform";
 const ANNOTATIONS_ON_UPDATE: &str = "only the multi-platform controller may change the annotations build.appstudio.redhat.com/cloud-instance-id, cloud-address, failed-hosts, multi-platform-proof and allocation-start-time";
-const FINALIZER_ON_UPDATE: &str = "only the multi-platform controller may add or remove the finalizer appstudio.io/multi-platform-finalizer";
+const FINALIZER_ON_UPDATE: &str = "only the multi-platform controller may add or remove the finalizer appstudio.io/multi-platform-finalizer (an administrator removes a stuck one with the verb remove-multi-platform-finalizer on taskruns.tekton.dev, granted cluster-wide)";
+const FINALIZER_AT_CREATE: &str = "the finalizer appstudio.io/multi-platform-finalizer needs the label build.appstudio.redhat.com/target-platform, by which the multi-platform controller finds the TaskRuns whose finalizer it removes";
 
 /// Our real webhook (the core's review, with a static linux/arm64 host), on loopback.
 async fn real_webhook(s: &ApiServer) -> TestWebhook {
@@ -252,6 +257,51 @@ async fn at_create_controller_keys_are_refused_and_webhook_keys_pass() {
         .await
         .unwrap();
 
+    // Our finalizer without the label the controller finds TaskRuns by: nobody could ever remove
+    // it, so the TaskRun could never be deleted. Refused, for a tenant and for Tekton alike.
+    for api in [&tenant, &tekton] {
+        let r = api
+            .create(
+                &pp,
+                &taskrun(
+                    "undeletable",
+                    json!({"app": "x"}),
+                    json!({}),
+                    json!(["example.com/mine", contract::FINALIZER]),
+                ),
+            )
+            .await;
+        assert_eq!(
+            refusal(r),
+            (
+                422,
+                denied_by(
+                    TR_POLICY,
+                    "taskruns.tekton.dev",
+                    "undeletable",
+                    FINALIZER_AT_CREATE
+                )
+            )
+        );
+    }
+    // A TaskRun with none of our keys passes untouched.
+    let plain = tenant
+        .create(
+            &pp,
+            &taskrun(
+                "plain",
+                json!({"app": "x"}),
+                json!({"team": "a"}),
+                json!(["example.com/mine"]),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.metadata.finalizers.unwrap_or_default(),
+        ["example.com/mine"]
+    );
+
     // With our real webhook up, the marks it adds to Tekton's TaskRun at CREATE pass the policy
     // (which runs after it); a forged key never reaches it: the webhook removes it.
     let hook = real_webhook(&s).await;
@@ -290,6 +340,26 @@ async fn at_create_controller_keys_are_refused_and_webhook_keys_pass() {
         "{labels:?}"
     );
     assert_eq!(labels[contract::TARGET_PLATFORM_LABEL], "linux-arm64");
+    // A TaskRun the webhook sees but leaves unmarked (an inline Task that mounts no
+    // multi-platform secret) loses our finalizer there, so the policy has nothing to refuse.
+    let mut inline = taskrun(
+        "unmarked",
+        json!({}),
+        json!({}),
+        json!([contract::FINALIZER, "example.com/mine"]),
+    );
+    inline.data["spec"]["taskSpec"] = json!({"steps": [{"name": "s", "image": "busybox"}]});
+    let r = tenant.create(&pp, &inline).await.unwrap();
+    assert_eq!(
+        r.metadata.finalizers.unwrap_or_default(),
+        ["example.com/mine"]
+    );
+    assert!(
+        !r.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(contract::TARGET_PLATFORM_LABEL)
+    );
 }
 
 /// A merge patch of metadata.
@@ -463,6 +533,148 @@ async fn on_update_only_the_controller_changes_its_keys() {
         .await
         .unwrap();
     assert!(admin.get_opt("tr").await.unwrap().is_none());
+}
+
+/// A ClusterRole or Role of `rules`, bound (cluster-wide, or in `namespace`) to `subject`.
+async fn grant(s: &ApiServer, name: &str, namespace: Option<&str>, rules: Value, subject: Value) {
+    let (role, binding) = match namespace {
+        None => ("ClusterRole", "ClusterRoleBinding"),
+        Some(_) => ("Role", "RoleBinding"),
+    };
+    let meta = |n: &str| match namespace {
+        None => json!({"name": n}),
+        Some(ns) => json!({"name": n, "namespace": ns}),
+    };
+    s.create(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": role,
+        "metadata": meta(name), "rules": rules}),
+    )
+    .await
+    .unwrap();
+    s.create(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding,
+        "metadata": meta(name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role, "name": name},
+        "subjects": [subject]}),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_stuck_finalizer_is_removed_by_cluster_administrators_and_the_documented_group_only() {
+    let s = server(
+        false,
+        &[
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ClusterRole",
+            "ClusterRoleBinding",
+        ],
+    )
+    .await;
+    // OpenShift's shape: cluster-admin is `*`, bound to the group system:cluster-admins (its
+    // kubeadmin, kube:admin, is in it) and, by `oc adm policy add-cluster-role-to-user`, to
+    // single users. Neither is in system:masters.
+    let everything = json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]);
+    grant(
+        &s,
+        "cluster-admin",
+        None,
+        everything.clone(),
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:cluster-admins"}),
+    )
+    .await;
+    s.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "bob-is-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}]}))
+        .await
+        .unwrap();
+    // A tenant's namespace administrator may do anything in its namespace.
+    grant(
+        &s,
+        "tenant-admin",
+        Some(NS),
+        everything,
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}),
+    )
+    .await;
+    let kubeadmin = taskruns_as(&s, "kube:admin;groups=system:cluster-admins").await;
+    let bob = taskruns_as(&s, "bob").await;
+    // The group the shipped ClusterRoleBinding names (taskrun-policy.yaml).
+    let oncall = taskruns_as(
+        &s,
+        "carol;groups=multi-platform-controller-finalizer-admins",
+    )
+    .await;
+    let tenant = taskruns_as(&s, TENANT).await;
+    let tekton = taskruns_as(&s, TEKTON).await;
+    let pp = PatchParams::default();
+    let drop_ours = || meta_patch(json!({"finalizers": ["example.com/mine"]}));
+
+    for (name, admin) in [("a", &kubeadmin), ("b", &bob), ("c", &oncall)] {
+        tekton
+            .create(
+                &PostParams::default(),
+                &taskrun(
+                    name,
+                    json!({contract::TARGET_PLATFORM_LABEL: "linux-arm64"}),
+                    json!({}),
+                    json!([contract::FINALIZER, "example.com/mine"]),
+                ),
+            )
+            .await
+            .unwrap();
+        tenant.delete(name, &DeleteParams::default()).await.unwrap();
+        // The controller is gone: the namespace administrator still cannot remove it.
+        let r = tenant.patch(name, &pp, &drop_ours()).await;
+        assert_eq!(
+            refusal(r),
+            (
+                422,
+                denied_by(TR_POLICY, "taskruns.tekton.dev", name, FINALIZER_ON_UPDATE)
+            )
+        );
+        // A cluster administrator, or a member of the break-glass group, can.
+        let left = admin.patch(name, &pp, &drop_ours()).await.unwrap();
+        assert_eq!(
+            left.metadata.finalizers.unwrap_or_default(),
+            ["example.com/mine"],
+            "{name}"
+        );
+    }
+
+    // The break-glass group removes the finalizer, and nothing else of the controller's.
+    tekton
+        .create(
+            &PostParams::default(),
+            &taskrun(
+                "live",
+                json!({contract::TARGET_PLATFORM_LABEL: "linux-arm64"}),
+                json!({}),
+                json!([]),
+            ),
+        )
+        .await
+        .unwrap();
+    let refused = |what: &str| denied_by(TR_POLICY, "taskruns.tekton.dev", "live", what);
+    let r = oncall
+        .patch(
+            "live",
+            &pp,
+            &meta_patch(json!({"finalizers": [contract::FINALIZER]})),
+        )
+        .await;
+    assert_eq!(refusal(r).1, refused(FINALIZER_ON_UPDATE), "adding it");
+    let r = oncall
+        .patch(
+            "live",
+            &pp,
+            &meta_patch(json!({"labels": {contract::ASSIGNED_HOST_LABEL: "h1"}})),
+        )
+        .await;
+    assert_eq!(refusal(r).1, refused(LABELS_ON_UPDATE));
 }
 
 /// A Secret; `owner`: the UID of a TaskRun `tr` owning it (it must exist: the API server's

@@ -13,7 +13,9 @@
 //! - every TaskRun: the labels and annotations only the controller writes (`assigned-host`,
 //!   `waiting-for-platform`, `failed-hosts`, `cloud-instance-id`, `cloud-address`) are removed.
 //!   Tenants write TaskRun metadata (through a pipeline task's metadata too), so at creation these
-//!   can only be forged: recovery would rebuild allocations from them.
+//!   can only be forged: recovery would rebuild allocations from them;
+//! - an ignored TaskRun (left without `target-platform`): the finalizer is removed, which only
+//!   the controller may remove later and which it would never see without the label.
 //!
 //! The target-platform label value is the platform with `/` → `-` when that is a valid Kubernetes
 //! label value, else [`INVALID_PLATFORM_LABEL`] (the API server would reject the TaskRun otherwise;
@@ -340,7 +342,11 @@ fn judge(
     // if its creator also labels it as ours.
     let mut ops = patch::Patch::default();
     patch::strip_controller_keys(&mut ops, meta);
-    let ignore = |why, ops| (Decision::Ignored(why), Verdict::Patch(ops, Vec::new()));
+    // An ignored TaskRun gets no label, so it may not keep our finalizer either.
+    let ignore = |why, mut ops| {
+        patch::strip_unearned_finalizer(&mut ops, meta);
+        (Decision::Ignored(why), Verdict::Patch(ops, Vec::new()))
+    };
     if meta
         .and_then(|m| m.labels.as_ref())
         .and_then(|l| l.get(contract::TASK_TYPE_LABEL))

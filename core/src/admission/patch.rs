@@ -117,6 +117,33 @@ pub(super) fn strip_controller_keys(patch: &mut Patch, meta: Option<&MetadataIn<
     }
 }
 
+/// Removes our finalizer from a TaskRun left without the `target-platform` label: the controller
+/// finds the TaskRuns whose finalizer it removes by that label, and nobody else may remove it
+/// (manifests/taskrun-policy.yaml), so such a TaskRun could never be deleted. Every occurrence,
+/// last first, so earlier indices stay valid.
+pub(super) fn strip_unearned_finalizer(patch: &mut Patch, meta: Option<&MetadataIn<'_>>) {
+    let Some(meta) = meta else { return };
+    let labelled = meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(contract::TARGET_PLATFORM_LABEL).is_some());
+    if labelled {
+        return;
+    }
+    for (i, f) in meta
+        .finalizers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .rev()
+    {
+        if &**f == contract::FINALIZER {
+            patch.remove(format!("/metadata/finalizers/{i}"));
+        }
+    }
+}
+
 /// What a remote (or unknown) platform's TaskRun must carry.
 pub(super) struct RemoteMarks<'a> {
     /// `target-platform` label value.

@@ -6,8 +6,9 @@
 //! user `system:serviceaccount:<ns>:<name>` is in `system:serviceaccounts`,
 //! `system:serviceaccounts:<ns>` and `system:authenticated`; the harness's own users
 //! ([`KUBECONFIG_USER`](super::KUBECONFIG_USER), [`HARNESS_USER`](super::HARNESS_USER)) are
-//! cluster administrators (`system:masters`); any other token is an ordinary authenticated user;
-//! no token is `system:anonymous` in `system:unauthenticated`.
+//! cluster administrators (`system:masters`); any other token is an ordinary authenticated user,
+//! and `<user>;groups=<g1>,<g2>` one in those groups too (as an OIDC or OpenShift OAuth
+//! authenticator would say); no token is `system:anonymous` in `system:unauthenticated`.
 //!
 //! The authorizer evaluates the Roles, ClusterRoles and their bindings in the store per request,
 //! as the RBAC authorizer does (no aggregation rules, no non-resource URLs), and answers 403 with
@@ -32,6 +33,12 @@ pub struct UserInfo {
 impl UserInfo {
     /// The user a bearer token names, with the groups kube-apiserver would give it.
     pub fn from_token(user: &str) -> Self {
+        if let Some((name, groups)) = user.split_once(";groups=") {
+            let mut info = Self::from_token(name);
+            let given = groups.split(',').filter(|g| !g.is_empty() && *g != MASTERS);
+            info.groups.extend(given.map(str::to_owned));
+            return info;
+        }
         let groups: Vec<&str> = if user == ANONYMOUS {
             vec!["system:unauthenticated"]
         } else if let Some((ns, _)) = user
@@ -227,6 +234,13 @@ mod tests {
         );
         assert!(!sa.is_admin());
         assert!(!UserInfo::from_token("alice").is_admin());
+        let admin = UserInfo::from_token("kube:admin;groups=system:cluster-admins,system:masters");
+        assert_eq!(admin.username, "kube:admin");
+        assert_eq!(
+            admin.groups,
+            ["system:authenticated", "system:cluster-admins"],
+            "never system:masters from a token"
+        );
         assert!(UserInfo::harness().is_admin());
         assert_eq!(
             UserInfo::from_token(ANONYMOUS).groups,

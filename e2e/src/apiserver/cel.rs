@@ -2,8 +2,11 @@
 //! (lists, maps), `object`/`oldObject`/`request`/`variables` field access (`.`, `[...]`,
 //! `has()`), `== != < <= > >= in`, `+ -` (integers, strings, lists), `&& || !`, `? :`, `size()`,
 //! `startsWith`/`endsWith`/`contains`/`matches`, `int()`, `string()`, `timestamp()` (only
-//! converted back to unix seconds with `int()`), and the `exists`/`all`/`exists_one` macros.
-//! Expressions outside the subset are refused when they are parsed, never silently misjudged.
+//! converted back to unix seconds with `int()`), the `exists`/`all`/`exists_one` macros, and
+//! resource checks of the `authorizer` (`authorizer.group(g).resource(r)`, optionally
+//! `.subresource(s)`, `.namespace(n)`, `.name(n)`, then `.check(verb).allowed()`), answered by the
+//! caller's [`Authorize`]. Expressions outside the subset are refused when they are parsed, never
+//! silently misjudged.
 
 use serde_json::Value;
 
@@ -34,7 +37,36 @@ pub enum Expr {
     List(Vec<Expr>),
     /// `{k: v}`.
     Map(Vec<(Expr, Expr)>),
+    /// `authorizer.group(..).resource(..)[.subresource(..)][.namespace(..)][.name(..)]
+    /// .check(verb).allowed()`.
+    Allowed(Box<CheckExpr>),
 }
+
+/// The arguments of an authorizer resource check, as parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckExpr {
+    group: Expr,
+    resource: Expr,
+    subresource: Option<Expr>,
+    namespace: Option<Expr>,
+    name: Option<Expr>,
+    verb: Expr,
+}
+
+/// An authorizer resource check, evaluated: what [`Authorize`] is asked. No namespace is a
+/// cluster-wide check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub group: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub verb: String,
+}
+
+/// Answers the `authorizer` checks of an expression: whether the request's user is allowed.
+pub type Authorize<'a> = &'a dyn Fn(&Check) -> bool;
 
 /// The key of the one-entry JSON object that stands for a CEL timestamp (unix seconds): no
 /// Kubernetes object has a key starting with a NUL.
@@ -301,6 +333,7 @@ impl Parser {
                         _ => Err("has() needs a field selection argument".into()),
                     }
                 }
+                "authorizer" => self.authorizer_check(),
                 "size" | "int" | "string" | "timestamp" if self.peek_op("(") => {
                     self.pos += 1;
                     let a = self.args()?;
@@ -313,6 +346,53 @@ impl Parser {
             },
             Tok::Op(o) => Err(format!("unexpected {o:?}")),
         }
+    }
+}
+
+impl Parser {
+    /// `.method(arg)` when the next method is `name`.
+    fn method_arg(&mut self, name: &str) -> Result<Option<Expr>, String> {
+        let is_next = self.peek_op(".")
+            && matches!(self.toks.get(self.pos + 1), Some(Tok::Ident(m)) if m == name)
+            && matches!(self.toks.get(self.pos + 2), Some(Tok::Op("(")));
+        if !is_next {
+            return Ok(None);
+        }
+        self.pos += 3;
+        let e = self.expr()?;
+        self.expect(")")?;
+        Ok(Some(e))
+    }
+
+    /// The rest of `authorizer...allowed()`, after `authorizer`: only resource checks.
+    fn authorizer_check(&mut self) -> Result<Expr, String> {
+        let unsupported = || {
+            "only authorizer.group(..).resource(..)[.subresource(..)][.namespace(..)][.name(..)]\
+             .check(..).allowed() is supported by this test API server"
+                .to_owned()
+        };
+        let group = self.method_arg("group")?.ok_or_else(unsupported)?;
+        let resource = self.method_arg("resource")?.ok_or_else(unsupported)?;
+        let subresource = self.method_arg("subresource")?;
+        let namespace = self.method_arg("namespace")?;
+        let name = self.method_arg("name")?;
+        let verb = self.method_arg("check")?.ok_or_else(unsupported)?;
+        if !(self.eat_op(".")
+            && matches!(self.toks.get(self.pos), Some(Tok::Ident(m)) if m == "allowed"))
+        {
+            return Err(unsupported());
+        }
+        self.pos += 1;
+        self.expect("(")?;
+        self.expect(")")?;
+        Ok(Expr::Allowed(Box::new(CheckExpr {
+            group,
+            resource,
+            subresource,
+            namespace,
+            name,
+            verb,
+        })))
     }
 }
 
@@ -329,10 +409,14 @@ pub fn parse(src: &str) -> Result<Expr, String> {
     Ok(e)
 }
 
-type Env<'a> = Vec<(String, Value)>;
+struct Env<'a> {
+    vars: Vec<(String, Value)>,
+    authorize: Option<Authorize<'a>>,
+}
 
 fn lookup(env: &Env<'_>, name: &str) -> Result<Value, String> {
-    env.iter()
+    env.vars
+        .iter()
         .rev()
         .find(|(n, _)| n == name)
         .map(|(_, v)| v.clone())
@@ -481,9 +565,9 @@ fn eval_in(e: &Expr, env: &mut Env<'_>) -> Result<Value, String> {
             let mut hits = 0usize;
             let mut first_err = None;
             for item in items {
-                env.push((var.clone(), item));
+                env.vars.push((var.clone(), item));
                 let r = eval_in(body, env).and_then(|v| truthy(&v));
-                env.pop();
+                env.vars.pop();
                 match r {
                     Ok(true) => hits += 1,
                     Ok(false) if name == "all" => return Ok(Value::Bool(false)),
@@ -502,6 +586,24 @@ fn eval_in(e: &Expr, env: &mut Env<'_>) -> Result<Value, String> {
                 "all" => true,
                 _ => hits == 1,
             })
+        }
+        Expr::Allowed(c) => {
+            let mut text = |e: &Expr| match eval_in(e, env)? {
+                Value::String(s) => Ok(s),
+                other => Err(format!("no such overload: authorizer argument {other}")),
+            };
+            let check = Check {
+                group: text(&c.group)?,
+                resource: text(&c.resource)?,
+                subresource: c.subresource.as_ref().map(&mut text).transpose()?,
+                namespace: c.namespace.as_ref().map(&mut text).transpose()?,
+                name: c.name.as_ref().map(&mut text).transpose()?,
+                verb: text(&c.verb)?,
+            };
+            let authorize = env
+                .authorize
+                .ok_or("undeclared reference to \"authorizer\"")?;
+            Value::Bool(authorize(&check))
         }
         Expr::List(items) => Value::Array(
             items
@@ -570,10 +672,23 @@ pub fn eval_bool(expr: &Expr, vars: &[(&str, Value)]) -> Result<bool, String> {
 
 /// Evaluates `expr` with `vars` bound.
 pub fn eval(expr: &Expr, vars: &[(&str, Value)]) -> Result<Value, String> {
-    let mut env: Env<'_> = vars
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), v.clone()))
-        .collect();
+    eval_with(expr, vars, None)
+}
+
+/// Evaluates `expr` with `vars` bound and `authorizer` checks answered by `authorize` (without
+/// one, an expression using `authorizer` fails).
+pub fn eval_with(
+    expr: &Expr,
+    vars: &[(&str, Value)],
+    authorize: Option<Authorize<'_>>,
+) -> Result<Value, String> {
+    let mut env = Env {
+        vars: vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect(),
+        authorize,
+    };
     eval_in(expr, &mut env)
 }
 
@@ -686,10 +801,63 @@ mod tests {
     }
 
     #[test]
+    fn authorizer_checks_are_asked_of_the_caller() {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let authorize = |c: &Check| {
+            asked.borrow_mut().push(c.clone());
+            c.verb == "approve"
+        };
+        let ev = |src: &str| {
+            eval_with(
+                &parse(src).unwrap(),
+                &[("request", json!({"namespace": "ns"}))],
+                Some(&authorize),
+            )
+        };
+        assert_eq!(
+            ev("authorizer.group('tekton.dev').resource('taskruns').check('approve').allowed()"),
+            Ok(json!(true))
+        );
+        assert_eq!(
+            ev(
+                "authorizer.group('').resource('pods').subresource('log').namespace(request.namespace).name('p').check('get').allowed() || false"
+            ),
+            Ok(json!(false))
+        );
+        assert_eq!(
+            asked.borrow().clone(),
+            [
+                Check {
+                    group: "tekton.dev".into(),
+                    resource: "taskruns".into(),
+                    subresource: None,
+                    namespace: None,
+                    name: None,
+                    verb: "approve".into()
+                },
+                Check {
+                    group: String::new(),
+                    resource: "pods".into(),
+                    subresource: Some("log".into()),
+                    namespace: Some("ns".into()),
+                    name: Some("p".into()),
+                    verb: "get".into()
+                }
+            ]
+        );
+        // Without an authorizer (webhook matchConditions here), using it fails.
+        let e = parse("authorizer.group('').resource('pods').check('get').allowed()").unwrap();
+        assert!(eval(&e, &[]).is_err());
+    }
+
+    #[test]
     fn unsupported_is_refused_at_parse() {
         assert!(parse("object.metadata.name.lowerAscii()").is_err());
         assert!(parse("size(object.a) * 2 > 2").is_err());
         assert!(parse("authorizer.requestResource.check('x').allowed()").is_err());
+        assert!(parse("authorizer.group('').resource('pods').check('get')").is_err());
+        assert!(parse("authorizer.group('').resource('pods').check('get').reason()").is_err());
+        assert!(parse("authorizer.serviceAccount('ns', 'sa').group('').resource('pods').check('get').allowed()").is_err());
         assert!(parse("'a' ==").is_err());
     }
 }

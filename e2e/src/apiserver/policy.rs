@@ -6,14 +6,16 @@
 //! ([`cel`]), `failurePolicy`, and only the `Deny` action. A denial is kube-apiserver's: HTTP 422
 //! (or the validation's `reason`), `<resource> "<name>" is forbidden: ValidatingAdmissionPolicy
 //! '<policy>' with binding '<binding>' denied request: <message>`. Parameters (`paramKind`) are
-//! refused rather than ignored.
+//! refused rather than ignored. `authorizer` resource checks are answered by the RBAC objects in
+//! the store, as on a cluster with RBAC authorization, whether or not
+//! [`Options::rbac`](super::Options::rbac) authorizes the requests themselves.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::admission::matched_def;
-use super::auth::UserInfo;
+use super::auth::{self, Attributes, UserInfo};
 use super::resources::ResourceDef;
 use super::selector::LabelSelector;
 use super::status::ApiError;
@@ -171,7 +173,7 @@ pub(crate) fn validate(shared: &Shared, a: &Attempt<'_>) -> Result<(), ApiError>
             ),
             ("params", Value::Null),
         ];
-        evaluate(a, pspec, &names, &mut vars)?;
+        evaluate(shared, a, pspec, &names, &mut vars)?;
     }
     Ok(())
 }
@@ -182,6 +184,7 @@ struct Names<'a> {
 }
 
 fn evaluate(
+    shared: &Shared,
     a: &Attempt<'_>,
     spec: &Value,
     names: &Names<'_>,
@@ -199,6 +202,25 @@ fn evaluate(
             Ok(())
         }
     };
+    let authorize = |c: &cel::Check| {
+        let attributes = Attributes {
+            verb: &c.verb,
+            group: &c.group,
+            resource: &c.resource,
+            subresource: c.subresource.as_deref(),
+            namespace: c.namespace.as_deref(),
+            name: c.name.as_deref(),
+        };
+        auth::allowed(&shared.lock(), a.user, &attributes)
+    };
+    let eval =
+        |expr: &cel::Expr, vars: &[(&str, Value)]| cel::eval_with(expr, vars, Some(&authorize));
+    let eval_bool = |expr: &cel::Expr, vars: &[(&str, Value)]| {
+        eval(expr, vars).and_then(|v| {
+            v.as_bool()
+                .ok_or_else(|| format!("no such overload: expected bool, got {v}"))
+        })
+    };
     let compile = |src: &str| {
         cel::parse(src).map_err(|e| {
             ApiError::internal(format!(
@@ -209,7 +231,7 @@ fn evaluate(
     };
     for mc in spec["matchConditions"].as_array().into_iter().flatten() {
         let expr = compile(mc["expression"].as_str().unwrap_or_default())?;
-        match cel::eval_bool(&expr, vars) {
+        match eval_bool(&expr, vars) {
             Ok(true) => {}
             Ok(false) => return Ok(()),
             Err(e) => {
@@ -227,7 +249,7 @@ fn evaluate(
         let expr = compile(v["expression"].as_str().unwrap_or_default())?;
         vars.retain(|(n, _)| *n != "variables");
         vars.push(("variables", Value::Object(variables.clone())));
-        if let Ok(value) = cel::eval(&expr, vars) {
+        if let Ok(value) = eval(&expr, vars) {
             variables.insert(v["name"].as_str().unwrap_or_default().to_owned(), value);
         }
     }
@@ -237,11 +259,11 @@ fn evaluate(
         let src = v["expression"].as_str().unwrap_or_default();
         let expr = compile(src)?;
         let reason = v["reason"].as_str().unwrap_or_default();
-        match cel::eval_bool(&expr, vars) {
+        match eval_bool(&expr, vars) {
             Ok(true) => {}
             Ok(false) => {
                 let message = match (v["messageExpression"].as_str(), v["message"].as_str()) {
-                    (Some(me), _) => match cel::eval(&compile(me)?, vars) {
+                    (Some(me), _) => match eval(&compile(me)?, vars) {
                         Ok(Value::String(m)) if !m.trim().is_empty() => m,
                         _ => format!("failed expression: {src}"),
                     },
