@@ -891,7 +891,8 @@ async fn two_build_users(
 /// directories for symlinks to a root-owned directory elsewhere and back (rename-exchange, as fast
 /// as it can, for a bounded time). Before the fix `find ... -exec rm -rf {} +` handed rm paths
 /// through B's directories, which rm resolved again, through the symlink: root deleted the victim.
-/// Many of A's files keep the sweep busy while the swaps run.
+/// Many of A's files keep the sweep busy while the swaps run. The test makes B's renames itself:
+/// they happen in a directory B owns, so B may make them.
 #[tokio::test]
 async fn cleanup_never_deletes_through_a_directory_swapped_for_a_symlink_during_the_sweep() {
     use std::os::unix::ffi::OsStrExt;

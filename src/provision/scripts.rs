@@ -585,6 +585,16 @@ mod tests {
         }
     }
 
+    /// The e2e tests that race the cleanup need root; this keeps the rule visible without it: a
+    /// path `find` prints is never handed to a command that resolves it again (`-exec`), only
+    /// removed by `-delete` or acted on from inside its directory (`-execdir`).
+    #[test]
+    fn cleanup_never_hands_found_paths_to_another_command() {
+        assert!(!DEPROVISION.contains("-exec "));
+        assert!(!DEPROVISION.contains("find -L") && !DEPROVISION.contains("-follow"));
+        assert!(DEPROVISION.contains("-o -delete"));
+    }
+
     #[test]
     fn slice_drop_in_text() {
         use crate::config::{BuildUserSettings, CpuQuota, MemoryMax};
