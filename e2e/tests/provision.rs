@@ -1114,27 +1114,71 @@ impl Drop for SubIds {
     }
 }
 
+// glibc's lock of the account files (`/etc/.pwd.lock`), which shadow's tools take first.
+unsafe extern "C" {
+    fn lckpwdf() -> libc::c_int;
+    fn ulckpwdf() -> libc::c_int;
+}
+
+/// Runs `f` holding the locks shadow's tools take on `file`: `lckpwdf`, then `<file>.lock` holding
+/// the holder's pid. useradd and userdel of concurrent tests rewrite the file.
+fn locked<T>(file: &str, f: impl FnOnce() -> T) -> T {
+    use std::io::Write;
+    // SAFETY: no arguments; it waits for the lock (up to 15 s) and returns 0 once held.
+    assert_eq!(unsafe { lckpwdf() }, 0, "lckpwdf");
+    let lock = format!("{file}.lock");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(mut l) => {
+                write!(l, "{}", std::process::id()).unwrap();
+                break;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("locking {file}: {e}"),
+        }
+    }
+    let out = f();
+    std::fs::remove_file(&lock).unwrap();
+    // SAFETY: releases the lock taken above.
+    unsafe { ulckpwdf() };
+    out
+}
+
 fn append(file: &str, line: &str) {
     use std::io::Write;
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(file)
-        .unwrap()
-        .write_all(line.as_bytes())
-        .unwrap();
+    locked(file, || {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(file)
+            .unwrap()
+            .write_all(line.as_bytes())
+            .unwrap()
+    });
 }
 
 fn remove_lines(file: &str, prefix: &str) {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    if text.lines().any(|l| l.starts_with(prefix)) {
-        let kept: String = text
-            .lines()
-            .filter(|l| !l.starts_with(prefix))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        std::fs::write(file, kept).unwrap();
-    }
+    locked(file, || {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with(prefix)) {
+            let kept: String = text
+                .lines()
+                .filter(|l| !l.starts_with(prefix))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            std::fs::write(file, kept).unwrap();
+        }
+    });
 }
 
 fn subid_lines(prefix: &str) -> Vec<String> {

@@ -75,9 +75,11 @@ if ! id -u "$user" >/dev/null 2>&1; then
     rc=$?
     case $rc in
       9) break ;;
-      1|10)
+      # 10: passwd or group file locked; 16, 18: /etc/subuid, /etc/subgid locked (by the cleanup,
+      # which does not take glibc's lock shadow's tools wait for first).
+      1|10|16|18)
         tries=$((tries + 1))
-        [ "$tries" -lt 100 ] || fail 75 "useradd: passwd or group file stayed locked: $out"
+        [ "$tries" -lt 100 ] || fail 75 "useradd: an account file stayed locked: $out"
         sleep 0.05 ;;
       *) fail 75 "useradd exited with $rc: $out" ;;
     esac
@@ -192,14 +194,35 @@ subids() {
   awk -F: -v n="$1" -v id="$2" '($1 == n || $1 == id) && $2 ~ /^[0-9]+$/ && $3 ~ /^[0-9]+$/ &&
     $2 > 0 && $3 > 0 { printf "%.0f-%.0f\n", $2, $2 + $3 - 1 }' "$3"
 }
+# Takes the lock shadow's tools (useradd, userdel) take on file $1: $1.lock, made by a link, holding
+# the holder's pid; one whose holder is gone is stale.
+lock() {
+  printf '%s' "$$" > "$1.mpc-$$" || return 1
+  n=0
+  until ln -- "$1.mpc-$$" "$1.lock" 2>/dev/null; do
+    holder=$(cat -- "$1.lock" 2>/dev/null)
+    case $holder in
+      ''|*[!0-9]*) ;;
+      *) kill -0 "$holder" 2>/dev/null || rm -f -- "$1.lock" ;;
+    esac
+    n=$((n + 1))
+    [ "$n" -lt 100 ] || { rm -f -- "$1.mpc-$$"; return 1; }
+    sleep 0.05
+  done
+  rm -f -- "$1.mpc-$$"
+}
 # Drops the lines of user $1 (and of uid $2 if not empty) from the subordinate ids file $3.
 drop_subids() {
   [ -e "$3" ] || return 0
-  awk -F: -v n="$1" -v id="$2" '$1 == n || (id != "" && $1 == id) { f = 1 } END { exit !f }' "$3" ||
-    return 0
+  has='$1 == n || (id != "" && $1 == id)'
+  awk -F: -v n="$1" -v id="$2" "$has"' { f = 1 } END { exit !f }' "$3" || return 0
+  lock "$3" || return 1
   cp -p -- "$3" "$3.mpc-tmp" &&
-    awk -F: -v n="$1" -v id="$2" '!($1 == n || (id != "" && $1 == id))' "$3" > "$3.mpc-tmp" &&
+    awk -F: -v n="$1" -v id="$2" "!($has)" "$3" > "$3.mpc-tmp" &&
     mv -f -- "$3.mpc-tmp" "$3"
+  rc=$?
+  rm -f -- "$3.lock"
+  return "$rc"
 }
 # Live processes (a zombie is dead already) with any uid in $ranges or any gid in $granges.
 pids() {
