@@ -694,12 +694,22 @@ fn admin_sessions_have_a_home_of_their_own() {
 /// lingering, SysV IPC objects, files in the shared directories.
 fn leftovers_of(user: &str, uid: &str, shared: &Path) -> Vec<String> {
     let mut found = Vec::new();
+    // A zombie is dead already (its parent, init here, reaps it when it gets to it).
     let pgrep = std::process::Command::new("pgrep")
         .args(["-u", uid])
         .output()
         .unwrap();
-    if pgrep.status.success() {
-        found.push(format!("processes {}", stdout(&pgrep)));
+    let live: Vec<String> = stdout(&pgrep)
+        .lines()
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .map(str::to_owned)
+        .collect();
+    if !live.is_empty() {
+        found.push(format!("processes {live:?}"));
     }
     for f in [
         format!("/var/spool/cron/crontabs/{user}"),
@@ -810,4 +820,566 @@ ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null || exit
     assert!(!user_exists(&user));
     let after = leftovers_of(&user, &uid, shared.path());
     assert!(after.is_empty(), "left behind by uid {uid}: {after:#?}");
+}
+
+fn uid_of(user: &str) -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", user])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    stdout(&out).parse().unwrap()
+}
+
+fn owner_of(path: &Path) -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&std::fs::symlink_metadata(path).unwrap())
+}
+
+/// Creates the file `path` owned by `uid`, with `mode` (as its owner would have made it).
+fn plant(path: &Path, uid: u32, mode: u32) {
+    std::fs::write(path, "x").unwrap();
+    own(path, uid, mode);
+}
+
+/// Creates the directory `path` owned by `uid`, with `mode`.
+fn plant_dir(path: &Path, uid: u32, mode: u32) {
+    std::fs::create_dir(path).unwrap();
+    own(path, uid, mode);
+}
+
+fn own(path: &Path, uid: u32, mode: u32) {
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), None).unwrap();
+}
+
+/// A symlink at `link` to `to`, owned by `uid` (as its owner would have made it).
+fn plant_link(to: &Path, link: &Path, uid: u32) {
+    std::os::unix::fs::symlink(to, link).unwrap();
+    std::os::unix::fs::lchown(link, Some(uid), None).unwrap();
+}
+
+/// A root-owned directory outside the swept ones, holding `target/precious`: what a tenant
+/// would like root to delete for it (`/etc`, another tenant's home).
+fn victim() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("mpc-victim-")
+        .tempdir_in("/var/lib")
+        .unwrap();
+    std::fs::create_dir(dir.path().join("target")).unwrap();
+    let precious = dir.path().join("target/precious");
+    std::fs::write(&precious, "keep").unwrap();
+    (dir, precious)
+}
+
+/// Two builds of one tenant on one host (two build users), each provisioned for real: the first
+/// is cleaned up, the second plays the attacker. Returns their users and uids.
+async fn two_build_users(
+    host: &SshdHost,
+    p: &Provisioner,
+    target: &mpc::provision::Target,
+) -> ((String, u32), (String, u32)) {
+    let (name_a, a) = new_user(host, "swept");
+    let (name_b, b) = new_user(host, "tenant");
+    p.provision(target, &request(&name_a, &[])).await.unwrap();
+    p.provision(target, &request(&name_b, &[])).await.unwrap();
+    let (ua, ub) = (uid_of(&a), uid_of(&b));
+    ((a, ua), (b, ub))
+}
+
+/// The cleanup runs as root over directories tenants write to. A tenant's second build (B) owns a
+/// directory in /tmp in which the first (A) has entries; during A's cleanup B swaps its
+/// directories for symlinks to a root-owned directory elsewhere and back (rename-exchange, as fast
+/// as it can, for a bounded time). Before the fix `find ... -exec rm -rf {} +` handed rm paths
+/// through B's directories, which rm resolved again, through the symlink: root deleted the victim.
+/// Many of A's files keep the sweep busy while the swaps run. The test makes B's renames itself:
+/// they happen in a directory B owns, so B may make them.
+#[tokio::test]
+async fn cleanup_never_deletes_through_a_directory_swapped_for_a_symlink_during_the_sweep() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const SWAPPED: usize = 32;
+    const BUSY_FILES: usize = 3000;
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("shared");
+    let ((a, ua), (_b, ub)) = two_build_users(&host, &p, &target).await;
+    let (_victim, precious) = victim();
+
+    // B's own directory in /tmp; in it, B's world-writable directories each holding A's `target`
+    // (the victim's name) with files, next to a symlink of B's to the victim's directory.
+    let base = tempfile::Builder::new()
+        .prefix("mpc-race-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::os::unix::fs::chown(base.path(), Some(ub), None).unwrap();
+    let mut pairs = Vec::new();
+    for i in 0..SWAPPED {
+        let dir = base.path().join(format!("d{i}"));
+        plant_dir(&dir, ub, 0o777);
+        plant(&dir.join("b-file"), ub, 0o644);
+        plant_dir(&dir.join("target"), ua, 0o755);
+        for j in 0..20 {
+            plant(&dir.join(format!("target/f{j}")), ua, 0o644);
+        }
+        let link = base.path().join(format!("d{i}.link"));
+        plant_link(precious.parent().unwrap().parent().unwrap(), &link, ub);
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        pairs.push((c(&dir), c(&link)));
+    }
+    // A's files nobody swaps: many, so the sweep takes time while the swaps run.
+    let busy = base.path().join("busy");
+    plant_dir(&busy, ub, 0o777);
+    plant(&busy.join("b-file"), ub, 0o644);
+    let busy_files: Vec<PathBuf> = (0..BUSY_FILES)
+        .map(|j| busy.join(format!("a{j}")))
+        .collect();
+    for f in &busy_files {
+        plant(f, ua, 0o644);
+    }
+
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let swapper = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let exchange = |(x, y): &(std::ffi::CString, std::ffi::CString)| unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    x.as_ptr(),
+                    libc::AT_FDCWD,
+                    y.as_ptr(),
+                    libc::RENAME_EXCHANGE,
+                )
+            };
+            // Bounded: the cleanup retries a failed round, and must get one without swaps.
+            let until = std::time::Instant::now() + Duration::from_millis(1500);
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                for pair in &pairs {
+                    assert_eq!(exchange(pair), 0, "{}", std::io::Error::last_os_error());
+                    swaps += 1;
+                }
+            }
+            // Each directory back under its own name.
+            for pair in &pairs {
+                if std::fs::symlink_metadata(pair.0.to_str().unwrap())
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+                {
+                    assert_eq!(exchange(pair), 0);
+                }
+            }
+            swaps
+        }
+    });
+    let result = p.deprovision(&target, &a).await;
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 1000, "only {swaps} swaps");
+
+    assert!(
+        precious.exists(),
+        "root deleted {} through a swapped symlink",
+        precious.parent().unwrap().display()
+    );
+    result.unwrap();
+    assert!(!user_exists(&a));
+    let left: Vec<&PathBuf> = busy_files.iter().filter(|f| f.exists()).collect();
+    assert!(
+        left.is_empty(),
+        "{} of A's files left, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
+    // B's own files stay. (A's files behind a directory that was a symlink when the sweep passed
+    // may stay too: a tenant can always keep its files out of reach, e.g. in its own home.)
+    assert!(busy.join("b-file").exists());
+    for i in 0..SWAPPED {
+        assert!(base.path().join(format!("d{i}/b-file")).exists());
+    }
+}
+
+/// The same attack with everything in place before the cleanup starts: symlinks of either user
+/// to a root-owned directory, A's directory holding B's entries, A's entries in B's directory.
+/// Only A's own entries go; no symlink is followed; A's directory that holds B's entries stays,
+/// handed to root (its uid is about to be reused).
+#[tokio::test]
+async fn cleanup_removes_only_the_users_own_entries_and_follows_no_symlink() {
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("shared");
+    let ((a, ua), (_b, ub)) = two_build_users(&host, &p, &target).await;
+    let (victim, precious) = victim();
+    let base = tempfile::Builder::new()
+        .prefix("mpc-planted-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        base.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let at = |p: &str| base.path().join(p);
+    plant_link(victim.path(), &at("a-link"), ua);
+    plant_link(victim.path(), &at("b-link"), ub);
+    plant_link(&precious, &at("a-file-link"), ua);
+    // A's directory, open to others: B's file and B's directory (with A's file) inside it.
+    plant_dir(&at("a-dir"), ua, 0o777);
+    plant(&at("a-dir/a-file"), ua, 0o644);
+    plant_dir(&at("a-dir/a-sub"), ua, 0o755);
+    plant(&at("a-dir/a-sub/a-deep"), ua, 0o644);
+    plant(&at("a-dir/b-file"), ub, 0o644);
+    plant_dir(&at("a-dir/b-sub"), ub, 0o777);
+    plant(&at("a-dir/b-sub/a-file"), ua, 0o644);
+    plant(&at("a-dir/b-sub/b-file"), ub, 0o644);
+    // B's directory with A's `target` (the victim's name) in it, and a symlink of B's in A's way.
+    plant_dir(&at("b-dir"), ub, 0o777);
+    plant_dir(&at("b-dir/target"), ua, 0o755);
+    plant(&at("b-dir/target/a-file"), ua, 0o644);
+    plant_link(victim.path(), &at("b-dir/target-link"), ub);
+
+    p.deprovision(&target, &a).await.unwrap();
+    assert!(!user_exists(&a));
+    assert!(precious.exists());
+    for gone in [
+        "a-link",
+        "a-file-link",
+        "a-dir/a-file",
+        "a-dir/a-sub",
+        "a-dir/b-sub/a-file",
+        "b-dir/target",
+    ] {
+        assert!(
+            at(gone).symlink_metadata().is_err(),
+            "{gone} is still there"
+        );
+    }
+    for (kept, owner) in [
+        ("b-link", ub),
+        ("a-dir", 0),
+        ("a-dir/b-file", ub),
+        ("a-dir/b-sub", ub),
+        ("a-dir/b-sub/b-file", ub),
+        ("b-dir", ub),
+        ("b-dir/target-link", ub),
+    ] {
+        assert!(at(kept).symlink_metadata().is_ok(), "{kept} was removed");
+        assert_eq!(owner_of(&at(kept)), owner, "owner of {kept}");
+    }
+}
+
+/// The first subordinate uid and gid of a user. `useradd` allocates them where `login.defs` says
+/// so (SUB_UID_COUNT; Debian, RHEL, Fedora); where it did not, the test adds the lines itself (the
+/// cleanup reads them either way), and removes them if the cleanup left them.
+struct SubIds {
+    user: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl SubIds {
+    fn of(user: &str, uid: u32) -> Self {
+        let first = |file: &str| {
+            std::fs::read_to_string(file)
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    let f: Vec<&str> = l.split(':').collect();
+                    (f.len() == 3 && f[0] == user).then(|| f[1].parse::<u32>().unwrap())
+                })
+        };
+        // Far above what useradd hands out first, distinct per uid.
+        let start = 500_000_000 + (uid % 1000) * 65_536;
+        let ids = |file: &str| {
+            first(file).unwrap_or_else(|| {
+                append(file, &format!("{user}:{start}:65536\n"));
+                start
+            })
+        };
+        Self {
+            user: user.to_owned(),
+            uid: ids("/etc/subuid"),
+            gid: ids("/etc/subgid"),
+        }
+    }
+}
+
+impl Drop for SubIds {
+    fn drop(&mut self) {
+        for file in ["/etc/subuid", "/etc/subgid"] {
+            remove_lines(file, &format!("{}:", self.user));
+        }
+    }
+}
+
+// glibc's lock of the account files (`/etc/.pwd.lock`), which shadow's tools take first.
+unsafe extern "C" {
+    fn lckpwdf() -> libc::c_int;
+    fn ulckpwdf() -> libc::c_int;
+}
+
+/// Runs `f` holding the locks shadow's tools take on `file`: `lckpwdf`, then `<file>.lock` holding
+/// the holder's pid. useradd and userdel of concurrent tests rewrite the file.
+fn locked<T>(file: &str, f: impl FnOnce() -> T) -> T {
+    use std::io::Write;
+    // SAFETY: no arguments; it waits for the lock (up to 15 s) and returns 0 once held.
+    assert_eq!(unsafe { lckpwdf() }, 0, "lckpwdf");
+    let lock = format!("{file}.lock");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(mut l) => {
+                write!(l, "{}", std::process::id()).unwrap();
+                break;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::time::Instant::now() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("locking {file}: {e}"),
+        }
+    }
+    let out = f();
+    std::fs::remove_file(&lock).unwrap();
+    // SAFETY: releases the lock taken above.
+    unsafe { ulckpwdf() };
+    out
+}
+
+fn append(file: &str, line: &str) {
+    use std::io::Write;
+    locked(file, || {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(file)
+            .unwrap()
+            .write_all(line.as_bytes())
+            .unwrap()
+    });
+}
+
+fn remove_lines(file: &str, prefix: &str) {
+    locked(file, || {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with(prefix)) {
+            let kept: String = text
+                .lines()
+                .filter(|l| !l.starts_with(prefix))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            std::fs::write(file, kept).unwrap();
+        }
+    });
+}
+
+fn subid_lines(prefix: &str) -> Vec<String> {
+    ["/etc/subuid", "/etc/subgid"]
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with(prefix))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A process group started by the test, killed whole when dropped (a failed test leaves nothing).
+/// Once its leader is reaped ([`ended`]) the group's id may be reused: it is no longer killed.
+struct Group(std::process::Child, bool);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if !self.1 {
+            // SAFETY: kill(2) on the group this test created; no memory is involved.
+            unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Starts `command` as root in a process group of its own.
+fn spawn_group(command: &[&str]) -> Group {
+    use std::os::unix::process::CommandExt as _;
+    Group(
+        std::process::Command::new(command[0])
+            .args(&command[1..])
+            .stdin(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap(),
+        false,
+    )
+}
+
+/// `setpriv` as `uid`/`gid` (no groups) running `command`, started by root: a rootless
+/// container's process as the host sees it.
+fn run_as(uid: u32, gid: u32, command: &[&str]) -> Group {
+    let (u, g) = (format!("--reuid={uid}"), format!("--regid={gid}"));
+    let mut argv = vec!["setpriv", &u, &g, "--clear-groups", "--"];
+    argv.extend_from_slice(command);
+    spawn_group(&argv)
+}
+
+/// Waits up to `limit` for the leader of `group` to end; its exit status, if it did.
+fn ended(group: &mut Group, limit: Duration) -> Option<std::process::ExitStatus> {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = group.0.try_wait().unwrap() {
+            group.1 = true;
+            return Some(status);
+        }
+        if std::time::Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A rootless container's processes run as uids of the user's subordinate range, and its files
+/// are owned by them; the next user gets the same range. Cleanup kills and removes them too,
+/// from every range of the user (one a second line names by uid, which userdel does not remove:
+/// the cleanup drops it itself).
+#[tokio::test]
+async fn cleanup_kills_and_removes_what_runs_as_the_users_subordinate_ids() {
+    require_tools(&["setpriv"]).unwrap();
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let target = host.target("rootless");
+    let (name, user) = new_user(&host, "rootless");
+    p.provision(&target, &request(&name, &[])).await.unwrap();
+    let uid = uid_of(&user);
+    let sub = SubIds::of(&user, uid);
+    // A second range, named by the uid.
+    let second = 500_000_000 + (uid % 1000) * 65_536 + 32_768;
+    for f in ["/etc/subuid", "/etc/subgid"] {
+        append(f, &format!("{uid}:{second}:1000\n"));
+    }
+    let _second_lines = scopeguard(move || {
+        for f in ["/etc/subuid", "/etc/subgid"] {
+            remove_lines(f, &format!("{uid}:{second}:"));
+        }
+    });
+    let mut in_range = run_as(sub.uid + 1000, sub.gid + 1000, &["sleep", "600"]);
+    let mut in_second = run_as(second + 10, second + 10, &["sleep", "600"]);
+    // Only the gid in the range (a container process whose uid maps outside it cannot exist,
+    // but a set-group-id file of the range can give a process just the gid).
+    let mut gid_only = run_as(65_534, sub.gid + 7, &["sleep", "600"]);
+    let tmp = tempfile::Builder::new()
+        .prefix("mpc-rootless-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let files = [
+        (tmp.path().join("container-file"), sub.uid + 1000),
+        (tmp.path().join("second-range-file"), second + 999),
+        (PathBuf::from(format!("/dev/shm/{user}-container")), sub.uid),
+    ];
+    for (f, owner) in &files {
+        plant(f, *owner, 0o644);
+    }
+    let outsider = tmp.path().join("next-to-the-range");
+    plant(&outsider, second + 40_000, 0o644);
+    std::thread::sleep(Duration::from_millis(100));
+    for c in [&mut in_range, &mut in_second, &mut gid_only] {
+        assert!(c.0.try_wait().unwrap().is_none(), "setpriv failed");
+    }
+
+    p.deprovision(&target, &user).await.unwrap();
+    assert!(!user_exists(&user));
+    for (what, c) in [
+        ("a subordinate uid's process", &mut in_range),
+        ("a second range's process", &mut in_second),
+        ("a subordinate gid's process", &mut gid_only),
+    ] {
+        let status = ended(c, Duration::from_secs(5));
+        assert!(status.is_some(), "{what} survived the cleanup");
+    }
+    for (f, _) in &files {
+        assert!(!f.exists(), "{} survived the cleanup", f.display());
+    }
+    assert!(outsider.exists(), "a uid outside the ranges lost its file");
+    let left = subid_lines(&format!("{user}:"));
+    let by_uid = subid_lines(&format!("{uid}:{second}:"));
+    assert!(left.is_empty() && by_uid.is_empty(), "{left:?} {by_uid:?}");
+    drop(sub);
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
+/// Something in the range that keeps coming back (a supervisor outside it restarting a container
+/// process) makes the cleanup fail, the account kept so its uid and range are not handed out;
+/// once it stops, the cleanup succeeds.
+#[tokio::test]
+async fn cleanup_fails_while_a_subordinate_id_process_keeps_coming_back() {
+    require_tools(&["setpriv"]).unwrap();
+    let host = SshdHost::start().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    // About a hundred rounds of scanning and killing before the cleanup gives up.
+    let mut opts = SshOptions::new(state.path().join("ssh"));
+    opts.command_timeout = Duration::from_secs(120);
+    let p = Provisioner::new(opts).unwrap();
+    let target = host.target("respawn");
+    let (name, user) = new_user(&host, "respawn");
+    p.provision(&target, &request(&name, &[])).await.unwrap();
+    let sub = SubIds::of(&user, uid_of(&user));
+    let ids = format!(
+        "--reuid={} --regid={} --clear-groups",
+        sub.uid + 3,
+        sub.gid + 3
+    );
+    let supervisor = spawn_group(&[
+        "sh",
+        "-c",
+        &format!("while :; do setpriv {ids} -- sleep 600; done"),
+    ]);
+    std::thread::sleep(Duration::from_millis(200));
+
+    let err = p.deprovision(&target, &user).await.unwrap_err();
+    match &err {
+        ProvisionError::CommandFailed {
+            exit_code: Some(75),
+            stderr_tail,
+            ..
+        } => assert!(stderr_tail.contains("keep being started"), "{stderr_tail}"),
+        other => panic!("expected the cleanup to fail, got {other:?}"),
+    }
+    assert!(
+        user_exists(&user),
+        "the account must stay while its range is in use"
+    );
+
+    // The supervisor alone (the last child it started stays): the cleanup now kills that and finishes.
+    // SAFETY: kill(2) on the supervisor this test started.
+    unsafe { libc::kill(supervisor.0.id() as i32, libc::SIGKILL) };
+    p.deprovision(&target, &user).await.unwrap();
+    assert!(!user_exists(&user));
+    drop(supervisor);
 }

@@ -161,8 +161,10 @@ impl Provisioner {
         })
     }
 
-    /// Removes `user` from `target`: kills its processes, deletes the account, its home, and the
-    /// sudoers, limits and slice files. Succeeds when the user is already gone.
+    /// Removes `user` from `target`: kills its processes and those of its subordinate ids (rootless
+    /// containers), removes what they left in the shared directories, deletes the account, its
+    /// home, and the sudoers, limits and slice files ([`scripts::DEPROVISION`]). Succeeds when the
+    /// user is already gone; fails, keeping the account, while something of it cannot be removed.
     pub async fn deprovision(&self, target: &Target, user: &str) -> Result<(), ProvisionError> {
         self.remove_users(target, &[user]).await
     }
