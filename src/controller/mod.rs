@@ -20,6 +20,7 @@ pub mod metrics;
 mod module_graph;
 pub mod patch;
 pub mod sources;
+pub mod store_token;
 pub mod taskrun;
 
 use std::path::PathBuf;
@@ -34,8 +35,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config_source::{ConfigMetrics, ConfigSource};
-use crate::otp::{OtpClient, OtpClientError, Rearm};
-use crate::provision::{Provisioner, SshOptions, Zeroizing};
+use crate::otp::{OtpClientError, Rearm};
+use crate::provision::{Provisioner, SshOptions};
 use crate::scheduler::Policy;
 use crate::server::{self, WebhookArgs, WebhookServer};
 use driver::Driver;
@@ -63,6 +64,9 @@ pub enum ControllerError {
     /// The OTP client could not be built from the flags.
     #[error("OTP server settings: {0}")]
     Otp(#[source] OtpClientError),
+    /// The OTP store token could not be read or used.
+    #[error(transparent)]
+    StoreToken(#[from] store_token::StoreTokenError),
     /// The cluster identity could not be determined.
     #[error("cluster identity: {0} (set --cluster-id, or allow get on the kube-system namespace)")]
     ClusterId(#[source] ClusterIdError),
@@ -273,7 +277,7 @@ impl ControllerArgs {
 }
 
 /// The OTP server as the executor's key store.
-struct OtpKeys(OtpClient);
+struct OtpKeys(Arc<store_token::StoreToken>);
 
 impl KeyStore for OtpKeys {
     fn store<'a>(
@@ -287,7 +291,8 @@ impl KeyStore for OtpKeys {
         Box::pin(async move {
             let left = Some(rearms_left);
             let how = if rearm { Rearm::Latest } else { Rearm::No };
-            match self.0.store_key_owned(owner, request, how, left, key).await {
+            let client = self.0.client();
+            match client.store_key_owned(owner, request, how, left, key).await {
                 Ok(t) => Ok(t.as_str().to_owned()),
                 // The mounted token is unknown or expired: a fresh token (the secret is replaced
                 // with it; a pod that already mounted the old one fails and Tekton retries).
@@ -297,7 +302,7 @@ impl KeyStore for OtpKeys {
                             .is_some_and(|s| s.as_u16() == 404 || s.as_u16() == 410) =>
                 {
                     tracing::warn!(%owner, error = %e, "re-arm refused; storing under a fresh token");
-                    self.0
+                    client
                         .store_key_owned(owner, request, Rearm::No, left, key)
                         .await
                         .map(|t| t.as_str().to_owned())
@@ -308,7 +313,7 @@ impl KeyStore for OtpKeys {
     }
 
     fn revoke<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), OtpClientError>> {
-        Box::pin(async move { self.0.revoke(owner).await.map(|_| ()) })
+        Box::pin(async move { self.0.client().revoke(owner).await.map(|_| ()) })
     }
 }
 
@@ -434,15 +439,18 @@ impl Controller {
 
         let required = |v: &Option<PathBuf>| v.clone().ok_or(ControllerError::OtpFlags);
         let ca_pem = read(&required(&args.otp_ca_file)?)?;
-        let token = String::from_utf8_lossy(&read(&required(&args.otp_store_token_file)?)?)
-            .trim()
-            .to_owned();
-        let secret_proof = Arc::new(patch::SecretProof::from_store_token(token.as_bytes()));
         let url = args.otp_url.clone().unwrap_or_default();
-        let otp =
-            OtpClient::new(&url, &ca_pem, Zeroizing::new(token)).map_err(ControllerError::Otp)?;
+        // Followed like the OTP server does: a rotated token needs no restart.
+        let token_file = required(&args.otp_store_token_file)?;
+        let store_token = Arc::new(store_token::StoreToken::load(token_file, &url, &ca_pem)?);
+        tasks.spawn(
+            store_token
+                .clone()
+                .follow(Duration::from_secs(1), stop.clone()),
+        );
+        let secret_proof = store_token.proof();
         let otp_endpoint = patch::OtpEndpoint {
-            url: otp.otp_url(),
+            url: store_token.client().otp_url(),
             ca_pem: String::from_utf8_lossy(&ca_pem).into_owned(),
         };
         let cluster = cluster_id(&client, args).await?;
@@ -460,7 +468,7 @@ impl Controller {
             namespace: args.namespace.clone(),
             otp: otp_endpoint,
             secret_proof,
-            keys: Arc::new(OtpKeys(otp)),
+            keys: Arc::new(OtpKeys(store_token)),
             provisioner: Arc::new(provisioner),
             known_hosts: Arc::new(execute::ssh::KnownHosts::new(
                 args.known_hosts_config_map.clone(),

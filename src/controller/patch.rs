@@ -13,6 +13,7 @@
 //! ([`SecretProof`]) for the host it records.
 
 use std::collections::BTreeMap;
+use std::sync::RwLock;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -23,7 +24,7 @@ use crate::admission::{PENDING_STATUS, escape_pointer_token};
 use crate::contract::{self, secret_keys};
 use aws_lc_rs::hmac;
 
-use crate::scheduler::{Placement, SecretData, SecretKind, TaskRunRef};
+use crate::scheduler::{Placement, ProofTag, SecretData, SecretKind, TaskRunRef};
 
 /// Which metadata maps the TaskRun has (a JSON Patch `add` needs the parent to exist).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,8 +193,9 @@ pub struct OtpEndpoint {
     pub ca_pem: String,
 }
 
-/// Annotation holding [`SecretProof`]'s proof, on the TaskRun and on its secret: `v1:` and the
-/// hex HMAC-SHA256.
+/// Annotation holding [`SecretProof`]'s proof, on the TaskRun and on its secret: `v2:`, the
+/// key id (8 hex digits) and `:`, then the hex HMAC-SHA256 (`v1:` proofs, made before proofs named
+/// their key, have no key id).
 pub const SECRET_PROOF_ANNOTATION: &str = contract::ALLOCATION_PROOF_ANNOTATION;
 
 /// Proves an allocation (and the secret serving it) was made by this controller, for this
@@ -211,19 +213,75 @@ pub const SECRET_PROOF_ANNOTATION: &str = contract::ALLOCATION_PROOF_ANNOTATION;
 ///
 /// The key is derived from the OTP server's store token (`--otp-store-token-file`): every
 /// replica that schedules already holds it, tenants never see it (it is mounted only into the
-/// controller and the key server), and it needs no new Secret. Rotating that token invalidates
-/// earlier proofs, which degrades safely: their secrets count as unproven (like the Go
-/// controller's), so recovery keeps their allocations only as far as the host config and the
-/// cloud listing confirm them, and issues fresh tokens instead of re-arming theirs.
-pub struct SecretProof(hmac::Key);
+/// controller and the key server), and it needs no new Secret. The controller follows the token
+/// file ([`SecretProof::rotate`]): proofs are made with the current token's key and name it by
+/// its id, and verify against it or the key before (so a proof survives one rotation in a
+/// running replica). A proof older than that degrades safely: its secret counts as unproven
+/// (like the Go controller's), so recovery keeps the allocation only as far as the host config
+/// and the cloud listing confirm it, and issues a fresh token instead of re-arming its.
+pub struct SecretProof(RwLock<ProofKeys>);
 
-impl SecretProof {
-    /// The proof key derived from the store token (domain-separated, so the token itself never
-    /// keys anything else).
-    pub fn from_store_token(token: &[u8]) -> Self {
+/// The key proofs are made with, and the one before the last rotation.
+struct ProofKeys {
+    current: ProofKey,
+    previous: Option<ProofKey>,
+}
+
+/// A proof key derived from a store token, and a digest of the token that tells tokens apart
+/// without keeping them (its first four bytes are the key id).
+struct ProofKey {
+    key: hmac::Key,
+    digest: [u8; 32],
+}
+
+impl ProofKey {
+    /// Domain-separated: the token itself keys nothing else, and the digest reveals no key.
+    fn from_store_token(token: &[u8]) -> Self {
         let root = hmac::Key::new(hmac::HMAC_SHA256, token);
         let derived = hmac::sign(&root, b"mpc TaskRun secret proof v1");
-        Self(hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()))
+        let digest = hmac::sign(&root, b"mpc TaskRun secret proof key id");
+        Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()),
+            digest: digest.as_ref().try_into().expect("HMAC-SHA256 is 32 bytes"),
+        }
+    }
+
+    fn id(&self) -> [u8; 4] {
+        let [a, b, c, d, ..] = self.digest;
+        [a, b, c, d]
+    }
+}
+
+impl SecretProof {
+    /// The proof key derived from the store token.
+    pub fn from_store_token(token: &[u8]) -> Self {
+        Self(RwLock::new(ProofKeys {
+            current: ProofKey::from_store_token(token),
+            previous: None,
+        }))
+    }
+
+    /// The store token is now `token`: proofs are made with its key from now on, and those made
+    /// with the key until now still verify (one rotation back). Returns whether the key changed
+    /// (the same token again changes nothing).
+    pub fn rotate(&self, token: &[u8]) -> bool {
+        let next = ProofKey::from_store_token(token);
+        let mut keys = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if next.digest == keys.current.digest {
+            return false;
+        }
+        let before = std::mem::replace(&mut keys.current, next);
+        keys.previous = Some(before);
+        true
+    }
+
+    /// The id of the key proofs are made with now (hex), as the proofs name it.
+    pub fn key_id(&self) -> String {
+        hex::encode(self.keys().current.id())
+    }
+
+    fn keys(&self) -> std::sync::RwLockReadGuard<'_, ProofKeys> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn message(kind: SecretKind, taskrun: &TaskRunRef, host: &str) -> Vec<u8> {
@@ -244,8 +302,13 @@ impl SecretProof {
 
     /// The annotation value for a secret of `kind` serving `host`.
     pub fn sign(&self, kind: SecretKind, taskrun: &TaskRunRef, host: &str) -> String {
-        let tag = hmac::sign(&self.0, &Self::message(kind, taskrun, host));
-        format!("v1:{}", hex::encode(tag.as_ref()))
+        let keys = self.keys();
+        let tag = hmac::sign(&keys.current.key, &Self::message(kind, taskrun, host));
+        format!(
+            "v2:{}:{}",
+            hex::encode(keys.current.id()),
+            hex::encode(tag.as_ref())
+        )
     }
 
     /// The TaskRun's proof for an allocation to `assigned_host` (a host or instance, or
@@ -256,18 +319,25 @@ impl SecretProof {
     }
 
     /// Whether `tag` (the TaskRun's proof, parsed) proves the allocation of `taskrun` to
-    /// `assigned_host` (its label; without one there is nothing to prove).
+    /// `assigned_host` (its label; without one there is nothing to prove), under the current
+    /// key or the one before (the one the proof names; a `v1` proof names none).
     pub fn verify_allocation(
         &self,
         taskrun: &TaskRunRef,
         assigned_host: Option<&str>,
-        tag: Option<&[u8; 32]>,
+        tag: Option<&ProofTag>,
     ) -> bool {
         let (Some(host), Some(tag)) = (assigned_host, tag) else {
             return false;
         };
         let kind = SecretKind::for_assigned_host(Some(host));
-        hmac::verify(&self.0, &Self::message(kind, taskrun, host), tag).is_ok()
+        let message = Self::message(kind, taskrun, host);
+        let keys = self.keys();
+        [Some(&keys.current), keys.previous.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|k| tag.key_id.is_none_or(|id| id == k.id()))
+            .any(|k| hmac::verify(&k.key, &message, &tag.mac).is_ok())
     }
 }
 
@@ -658,11 +728,13 @@ mod tests {
         assert_eq!(secret_kind(&err), Some(crate::scheduler::SecretKind::Error));
     }
 
-    fn tag(value: &str) -> [u8; 32] {
-        hex::decode(value.strip_prefix("v1:").unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap()
+    /// A `v2:<key id>:<mac>` proof, parsed as recovery reads it.
+    fn tag(value: &str) -> ProofTag {
+        let (id, mac) = value.strip_prefix("v2:").unwrap().split_once(':').unwrap();
+        ProofTag {
+            key_id: Some(hex::decode(id).unwrap().try_into().unwrap()),
+            mac: hex::decode(mac).unwrap().try_into().unwrap(),
+        }
     }
 
     #[test]
@@ -689,7 +761,11 @@ mod tests {
         // Copied from the tenant's other TaskRun, or made up.
         let copied = tag(&proof().sign_allocation(&namesake, "h1"));
         assert!(!proof().verify_allocation(&r, Some("h1"), Some(&copied)));
-        assert!(!proof().verify_allocation(&r, Some("h1"), Some(&[0; 32])));
+        let made_up = ProofTag {
+            mac: [0; 32],
+            ..ours
+        };
+        assert!(!proof().verify_allocation(&r, Some("h1"), Some(&made_up)));
         // A proof is for its kind: a host named like localhost is the localhost allocation.
         let local = tag(&proof().sign_allocation(&r, contract::LOCALHOST));
         assert!(proof().verify_allocation(&r, Some(contract::LOCALHOST), Some(&local)));
@@ -715,6 +791,107 @@ mod tests {
         assert_eq!(
             written.metadata.annotations.as_ref().unwrap()[SECRET_PROOF_ANNOTATION],
             proof().sign_allocation(&r, "h1")
+        );
+    }
+
+    /// Each field the proof covers (docs/migration.md, docs/threat-model.md: the kind, the
+    /// TaskRun's namespace, name and UID, the host) changed alone makes another proof, which
+    /// does not verify for the original; so does a character moved across a field boundary.
+    #[test]
+    fn the_proof_covers_kind_namespace_name_uid_and_host_each() {
+        let p = proof();
+        let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
+        let ours = p.sign(SecretKind::Remote, &r, "h1");
+        assert!(p.verify_allocation(&r, Some("h1"), Some(&tag(&ours))));
+        let others = [
+            ("kind", p.sign(SecretKind::Localhost, &r, "h1")),
+            ("kind", p.sign(SecretKind::Error, &r, "h1")),
+            (
+                "namespace",
+                p.sign(
+                    SecretKind::Remote,
+                    &TaskRunRef::new("tenant2", "build-1", Uid::new("u-1")),
+                    "h1",
+                ),
+            ),
+            (
+                "name",
+                p.sign(
+                    SecretKind::Remote,
+                    &TaskRunRef::new("tenant", "build-2", Uid::new("u-1")),
+                    "h1",
+                ),
+            ),
+            (
+                "uid",
+                p.sign(
+                    SecretKind::Remote,
+                    &TaskRunRef::new("tenant", "build-1", Uid::new("u-2")),
+                    "h1",
+                ),
+            ),
+            ("host", p.sign(SecretKind::Remote, &r, "h2")),
+            (
+                "boundary",
+                p.sign(
+                    SecretKind::Remote,
+                    &TaskRunRef::new("tenan", "tbuild-1", Uid::new("u-1")),
+                    "h1",
+                ),
+            ),
+            (
+                "boundary",
+                p.sign(
+                    SecretKind::Remote,
+                    &TaskRunRef::new("tenant", "build-1u", Uid::new("-1")),
+                    "h1",
+                ),
+            ),
+        ];
+        for (field, other) in &others {
+            assert_ne!(*other, ours, "{field}: the same proof");
+            assert!(
+                !p.verify_allocation(&r, Some("h1"), Some(&tag(other))),
+                "{field}: another allocation's proof verifies for this one"
+            );
+        }
+    }
+
+    /// A rotated store token: proofs are made with the new key and name it, those made before
+    /// still verify (one rotation back), older ones do not; `v1` proofs (no key id) too.
+    #[test]
+    fn a_proof_survives_one_store_token_rotation() {
+        let r = TaskRunRef::new("tenant", "build-1", Uid::new("u-1"));
+        let p = SecretProof::from_store_token(b"first");
+        let first = tag(&p.sign_allocation(&r, "h1"));
+        let legacy = ProofTag {
+            key_id: None,
+            ..first
+        };
+        let first_id = p.key_id();
+        assert!(!p.rotate(b"first"), "the same token is no rotation");
+        assert!(p.rotate(b"second"));
+        assert_ne!(p.key_id(), first_id);
+        let second = tag(&p.sign_allocation(&r, "h1"));
+        assert_eq!(second.key_id.map(hex::encode), Some(p.key_id()));
+        assert_ne!(second.mac, first.mac);
+        for t in [&first, &legacy, &second] {
+            assert!(p.verify_allocation(&r, Some("h1"), Some(t)), "{t:?}");
+        }
+        // A proof naming a key this controller does not hold is unproven, valid tag or not.
+        let unknown = ProofTag {
+            key_id: Some([0; 4]),
+            ..first
+        };
+        assert!(!p.verify_allocation(&r, Some("h1"), Some(&unknown)));
+        assert!(p.rotate(b"third"));
+        assert!(!p.verify_allocation(&r, Some("h1"), Some(&first)));
+        assert!(!p.verify_allocation(&r, Some("h1"), Some(&legacy)));
+        assert!(p.verify_allocation(&r, Some("h1"), Some(&second)));
+        // The key follows the token alone: another replica holding it makes the same proofs.
+        assert_eq!(
+            p.sign_allocation(&r, "h1"),
+            SecretProof::from_store_token(b"third").sign_allocation(&r, "h1")
         );
     }
 

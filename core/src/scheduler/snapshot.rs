@@ -52,9 +52,17 @@ pub struct TaskRunRecord {
     /// Go-era TaskRuns and forged labels carry none: what they claim is kept only as far as the
     /// host config and the cloud listing confirm it.
     pub secret_proven: bool,
-    /// The proof annotation's HMAC tag, when well-formed (checked by the controller, which
-    /// holds the key).
-    pub proof: Option<[u8; 32]>,
+    /// The proof annotation, when well-formed (checked by the controller, which holds the key).
+    pub proof: Option<ProofTag>,
+}
+
+/// A well-formed allocation proof: its HMAC tag and, in the `v2` form, the id of the key that
+/// made it (the controller keeps the key before a store-token rotation too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProofTag {
+    /// `None` for a `v1` proof (made before proofs named their key).
+    pub key_id: Option<[u8; 4]>,
+    pub mac: [u8; 32],
 }
 
 impl TaskRunRecord {
@@ -91,14 +99,29 @@ impl TaskRunRecord {
     }
 }
 
-/// The tag of a `v1:<64 hex digits>` proof.
-fn parse_proof(v: &str) -> Option<[u8; 32]> {
-    let hex = v.strip_prefix("v1:")?.as_bytes();
-    if hex.len() != 64 {
+/// A `v1:<64 hex digits>` or `v2:<8 hex digits of key id>:<64 hex digits>` proof.
+fn parse_proof(v: &str) -> Option<ProofTag> {
+    if let Some(mac) = v.strip_prefix("v1:") {
+        return Some(ProofTag {
+            key_id: None,
+            mac: unhex(mac)?,
+        });
+    }
+    let (key_id, mac) = v.strip_prefix("v2:")?.split_once(':')?;
+    Some(ProofTag {
+        key_id: Some(unhex(key_id)?),
+        mac: unhex(mac)?,
+    })
+}
+
+/// Exactly `2 * N` hex digits.
+fn unhex<const N: usize>(hex: &str) -> Option<[u8; N]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 2 * N {
         return None;
     }
     let digit = |c: u8| char::from(c).to_digit(16);
-    let mut out = [0u8; 32];
+    let mut out = [0u8; N];
     for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
         *o = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
     }
@@ -265,15 +288,32 @@ mod tests {
     #[test]
     fn proofs_parse_only_in_their_one_form() {
         let tag: String = (0..32).map(|i| format!("{:02x}", i * 7)).collect();
-        let want: Vec<u8> = (0..32).map(|i| (i * 7) as u8).collect();
+        let want: [u8; 32] = std::array::from_fn(|i| (i * 7) as u8);
         assert_eq!(
-            super::parse_proof(&format!("v1:{tag}")).map(|t| t.to_vec()),
-            Some(want)
+            super::parse_proof(&format!("v1:{tag}")),
+            Some(super::ProofTag {
+                key_id: None,
+                mac: want
+            })
+        );
+        assert_eq!(
+            super::parse_proof(&format!("v2:0a0b0c0d:{tag}")),
+            Some(super::ProofTag {
+                key_id: Some([10, 11, 12, 13]),
+                mac: want
+            })
         );
         for bad in [
             String::new(),
             tag.clone(),
             format!("v2:{tag}"),
+            format!("v2::{tag}"),
+            format!("v2:0a0b0c:{tag}"),
+            format!("v2:0a0b0c0d0e:{tag}"),
+            format!("v2:0a0b0c0z:{tag}"),
+            format!("v2:0a0b0c0d:{tag}:"),
+            format!("v1:0a0b0c0d:{tag}"),
+            format!("v3:0a0b0c0d:{tag}"),
             format!("v1:{}", &tag[2..]),
             format!("v1:{tag}00"),
             format!("v1:zz{}", &tag[2..]),

@@ -159,7 +159,7 @@ pub async fn provision(
     let (provisioned, [admin_key, ssh_permit, ssh, known_host]) = ssh_part?;
     let (t, taskrun_read) = t;
     let t = t.map_err(ProvisionFailure::TaskRun)?;
-    let rearms_left = t.spec.retries.saturating_sub(t.status.retries);
+    let rearms_left = rearms_left(&t);
     clock.lap();
     let owner = taskrun.uid().to_string();
     let token = ctx
@@ -189,6 +189,15 @@ pub async fn provision(
         "provisioning steps"
     );
     Ok(token)
+}
+
+/// How many more times the TaskRun's token may be re-armed, as the OTP server is told: the
+/// retries Tekton may still start (`spec.retries` minus the retries started, one
+/// `status.retriesStatus` entry each). The server holds a used token's redeems only while one is
+/// to come: one too many keeps a last attempt's used token waiting for a re-arm that never comes,
+/// one too few refuses the redeem of the retry still to start.
+fn rearms_left(t: &crate::controller::taskrun::TaskRun) -> u32 {
+    t.spec.retries.saturating_sub(t.status.retries)
 }
 
 /// Microseconds between successive steps.
@@ -416,6 +425,35 @@ pub enum KnownHostsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `spec.retries` 2: the first attempt may be re-armed twice, the first retry once, the
+    /// last never; a TaskRun without retries, or past them, never.
+    #[test]
+    fn the_rearm_budget_is_the_retries_not_yet_started() {
+        let taskrun = |retries: u32, started: usize| -> crate::controller::taskrun::TaskRun {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "b", "namespace": "t", "uid": "u"},
+                "spec": {"retries": retries},
+                "status": {"retriesStatus": vec![serde_json::json!({}); started]},
+            }))
+            .unwrap()
+        };
+        for (retries, started, left) in [
+            (2, 0, 2),
+            (2, 1, 1),
+            (2, 2, 0),
+            (2, 3, 0),
+            (1, 0, 1),
+            (1, 1, 0),
+            (0, 0, 0),
+        ] {
+            assert_eq!(
+                rearms_left(&taskrun(retries, started)),
+                left,
+                "retries {retries}, {started} started"
+            );
+        }
+    }
 
     /// Only a failure of the host itself may count against its health.
     #[test]
