@@ -1,9 +1,12 @@
 //! Unauthenticated resource exhaustion (issue 23 §3), against the real binaries on loopback: each
 //! test runs a bounded attack (fixed counts, a time limit), measures the server's memory from
 //! `/proc/<pid>/status` against its pod limit (`manifests/`: OTP server 128 Mi, controller
-//! 512 Mi), and has a legitimate client served throughout.
+//! 512 Mi), and has a legitimate client served throughout. Where the attack is about in-flight
+//! places (issue 31 §5), the attacker, the controller and a build pod (or the API server) come
+//! from distinct loopback addresses, as they do in a cluster.
 
-use std::net::{SocketAddr, TcpListener};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -123,10 +126,185 @@ async fn tls_connect(
     addr: SocketAddr,
     client: &Arc<rustls::ClientConfig>,
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
+    tls_connect_from(LOOPBACK, addr, client).await
+}
+
+/// The default client address; the others below stand for distinct peers.
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+/// One tenant's pod attacking.
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// The controller (OTP server) or the API server (webhook).
+const TRUSTED: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+/// Another tenant's build pod.
+const BUILD_POD: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4));
+
+/// A TLS connection to `addr` from the loopback address `from`.
+async fn tls_connect_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    let tcp = socket.connect(addr).await?;
+    tcp.set_nodelay(true)?;
     tokio_rustls::TlsConnector::from(Arc::clone(client))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
+}
+
+/// One HTTP/1.1 request from `from` on a fresh TLS connection: the status and body, or
+/// [`NO_ANSWER`] if the whole answer did not come within `limit`.
+async fn exchange_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+    limit: Duration,
+) -> (u16, Vec<u8>) {
+    let exchange = async {
+        let mut s = tls_connect_from(from, addr, client).await.ok()?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.ok()?;
+        s.write_all(body).await.ok()?;
+        let mut answer = Vec::new();
+        // The server closes after answering (`Connection: close`); a TLS close without
+        // close_notify still leaves the answer read.
+        let _ = s.read_to_end(&mut answer).await;
+        let split = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let status = String::from_utf8_lossy(&answer[..split])
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some((status, answer[split + 4..].to_vec()))
+    };
+    tokio::time::timeout(limit, exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or((NO_ANSWER, Vec::new()))
+}
+
+/// A request body that sends one byte and then stalls (never ends).
+type StalledBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
+fn stalled_body() -> StalledBody {
+    use http_body_util::BodyExt;
+    let first = hyper::body::Frame::data(bytes::Bytes::from_static(b"x"));
+    let frames = futures::StreamExt::chain(
+        futures::stream::once(std::future::ready(Ok(first))),
+        futures::stream::pending(),
+    );
+    http_body_util::StreamBody::new(frames).boxed()
+}
+
+/// A slowloris attack from one address over HTTP/2, as a client that wants to hold places
+/// cheaply does it: `slots` streams over connections of 64 (the server's stream limit), each
+/// sending a request head and the first byte of the body it declares, waiting for the answer and
+/// starting over, until `until` (at most `rounds` times each): at once after a 408 (its body was
+/// waited for), else a second after its last try, so refusals do not turn the attack into a CPU
+/// flood of the two shared cores. `established` counts slots whose first request is out.
+struct SlowBodies {
+    established: Arc<AtomicUsize>,
+    slots: Vec<tokio::task::JoinHandle<BTreeMap<u16, usize>>>,
+}
+
+impl SlowBodies {
+    async fn start(
+        addr: SocketAddr,
+        ca_pem: &str,
+        path: &'static str,
+        headers: Vec<(&'static str, String)>,
+        slots: usize,
+        rounds: usize,
+        until: tokio::time::Instant,
+    ) -> Self {
+        let h2 = Arc::new(mpc::tls::client_config_trusting(ca_pem.as_bytes(), &[b"h2"]).unwrap());
+        let established = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for first in (0..slots).step_by(64) {
+            let tls = tls_connect_from(ATTACKER, addr, &h2).await.unwrap();
+            let (send, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(tls),
+            )
+            .await
+            .unwrap();
+            tokio::spawn(conn);
+            for _ in first..slots.min(first + 64) {
+                let (mut send, headers, established) =
+                    (send.clone(), headers.clone(), Arc::clone(&established));
+                tasks.push(tokio::spawn(async move {
+                    let mut answers = BTreeMap::new();
+                    for round in 0..rounds {
+                        if tokio::time::Instant::now() >= until || send.is_closed() {
+                            break;
+                        }
+                        let mut req = http::Request::post(path).header("host", "localhost");
+                        for (name, value) in &headers {
+                            req = req.header(*name, value);
+                        }
+                        let answer = send.send_request(req.body(stalled_body()).unwrap());
+                        if round == 0 {
+                            established.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let sent_at = tokio::time::Instant::now();
+                        let status = match tokio::time::timeout_at(until, answer).await {
+                            Ok(Ok(r)) => r.status().as_u16(),
+                            Ok(Err(_)) => CLOSED,
+                            Err(_) => NO_ANSWER,
+                        };
+                        *answers.entry(status).or_insert(0) += 1;
+                        // A stream whose body was waited for starts over at once; a refused one
+                        // a second after its last try.
+                        if status != 408 {
+                            tokio::time::sleep_until(until.min(sent_at + Duration::from_secs(1)))
+                                .await;
+                        }
+                    }
+                    answers
+                }));
+            }
+        }
+        Self {
+            established,
+            slots: tasks,
+        }
+    }
+
+    /// Waits until every slot's first request is out (or `limit` passes); how many are.
+    async fn established(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        let all = self.slots.len();
+        while self.established.load(Ordering::Relaxed) < all && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the last heads and first bytes reach the server.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.established.load(Ordering::Relaxed)
+    }
+
+    /// The answers the attack got, by status, once every slot has ended.
+    async fn answers(self) -> BTreeMap<u16, usize> {
+        let mut all = BTreeMap::new();
+        for slot in self.slots {
+            for (status, n) in slot.await.unwrap() {
+                *all.entry(status).or_insert(0) += n;
+            }
+        }
+        all
+    }
+}
+
+/// How many of `failures` start with `what`.
+fn failed(failures: &[String], what: &str) -> usize {
+    failures.iter().filter(|f| f.starts_with(what)).count()
 }
 
 /// No answer within the time limit.
@@ -613,6 +791,118 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
     assert!(peak < OTP_POD_LIMIT, "peak RSS {} MiB", peak / MIB);
 }
 
+/// The controller storing a key from [`TRUSTED`] and a build pod redeeming it from [`BUILD_POD`],
+/// each one attempt on a fresh connection (no retries), the failure named `store` or `redeem`.
+fn controller_and_build_pod(otp: &Otp) -> impl FnMut() -> LegitCall + Send + 'static {
+    let (addr, tls, bearer) = (
+        otp.server.addr,
+        Arc::clone(&otp.certs.client),
+        otp.bearer.clone(),
+    );
+    let n = Arc::new(AtomicUsize::new(0));
+    move || {
+        let (tls, bearer, i) = (
+            Arc::clone(&tls),
+            bearer.clone(),
+            n.fetch_add(1, Ordering::Relaxed),
+        );
+        Box::pin(async move {
+            let key = format!("legit-key-{i}");
+            let limit = Duration::from_secs(3);
+            let (status, token) = exchange_from(
+                TRUSTED,
+                addr,
+                &tls,
+                &format!("/store-key?owner=uid-legit-{i}&request=p1"),
+                &format!("Authorization: Bearer {bearer}\r\n"),
+                key.as_bytes(),
+                limit,
+            )
+            .await;
+            if status != 201 {
+                return Err(format!("store {i}: {status}"));
+            }
+            let (status, got) =
+                exchange_from(BUILD_POD, addr, &tls, "/otp", "", &token, limit).await;
+            if status != 200 || got != key.as_bytes() {
+                return Err(format!("redeem {i}: {status}"));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// 512 clients from one address (a tenant's pod) start `/otp` redeems declaring a token's 1,024
+/// bytes, send one, and start over whenever the server answers. The in-flight places were first
+/// come, first served and a stalled body held one for the request timeout (10 s), so the
+/// controller's `/store-key` calls from another address were answered 503 (the issue: 153 of
+/// 155). Now one address holds at most its share of the places (64), a stalled token body about
+/// half a second, and the controller's authenticated calls have places of their own; another
+/// tenant's build pod redeems from a third address. Bound: at least 95% of the legitimate calls
+/// (one attempt each, no retries) succeed while the attack runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_token_bodies_from_one_peer_leave_the_controller_and_build_pods_served() {
+    // The default `--max-in-flight`.
+    const SLOTS: usize = 512;
+    let otp = Otp::start(&[]);
+    let addr = otp.server.addr;
+    let mut call = controller_and_build_pod(&otp);
+    call().await.expect("served before the attack");
+
+    let until = tokio::time::Instant::now() + Duration::from_secs(12);
+    let headers = vec![("content-length", "1024".to_owned())];
+    let attack =
+        SlowBodies::start(addr, &otp.certs.ca_pem, "/otp", headers, SLOTS, 40, until).await;
+    let established = attack.established(Duration::from_secs(5)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let legit = legitimate_client(Arc::clone(&stop), Duration::from_millis(50), call);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Release);
+    let (served, failures) = legit.await.unwrap();
+    let answers = attack.answers().await;
+    let peak = otp.server.memory("VmHWM");
+
+    let (stores_failed, redeems_failed) = (failed(&failures, "store"), failed(&failures, "redeem"));
+    let stores = served + failures.len();
+    eprintln!(
+        "OTP slow /otp bodies from one address ({established} of {SLOTS} out): controller stores {} of {stores} served, build-pod redeems {served} of {} served; attack answered {answers:?}; peak RSS {} MiB; first failures {:?}",
+        stores - stores_failed,
+        served + redeems_failed,
+        peak / MIB,
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        established >= SLOTS * 9 / 10,
+        "only {established} slow bodies out"
+    );
+    assert!(stores >= 10, "only {stores} legitimate calls made");
+    assert!(
+        failures.len() * 20 <= stores,
+        "{} of {stores} legitimate calls failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    assert!(peak < OTP_POD_LIMIT, "peak RSS {} MiB", peak / MIB);
+}
+
+/// A token body that stalls after its first byte is answered 408 well within a second, not after
+/// the request timeout (10 s), so it holds its in-flight place that long at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_token_body_is_answered_within_a_second() {
+    let otp = Otp::start(&[]);
+    let mut s = tls_connect(otp.server.addr, &otp.certs.client)
+        .await
+        .unwrap();
+    let head = "POST /otp HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1024\r\n\r\nx";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let status = read_status(&mut s, Duration::from_secs(3)).await;
+    let took = started.elapsed();
+    eprintln!("stalled token body: {status} after {took:?}");
+    assert_eq!(status, 408, "after {took:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Controller webhook
 
@@ -768,5 +1058,101 @@ async fn unfinished_webhook_bodies_stay_bounded() {
         refused.load(Ordering::Relaxed) >= 100,
         "only {} bodies over the limit were refused",
         refused.load(Ordering::Relaxed)
+    );
+}
+
+/// Waits until the webhook answers a review (its certificate is loaded).
+async fn webhook_ready(server: &Process, client: &Arc<rustls::ClientConfig>, review: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while request(
+        server.addr,
+        client,
+        "/mutate-taskrun",
+        "",
+        review,
+        Duration::from_secs(2),
+    )
+    .await
+        != 200
+    {
+        assert!(
+            Instant::now() < deadline,
+            "webhook not ready: {}",
+            server.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// 140 clients from one address start admission reviews, send one byte of the body, and start
+/// over whenever the server answers. Stalled bodies held the 128 in-flight places for the request
+/// timeout (10 s) and the API server's reviews from another address were answered 503 (the issue:
+/// 158 of 159; with `failurePolicy: Ignore` the TaskRuns are admitted unmarked). Now one address
+/// holds at most half the places and a stalled review about a second. Bound: at least 95% of the
+/// API server's reviews (one attempt each) are answered 200 while the attack runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_review_bodies_from_one_peer_leave_the_api_server_served() {
+    const SLOTS: usize = 140;
+    let certs = Certs::new();
+    let server = start_webhook(&certs);
+    let review = std::fs::read(admission_fixture("taskref-bundle.json")).unwrap();
+    let (addr, tls) = (server.addr, Arc::clone(&certs.client));
+    webhook_ready(&server, &tls, &review).await;
+
+    let until = tokio::time::Instant::now() + Duration::from_secs(12);
+    let headers = vec![
+        ("content-type", "application/json".to_owned()),
+        ("content-length", review.len().to_string()),
+    ];
+    let attack = SlowBodies::start(
+        addr,
+        &certs.ca_pem,
+        "/mutate-taskrun",
+        headers,
+        SLOTS,
+        40,
+        until,
+    )
+    .await;
+    let established = attack.established(Duration::from_secs(5)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let legit = legitimate_client(Arc::clone(&stop), Duration::from_millis(50), move || {
+        let (tls, review) = (Arc::clone(&tls), review.clone());
+        async move {
+            let (status, _) = exchange_from(
+                TRUSTED,
+                addr,
+                &tls,
+                "/mutate-taskrun",
+                "Content-Type: application/json\r\n",
+                &review,
+                Duration::from_secs(3),
+            )
+            .await;
+            match status {
+                200 => Ok(()),
+                s => Err(format!("review answered {s}")),
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Release);
+    let (served, failures) = legit.await.unwrap();
+    let answers = attack.answers().await;
+    let reviews = served + failures.len();
+    eprintln!(
+        "webhook slow review bodies from one address ({established} of {SLOTS} out): API server reviews {served} of {reviews} answered 200; attack answered {answers:?}; first failures {:?}",
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        established >= SLOTS * 9 / 10,
+        "only {established} slow bodies out"
+    );
+    assert!(reviews >= 10, "only {reviews} reviews sent");
+    assert!(
+        failures.len() * 20 <= reviews,
+        "{} of {reviews} reviews failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
     );
 }
