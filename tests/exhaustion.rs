@@ -929,6 +929,48 @@ async fn slow_token_bodies_from_one_peer_leave_the_controller_and_build_pods_ser
     assert!(peak < OTP_POD_LIMIT, "peak RSS {} MiB", peak / MIB);
 }
 
+/// With every shared place held by stalled token bodies, the controller's `/store-key` and
+/// `/revoke` with the valid bearer token still get a reserved place; the same calls with a wrong
+/// token, and redeems, get 503 (they never take a reserved place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_valid_bearer_token_takes_a_reserved_place() {
+    let otp = Otp::start(&[
+        "--max-in-flight=2",
+        "--max-held-redeems=1",
+        "--reserved-in-flight=1",
+        "--body-timeout=30s",
+    ]);
+    let (addr, tls) = (otp.server.addr, Arc::clone(&otp.certs.client));
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = tls_connect_from(ATTACKER, addr, &tls).await.unwrap();
+        let head = "POST /otp HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1024\r\n\r\nx";
+        s.write_all(head.as_bytes()).await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let limit = Duration::from_secs(5);
+    let call = |from, path: &'static str, bearer: &str, body: &'static [u8]| {
+        let (tls, auth) = (
+            Arc::clone(&tls),
+            format!("Authorization: Bearer {bearer}\r\n"),
+        );
+        async move { exchange_from(from, addr, &tls, path, &auth, body, limit).await }
+    };
+    let store = "/store-key?owner=uid-1&request=r1";
+    assert_eq!(call(TRUSTED, store, "wrong", b"KEY").await.0, 503);
+    assert_eq!(call(BUILD_POD, "/otp", "", b"token").await.0, 503);
+    let (status, token) = call(TRUSTED, store, &otp.bearer, b"KEY").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&token));
+    let (status, _) = call(TRUSTED, "/revoke?owner=uid-1", &otp.bearer, b"").await;
+    assert_eq!(status, 200);
+    // Once the stalled bodies are gone, redeems are served again.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = call(BUILD_POD, "/otp", "", b"malformed").await;
+    assert_eq!(status, 400);
+}
+
 /// A token body that stalls after its first byte is answered 408 well within a second, not after
 /// the request timeout (10 s), so it holds its in-flight place that long at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
