@@ -33,7 +33,7 @@ enum Command {
     /// on the replica holding the Lease, the scheduler that allocates build hosts.
     Controller(Box<controller::ControllerArgs>),
     /// Run the one-time-password key server.
-    OtpServer(otp::OtpServerArgs),
+    OtpServer(Box<otp::OtpServerArgs>),
     /// Check host-config ConfigMap files and print each platform's strategy and capacity.
     CheckConfig {
         /// ConfigMap YAML files.
@@ -87,7 +87,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Controller(args) => runtime()?.block_on(controller::run(*args))?,
-        Command::OtpServer(args) => runtime()?.block_on(otp::run_server(args))?,
+        Command::OtpServer(args) => runtime()?.block_on(otp::run_server(*args))?,
         Command::CheckConfig { files } => return check_config(&files),
         Command::Certs(args) => certs::run(&args)?,
         Command::Simulate(args) => simulate::run(&args)?,
