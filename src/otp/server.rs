@@ -306,7 +306,7 @@ fn unavailable(state: &AppState, e: &StoreError) -> Response {
 /// Why a body was not read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum NoBody {
-    /// Larger than the limit (declared or sent), or the client broke off.
+    /// Larger than the limit, or the client broke off.
     TooLarge,
     /// Not all there within the body deadline.
     Slow,
