@@ -33,7 +33,7 @@ enum Command {
     /// on the replica holding the Lease, the scheduler that allocates build hosts.
     Controller(Box<controller::ControllerArgs>),
     /// Run the one-time-password key server.
-    OtpServer(otp::OtpServerArgs),
+    OtpServer(Box<otp::OtpServerArgs>),
     /// Check host-config ConfigMap files and print each platform's strategy and capacity; with
     /// --cluster-queue, also check the Kueue ClusterQueue's quotas against the host-config.
     CheckConfig {
@@ -100,7 +100,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Controller(args) => runtime()?.block_on(controller::run(*args))?,
-        Command::OtpServer(args) => runtime()?.block_on(otp::run_server(args))?,
+        Command::OtpServer(args) => runtime()?.block_on(otp::run_server(*args))?,
         Command::CheckConfig {
             files,
             cluster_queue,

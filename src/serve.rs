@@ -8,8 +8,13 @@
 //! - a TLS handshake deadline, a deadline from accept to the first complete request head, an
 //!   idle timeout between requests, and on HTTP/1 a deadline for the rest of a head once its first
 //!   byte came. Bodies are bounded by each router's own request timeout and size limit;
-//! - at most `max_in_flight` requests running at once; more are answered 503 at once, before
-//!   their body is read;
+//! - at most `max_in_flight` requests running at once, and at most `max_in_flight_per_peer` of
+//!   them from one peer address; more are answered 503 at once, before their body is read. A
+//!   listener may keep `reserved_in_flight` further places for requests its [`Reserve`] admits
+//!   from their head alone (the OTP server: the controller's calls with a valid bearer token), so
+//!   clients without credentials can never take the places of those with them;
+//! - handlers read bodies within a [`BodyDeadline`] that fits the body (a grace plus its size at a
+//!   minimum rate), separate from their request timeout, so a stalled body frees its place soon;
 //! - small protocol buffers (HTTP/1 head buffer, HTTP/2 flow-control windows and header lists),
 //!   so what a connection can make the server buffer is known.
 //!
@@ -19,19 +24,19 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -51,8 +56,54 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// Most requests running at once; more are answered 503.
     pub max_in_flight: usize,
+    /// Most of those `max_in_flight` places one peer address may hold at once (more of its
+    /// requests are answered 503); at or above `max_in_flight` there is no share.
+    pub max_in_flight_per_peer: usize,
+    /// Places beyond `max_in_flight` that only requests the listener's [`Reserve`] admits may
+    /// take (they take the shared places once these are full).
+    pub reserved_in_flight: usize,
+    /// How long the handlers wait for a request body.
+    pub body: BodyDeadline,
     /// How long in-flight requests may run after shutdown starts.
     pub drain_timeout: Duration,
+}
+
+/// How long a handler waits for a request body: `grace` plus the body's size at `min_rate`
+/// bytes a second, the size being the declared `Content-Length` (when within the cap) or else the
+/// cap. A 1 KiB token gets about the grace, the largest body proportionally more; a client that
+/// stalls its body holds its in-flight place no longer than that, whatever the request timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyDeadline {
+    /// Time for the first bytes to come (one lost packet's retransmission fits).
+    pub grace: Duration,
+    /// Slowest rate a legitimate client sends at, in bytes a second.
+    pub min_rate: u64,
+}
+
+impl BodyDeadline {
+    /// The deadline for a body of at most `cap` bytes, with the request's `headers`.
+    pub fn for_body(&self, headers: &HeaderMap, cap: usize) -> Duration {
+        let cap = cap as u64;
+        let size = declared_length(headers).map_or(cap, |n| n.min(cap));
+        self.grace + Duration::from_secs_f64(size as f64 / self.min_rate.max(1) as f64)
+    }
+}
+
+/// The request's `Content-Length`, if it declares a valid one.
+pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Which requests may take a listener's reserved in-flight places.
+pub trait Reserve: Send + Sync + 'static {
+    /// Whether the request, judged by its head alone (nothing of its body is read yet), is one of
+    /// the privileged caller's, e.g. carries a valid credential.
+    fn admits(&self, uri: &Uri, headers: &HeaderMap) -> bool;
 }
 
 impl Default for ServeOptions {
@@ -64,6 +115,12 @@ impl Default for ServeOptions {
             header_read_timeout: Duration::from_secs(10),
             max_connections: 4096,
             max_in_flight: 1024,
+            max_in_flight_per_peer: 1024,
+            reserved_in_flight: 0,
+            body: BodyDeadline {
+                grace: Duration::from_secs(1),
+                min_rate: 1024 * 1024,
+            },
             drain_timeout: Duration::from_secs(20),
         }
     }
@@ -75,6 +132,7 @@ impl ServeOptions {
         Self {
             max_connections: 64,
             max_in_flight: 16,
+            max_in_flight_per_peer: 16,
             drain_timeout,
             ..Self::default()
         }
@@ -199,27 +257,131 @@ impl Table {
     }
 }
 
-/// What every connection of a listener shares.
+/// A request's in-flight place, given back when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Reserved,
+    Shared(IpAddr),
+}
+
+/// Why a request got no place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoPlace {
+    /// Every shared place is taken.
+    Full,
+    /// The peer holds its share of them.
+    PeerShare,
+}
+
+impl NoPlace {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "every in-flight place is taken",
+            Self::PeerShare => "the peer holds its share of the in-flight places",
+        }
+    }
+}
+
+/// The in-flight places of one listener: the pure part of the request policy.
 #[derive(Debug)]
+struct Places {
+    shared: usize,
+    per_peer: usize,
+    reserved: usize,
+    shared_used: usize,
+    reserved_used: usize,
+    /// Shared places held, by peer; only peers holding one are present, so this has at most
+    /// `shared` entries.
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+impl Places {
+    fn new(opts: &ServeOptions) -> Self {
+        Self {
+            shared: opts.max_in_flight.max(1),
+            per_peer: opts.max_in_flight_per_peer.max(1),
+            reserved: opts.reserved_in_flight,
+            shared_used: 0,
+            reserved_used: 0,
+            by_peer: HashMap::new(),
+        }
+    }
+
+    /// A place for a request from `peer`; `privileged` ones (admitted by the listener's
+    /// [`Reserve`]) take a reserved place first.
+    fn take(&mut self, peer: IpAddr, privileged: bool) -> Result<Place, NoPlace> {
+        if privileged && self.reserved_used < self.reserved {
+            self.reserved_used += 1;
+            return Ok(Place::Reserved);
+        }
+        if self.shared_used >= self.shared {
+            return Err(NoPlace::Full);
+        }
+        let held = self.by_peer.get(&peer).copied().unwrap_or(0);
+        if held >= self.per_peer {
+            return Err(NoPlace::PeerShare);
+        }
+        self.by_peer.insert(peer, held + 1);
+        self.shared_used += 1;
+        Ok(Place::Shared(peer))
+    }
+
+    fn give_back(&mut self, place: Place) {
+        match place {
+            Place::Reserved => self.reserved_used = self.reserved_used.saturating_sub(1),
+            Place::Shared(peer) => {
+                self.shared_used = self.shared_used.saturating_sub(1);
+                if let Some(held) = self.by_peer.get_mut(&peer) {
+                    *held -= 1;
+                    if *held == 0 {
+                        self.by_peer.remove(&peer);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The address a peer's share is counted under: an IPv4 peer on an IPv6 socket counts as itself.
+fn peer_key(peer: SocketAddr) -> IpAddr {
+    peer.ip().to_canonical()
+}
+
+/// What every connection of a listener shares.
 struct Listener {
     opts: ServeOptions,
     table: Mutex<Table>,
     closed: Notify,
-    in_flight: Arc<Semaphore>,
+    places: Mutex<Places>,
+    reserve: Option<Arc<dyn Reserve>>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("opts", &self.opts)
+            .field("reserve", &self.reserve.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Listener {
-    fn new(opts: ServeOptions) -> Arc<Self> {
+    fn new(opts: ServeOptions, reserve: Option<Arc<dyn Reserve>>) -> Arc<Self> {
         Arc::new(Self {
             opts,
             table: Mutex::new(Table::new(opts.max_connections)),
             closed: Notify::new(),
-            in_flight: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
+            places: Mutex::new(Places::new(&opts)),
+            reserve,
         })
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn places(&self) -> std::sync::MutexGuard<'_, Places> {
+        self.places.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A place for a new connection, waiting while every connection is busy.
@@ -284,14 +446,17 @@ impl ConnGuard {
     }
 }
 
-/// Ends a request in the table when dropped (the handler finished or was cancelled).
+/// Ends a request in the table and gives its place back when dropped (the handler finished or
+/// was cancelled).
 struct RequestGuard {
     listener: Arc<Listener>,
     id: u64,
+    place: Place,
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
+        self.listener.places().give_back(self.place);
         self.listener.table().request_ended(self.id, Instant::now());
     }
 }
@@ -325,12 +490,24 @@ async fn serve_conn<I>(
         let app = app.clone();
         let listener = Arc::clone(&listener);
         async move {
-            let Ok(_permit) = Arc::clone(&listener.in_flight).try_acquire_owned() else {
-                tracing::debug!(%peer, "too many requests in flight; answered 503");
-                return Ok::<_, Infallible>(busy());
+            let privileged = listener
+                .reserve
+                .as_ref()
+                .is_some_and(|r| r.admits(req.uri(), req.headers()));
+            let taken = listener.places().take(peer_key(peer), privileged);
+            let place = match taken {
+                Ok(place) => place,
+                Err(why) => {
+                    tracing::debug!(%peer, why = why.as_str(), "no in-flight place; answered 503");
+                    return Ok::<_, Infallible>(busy());
+                }
             };
             listener.table().request_started(id);
-            let _running = RequestGuard { listener, id };
+            let _running = RequestGuard {
+                listener,
+                id,
+                place,
+            };
             Ok(app.oneshot(req).await.unwrap_or_else(|e| match e {}))
         }
     });
@@ -377,10 +554,22 @@ pub async fn serve_tls(
     shutdown: CancellationToken,
     opts: ServeOptions,
 ) {
+    serve_tls_reserving(listener, tls, app, shutdown, opts, None).await;
+}
+
+/// [`serve_tls`] with `opts.reserved_in_flight` places kept for the requests `reserve` admits.
+pub async fn serve_tls_reserving(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    shutdown: CancellationToken,
+    opts: ServeOptions,
+    reserve: Option<Arc<dyn Reserve>>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
     let builder = Arc::new(builder(&opts));
-    let policy = Listener::new(opts);
+    let policy = Listener::new(opts, reserve);
     while let Some((tcp, peer)) = accept(&listener, &shutdown).await {
         let Some(conn) = policy.open(&shutdown).await else {
             break;
@@ -423,7 +612,7 @@ pub async fn serve_plain(
 ) {
     let graceful = GracefulShutdown::new();
     let builder = Arc::new(builder(&opts));
-    let policy = Listener::new(opts);
+    let policy = Listener::new(opts, None);
     while let Some((tcp, peer)) = accept(&listener, &shutdown).await {
         let Some(conn) = policy.open(&shutdown).await else {
             break;
@@ -481,6 +670,84 @@ mod tests {
         assert!(t.conns.contains_key(&busy));
         t.close(busy);
         assert!(t.open(t0 + 6 * s).is_some());
+    }
+
+    #[test]
+    fn one_peer_holds_at_most_its_share_and_reserved_places_go_to_privileged_requests_only() {
+        let opts = ServeOptions {
+            max_in_flight: 4,
+            max_in_flight_per_peer: 2,
+            reserved_in_flight: 1,
+            ..ServeOptions::default()
+        };
+        let ip = |n: u8| IpAddr::from([10, 0, 0, n]);
+        let (a, b, c) = (ip(1), ip(2), ip(3));
+        let mut p = Places::new(&opts);
+        let a1 = p.take(a, false).unwrap();
+        p.take(a, false).unwrap();
+        assert_eq!(p.take(a, false), Err(NoPlace::PeerShare));
+        // A privileged request of the same peer still gets the reserved place...
+        assert_eq!(p.take(a, true), Ok(Place::Reserved));
+        // ...and with that taken, competes for the shared ones under the peer's share.
+        assert_eq!(p.take(a, true), Err(NoPlace::PeerShare));
+        assert_eq!(p.take(b, false), Ok(Place::Shared(b)));
+        assert_eq!(p.take(b, false), Ok(Place::Shared(b)));
+        assert_eq!(p.take(c, false), Err(NoPlace::Full));
+        assert_eq!(p.take(c, true), Err(NoPlace::Full));
+        p.give_back(Place::Reserved);
+        // An unprivileged request never takes a reserved place, even a free one.
+        assert_eq!(p.take(c, false), Err(NoPlace::Full));
+        assert_eq!(p.take(c, true), Ok(Place::Reserved));
+        p.give_back(a1);
+        assert_eq!(p.take(c, false), Ok(Place::Shared(c)));
+        for peer in [a, b, b, c] {
+            p.give_back(Place::Shared(peer));
+        }
+        p.give_back(Place::Reserved);
+        assert!(p.by_peer.is_empty(), "{:?}", p.by_peer);
+        assert_eq!((p.shared_used, p.reserved_used), (0, 0));
+    }
+
+    #[test]
+    fn without_a_share_one_peer_may_take_every_place() {
+        let mut p = Places::new(&ServeOptions {
+            max_in_flight: 3,
+            max_in_flight_per_peer: 3,
+            ..ServeOptions::default()
+        });
+        let a = IpAddr::from([10, 0, 0, 1]);
+        for _ in 0..3 {
+            p.take(a, false).unwrap();
+        }
+        assert_eq!(p.take(a, true), Err(NoPlace::Full));
+    }
+
+    #[test]
+    fn an_ipv4_peer_on_an_ipv6_socket_counts_as_itself() {
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:4000".parse().unwrap();
+        let plain: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        assert_eq!(peer_key(mapped), peer_key(plain));
+    }
+
+    #[test]
+    fn a_body_deadline_is_the_grace_plus_the_bodys_size_at_the_minimum_rate() {
+        let d = BodyDeadline {
+            grace: Duration::from_millis(500),
+            min_rate: 64 * 1024,
+        };
+        let declared = |n: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from_str(n).unwrap());
+            h
+        };
+        let ms = |d: Duration| d.as_millis();
+        // A token: well under a second.
+        assert_eq!(ms(d.for_body(&declared("1024"), 1024)), 515);
+        // Undeclared (chunked, or HTTP/2 without the header): the cap.
+        assert_eq!(ms(d.for_body(&HeaderMap::new(), 64 * 1024)), 1500);
+        // Declared above the cap: no more than the cap's time.
+        assert_eq!(ms(d.for_body(&declared("104857600"), 1024)), 515);
+        assert_eq!(ms(d.for_body(&declared("not a number"), 0)), 500);
     }
 
     #[test]

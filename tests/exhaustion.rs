@@ -1,9 +1,12 @@
 //! Unauthenticated resource exhaustion (issue 23 §3), against the real binaries on loopback: each
 //! test runs a bounded attack (fixed counts, a time limit), measures the server's memory from
 //! `/proc/<pid>/status` against its pod limit (`manifests/`: OTP server 128 Mi, controller
-//! 512 Mi), and has a legitimate client served throughout.
+//! 512 Mi), and has a legitimate client served throughout. Where the attack is about in-flight
+//! places (issue 31 §5), the attacker, the controller and a build pod (or the API server) come
+//! from distinct loopback addresses, as they do in a cluster.
 
-use std::net::{SocketAddr, TcpListener};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -123,10 +126,226 @@ async fn tls_connect(
     addr: SocketAddr,
     client: &Arc<rustls::ClientConfig>,
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
+    tls_connect_from(LOOPBACK, addr, client).await
+}
+
+/// The default client address; the others below stand for distinct peers.
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+/// One tenant's pod attacking.
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// The controller (OTP server) or the API server (webhook).
+const TRUSTED: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+/// Another tenant's build pod.
+const BUILD_POD: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4));
+
+/// A TLS connection to `addr` from the loopback address `from`.
+async fn tls_connect_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    let tcp = socket.connect(addr).await?;
+    tcp.set_nodelay(true)?;
     tokio_rustls::TlsConnector::from(Arc::clone(client))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
+}
+
+/// One HTTP/1.1 request from `from` on a fresh TLS connection: the status and body, or
+/// [`NO_ANSWER`] if the whole answer did not come within `limit`.
+async fn exchange_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    client: &Arc<rustls::ClientConfig>,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+    limit: Duration,
+) -> (u16, Vec<u8>) {
+    let exchange = async {
+        let mut s = tls_connect_from(from, addr, client).await.ok()?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.ok()?;
+        s.write_all(body).await.ok()?;
+        let mut answer = Vec::new();
+        // The server closes after answering (`Connection: close`); a TLS close without
+        // close_notify still leaves the answer read.
+        let _ = s.read_to_end(&mut answer).await;
+        let split = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let status = String::from_utf8_lossy(&answer[..split])
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some((status, answer[split + 4..].to_vec()))
+    };
+    tokio::time::timeout(limit, exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or((NO_ANSWER, Vec::new()))
+}
+
+/// A request body that sends one byte and then stalls (never ends).
+type StalledBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
+fn stalled_body() -> StalledBody {
+    use http_body_util::BodyExt;
+    let first = hyper::body::Frame::data(bytes::Bytes::from_static(b"x"));
+    let frames = futures::StreamExt::chain(
+        futures::stream::once(std::future::ready(Ok(first))),
+        futures::stream::pending(),
+    );
+    http_body_util::StreamBody::new(frames).boxed()
+}
+
+/// A slowloris attack from one address over HTTP/2, as a client that wants to hold places
+/// cheaply does it: `slots` streams over connections of 64 (the server's stream limit), each
+/// sending a request head and the first byte of the body it declares, waiting for the answer and
+/// starting over, until `until` (at most `rounds` times each): at once after a 408 (its body was
+/// waited for), else two seconds after its last try, so refusals do not turn the attack into a
+/// CPU flood of a test machine's shared cores. `established` counts slots whose first request is out.
+struct SlowBodies {
+    established: Arc<AtomicUsize>,
+    slots: Vec<tokio::task::JoinHandle<BTreeMap<u16, usize>>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl SlowBodies {
+    async fn start(
+        addr: SocketAddr,
+        ca_pem: &str,
+        path: &'static str,
+        headers: Vec<(&'static str, String)>,
+        slots: usize,
+        rounds: usize,
+        until: tokio::time::Instant,
+    ) -> Self {
+        let h2 = Arc::new(mpc::tls::client_config_trusting(ca_pem.as_bytes(), &[b"h2"]).unwrap());
+        let established = Arc::new(AtomicUsize::new(0));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut tasks = Vec::new();
+        for first in (0..slots).step_by(64) {
+            let tls = tls_connect_from(ATTACKER, addr, &h2).await.unwrap();
+            let (send, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(tls),
+            )
+            .await
+            .unwrap();
+            tokio::spawn(conn);
+            for _ in first..slots.min(first + 64) {
+                let (mut send, headers, established, stop) = (
+                    send.clone(),
+                    headers.clone(),
+                    Arc::clone(&established),
+                    stop.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    let mut answers = BTreeMap::new();
+                    for round in 0..rounds {
+                        if tokio::time::Instant::now() >= until || send.is_closed() {
+                            break;
+                        }
+                        let mut req = http::Request::post(path).header("host", "localhost");
+                        for (name, value) in &headers {
+                            req = req.header(*name, value);
+                        }
+                        let answer = send.send_request(req.body(stalled_body()).unwrap());
+                        if round == 0 {
+                            established.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let sent_at = tokio::time::Instant::now();
+                        let status = tokio::select! {
+                            () = stop.cancelled() => break,
+                            r = tokio::time::timeout_at(until, answer) => match r {
+                                Ok(Ok(r)) => r.status().as_u16(),
+                                Ok(Err(_)) => CLOSED,
+                                Err(_) => NO_ANSWER,
+                            },
+                        };
+                        *answers.entry(status).or_insert(0) += 1;
+                        // A stream whose body was waited for starts over at once; a refused one
+                        // two seconds after its last try.
+                        if status != 408 {
+                            let next = until.min(sent_at + Duration::from_secs(2));
+                            tokio::select! {
+                                () = stop.cancelled() => break,
+                                () = tokio::time::sleep_until(next) => {}
+                            }
+                        }
+                    }
+                    answers
+                }));
+            }
+        }
+        Self {
+            established,
+            slots: tasks,
+            stop,
+        }
+    }
+
+    /// Waits until every slot's first request is out (or `limit` passes); how many are.
+    async fn established(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        let all = self.slots.len();
+        while self.established.load(Ordering::Relaxed) < all && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the last heads and first bytes reach the server.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.established.load(Ordering::Relaxed)
+    }
+
+    /// Ends the attack; the answers it got, by status.
+    async fn answers(self) -> BTreeMap<u16, usize> {
+        self.stop.cancel();
+        let mut all = BTreeMap::new();
+        for slot in self.slots {
+            for (status, n) in slot.await.unwrap() {
+                *all.entry(status).or_insert(0) += n;
+            }
+        }
+        all
+    }
+}
+
+/// Runs `legit` `calls` times, one after the other, for at most `limit`: how many succeeded and
+/// the failures. Counted rather than timed, so a test machine busy with other tests only makes
+/// the run slower.
+async fn legitimate_calls<F, Fut>(
+    calls: usize,
+    limit: Duration,
+    mut legit: F,
+) -> (usize, Vec<String>)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + limit;
+    let (mut served, mut failures) = (0, Vec::new());
+    for _ in 0..calls {
+        if Instant::now() >= deadline {
+            break;
+        }
+        match legit().await {
+            Ok(()) => served += 1,
+            Err(e) => failures.push(e),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (served, failures)
+}
+
+/// How many of `failures` start with `what`.
+fn failed(failures: &[String], what: &str) -> usize {
+    failures.iter().filter(|f| f.starts_with(what)).count()
 }
 
 /// No answer within the time limit.
@@ -338,9 +557,10 @@ impl Otp {
     }
 }
 
-/// 1,000 clients without a bearer token start `/store-key` uploads of a key's maximum size and
-/// never finish them. The server used to read each body before checking the bearer (the issue
-/// measured 69 MB growing to 158 MB); now it refuses them unread.
+/// 1,000 clients without a bearer token (from one address, as one tenant's pod) start
+/// `/store-key` uploads of a key's maximum size and never finish them. The server used to read
+/// each body before checking the bearer (the issue measured 69 MB growing to 158 MB); now it
+/// refuses them unread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_store_uploads_are_refused_before_their_body_is_read() {
     let otp = Otp::start(&[]);
@@ -358,7 +578,7 @@ async fn unauthenticated_store_uploads_are_refused_before_their_body_is_read() {
     let held = attack(1000, 32, Duration::from_secs(10), move |_| {
         let client = Arc::clone(&client);
         async move {
-            let mut s = tls_connect(addr, &client).await.ok()?;
+            let mut s = tls_connect_from(ATTACKER, addr, &client).await.ok()?;
             // 64 KiB is `--max-key-bytes`: all but the last byte is sent.
             let head =
                 "POST /store-key HTTP/1.1\r\nHost: localhost\r\nContent-Length: 65536\r\n\r\n";
@@ -371,7 +591,8 @@ async fn unauthenticated_store_uploads_are_refused_before_their_body_is_read() {
     let attack_took = started.elapsed();
     let peak = otp.server.memory("VmHWM");
     let after = otp.server.memory("VmRSS");
-    // Every upload is answered 401 (then closed) without the server waiting for its last byte.
+    // Every upload is answered 401 or 503 (then closed) without the server waiting for its last
+    // byte.
     let answers: Vec<_> = held
         .into_iter()
         .map(|mut s| tokio::spawn(async move { read_status(&mut s, Duration::from_secs(3)).await }))
@@ -379,7 +600,8 @@ async fn unauthenticated_store_uploads_are_refused_before_their_body_is_read() {
     let (mut refused, mut other) = (0, std::collections::BTreeMap::new());
     for a in answers {
         match a.await.unwrap() {
-            401 | CLOSED => refused += 1,
+            // 503: refused before the handler (the address holds its share of the places).
+            401 | 503 | CLOSED => refused += 1,
             s => *other.entry(s).or_insert(0) += 1,
         }
     }
@@ -490,7 +712,9 @@ async fn idle_connections_are_capped_and_closed() {
 /// waits in one place only, for one window per re-arm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
-    let otp = Otp::start(&["--rearm-wait", "6s"]);
+    // All of them come from one loopback address here; in a cluster a tenant redeems from many
+    // pods, so the per-address share is lifted to test the waiting places alone.
+    let otp = Otp::start(&["--rearm-wait", "6s", "--max-in-flight-per-peer", "512"]);
     let client = otp.client();
     // The controller stores each key with the retries its TaskRun may still start.
     let store = |owner: &'static str, left: u32, key: &'static [u8]| {
@@ -613,6 +837,158 @@ async fn redeeming_ones_own_used_token_cannot_deny_another_tenants_retry() {
     assert!(peak < OTP_POD_LIMIT, "peak RSS {} MiB", peak / MIB);
 }
 
+/// The controller storing a key from [`TRUSTED`] and a build pod redeeming it from [`BUILD_POD`],
+/// each one attempt on a fresh connection (no retries), the failure named `store` or `redeem`.
+fn controller_and_build_pod(otp: &Otp) -> impl FnMut() -> LegitCall + Send + 'static {
+    let (addr, tls, bearer) = (
+        otp.server.addr,
+        Arc::clone(&otp.certs.client),
+        otp.bearer.clone(),
+    );
+    let n = Arc::new(AtomicUsize::new(0));
+    move || {
+        let (tls, bearer, i) = (
+            Arc::clone(&tls),
+            bearer.clone(),
+            n.fetch_add(1, Ordering::Relaxed),
+        );
+        Box::pin(async move {
+            let key = format!("legit-key-{i}");
+            let limit = Duration::from_secs(5);
+            let (status, token) = exchange_from(
+                TRUSTED,
+                addr,
+                &tls,
+                &format!("/store-key?owner=uid-legit-{i}&request=p1"),
+                &format!("Authorization: Bearer {bearer}\r\n"),
+                key.as_bytes(),
+                limit,
+            )
+            .await;
+            if status != 201 {
+                return Err(format!("store {i}: {status}"));
+            }
+            let (status, got) =
+                exchange_from(BUILD_POD, addr, &tls, "/otp", "", &token, limit).await;
+            if status != 200 || got != key.as_bytes() {
+                return Err(format!("redeem {i}: {status}"));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// 512 clients from one address (a tenant's pod) start `/otp` redeems declaring a token's 1,024
+/// bytes, send one, and start over whenever the server answers. The in-flight places were first
+/// come, first served and a stalled body held one for the request timeout (10 s), so the
+/// controller's `/store-key` calls from another address were answered 503 (the issue: 153 of
+/// 155). Now one address holds at most its share of the places (64), a stalled token body about
+/// half a second, and the controller's authenticated calls have places of their own; another
+/// tenant's build pod redeems from a third address. Bound: at least 95% of the legitimate calls
+/// (one attempt each, no retries) succeed while the attack runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_token_bodies_from_one_peer_leave_the_controller_and_build_pods_served() {
+    // The default `--max-in-flight`.
+    const SLOTS: usize = 512;
+    const CALLS: usize = 40;
+    let otp = Otp::start(&[]);
+    let addr = otp.server.addr;
+    let mut call = controller_and_build_pod(&otp);
+    call().await.expect("served before the attack");
+
+    // The attack lasts until the legitimate calls are done, 30 s at most.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let headers = vec![("content-length", "1024".to_owned())];
+    let attack =
+        SlowBodies::start(addr, &otp.certs.ca_pem, "/otp", headers, SLOTS, 40, until).await;
+    let established = attack.established(Duration::from_secs(5)).await;
+    let (served, failures) = legitimate_calls(CALLS, Duration::from_secs(20), call).await;
+    let answers = attack.answers().await;
+    let peak = otp.server.memory("VmHWM");
+
+    let (stores_failed, redeems_failed) = (failed(&failures, "store"), failed(&failures, "redeem"));
+    let stores = served + failures.len();
+    eprintln!(
+        "OTP slow /otp bodies from one address ({established} of {SLOTS} out): controller stores {} of {stores} served, build-pod redeems {served} of {} served; attack answered {answers:?}; peak RSS {} MiB; first failures {:?}",
+        stores - stores_failed,
+        served + redeems_failed,
+        peak / MIB,
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        established >= SLOTS * 9 / 10,
+        "only {established} slow bodies out"
+    );
+    assert!(stores >= 10, "only {stores} legitimate calls ran in time");
+    assert!(
+        failures.len() * 20 <= stores,
+        "{} of {stores} legitimate calls failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
+    assert!(peak < OTP_POD_LIMIT, "peak RSS {} MiB", peak / MIB);
+}
+
+/// With every shared place held by stalled token bodies, the controller's `/store-key` and
+/// `/revoke` with the valid bearer token still get a reserved place; the same calls with a wrong
+/// token, and redeems, get 503 (they never take a reserved place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_valid_bearer_token_takes_a_reserved_place() {
+    let otp = Otp::start(&[
+        "--max-in-flight=2",
+        "--max-held-redeems=1",
+        "--reserved-in-flight=1",
+        "--body-timeout=30s",
+    ]);
+    let (addr, tls) = (otp.server.addr, Arc::clone(&otp.certs.client));
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = tls_connect_from(ATTACKER, addr, &tls).await.unwrap();
+        let head = "POST /otp HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1024\r\n\r\nx";
+        s.write_all(head.as_bytes()).await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let limit = Duration::from_secs(5);
+    let call = |from, path: &'static str, bearer: &str, body: &'static [u8]| {
+        let (tls, auth) = (
+            Arc::clone(&tls),
+            format!("Authorization: Bearer {bearer}\r\n"),
+        );
+        async move { exchange_from(from, addr, &tls, path, &auth, body, limit).await }
+    };
+    let store = "/store-key?owner=uid-1&request=r1";
+    assert_eq!(call(TRUSTED, store, "wrong", b"KEY").await.0, 503);
+    assert_eq!(call(BUILD_POD, "/otp", "", b"token").await.0, 503);
+    let (status, token) = call(TRUSTED, store, &otp.bearer, b"KEY").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&token));
+    let (status, _) = call(TRUSTED, "/revoke?owner=uid-1", &otp.bearer, b"").await;
+    assert_eq!(status, 200);
+    // Once the stalled bodies are gone, redeems are served again.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = call(BUILD_POD, "/otp", "", b"malformed").await;
+    assert_eq!(status, 400);
+}
+
+/// A token body that stalls after its first byte is answered 408 well within a second, not after
+/// the request timeout (10 s), so it holds its in-flight place that long at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_token_body_is_answered_within_a_second() {
+    let otp = Otp::start(&[]);
+    let mut s = tls_connect(otp.server.addr, &otp.certs.client)
+        .await
+        .unwrap();
+    let head = "POST /otp HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1024\r\n\r\nx";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let status = read_status(&mut s, Duration::from_secs(3)).await;
+    let took = started.elapsed();
+    eprintln!("stalled token body: {status} after {took:?}");
+    assert_eq!(status, 408, "after {took:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Controller webhook
 
@@ -638,10 +1014,11 @@ fn start_webhook(certs: &Certs) -> Process {
     Process::start(cmd, addr, certs.path("controller.log"))
 }
 
-/// 120 clients start webhook requests declaring 4 MiB bodies (the old limit) and 80 more send all
-/// but the last byte of a body just under the new limit, and none finishes. The old limit let
-/// the first wave alone buffer 480 MiB; now a body above the largest review the API server can
-/// send is refused before it is read, and the ones under it are bounded by the in-flight cap.
+/// 120 clients (from one address, as a pod) start webhook requests declaring 4 MiB bodies (the
+/// old limit) and 80 more send all but the last byte of a body just under the new limit, and none
+/// finishes. The old limit let the first wave alone buffer 480 MiB; now a body above the largest
+/// review the API server can send is refused before it is read, and the ones under it are bounded
+/// by the in-flight cap (and the address's share of it) and their body deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_webhook_bodies_stay_bounded() {
     let certs = Certs::new();
@@ -699,7 +1076,7 @@ async fn unfinished_webhook_bodies_stay_bounded() {
         let over = attack(120, 24, Duration::from_secs(10), move |_| {
             let (client, refused) = (Arc::clone(&tls), Arc::clone(&refused));
             async move {
-                let mut s = tls_connect(addr, &client).await.ok()?;
+                let mut s = tls_connect_from(ATTACKER, addr, &client).await.ok()?;
                 let len = 4 * MIB as usize;
                 let head = format!(
                     "POST /mutate-taskrun HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
@@ -725,7 +1102,7 @@ async fn unfinished_webhook_bodies_stay_bounded() {
         let under = attack(80, 16, Duration::from_secs(10), move |_| {
             let client = Arc::clone(&client);
             async move {
-                let mut s = tls_connect(addr, &client).await.ok()?;
+                let mut s = tls_connect_from(ATTACKER, addr, &client).await.ok()?;
                 let len = 1536 * 1024;
                 let head = format!(
                     "POST /mutate-taskrun HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
@@ -768,5 +1145,100 @@ async fn unfinished_webhook_bodies_stay_bounded() {
         refused.load(Ordering::Relaxed) >= 100,
         "only {} bodies over the limit were refused",
         refused.load(Ordering::Relaxed)
+    );
+}
+
+/// Waits until the webhook answers a review (its certificate is loaded).
+async fn webhook_ready(server: &Process, client: &Arc<rustls::ClientConfig>, review: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while request(
+        server.addr,
+        client,
+        "/mutate-taskrun",
+        "",
+        review,
+        Duration::from_secs(2),
+    )
+    .await
+        != 200
+    {
+        assert!(
+            Instant::now() < deadline,
+            "webhook not ready: {}",
+            server.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// 140 clients from one address start admission reviews, send one byte of the body, and start
+/// over whenever the server answers. Stalled bodies held the 128 in-flight places for the request
+/// timeout (10 s) and the API server's reviews from another address were answered 503 (the issue:
+/// 158 of 159; with `failurePolicy: Ignore` the TaskRuns are admitted unmarked). Now one address
+/// holds at most half the places and a stalled review about a second. Bound: at least 95% of the
+/// API server's reviews (one attempt each) are answered 200 while the attack runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_review_bodies_from_one_peer_leave_the_api_server_served() {
+    const SLOTS: usize = 140;
+    const CALLS: usize = 60;
+    let certs = Certs::new();
+    let server = start_webhook(&certs);
+    let review = std::fs::read(admission_fixture("taskref-bundle.json")).unwrap();
+    let (addr, tls) = (server.addr, Arc::clone(&certs.client));
+    webhook_ready(&server, &tls, &review).await;
+
+    // The attack lasts until the legitimate calls are done, 30 s at most.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let headers = vec![
+        ("content-type", "application/json".to_owned()),
+        ("content-length", review.len().to_string()),
+    ];
+    let attack = SlowBodies::start(
+        addr,
+        &certs.ca_pem,
+        "/mutate-taskrun",
+        headers,
+        SLOTS,
+        40,
+        until,
+    )
+    .await;
+    let established = attack.established(Duration::from_secs(5)).await;
+    let call = move || {
+        let (tls, review) = (Arc::clone(&tls), review.clone());
+        async move {
+            let (status, _) = exchange_from(
+                TRUSTED,
+                addr,
+                &tls,
+                "/mutate-taskrun",
+                "Content-Type: application/json\r\n",
+                &review,
+                Duration::from_secs(5),
+            )
+            .await;
+            match status {
+                200 => Ok(()),
+                s => Err(format!("review answered {s}")),
+            }
+        }
+    };
+    let (served, failures) = legitimate_calls(CALLS, Duration::from_secs(20), call).await;
+    let answers = attack.answers().await;
+    let reviews = served + failures.len();
+    eprintln!(
+        "webhook slow review bodies from one address ({established} of {SLOTS} out): API server reviews {served} of {reviews} answered 200; attack answered {answers:?}; first failures {:?}",
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        established >= SLOTS * 9 / 10,
+        "only {established} slow bodies out"
+    );
+    assert!(reviews >= 10, "only {reviews} reviews ran in time");
+    assert!(
+        failures.len() * 20 <= reviews,
+        "{} of {reviews} reviews failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
     );
 }

@@ -170,6 +170,7 @@ async fn body_limit_gives_413_and_no_config_gives_503() {
         Limits {
             max_body_bytes: 10_000,
             request_timeout: Duration::from_secs(5),
+            ..Limits::default()
         },
     );
     let (status, _) = call(
@@ -194,6 +195,36 @@ async fn body_limit_gives_413_and_no_config_gives_503() {
     let (_, metrics) = call(&empty.admin, "GET", "/metrics", Vec::new()).await;
     let text = String::from_utf8(metrics.to_vec()).unwrap();
     assert!(text.contains("multi_platform_controller_webhook_requests{outcome=\"unavailable\"} 1"));
+}
+
+/// A review whose body stalls after its first byte is answered 408 within its body deadline (1 s
+/// plus its size at 1 MiB/s), not after the request timeout (10 s): a client that stalls bodies
+/// holds an in-flight place about a second each.
+#[tokio::test]
+async fn a_stalled_review_body_is_answered_408_within_its_body_deadline() {
+    use futures::StreamExt;
+    let a = apps(Some(fixture_config()), Limits::default());
+    let review = fixture("taskref-bundle");
+    let first = Bytes::copy_from_slice(&review[..1]);
+    let stalled = futures::stream::once(async move { Ok::<_, std::io::Error>(first) })
+        .chain(futures::stream::pending());
+    let req = Request::builder()
+        .method("POST")
+        .uri("/mutate-taskrun")
+        .header("content-type", "application/json")
+        .header("content-length", review.len())
+        .body(Body::from_stream(stalled))
+        .unwrap();
+    let started = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(15), a.webhook.clone().oneshot(req))
+        .await
+        .expect("no answer")
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT, "after {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"request body not received in time\n");
 }
 
 #[tokio::test]

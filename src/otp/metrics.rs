@@ -9,7 +9,7 @@ use prometheus::{
 use crate::metrics::name;
 
 /// Every rejection reason, pre-registered so each series exists from the start.
-pub const REASONS: [&str; 11] = [
+pub const REASONS: [&str; 12] = [
     "unauthorized",
     "malformed",
     "too_large",
@@ -21,6 +21,7 @@ pub const REASONS: [&str; 11] = [
     "revoked",
     "busy",
     "unavailable",
+    "slow_body",
 ];
 
 /// Endpoints whose latency is measured (a redeem that waited for a re-arm is measured in

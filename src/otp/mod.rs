@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::serve::{ServeOptions, serve_plain, serve_tls};
+use crate::serve::{BodyDeadline, ServeOptions, serve_plain, serve_tls_reserving};
 use crate::tls::{CertPaths, ReloadingCert, TlsError};
 
 pub use client::{OtpClient, OtpClientError, Rearm};
@@ -154,6 +154,26 @@ pub struct OtpServerArgs {
     /// once). Must exceed `--max-held-redeems`.
     #[arg(long, env = "MPC_OTP_MAX_IN_FLIGHT", default_value_t = OTP_LIMITS.max_in_flight)]
     pub max_in_flight: usize,
+    /// Most of `--max-in-flight` one client address may hold at once (more of its requests are
+    /// answered 503 at once), so one pod cannot take every place. A build pod redeems once; set
+    /// it to `--max-in-flight` if clients reach the server through a NAT that gives them one
+    /// address.
+    #[arg(long, env = "MPC_OTP_MAX_IN_FLIGHT_PER_PEER", default_value_t = OTP_LIMITS.max_in_flight_per_peer, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_in_flight_per_peer: usize,
+    /// Places beyond `--max-in-flight` kept for the controller's calls (`/store-key` and
+    /// `/revoke` with the valid bearer token, checked before anything else of the request is
+    /// read): a client without the token never takes one. Past them the controller's calls share
+    /// the other places.
+    #[arg(long, env = "MPC_OTP_RESERVED_IN_FLIGHT", default_value_t = OTP_LIMITS.reserved_in_flight)]
+    pub reserved_in_flight: usize,
+    /// Time a request body has for its first bytes: the whole body must arrive within this plus
+    /// its size at `--min-body-rate` (a token: about this; the largest key: a second more),
+    /// separately from `--request-timeout`, so a stalled body holds its place briefly.
+    #[arg(long, env = "MPC_OTP_BODY_TIMEOUT", default_value = "500ms", value_parser = crate::duration::parse_nonzero)]
+    pub body_timeout: Duration,
+    /// Slowest body upload accepted, in bytes a second (see `--body-timeout`).
+    #[arg(long, env = "MPC_OTP_MIN_BODY_RATE", default_value_t = OTP_LIMITS.body.min_rate, value_parser = clap::value_parser!(u64).range(1..))]
+    pub min_body_rate: u64,
     /// Longest time from accepting a connection to its first request.
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub first_request_timeout: Duration,
@@ -164,7 +184,10 @@ pub struct OtpServerArgs {
 
 /// The HTTPS listener's limits. Unauthenticated clients can reach the port, so what one can
 /// hold is small: no body is read before its request is authorised (or, for `/otp`, beyond a
-/// token's size), and connections and requests are capped.
+/// token's size), a body has about half a second, and connections and requests are capped. Many
+/// tenants' pods reach the port directly, each from its own address, so one address gets a share
+/// of the places (64: a pod redeems once), and the controller's calls have places of their own
+/// (64: its SSH parallelism of 32 provisions plus revokes).
 pub const OTP_LIMITS: ServeOptions = ServeOptions {
     handshake_timeout: Duration::from_secs(5),
     first_request_timeout: Duration::from_secs(10),
@@ -172,6 +195,12 @@ pub const OTP_LIMITS: ServeOptions = ServeOptions {
     header_read_timeout: Duration::from_secs(10),
     max_connections: 1024,
     max_in_flight: 512,
+    max_in_flight_per_peer: 64,
+    reserved_in_flight: 64,
+    body: BodyDeadline {
+        grace: Duration::from_millis(500),
+        min_rate: 64 * 1024,
+    },
     drain_timeout: Duration::from_secs(20),
 };
 
@@ -199,6 +228,10 @@ impl OtpServerArgs {
             cert_reload_interval: Duration::from_secs(10),
             max_connections: OTP_LIMITS.max_connections,
             max_in_flight: OTP_LIMITS.max_in_flight,
+            max_in_flight_per_peer: OTP_LIMITS.max_in_flight_per_peer,
+            reserved_in_flight: OTP_LIMITS.reserved_in_flight,
+            body_timeout: OTP_LIMITS.body.grace,
+            min_body_rate: OTP_LIMITS.body.min_rate,
             first_request_timeout: OTP_LIMITS.first_request_timeout,
             idle_timeout: OTP_LIMITS.idle_timeout,
         }
@@ -251,6 +284,11 @@ impl RunningServer {
             return Err(OtpError::Config(
                 "--max-connections must be positive and --max-in-flight above --max-held-redeems"
                     .into(),
+            ));
+        }
+        if args.max_in_flight_per_peer == 0 || args.min_body_rate == 0 {
+            return Err(OtpError::Config(
+                "--max-in-flight-per-peer and --min-body-rate must be positive".into(),
             ));
         }
         let mut secrets = Vec::new();
@@ -314,6 +352,10 @@ impl RunningServer {
             ttl: args.ttl,
             max_key_bytes: args.max_key_bytes,
             request_timeout: args.request_timeout,
+            body_deadline: BodyDeadline {
+                grace: args.body_timeout,
+                min_rate: args.min_body_rate,
+            },
             rearm_wait: args.rearm_wait,
             holds: hold::Holds::new(args.max_held_redeems, args.rearm_wait, metrics.held.clone()),
             shutdown: cancel.clone(),
@@ -322,6 +364,12 @@ impl RunningServer {
         let opts = ServeOptions {
             max_connections: args.max_connections,
             max_in_flight: args.max_in_flight,
+            max_in_flight_per_peer: args.max_in_flight_per_peer,
+            reserved_in_flight: args.reserved_in_flight,
+            body: BodyDeadline {
+                grace: args.body_timeout,
+                min_rate: args.min_body_rate,
+            },
             first_request_timeout: args.first_request_timeout,
             idle_timeout: args.idle_timeout,
             ..OTP_LIMITS
@@ -333,12 +381,13 @@ impl RunningServer {
         };
         let mut tasks = vec![
             cert.spawn_reloader(args.cert_reload_interval, cancel.clone()),
-            tokio::spawn(serve_tls(
+            tokio::spawn(serve_tls_reserving(
                 listener,
                 tls,
                 server::router(Arc::clone(&state)),
                 cancel.clone(),
                 opts,
+                Some(Arc::new(server::ControllerCalls(Arc::clone(&state)))),
             )),
             tokio::spawn(serve_plain(
                 admin,

@@ -32,6 +32,7 @@ use super::store::{
     StoreRequest, Stored, request_digest,
 };
 use super::token::{Token, TokenHash};
+use crate::serve::{BodyDeadline, Reserve};
 
 /// Header carrying a client-chosen idempotency key on `/store-key`.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -54,6 +55,8 @@ pub struct AppState {
     pub max_key_bytes: usize,
     /// Longest a request may take (a redeem's wait for a re-arm excepted).
     pub request_timeout: Duration,
+    /// How long a request body may take to arrive (within `request_timeout`).
+    pub body_deadline: BodyDeadline,
     /// Longest a redeem of a used, re-armable token waits for the re-arm.
     pub rearm_wait: Duration,
     /// Redeems waiting for a re-arm.
@@ -69,6 +72,17 @@ impl std::fmt::Debug for AppState {
             .field("ttl", &self.ttl)
             .field("rearm_wait", &self.rearm_wait)
             .finish_non_exhaustive()
+    }
+}
+
+/// The controller's calls, which may take the listener's reserved in-flight places: `/store-key`
+/// and `/revoke` carrying the valid bearer token (the handler checks it again).
+#[derive(Debug)]
+pub struct ControllerCalls(pub Arc<AppState>);
+
+impl Reserve for ControllerCalls {
+    fn admits(&self, uri: &Uri, headers: &HeaderMap) -> bool {
+        matches!(uri.path(), "/store-key" | "/revoke") && authorized(&self.0, headers)
     }
 }
 
@@ -289,12 +303,48 @@ fn unavailable(state: &AppState, e: &StoreError) -> Response {
     )
 }
 
-/// Reads at most `limit` bytes of body; `None` if it is larger (or the client broke off).
-async fn read_body(body: Body, limit: usize) -> Option<Zeroizing<Vec<u8>>> {
-    axum::body::to_bytes(body, limit)
-        .await
-        .ok()
-        .map(|b| Zeroizing::new(b.to_vec()))
+/// Why a body was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoBody {
+    /// Larger than the limit, or the client broke off.
+    TooLarge,
+    /// Not all there within the body deadline.
+    Slow,
+}
+
+/// Reads at most `limit` bytes of body within the state's body deadline for it.
+async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Zeroizing<Vec<u8>>, NoBody> {
+    // A larger declared length is read up to the limit all the same: HTTP/2 clients such as curl
+    // report a refusal of an unread body as a stream error instead of the status.
+    let deadline = state.body_deadline.for_body(headers, limit);
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(Zeroizing::new(b.to_vec())),
+        Ok(Err(_)) => Err(NoBody::TooLarge),
+        Err(_) => Err(NoBody::Slow),
+    }
+}
+
+/// The answer to a body that was not read.
+fn no_body(state: &AppState, why: NoBody, what: &str) -> Response {
+    match why {
+        NoBody::TooLarge => refuse(
+            state,
+            "too_large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("{what} too large"),
+        ),
+        NoBody::Slow => refuse(
+            state,
+            "slow_body",
+            StatusCode::REQUEST_TIMEOUT,
+            "request body not received in time",
+        ),
+    }
 }
 
 fn authorized(state: &AppState, headers: &HeaderMap) -> bool {
@@ -353,18 +403,21 @@ async fn drain_body(body: Body, limit: usize) {
 
 /// A controller request (`/store-key`, `/revoke`): checks the bearer token before reading the
 /// body, so an unauthenticated client cannot make the server buffer anything; then reads the body
-/// (at most `limit` bytes), runs `f` on it (`None` if too large) and times it as `endpoint`.
+/// (at most `limit` bytes, within its deadline), runs `f` on it and times it as `endpoint`.
 async fn controller_request<Fut: Future<Output = Response>>(
     state: &AppState,
     endpoint: &'static str,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-    f: impl FnOnce(Option<Zeroizing<Vec<u8>>>) -> Fut,
+    f: impl FnOnce(Zeroizing<Vec<u8>>) -> Fut,
 ) -> Response {
     let started = Instant::now();
     let response = if authorized(state, headers) {
-        f(read_body(body, limit).await).await
+        match read_body(state, headers, body, limit).await {
+            Ok(body) => f(body).await,
+            Err(why) => no_body(state, why, if endpoint == "store" { "key" } else { "body" }),
+        }
     } else {
         drain_body(body, limit).await;
         unauthorized(state)
@@ -390,16 +443,8 @@ async fn store_key_inner(
     state: &AppState,
     uri: &Uri,
     headers: &HeaderMap,
-    body: Option<Zeroizing<Vec<u8>>>,
+    key: Zeroizing<Vec<u8>>,
 ) -> Response {
-    let Some(key) = body else {
-        return refuse(
-            state,
-            "too_large",
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "key too large",
-        );
-    };
     let idempotency = headers.get(IDEMPOTENCY_KEY).map(HeaderValue::as_bytes);
     let params = match store_params(uri, idempotency) {
         Ok(p) => p,
@@ -571,9 +616,9 @@ async fn revoke_inner(state: &AppState, uri: &Uri) -> Response {
     }
 }
 
-async fn redeem(State(state): State<Arc<AppState>>, body: Body) -> Response {
+async fn redeem(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let (response, held) = redeem_inner(&state, body).await;
+    let (response, held) = redeem_inner(&state, &headers, body).await;
     if !held {
         observe(&state, "redeem", started);
     }
@@ -581,26 +626,11 @@ async fn redeem(State(state): State<Arc<AppState>>, body: Body) -> Response {
 }
 
 /// The answer, and whether the redeem waited for a re-arm.
-async fn redeem_inner(state: &AppState, body: Body) -> (Response, bool) {
-    let body =
-        match tokio::time::timeout(state.request_timeout, read_body(body, MAX_TOKEN_BODY)).await {
-            Ok(Some(b)) => b,
-            Ok(None) => {
-                let r = refuse(
-                    state,
-                    "too_large",
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body too large",
-                );
-                return (r, false);
-            }
-            Err(_) => {
-                return (
-                    text(StatusCode::REQUEST_TIMEOUT, "request timeout\n"),
-                    false,
-                );
-            }
-        };
+async fn redeem_inner(state: &AppState, headers: &HeaderMap, body: Body) -> (Response, bool) {
+    let body = match read_body(state, headers, body, MAX_TOKEN_BODY).await {
+        Ok(b) => b,
+        Err(why) => return (no_body(state, why, "body"), false),
+    };
     let Ok(token) = Token::parse(&body) else {
         let r = refuse(
             state,

@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config_source::{self, ConfigMetrics, ConfigSource};
-use crate::serve::{self, ServeOptions};
+use crate::serve::{self, BodyDeadline, ServeOptions};
 use crate::tls::{CertPaths, ReloadingCert};
 use admin::{AdminState, Readiness};
 use webhook::{Limits, WebhookMetrics, WebhookState};
@@ -47,6 +47,15 @@ pub enum ServerError {
 
 /// The webhook listener's limits: the API server opens a few HTTP/2 connections and sends at most
 /// a few hundred reviews a second, each answered in microseconds.
+///
+/// The API server is the only legitimate client, and it calls from one address (one per
+/// replica, or a proxy's), so a per-peer share cannot tell tenants apart here: it is half the
+/// places, which is far more than the API server ever has in flight and keeps one other address
+/// (a pod reaching the port, which the NetworkPolicy cannot close to pods without closing it to
+/// an API server outside the pod network) from taking the rest. Against many addresses the
+/// defence is the body deadline: a review arrives from the API server in milliseconds, so a
+/// stalled body holds its place about a second (1 s plus its size at 1 MiB/s), not the request
+/// timeout, and an attacker must keep sending requests to keep places.
 pub const WEBHOOK_LIMITS: ServeOptions = ServeOptions {
     handshake_timeout: Duration::from_secs(5),
     first_request_timeout: Duration::from_secs(10),
@@ -54,6 +63,12 @@ pub const WEBHOOK_LIMITS: ServeOptions = ServeOptions {
     header_read_timeout: Duration::from_secs(10),
     max_connections: 1024,
     max_in_flight: 128,
+    max_in_flight_per_peer: 64,
+    reserved_in_flight: 0,
+    body: BodyDeadline {
+        grace: Duration::from_secs(1),
+        min_rate: 1024 * 1024,
+    },
     drain_timeout: Duration::from_secs(20),
 };
 
@@ -98,6 +113,20 @@ pub struct WebhookArgs {
     /// 205 MiB, well inside the pod's 512 Mi.
     #[arg(long, default_value_t = WEBHOOK_LIMITS.max_in_flight)]
     pub webhook_max_in_flight: usize,
+    /// Most of `--webhook-max-in-flight` one client address may hold at once (more are answered
+    /// 503 at once). The API server needs a few at a time; the share keeps one other address (a
+    /// pod reaching the port) from taking the rest. Raise it to `--webhook-max-in-flight` if
+    /// several API servers reach the webhook through one proxy address under heavy load.
+    #[arg(long, env = "MPC_WEBHOOK_MAX_IN_FLIGHT_PER_PEER", default_value_t = WEBHOOK_LIMITS.max_in_flight_per_peer, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub webhook_max_in_flight_per_peer: usize,
+    /// Time a review body has for its first bytes: the whole body must arrive within this plus
+    /// its size at `--webhook-min-body-rate` (the largest review: 2.6 s), inside
+    /// `--request-timeout`, so a stalled body holds its place briefly.
+    #[arg(long, env = "MPC_WEBHOOK_BODY_TIMEOUT", default_value = "1s", value_parser = crate::duration::parse_nonzero)]
+    pub webhook_body_timeout: Duration,
+    /// Slowest review upload accepted, in bytes a second (see `--webhook-body-timeout`).
+    #[arg(long, env = "MPC_WEBHOOK_MIN_BODY_RATE", default_value_t = WEBHOOK_LIMITS.body.min_rate, value_parser = clap::value_parser!(u64).range(1..))]
+    pub webhook_min_body_rate: u64,
     /// Longest time from accepting a webhook or admin connection to its first request.
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse_nonzero)]
     pub first_request_timeout: Duration,
@@ -126,6 +155,9 @@ impl WebhookArgs {
             request_timeout: Limits::default().request_timeout,
             webhook_max_connections: WEBHOOK_LIMITS.max_connections,
             webhook_max_in_flight: WEBHOOK_LIMITS.max_in_flight,
+            webhook_max_in_flight_per_peer: WEBHOOK_LIMITS.max_in_flight_per_peer,
+            webhook_body_timeout: WEBHOOK_LIMITS.body.grace,
+            webhook_min_body_rate: WEBHOOK_LIMITS.body.min_rate,
             first_request_timeout: WEBHOOK_LIMITS.first_request_timeout,
             idle_timeout: WEBHOOK_LIMITS.idle_timeout,
             shutdown_delay: Duration::ZERO,
@@ -179,9 +211,15 @@ impl WebhookServer {
             idle_timeout: args.idle_timeout,
             ..ServeOptions::admin(args.drain_timeout)
         };
+        let body = BodyDeadline {
+            grace: args.webhook_body_timeout,
+            min_rate: args.webhook_min_body_rate.max(1),
+        };
         let opts = ServeOptions {
             max_connections: args.webhook_max_connections,
             max_in_flight: args.webhook_max_in_flight,
+            max_in_flight_per_peer: args.webhook_max_in_flight_per_peer,
+            body,
             first_request_timeout: args.first_request_timeout,
             idle_timeout: args.idle_timeout,
             drain_timeout: args.drain_timeout,
@@ -221,6 +259,7 @@ impl WebhookServer {
             Limits {
                 max_body_bytes: args.max_body_bytes,
                 request_timeout: args.request_timeout,
+                body,
             },
         );
         let cert_paths = CertPaths::in_dir(&args.cert_dir);

@@ -25,6 +25,7 @@ use tower_http::timeout::TimeoutLayer;
 use crate::admission::{self, Decision};
 use crate::config_source::ConfigSource;
 use crate::metrics;
+use crate::serve::{BodyDeadline, declared_length};
 
 /// Path the MutatingWebhookConfiguration calls.
 pub const MUTATE_PATH: &str = "/mutate-taskrun";
@@ -95,6 +96,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Longest time to receive and answer one request (408 after it).
     pub request_timeout: Duration,
+    /// How long the body may take to arrive (408 after it), within `request_timeout`.
+    pub body: BodyDeadline,
 }
 
 impl Default for Limits {
@@ -103,6 +106,7 @@ impl Default for Limits {
             // See `--max-body-bytes`.
             max_body_bytes: 1536 * 1024 + 64 * 1024,
             request_timeout: Duration::from_secs(10),
+            body: super::WEBHOOK_LIMITS.body,
         }
     }
 }
@@ -127,12 +131,11 @@ pub fn unix_now() -> u64 {
 
 /// The TLS-side router: `POST /mutate-taskrun` with body limit and timeout.
 pub fn router(state: WebhookState, limits: Limits) -> Router {
-    let max = limits.max_body_bytes;
     Router::new()
         .route(
             MUTATE_PATH,
             post(move |State(state): State<WebhookState>, request: Request| {
-                mutate(state, max, request)
+                mutate(state, limits, request)
             }),
         )
         .layer(TimeoutLayer::with_status_code(
@@ -142,38 +145,41 @@ pub fn router(state: WebhookState, limits: Limits) -> Router {
         .with_state(state)
 }
 
-/// Reads a body of at most `max` bytes; a larger declared `Content-Length` is refused before
-/// anything is read.
-async fn read_body(request: Request, max: usize) -> Result<Bytes, (StatusCode, &'static str)> {
+/// Reads a body of at most `limits.max_body_bytes` within its body deadline; a larger declared
+/// `Content-Length` is refused before anything is read.
+async fn read_body(request: Request, limits: Limits) -> Result<Bytes, (StatusCode, &'static str)> {
     let too_large = (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
+    let max = limits.max_body_bytes;
+    if declared_length(request.headers()).is_some_and(|n| n > max as u64) {
         return Err(too_large);
     }
-    axum::body::to_bytes(request.into_body(), max)
-        .await
-        .map_err(|e| {
-            let limit = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if limit {
-                too_large
-            } else {
-                (StatusCode::BAD_REQUEST, "request body not read\n")
-            }
-        })
+    let deadline = limits.body.for_body(request.headers(), max);
+    let read = axum::body::to_bytes(request.into_body(), max);
+    let Ok(read) = tokio::time::timeout(deadline, read).await else {
+        return Err((
+            StatusCode::REQUEST_TIMEOUT,
+            "request body not received in time\n",
+        ));
+    };
+    read.map_err(|e| {
+        let limit = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if limit {
+            too_large
+        } else {
+            (StatusCode::BAD_REQUEST, "request body not read\n")
+        }
+    })
 }
 
-async fn mutate(state: WebhookState, max_body: usize, request: Request) -> Response {
+async fn mutate(state: WebhookState, limits: Limits, request: Request) -> Response {
     let started = Instant::now();
     let observe = |outcome: &str| {
         if let Some(m) = &state.metrics {
             m.observe(outcome, started);
         }
     };
-    let body = match read_body(request, max_body).await {
+    let body = match read_body(request, limits).await {
         Ok(b) => b,
         Err((status, text)) => {
             tracing::warn!(status = status.as_u16(), "webhook request body not read");
