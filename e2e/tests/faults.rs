@@ -253,8 +253,12 @@ async fn finalizer_removals_refused_for_good_do_not_stall_other_writes() {
     p.start_controller("c1").await.unwrap();
     let n = mpc::controller::driver::JOBS_IN_FLIGHT + 8;
     let names: Vec<String> = (0..n).map(|i| format!("stuck-{i}")).collect();
+    // Served in their pods (a local platform: cheap), with our finalizer, which the controller
+    // removes when they end (the webhook adds none for a local platform: it is there from
+    // creation, as on a TaskRun labelled by the Go controller).
+    let finalized = json!({"metadata": {"finalizers": [contract::FINALIZER]}});
     for name in &names {
-        p.create_taskrun("tenant-a", name, "linux/amd64", json!({}))
+        p.create_taskrun("tenant-a", name, "linux/amd64", finalized.clone())
             .await
             .unwrap();
     }
@@ -262,6 +266,8 @@ async fn finalizer_removals_refused_for_good_do_not_stall_other_writes() {
         (secrets_in(&p, "tenant-a", "host").await == n).then_some(())
     })
     .await;
+    let first = p.taskrun("tenant-a", &names[0]).await.unwrap();
+    assert!(has_our_finalizer(&first), "{first:#}");
     let faults = p.api.faults();
     let removals = RequestMatch::on(Verb::Patch, "taskruns")
         .in_namespace("tenant-a")

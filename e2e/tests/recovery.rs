@@ -66,6 +66,14 @@ async fn restart_with_a_fault_in_tenant_a(
         .await
         .unwrap();
     secret_with(&p, "tenant-b", "finished", "host").await;
+    p.tekton
+        .wait_for("tenant-b", "finished", T, |t| {
+            t["status"]["podName"]
+                .as_str()
+                .is_some_and(|p| !p.is_empty())
+        })
+        .await
+        .unwrap();
 
     p.controllers[0].kill();
     fault(&p);
