@@ -289,14 +289,18 @@ async fn finalizer_removals_refused_for_good_do_not_stall_other_writes() {
     let taskruns: Api<DynamicObject> =
         Api::namespaced_with(p.client.clone(), "tenant-a", &tekton::taskrun_resource());
     // The longest wait between attempts is a minute.
-    p.wait(Duration::from_secs(120), "every stuck TaskRun gone", || async {
-        taskruns
-            .list(&ListParams::default())
-            .await
-            .ok()
-            .filter(|l| l.items.is_empty())
-            .map(|_| ())
-    })
+    p.wait(
+        Duration::from_secs(120),
+        "every stuck TaskRun gone",
+        || async {
+            taskruns
+                .list(&ListParams::default())
+                .await
+                .ok()
+                .filter(|l| l.items.is_empty())
+                .map(|_| ())
+        },
+    )
     .await;
     assert!(
         p.controllers[0]

@@ -95,7 +95,9 @@ pub use check::{Invariant, StateError};
 pub use event::{Blame, Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};
-pub use snapshot::{InstanceRecord, InstanceState, Ownership, SecretKind, Snapshot, TaskRunRecord};
+pub use snapshot::{
+    InstanceRecord, InstanceState, Ownership, SecretKind, SecretProbe, Snapshot, TaskRunRecord,
+};
 pub use stats::{Gauges, LedgerSize, PlatformGauges};
 pub use time::Time;
 
