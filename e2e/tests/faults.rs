@@ -3,7 +3,9 @@
 //! - a TaskRun released on a remembered answer about its Task (no secret mounted) whose resolved
 //!   Task mounts the secret after all is served, and its finalizer removed when it goes;
 //! - a secret the API server keeps refusing (a used-up Secret quota: 403) frees the host for the
-//!   next TaskRun after a few tries, and the user reads why in the TaskRun's Events.
+//!   next TaskRun after a few tries, and the user reads why in the TaskRun's Events;
+//! - finalizer removals refused for good (issue 31 §7), more of them than the executor runs jobs
+//!   at once, do not stall the other TaskRuns' writes, and land once the refusal ends.
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use e2e::apiserver::faults::{RequestMatch, Verb};
 use e2e::product::Product;
 use e2e::sshd::user_exists;
 use e2e::tekton;
-use k8s_openapi::api::core::v1::Event as CoreEvent;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Secret};
 use kube::api::{Api, DynamicObject, ListParams};
 use mpc::contract;
 use serde_json::{Value, json};
@@ -216,4 +218,95 @@ async fn a_refused_secret_frees_the_host_for_the_next_taskrun_and_tells_the_user
             .then_some(())
     })
     .await;
+}
+
+/// How many TaskRun secrets in `ns` hold `key`.
+async fn secrets_in(p: &Product, ns: &str, key: &str) -> usize {
+    let api: Api<Secret> = Api::namespaced(p.client.clone(), ns);
+    api.list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|s| {
+                    s.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("multi-platform-ssh-"))
+                        && s.data.as_ref().is_some_and(|d| d.contains_key(key))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Every finalizer removal of the controller in `tenant-a` is refused (403) for more TaskRuns
+/// than the executor runs jobs at once: each refused removal waits for its next attempt without
+/// holding a job's place, so a TaskRun in `tenant-b` is still served; once the refusal ends
+/// every removal lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizer_removals_refused_for_good_do_not_stall_other_writes() {
+    let mut p = Product::start(e2e::mpc_binary!(), &[("h1", 1)])
+        .await
+        .unwrap();
+    p.user_per_replica = true;
+    p.start_controller("c1").await.unwrap();
+    let n = mpc::controller::driver::JOBS_IN_FLIGHT + 8;
+    let names: Vec<String> = (0..n).map(|i| format!("stuck-{i}")).collect();
+    // Served in their pods (a local platform: cheap), with our finalizer, which the controller
+    // removes when they end (the webhook adds none for a local platform: it is there from
+    // creation, as on a TaskRun labelled by the Go controller).
+    let finalized = json!({"metadata": {"finalizers": [contract::FINALIZER]}});
+    for name in &names {
+        p.create_taskrun("tenant-a", name, "linux/amd64", finalized.clone())
+            .await
+            .unwrap();
+    }
+    p.wait(T, "every stuck TaskRun served", || async {
+        (secrets_in(&p, "tenant-a", "host").await == n).then_some(())
+    })
+    .await;
+    let first = p.taskrun("tenant-a", &names[0]).await.unwrap();
+    assert!(has_our_finalizer(&first), "{first:#}");
+    let faults = p.api.faults();
+    let removals = RequestMatch::on(Verb::Patch, "taskruns")
+        .in_namespace("tenant-a")
+        .by("c1");
+    faults.fail_next(removals, 403, usize::MAX);
+    for name in &names {
+        p.delete_taskrun("tenant-a", name).await;
+    }
+    p.wait(T, "every removal refused once", || async {
+        (faults.injected() >= n as u64).then_some(())
+    })
+    .await;
+    p.create_taskrun("tenant-b", "next", "linux/amd64", json!({}))
+        .await
+        .unwrap();
+    secret_with(&p, "tenant-b", "next", "host").await;
+
+    faults.clear();
+    let taskruns: Api<DynamicObject> =
+        Api::namespaced_with(p.client.clone(), "tenant-a", &tekton::taskrun_resource());
+    // The longest wait between attempts is a minute.
+    p.wait(
+        Duration::from_secs(120),
+        "every stuck TaskRun gone",
+        || async {
+            taskruns
+                .list(&ListParams::default())
+                .await
+                .ok()
+                .filter(|l| l.items.is_empty())
+                .map(|_| ())
+        },
+    )
+    .await;
+    assert!(
+        p.controllers[0]
+            .log_text()
+            .contains("finalizer not removed; retrying"),
+        "{}",
+        p.logs()
+    );
 }

@@ -25,6 +25,9 @@
 //!   clone of the context, then the API's answer), an action at most 128 B, and recovering
 //!   10,000 queued TaskRuns dispatches a label write and an Event for each at once: spawned
 //!   together they were the controller's memory peak (BENCHMARKS.md, "Memory").
+//! - a finalizer removal that did not land waits for its next attempt outside the caps, its
+//!   TaskRun's lane still taken (later writes about it keep their order): removals the API
+//!   refuses for good cannot take the places every other write needs.
 //!
 //! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
 //! so replays after a buffer or a relist are safe.
@@ -50,7 +53,7 @@ pub struct Completion {
     term: u64,
     lane: Option<LaneKey>,
     class: Class,
-    events: Vec<Event>,
+    outcome: execute::Outcome,
 }
 
 enum Phase {
@@ -66,6 +69,9 @@ struct Term {
     phase: Phase,
     lanes: Lanes<Job>,
     running: InFlight<(Option<LaneKey>, Job)>,
+    /// Jobs to run again at a time (finalizer removals that did not land), holding their lane
+    /// but no place; dropped with the term.
+    later: Later<(Option<LaneKey>, Job)>,
 }
 
 /// Jobs running at once. Well above what the executor's own limits let proceed together (API,
@@ -149,6 +155,40 @@ impl<T> InFlight<T> {
     }
 }
 
+/// Jobs waiting for their time, earliest first (submission order among equal times).
+struct Later<T> {
+    due: std::collections::BTreeMap<(tokio::time::Instant, u64), T>,
+    next: u64,
+}
+
+impl<T> Default for Later<T> {
+    fn default() -> Self {
+        Later {
+            due: Default::default(),
+            next: 0,
+        }
+    }
+}
+
+impl<T> Later<T> {
+    fn at(&mut self, when: tokio::time::Instant, item: T) {
+        self.due.insert((when, self.next), item);
+        self.next += 1;
+    }
+
+    fn next_at(&self) -> Option<tokio::time::Instant> {
+        self.due.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Every item due by `now`, in order.
+    fn take_due(&mut self, now: tokio::time::Instant) -> Vec<T> {
+        let later = self.due.split_off(&(now, u64::MAX));
+        std::mem::replace(&mut self.due, later)
+            .into_values()
+            .collect()
+    }
+}
+
 /// Everything the loop owns.
 pub struct Driver {
     base: Context,
@@ -206,6 +246,7 @@ impl Driver {
         let mut elector_gone = false;
         loop {
             let deadline = self.deadline();
+            let again = self.next_again();
             tokio::select! {
                 biased;
                 // First: a lost Lease must end the term before anything else is dispatched.
@@ -225,6 +266,7 @@ impl Driver {
                     Some(input) => self.on_input(input),
                 },
                 () = sleep_until(deadline) => self.feed(Event::Tick),
+                () = sleep_until_instant(again) => self.run_due(),
                 _ = gauges.tick() => self.update_gauges(),
             }
         }
@@ -238,6 +280,21 @@ impl Driver {
                 ..
             }) => s.next_deadline(),
             _ => None,
+        }
+    }
+
+    /// When the earliest job waiting to run again is due.
+    fn next_again(&self) -> Option<tokio::time::Instant> {
+        self.term.as_ref().and_then(|t| t.later.next_at())
+    }
+
+    /// Starts the jobs whose wait is over, in their lanes (which they kept).
+    fn run_due(&mut self) {
+        let Some(term) = &mut self.term else {
+            return;
+        };
+        for (lane, job) in term.later.take_due(tokio::time::Instant::now()) {
+            term.start(lane, job, &self.results_tx);
         }
     }
 
@@ -359,7 +416,9 @@ impl Driver {
             return;
         }
         let key = match &job {
-            Job::AddFinalizer(r) => LaneKey::TaskRun(r.uid().to_string().into()),
+            Job::AddFinalizer(r) | Job::RemoveFinalizer { taskrun: r, .. } => {
+                LaneKey::TaskRun(r.uid().to_string().into())
+            }
             Job::Action(a) => match lane_of(a) {
                 Some(k) => k,
                 None => return,
@@ -403,12 +462,16 @@ impl Driver {
         if let Some((lane, job)) = term.running.finish(done.class) {
             spawn_job(&term.ctx, term.id, lane, job, &self.results_tx);
         }
-        if let Some(lane) = &done.lane
+        if let Some((job, after)) = done.outcome.again {
+            // Its place is free; its lane stays taken until it lands.
+            term.later
+                .at(tokio::time::Instant::now() + after, (done.lane, job));
+        } else if let Some(lane) = &done.lane
             && let Some(next) = term.lanes.finish(lane)
         {
             term.start(done.lane.clone(), next, &self.results_tx);
         }
-        for ev in done.events {
+        for ev in done.outcome.events {
             self.feed(ev);
         }
     }
@@ -463,6 +526,7 @@ impl Driver {
             phase: Phase::Recovering(Vec::new()),
             lanes: Lanes::default(),
             running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT),
+            later: Later::default(),
         });
         let mut found = Vec::new();
         self.taskruns.term_started(&mut found);
@@ -580,14 +644,21 @@ fn spawn_job(
     let (ctx, results) = (ctx.clone(), results.clone());
     let class = class_of(&job);
     tokio::spawn(async move {
-        let events = execute::run(&ctx, job).await;
+        let outcome = execute::run(&ctx, job).await;
         let _ = results.send(Completion {
             term,
             lane,
             class,
-            events,
+            outcome,
         });
     });
+}
+
+async fn sleep_until_instant(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(deadline: Option<Time>) {
@@ -639,6 +710,24 @@ mod tests {
         }
         assert_eq!(q.running[0], 0);
         assert!(q.submit(Class::Other, ("write", 0)).is_some());
+    }
+
+    /// Jobs to run again come out when due, earliest first, in submission order among equals.
+    #[test]
+    fn later_jobs_come_out_when_due_in_order() {
+        let t0 = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        let mut later = Later::default();
+        later.at(t0 + s(2), "b");
+        later.at(t0 + s(1), "a");
+        later.at(t0 + s(2), "c");
+        later.at(t0 + s(5), "d");
+        assert_eq!(later.next_at(), Some(t0 + s(1)));
+        assert!(later.take_due(t0).is_empty());
+        assert_eq!(later.take_due(t0 + s(2)), ["a", "b", "c"]);
+        assert_eq!(later.next_at(), Some(t0 + s(5)));
+        assert_eq!(later.take_due(t0 + s(9)), ["d"]);
+        assert_eq!(later.next_at(), None);
     }
 
     /// Provisionings waiting for slow hosts fill their own cap, not the places of the API

@@ -205,6 +205,12 @@ pub struct ControllerArgs {
     /// included; a provisioning that takes longer counts as failed and the TaskRun moves on.
     #[arg(long, env = "MPC_SSH_TIMEOUT", default_value = "5m", value_parser = crate::duration::parse_nonzero)]
     pub ssh_timeout: Duration,
+    /// Longest time a new leader spends learning whether live TaskRuns' secrets exist before it
+    /// schedules anything. A TaskRun whose lookup has no answer by then (or is refused for good,
+    /// a 403 from a namespace being deleted or a full Secret quota) is recovered without that
+    /// knowledge: its allocation counts as unproven and its token is not re-armed.
+    #[arg(long, env = "MPC_RECOVERY_DEADLINE", default_value = "2m", value_parser = crate::duration::parse_nonzero)]
+    pub recovery_deadline: Duration,
 }
 
 /// Why a Kubernetes client could not be built.
@@ -263,6 +269,7 @@ impl ControllerArgs {
             request_timeout: self.api_request_timeout,
             write_timeout: self.api_write_timeout,
             ssh_timeout: self.ssh_timeout,
+            recovery_deadline: self.recovery_deadline,
         }
     }
 
@@ -647,6 +654,7 @@ mod tests {
             "--api-request-timeout=5s",
             "--api-write-timeout=2m",
             "--ssh-timeout=90s",
+            "--recovery-deadline=30s",
         ])
         .unwrap();
         assert_eq!(
@@ -659,6 +667,7 @@ mod tests {
                 request_timeout: Duration::from_secs(5),
                 write_timeout: Duration::from_secs(120),
                 ssh_timeout: Duration::from_secs(90),
+                recovery_deadline: Duration::from_secs(30),
             }
         );
         assert_eq!(args.ssh_sessions_per_host, 4);

@@ -96,7 +96,8 @@ pub use event::{Blame, Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
 pub use policy::{Handoff, HostBackoff, Policy};
 pub use snapshot::{
-    InstanceRecord, InstanceState, Ownership, ProofTag, SecretKind, Snapshot, TaskRunRecord,
+    InstanceRecord, InstanceState, Ownership, ProofTag, SecretKind, SecretProbe, Snapshot,
+    TaskRunRecord,
 };
 pub use stats::{Gauges, LedgerSize, PlatformGauges};
 pub use time::Time;

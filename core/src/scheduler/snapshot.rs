@@ -43,15 +43,20 @@ pub struct TaskRunRecord {
     /// `cloud-instance-id` annotation: a claim recovery checks against the cloud listing. (The
     /// `cloud-address` annotation is not read: addresses come from the listing only.)
     pub instance_id: Option<String>,
-    /// The TaskRun's secret, if it exists. The controller does not read tenants' Secrets: it
-    /// learns only that the name is taken, and the kind follows from the labels its writes
-    /// leave (`assigned-host` a host: remote; `localhost`: localhost; none: an error secret).
+    /// The TaskRun's secret as recovery takes it: one that exists, or (an unknown
+    /// [`secret_probe`](Self::secret_probe)) a remote one that may. The controller does not read
+    /// tenants' Secrets: it learns only that the name is taken, and the kind follows from the
+    /// labels its writes leave (`assigned-host` a host: remote; `localhost`: localhost; none: an
+    /// error secret). Set with [`TaskRunRecord::learn_secret`].
     pub secret: Option<SecretKind>,
-    /// The allocation the secret serves is the controller's: the TaskRun carries its proof
-    /// ([`contract::ALLOCATION_PROOF_ANNOTATION`]) for this TaskRun and its `assigned-host`.
-    /// Go-era TaskRuns and forged labels carry none: what they claim is kept only as far as the
-    /// host config and the cloud listing confirm it.
+    /// The allocation the secret serves is the controller's: the secret exists and the TaskRun
+    /// carries its proof ([`contract::ALLOCATION_PROOF_ANNOTATION`]) for this TaskRun and its
+    /// `assigned-host`. Go-era TaskRuns and forged labels carry none: what they claim is kept
+    /// only as far as the host config and the cloud listing confirm it. Never with an unknown
+    /// answer.
     pub secret_proven: bool,
+    /// What the lookup of the secret's name answered.
+    pub secret_probe: SecretProbe,
     /// The proof annotation, when well-formed (checked by the controller, which holds the key).
     pub proof: Option<ProofTag>,
 }
@@ -97,6 +102,43 @@ impl TaskRunRecord {
             self.since = self.since.max(Time::from_secs(secs));
         }
     }
+}
+
+impl TaskRunRecord {
+    /// Sets [`secret`](Self::secret), [`secret_proven`](Self::secret_proven) and
+    /// [`secret_probe`](Self::secret_probe) from the lookup's answer and whether the TaskRun's
+    /// proof verified for its `assigned-host` (`verified`).
+    ///
+    /// An unknown answer is never proven: nothing of it is re-armed, and it never ranks ahead of
+    /// a proven allocation. For a TaskRun assigned a build host it counts as a remote secret that
+    /// may stand (its build may be running: the host is not provisioned again over it, and the
+    /// allocation is kept only as far as the config and the listing confirm it, as any unproven
+    /// claim); otherwise as none (an error or localhost secret written again means the same).
+    pub fn learn_secret(&mut self, probe: SecretProbe, verified: bool) {
+        let kind = SecretKind::for_assigned_host(self.assigned_host.as_deref());
+        self.secret = match probe {
+            SecretProbe::Taken => Some(kind),
+            SecretProbe::Unknown if kind == SecretKind::Remote => Some(kind),
+            SecretProbe::Unknown | SecretProbe::Free | SecretProbe::NotAsked => None,
+        };
+        self.secret_proven = probe == SecretProbe::Taken && verified;
+        self.secret_probe = probe;
+    }
+}
+
+/// What the lookup of a TaskRun's secret name (a dry-run create) answered at recovery.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SecretProbe {
+    /// Not looked up: the TaskRun is queued or finished (its secret does not decide its state).
+    #[default]
+    NotAsked,
+    /// No Secret has the name.
+    Free,
+    /// A Secret has the name.
+    Taken,
+    /// No answer: the API refused the lookup for good (403 from a namespace being deleted, a
+    /// full Secret quota or an admission policy), or did not answer before recovery's deadline.
+    Unknown,
 }
 
 /// A `v1:<64 hex digits>` or `v2:<8 hex digits of key id>:<64 hex digits>` proof.
@@ -329,6 +371,47 @@ mod tests {
         assert_eq!(
             SecretKind::for_assigned_host(Some("h1")),
             SecretKind::Remote
+        );
+    }
+
+    /// What the lookup answered, as recovery takes it: an unknown answer is never proven, and
+    /// stands for a secret only where a build may be using it (an assigned build host).
+    #[test]
+    fn an_unknown_secret_is_never_proven_and_may_stand_only_for_a_build_host() {
+        use super::{SecretKind, SecretProbe, TaskRunRecord};
+        let learn = |host: Option<&str>, probe, verified| {
+            let mut r = TaskRunRecord {
+                assigned_host: host.map(str::to_owned),
+                ..TaskRunRecord::default()
+            };
+            r.learn_secret(probe, verified);
+            assert_eq!(r.secret_probe, probe);
+            (r.secret, r.secret_proven)
+        };
+        let remote = Some(SecretKind::Remote);
+        for verified in [true, false] {
+            assert_eq!(
+                learn(Some("h1"), SecretProbe::Taken, verified),
+                (remote, verified)
+            );
+            assert_eq!(
+                learn(Some("h1"), SecretProbe::Unknown, verified),
+                (remote, false)
+            );
+            for probe in [SecretProbe::Free, SecretProbe::NotAsked] {
+                assert_eq!(learn(Some("h1"), probe, verified), (None, false));
+            }
+            for host in [None, Some("localhost")] {
+                assert_eq!(learn(host, SecretProbe::Unknown, verified), (None, false));
+            }
+        }
+        assert_eq!(
+            learn(None, SecretProbe::Taken, false),
+            (Some(SecretKind::Error), false)
+        );
+        assert_eq!(
+            learn(Some("localhost"), SecretProbe::Taken, true),
+            (Some(SecretKind::Localhost), true)
         );
     }
 

@@ -37,6 +37,10 @@ pub enum ApiError {
     /// It did not land within its time limit, retries included.
     #[error("did not land within {0:?}")]
     TimedOut(Duration),
+    /// Every one of its attempts failed in a way a retry might fix (a timeout, 5xx, 429):
+    /// given up on after this many.
+    #[error("no answer in {0} attempts")]
+    Unanswered(u32),
     /// Cancelled before it landed (leadership lost, shutdown).
     #[error("cancelled")]
     Cancelled,
@@ -108,24 +112,43 @@ fn classify(e: &kube::Error) -> Class {
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Runs `f` until it succeeds or fails for good; a 422 is handed back as [`Failed::Rejected`].
-async fn retrying<T, F, Fut>(ctx: &Context, what: &str, mut f: F) -> Result<T, Failed>
+async fn retrying<T, F, Fut>(ctx: &Context, what: &str, f: F) -> Result<T, Failed>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    retrying_at_most(ctx, what, u32::MAX, f).await
+}
+
+/// [`retrying`], giving up with [`ApiError::Unanswered`] after `attempts` attempts that failed in
+/// a way a retry might fix.
+async fn retrying_at_most<T, F, Fut>(
+    ctx: &Context,
+    what: &str,
+    attempts: u32,
+    mut f: F,
+) -> Result<T, Failed>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, kube::Error>>,
 {
     let mut delay = Duration::from_millis(100);
+    let mut attempt = 0u32;
     loop {
-        let attempt = async {
+        attempt = attempt.saturating_add(1);
+        let last = attempt >= attempts;
+        let request = async {
             let _permit = ctx.limits.api.acquire().await;
             tokio::time::timeout(ctx.limits.request_timeout, f()).await
         };
         let result = tokio::select! {
             () = ctx.cancel.cancelled() => return Err(ApiError::Cancelled.into()),
-            r = attempt => r,
+            r = request => r,
         };
         let error = match result {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => e,
+            Err(_) if last => return Err(ApiError::Unanswered(attempt).into()),
             Err(_) => {
                 tracing::debug!(what, "API request timed out; retrying");
                 sleep_or_cancel(ctx, &mut delay).await?;
@@ -136,6 +159,10 @@ where
             Class::Gone => return Err(ApiError::Gone.into()),
             Class::Invalid => return Err(Failed::Rejected(error)),
             Class::Permanent => return Err(ApiError::refused(error).into()),
+            Class::Transient if last => {
+                tracing::debug!(what, %error, attempt, "API request failed; giving up");
+                return Err(ApiError::Unanswered(attempt).into());
+            }
             Class::Transient => {
                 tracing::debug!(what, %error, "API write failed; retrying");
                 sleep_or_cancel(ctx, &mut delay).await?;
@@ -327,15 +354,23 @@ pub async fn write_secret(
 }
 
 /// Whether the TaskRun's secret exists, without reading it: a dry-run create is refused with
-/// 409 AlreadyExists when the name is taken, and stores nothing either way.
-pub async fn secret_exists(ctx: &Context, tr: &TaskRunRef) -> Result<bool, ApiError> {
+/// 409 AlreadyExists when the name is taken, and stores nothing either way. Asked at most
+/// `attempts` times ([`ApiError::Unanswered`] then); a refusal no retry can change (403 from a
+/// namespace being deleted, a full Secret quota or an admission policy; 422; any other 4xx but
+/// 404, 408, 409 and 429) comes back at once as [`ApiError::Refused`].
+pub async fn secret_exists(
+    ctx: &Context,
+    tr: &TaskRunRef,
+    attempts: u32,
+) -> Result<bool, ApiError> {
     let api = secrets(ctx, tr.namespace());
     let probe = patch::secret_probe(tr);
     let pp = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
-    match retrying(ctx, "probe secret", || api.create(&pp, &probe)).await {
+    let create = || api.create(&pp, &probe);
+    match retrying_at_most(ctx, "probe secret", attempts, create).await {
         Ok(_) => Ok(false),
         Err(Failed::Rejected(kube::Error::Api(s))) if s.reason == "AlreadyExists" => Ok(true),
         // The namespace is gone: no secret.

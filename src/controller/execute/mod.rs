@@ -8,9 +8,10 @@
 //! requests, SSH operations, cloud launches and terminations; sized by [`Limits`]; Events by
 //! their outbox, `super::events`), never by the result channel, which is unbounded so the loop ↔
 //! executor cycle cannot deadlock. Every action has a time limit ([`Limits`] too), but a
-//! finalizer removal tries again after a refusal or a timeout until it lands; a cancelled context
-//! (leadership lost) stops work at once and reports nothing: the scheduler it would report to is
-//! gone.
+//! finalizer removal is tried again after a refusal or a timeout until it lands: its job ends and
+//! hands the loop the next attempt with its back-off ([`Outcome::again`]), so removals refused
+//! for good hold no job's place while they wait. A cancelled context (leadership lost) stops work
+//! at once and reports nothing: the scheduler it would report to is gone.
 
 pub mod cloud;
 pub mod kube;
@@ -67,6 +68,9 @@ pub struct Limits {
     pub write_timeout: Duration,
     /// One provisioning or build-user removal, waiting for a permit included.
     pub ssh_timeout: Duration,
+    /// A new term's lookups of TaskRuns' secrets, all together, from the first: a secret not
+    /// learnt about by then is unknown, and the term starts scheduling.
+    pub recovery_deadline: Duration,
 }
 
 /// The flags' values as [`Limits`]; see [`Limits::new`].
@@ -79,6 +83,7 @@ pub struct LimitSettings {
     pub request_timeout: Duration,
     pub write_timeout: Duration,
     pub ssh_timeout: Duration,
+    pub recovery_deadline: Duration,
 }
 
 impl Default for LimitSettings {
@@ -91,6 +96,7 @@ impl Default for LimitSettings {
             request_timeout: Duration::from_secs(15),
             write_timeout: Duration::from_secs(600),
             ssh_timeout: Duration::from_secs(300),
+            recovery_deadline: Duration::from_secs(120),
         }
     }
 }
@@ -105,6 +111,7 @@ impl Limits {
             request_timeout: s.request_timeout,
             write_timeout: s.write_timeout,
             ssh_timeout: s.ssh_timeout,
+            recovery_deadline: s.recovery_deadline,
         }
     }
 }
@@ -143,6 +150,32 @@ pub enum Job {
     Action(Action),
     /// Add our finalizer to a TaskRun that lacks it.
     AddFinalizer(TaskRunRef),
+    /// Remove our finalizer again: an earlier attempt (of `Action::RemoveFinalizer`, then of
+    /// this job; `failed` of them) did not land.
+    RemoveFinalizer {
+        taskrun: TaskRunRef,
+        failed: u32,
+    },
+}
+
+/// What a job leaves for the loop.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Events for the scheduler.
+    pub events: Vec<Event>,
+    /// A job to run after a wait: the next attempt of a finalizer removal that did not land.
+    /// Its TaskRun's lane stays taken meanwhile (later writes about it keep their order), but
+    /// it holds no job's place.
+    pub again: Option<(Job, Duration)>,
+}
+
+impl From<Vec<Event>> for Outcome {
+    fn from(events: Vec<Event>) -> Self {
+        Outcome {
+            events,
+            again: None,
+        }
+    }
 }
 
 impl Job {
@@ -150,6 +183,7 @@ impl Job {
     pub fn kind(&self) -> &'static str {
         match self {
             Job::AddFinalizer(_) => "add_finalizer",
+            Job::RemoveFinalizer { .. } => "remove_finalizer",
             Job::Action(a) => match a {
                 Action::Record { .. } => "record",
                 Action::Provision { .. } => "provision",
@@ -177,7 +211,7 @@ impl Job {
     /// The TaskRun the job is about, if any.
     pub fn taskrun(&self) -> Option<&TaskRunRef> {
         match self {
-            Job::AddFinalizer(t) => Some(t),
+            Job::AddFinalizer(t) | Job::RemoveFinalizer { taskrun: t, .. } => Some(t),
             Job::Action(a) => match a {
                 Action::Record { taskrun, .. }
                 | Action::Provision { taskrun, .. }
@@ -257,9 +291,9 @@ impl Job {
     }
 }
 
-/// Runs a job in its [`Job::span`]; returns the events to feed back to the scheduler (empty
-/// when cancelled).
-pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
+/// Runs a job in its [`Job::span`]; returns the events to feed back to the scheduler and the job
+/// to run again later, if any (nothing when cancelled).
+pub async fn run(ctx: &Context, job: Job) -> Outcome {
     use tracing::Instrument;
     let kind = job.kind();
     let about = tracing::enabled!(target: TIMING, tracing::Level::DEBUG)
@@ -270,7 +304,7 @@ pub async fn run(ctx: &Context, job: Job) -> Vec<Event> {
     ctx.metrics.in_flight(kind, 1);
     let out = async {
         tokio::select! {
-            () = ctx.cancel.cancelled() => Vec::new(),
+            () = ctx.cancel.cancelled() => Outcome::default(),
             out = dispatch(ctx, job) => out,
         }
     }
@@ -319,37 +353,66 @@ fn written(ctx: &Context, kind: &str, tr: &TaskRunRef, r: Result<(), ApiError>) 
 /// First and longest wait between attempts to remove a finalizer.
 const FINALIZER_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 
-/// Removes our finalizer, attempt after attempt until it is gone (or the TaskRun is, or the term
-/// ended: the next leader's recovery finds the finalizer again). The scheduler forgets a TaskRun
-/// once it asked for this, so a write given up on here would leave a TaskRun nobody can delete.
-async fn remove_finalizer(ctx: &Context, taskrun: &TaskRunRef) {
-    let (mut delay, longest) = FINALIZER_RETRY;
-    let limit = ctx.limits.write_timeout;
-    loop {
-        let error = match within(limit, kube::remove_finalizer(ctx, taskrun)).await {
-            Ok(()) | Err(ApiError::Gone | ApiError::Cancelled) => return,
-            Err(error) => error,
-        };
-        ctx.metrics.failed("remove_finalizer");
-        tracing::error!(taskrun = %taskrun, %error, retry_in = ?delay, "finalizer not removed; retrying");
-        tokio::select! {
-            () = ctx.cancel.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(longest);
+/// The wait before the next attempt at a finalizer removal after `failed` failed ones.
+fn finalizer_retry_in(failed: u32) -> Duration {
+    let (first, longest) = FINALIZER_RETRY;
+    first
+        .saturating_mul(1 << failed.saturating_sub(1).min(16))
+        .min(longest)
+}
+
+/// One attempt at removing our finalizer; when it does not land (and neither the TaskRun nor
+/// the term is gone) the next one is handed back to the loop, to be run after a back-off, until
+/// it lands (or the term ends: the next leader's recovery finds the finalizer again). The
+/// scheduler forgets a TaskRun once it asked for this, so a write given up on would leave a
+/// TaskRun nobody can delete; and an attempt that waited inside its job would hold the job's
+/// place while it waits, so that removals refused for good would fill every place.
+async fn remove_finalizer(ctx: &Context, taskrun: TaskRunRef, failed: u32) -> Outcome {
+    let error = match within(
+        ctx.limits.write_timeout,
+        kube::remove_finalizer(ctx, &taskrun),
+    )
+    .await
+    {
+        Ok(()) | Err(ApiError::Gone | ApiError::Cancelled) => return Outcome::default(),
+        Err(error) => error,
+    };
+    let failed = failed.saturating_add(1);
+    let delay = finalizer_retry_in(failed);
+    ctx.metrics.failed("remove_finalizer");
+    tracing::error!(taskrun = %taskrun, %error, failed, retry_in = ?delay, "finalizer not removed; retrying");
+    Outcome {
+        events: Vec::new(),
+        again: Some((Job::RemoveFinalizer { taskrun, failed }, delay)),
     }
 }
 
-async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
+async fn dispatch(ctx: &Context, job: Job) -> Outcome {
     let kind = job.kind();
-    let (write_limit, ssh_limit) = (ctx.limits.write_timeout, ctx.limits.ssh_timeout);
     let action = match job {
         Job::AddFinalizer(tr) => {
-            let r = within(write_limit, kube::add_finalizer(ctx, &tr)).await;
-            return written(ctx, kind, &tr, r);
+            let r = within(ctx.limits.write_timeout, kube::add_finalizer(ctx, &tr)).await;
+            return written(ctx, kind, &tr, r).into();
+        }
+        Job::RemoveFinalizer { taskrun, failed } => {
+            return remove_finalizer(ctx, taskrun, failed).await;
+        }
+        Job::Action(Action::RemoveFinalizer { taskrun, revoke }) => {
+            // The key of a TaskRun that ended must not stay redeemable (the TTL is a safety net).
+            if revoke && let Err(error) = ctx.keys.revoke(&taskrun.uid().to_string()).await {
+                ctx.metrics.failed("otp_revoke");
+                tracing::warn!(taskrun = %taskrun, %error, "could not revoke the TaskRun's OTP entries");
+            }
+            return remove_finalizer(ctx, taskrun, 0).await;
         }
         Job::Action(a) => a,
     };
+    act(ctx, kind, action).await.into()
+}
+
+/// Runs a scheduler action (but a finalizer removal); returns its events.
+async fn act(ctx: &Context, kind: &'static str, action: Action) -> Vec<Event> {
+    let (write_limit, ssh_limit) = (ctx.limits.write_timeout, ctx.limits.ssh_timeout);
     match action {
         Action::Record { taskrun, placement } => {
             let r = within(write_limit, kube::record(ctx, &taskrun, &placement)).await;
@@ -380,15 +443,7 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             let r = within(write_limit, kube::ungate(ctx, &taskrun)).await;
             written(ctx, kind, &taskrun, r)
         }
-        Action::RemoveFinalizer { taskrun, revoke } => {
-            // The key of a TaskRun that ended must not stay redeemable (the TTL is a safety net).
-            if revoke && let Err(error) = ctx.keys.revoke(&taskrun.uid().to_string()).await {
-                ctx.metrics.failed("otp_revoke");
-                tracing::warn!(taskrun = %taskrun, %error, "could not revoke the TaskRun's OTP entries");
-            }
-            remove_finalizer(ctx, &taskrun).await;
-            Vec::new()
-        }
+        Action::RemoveFinalizer { .. } => unreachable!("`dispatch` runs finalizer removals"),
         Action::Provision {
             op,
             taskrun,
@@ -589,7 +644,7 @@ mod tests {
             user: RemoteUser::Of(taskrun),
             host: HostRef::Static(Arc::new(host)),
         });
-        let events = run(&ctx, job).await;
+        let events = run(&ctx, job).await.events;
         assert!(
             matches!(&events[..], [Event::Deprovisioned { error: Some(_), .. }]),
             "{events:?}"
