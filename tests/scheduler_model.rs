@@ -167,6 +167,9 @@ enum Cmd {
     Restart {
         flush: bool,
     },
+    /// The API server refuses (403: a Secret quota, an admission policy) the secret write first
+    /// in a TaskRun's lane: the executor drops it and tells the scheduler (`SecretRefused`).
+    Refuse(u16),
     /// A restart whose cloud listing of the dynamic (`pool: false`) or pool platform fails: the
     /// platform is recovered "unlisted", until a later listing (a sweep) shows its instances.
     RestartUnlisted {
@@ -194,6 +197,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         3 => (0u16..200).prop_map(Cmd::Advance),
         1 => any::<bool>().prop_map(|flush| Cmd::Restart { flush }),
         1 => (any::<bool>(), any::<bool>()).prop_map(|(flush, pool)| Cmd::RestartUnlisted { flush, pool }),
+        1 => any::<u16>().prop_map(Cmd::Refuse),
         1 => (0u8..3).prop_map(Cmd::Config),
         1 => Just(Cmd::Sweep),
         1 => (any::<bool>(), prop::bool::weighted(0.6)).prop_map(|(pool, up)| Cmd::Foreign { pool, up }),
@@ -512,6 +516,9 @@ struct World {
     leaked: BTreeSet<String>,
     /// Finalizer removals issued in the batch being applied, checked once it is.
     finalizing: Vec<TaskRunRef>,
+    /// TaskRuns whose error secret the API server refused last (and none landed since): nothing
+    /// starts their pod, so Tekton times them out.
+    error_refused: BTreeSet<String>,
     /// The last restart's listing of a platform failed and no sweep has listed it since: its
     /// TaskRuns are held (as recorded, not un-gated) until one does.
     unlisted: bool,
@@ -583,6 +590,7 @@ impl World {
             leaked: BTreeSet::new(),
             finalizing: Vec::new(),
             unlisted: false,
+            error_refused: BTreeSet::new(),
         };
         let mut out = Vec::new();
         w.sched.recover(w.now, Snapshot::default(), &mut out);
@@ -1040,6 +1048,33 @@ impl World {
         }
     }
 
+    /// The API server refuses the secret write first in `lane`: it never lands, and the
+    /// scheduler hears of it as the executor reports it.
+    fn refuse(&mut self, lane: &str) {
+        let Some(w) = self.kube.get_mut(lane).and_then(VecDeque::pop_front) else {
+            return;
+        };
+        if self.kube.get(lane).is_some_and(VecDeque::is_empty) {
+            self.kube.remove(lane);
+        }
+        let Action::WriteSecret { taskrun, secret } = w.action else {
+            panic!("refused a write that is not a secret: {:?}", w.action);
+        };
+        let uid = taskrun.uid().to_string();
+        if let Some(t) = self.taskruns.get_mut(&uid) {
+            // Never stored: the next secret of this attempt is its first.
+            t.written = t.landed;
+        }
+        if matches!(secret, SecretData::Error(_)) {
+            self.error_refused.insert(uid);
+        }
+        self.send(Event::SecretRefused {
+            taskrun,
+            secret,
+            error: "secrets is forbidden: exceeded quota".into(),
+        });
+    }
+
     /// Lands the first write of a TaskRun's lane as the executor sends it; returns the events
     /// the controller then feeds the scheduler (the watch's, or a gone TaskRun).
     fn land(&mut self, lane: &str) -> Vec<Event> {
@@ -1129,6 +1164,7 @@ impl World {
                 if let Some(t) = self.taskruns.get_mut(&taskrun.uid().to_string()) {
                     t.landed = Some(w.attempt);
                 }
+                self.error_refused.remove(&taskrun.uid().to_string());
                 Vec::new()
             }
             Action::DeleteSecret { taskrun } => {
@@ -1641,7 +1677,12 @@ impl World {
             "ns2" => ("s1", format!("tr-{}n", self.next % 7)),
             _ => (ns, format!("tr-{}", self.next % 7)),
         };
-        if self.named(ns, &name).is_some() {
+        self.create_as(platform, ns, &name);
+    }
+
+    /// A TaskRun named `ns/name`, as Tekton creates it (`next` counted already).
+    fn create_as(&mut self, platform: &str, ns: &str, name: &str) {
+        if self.named(ns, name).is_some() {
             // AlreadyExists.
             return;
         }
@@ -1790,6 +1831,26 @@ impl World {
                 self.send(Event::ConfigReplaced(Box::new(c)));
             }
             Cmd::Sweep => self.sweep(),
+            Cmd::Refuse(pick) => {
+                let lanes: Vec<String> = self
+                    .kube
+                    .iter()
+                    .filter(|(_, q)| {
+                        matches!(
+                            q.front(),
+                            Some(Write {
+                                action: Action::WriteSecret { .. },
+                                ..
+                            })
+                        )
+                    })
+                    .map(|(l, _)| l.clone())
+                    .collect();
+                if !lanes.is_empty() {
+                    let lane = lanes[pick as usize % lanes.len()].clone();
+                    self.refuse(&lane);
+                }
+            }
             Cmd::Foreign { pool, up } => {
                 let p = if pool { "linux/amd64" } else { "linux/arm64" };
                 let theirs: Vec<String> = self
@@ -1849,10 +1910,12 @@ impl World {
             {
                 panic!("TaskRun {uid} was served but never un-gated");
             }
+            // Served builds run and finish; ones whose error secret was refused (their pod never
+            // starts) time out.
             let served: Vec<String> = self
                 .live()
                 .into_iter()
-                .filter(|u| self.taskruns[u].mounted())
+                .filter(|u| self.taskruns[u].mounted() || self.error_refused.contains(u))
                 .collect();
             for uid in served {
                 self.finish(&uid, false);
@@ -3151,4 +3214,80 @@ fn a_failed_listing_at_a_restart_terminates_no_running_build() {
         assert_eq!(still, running, "{label}: the builds still run");
         w.quiesce();
     }
+}
+
+/// A secret the API server keeps refusing goes back to the scheduler (`SecretRefused`), which
+/// writes it again with back-off and then frees the host and writes an error secret instead: the
+/// error lands, and the next TaskRun gets the host. (The random commands refuse writes too:
+/// `Cmd::Refuse`.)
+#[test]
+fn a_refused_secret_goes_back_to_the_scheduler_and_frees_the_host() {
+    let mut w = World::new(Policy::mpc());
+    w.run(&Cmd::Create { platform: 0, ns: 0 });
+    let first = w.live()[0].clone();
+    let mut refused = 0;
+    for _ in 0..40 {
+        while let Some(&i) = w.deliverable().first() {
+            w.deliver(i, true);
+        }
+        let lane = w.kube.keys().next().cloned();
+        if let Some(lane) = lane {
+            let remote = matches!(
+                w.kube[&lane].front(),
+                Some(Write {
+                    action: Action::WriteSecret {
+                        secret: SecretData::Remote { .. },
+                        ..
+                    },
+                    ..
+                })
+            );
+            if remote {
+                refused += 1;
+                w.refuse(&lane);
+            } else {
+                w.land_and_feed(&lane);
+            }
+        }
+        w.run(&Cmd::Advance(5));
+    }
+    assert_eq!(refused, Policy::mpc().secret_attempts);
+    let t = &w.taskruns[&first];
+    let kind = w.secret_of(&t.reference()).and_then(patch::secret_kind);
+    assert_eq!(kind, Some(SecretKind::Error), "the error secret landed");
+    assert!(!w.alloc.0.contains_key(&first), "its host is free");
+    w.quiesce();
+}
+
+/// Two TaskRuns whose Go-compatible user names collide (`ns1/tr-3` and `s1/tr-3n`) on a pool
+/// whose instances take two builds each: they must not share an instance (one user for both: the
+/// first to finish would remove the other's). The model sees it as the second's secret pointing
+/// at an instance where its user is gone.
+#[test]
+fn colliding_users_are_never_placed_on_one_pool_instance() {
+    let mut w = World::new(Policy::mpc());
+    w.next += 1;
+    w.create_as("linux/amd64", "ns1", "tr-3");
+    w.next += 1;
+    w.create_as("linux/amd64", "s1", "tr-3n");
+    let uids = w.live();
+    assert_eq!(uids.len(), 2);
+    let (a, b) = (&uids[0], &uids[1]);
+    assert_eq!(
+        w.taskruns[a].reference().remote_user(),
+        w.taskruns[b].reference().remote_user()
+    );
+    for _ in 0..10 {
+        w.drain();
+        w.run(&Cmd::Advance(30));
+    }
+    assert!(w.taskruns[a].mounted() && w.taskruns[b].mounted());
+    assert_ne!(w.placed.get(a), w.placed.get(b), "one instance each");
+    let first = a.clone();
+    w.finish(&first, false);
+    for _ in 0..5 {
+        w.drain();
+        w.run(&Cmd::Advance(30));
+    }
+    w.quiesce();
 }

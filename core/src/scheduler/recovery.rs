@@ -59,17 +59,18 @@ impl Scheduler {
             unlisted,
         } = snapshot;
         let taskruns = self.hold_unlisted(taskruns, &unlisted, out);
-        self.rebuild(&taskruns, &instances, None, out);
+        self.rebuild(&taskruns, &instances, None, &BTreeSet::new(), out);
     }
 
     /// Rebuilds the ledger from TaskRun records and the listings of every platform but the
     /// unlisted ones (or, with `only`, of that platform alone: its held TaskRuns, once its
-    /// listing arrived).
+    /// listing arrived; `released` are the finished ones that ended by a release).
     pub(super) fn rebuild(
         &mut self,
         taskruns: &[TaskRunRecord],
         instances: &[InstanceRecord],
         only: Option<PlatformId>,
+        released: &BTreeSet<Uid>,
         out: &mut Vec<Action>,
     ) {
         let mut listed: BTreeMap<&str, &InstanceRecord> = BTreeMap::new();
@@ -191,6 +192,10 @@ impl Scheduler {
                 Token::Fresh
             };
             t.extra = extra;
+            if released.contains(t.uid()) {
+                // Cleaned up as a release: not remembered as finished.
+                t.extra.get_or_insert_with(Box::default).release = super::Release::Released;
+            }
             let key = self.taskruns.insert(t);
             if rec.finished {
                 self.recover_finished(

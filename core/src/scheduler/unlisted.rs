@@ -18,8 +18,12 @@ use crate::platform::Platform;
 /// A TaskRun held until its platform is listed.
 pub(super) struct Held {
     pub(super) platform: PlatformId,
+    /// As recorded, `finished` once the watch said so.
     record: TaskRunRecord,
-    /// What the watch said of it since, in order (a repeat of the latest kind replaces it).
+    /// It ended by a release ([`Event::TaskRunReleased`]): not remembered as finished.
+    released: bool,
+    /// What the watch said of it since (or since it ended), in order; a repeat of the latest
+    /// kind replaces it.
     events: Vec<Event>,
 }
 
@@ -55,6 +59,7 @@ impl Scheduler {
                         Held {
                             platform: p,
                             record: rec,
+                            released: false,
                             events: Vec::new(),
                         },
                     );
@@ -93,6 +98,19 @@ impl Scheduler {
         let Some(h) = self.held.get_mut(&uid) else {
             return Some(event);
         };
+        // Ended: recovered as finished (nothing new is allocated for it), cleaned up as a
+        // release or for good; what was said of it before no longer matters.
+        let ended = match &event {
+            Event::TaskRunDone { .. } => Some(false),
+            Event::TaskRunReleased { .. } => Some(true),
+            _ => None,
+        };
+        if let Some(released) = ended {
+            h.released = released && (h.released || !h.record.finished);
+            h.record.finished = true;
+            h.events.clear();
+            return None;
+        }
         let same_kind = h
             .events
             .last()
@@ -122,13 +140,17 @@ impl Scheduler {
             .map(|(u, _)| u.clone())
             .collect();
         let mut records = Vec::with_capacity(uids.len());
+        let mut released = std::collections::BTreeSet::new();
         let mut events = Vec::new();
         for uid in uids {
             let h = self.held.remove(&uid).expect("listed above");
+            if h.released {
+                released.insert(uid);
+            }
             records.push(h.record);
             events.extend(h.events);
         }
-        self.rebuild(&records, listed, Some(p), out);
+        self.rebuild(&records, listed, Some(p), &released, out);
         for e in events {
             self.dispatch(e, out);
         }
