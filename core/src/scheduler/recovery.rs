@@ -247,8 +247,9 @@ impl Scheduler {
         // In their original order again (proven allocations were taken out of it).
         waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path().clone())));
         for p in 0..self.platforms.len() as PlatformId {
-            // An unlisted platform's count is unknown (it counts as full until listed).
-            if self.platforms[p as usize].unlisted || only.is_some_and(|o| o != p) {
+            // An unlisted platform's count is unknown (it counts as full until listed); with
+            // `only`, that platform's listing is the one given.
+            if only.map_or(self.platforms[p as usize].unlisted, |o| o != p) {
                 continue;
             }
             let platform = self.platforms[p as usize].platform.clone();

@@ -130,7 +130,7 @@ impl Scheduler {
         listed: &[InstanceRecord],
         out: &mut Vec<Action>,
     ) -> bool {
-        if !std::mem::take(&mut self.platforms[p as usize].unlisted) {
+        if !self.platforms[p as usize].unlisted {
             return false;
         }
         let uids: Vec<Uid> = self
@@ -150,7 +150,12 @@ impl Scheduler {
             records.push(h.record);
             events.extend(h.events);
         }
+        // Still full while its TaskRuns are rebuilt: a TaskRun that finished frees nothing for a
+        // waiter before the listing's count of others' instances is in.
         self.rebuild(&records, listed, Some(p), &released, out);
+        self.platforms[p as usize].unlisted = false;
+        self.pump(p, out);
+        self.ensure_warm(p, out);
         for e in events {
             self.dispatch(e, out);
         }

@@ -658,3 +658,36 @@ fn a_held_platform_that_is_no_longer_dynamic_is_recovered_without_a_listing() {
     assert!(written(&out, "a").is_none(), "a's build keeps running");
     assert!(!finalized(&h.done("ns", "a")).is_empty());
 }
+
+/// Found by the model: the listing that recovers a held platform finalized a TaskRun that had
+/// finished, which let a waiter with the same (colliding) user name be placed, before the
+/// listing's count of other clusters' instances was in (max-instances exceeded).
+#[test]
+fn a_listing_that_recovers_a_platform_counts_others_instances_before_serving_waiters() {
+    let mut d = on_instance("tr-3", "i-d", true);
+    d.namespace = "ns1".into();
+    d.uid = "uid-d".into();
+    d.finished = true;
+    d.secret = None;
+    let (mut h, _) = start(
+        &dynamic_pairs(1, None),
+        Snapshot {
+            taskruns: vec![d],
+            instances: vec![],
+            unlisted: vec![arm64()],
+        },
+    );
+    // `s1/tr-3n` has the build user of `ns1/tr-3`.
+    assert!(launches(&h.submit("s1", "tr-3n", "linux/arm64")).is_empty());
+    // i-d is gone already; another cluster's instance fills max-instances.
+    let listed = h.send(Event::InstancesListed {
+        platform: arm64(),
+        instances: vec![InstanceRecord {
+            ownership: Ownership::Foreign,
+            ..instance("f-1", Some("other"), START - 60)
+        }],
+    });
+    assert_eq!(finalized(&listed), ["tr-3"]);
+    assert!(launches(&listed).is_empty(), "{listed:#?}");
+    assert_eq!(h.s.gauges().platforms["linux/arm64"].foreign, 1);
+}
