@@ -519,9 +519,9 @@ struct World {
     /// TaskRuns whose error secret the API server refused last (and none landed since): nothing
     /// starts their pod, so Tekton times them out.
     error_refused: BTreeSet<String>,
-    /// The last restart's listing of a platform failed and no sweep has listed it since: its
-    /// TaskRuns are held (as recorded, not un-gated) until one does.
-    unlisted: bool,
+    /// The platform whose listing the last restart could not get, until a sweep lists it: its
+    /// TaskRuns are held (as recorded, not un-gated) and its instances adopted only then.
+    unlisted: Option<String>,
 }
 
 fn trace() -> bool {
@@ -589,7 +589,7 @@ impl World {
             backed_off: BTreeMap::new(),
             leaked: BTreeSet::new(),
             finalizing: Vec::new(),
-            unlisted: false,
+            unlisted: None,
             error_refused: BTreeSet::new(),
         };
         let mut out = Vec::new();
@@ -1624,7 +1624,7 @@ impl World {
         self.sched = Scheduler::new(self.config().clone(), self.policy.clone());
         let mut out = Vec::new();
         let mut snap = self.snapshot();
-        self.unlisted = unlisted.is_some();
+        self.unlisted = unlisted.map(str::to_owned);
         if let Some(p) = unlisted {
             snap.instances.retain(|r| r.platform.as_str() != p);
             snap.unlisted = vec![Platform::parse(p).unwrap()];
@@ -1636,7 +1636,15 @@ impl World {
     }
 
     fn sweep(&mut self) {
-        self.unlisted = false;
+        // A platform held since a restart is recovered by this listing, under the config in
+        // force now: its pool instances take that config's concurrency.
+        if let Some(p) = self.unlisted.take()
+            && let Some(slots) = self.pool_slots(&p)
+        {
+            for i in self.instances.values_mut().filter(|i| i.platform == p) {
+                i.slots = slots;
+            }
+        }
         for p in ["linux/arm64", "linux/amd64"] {
             let instances = self.listed(Some(p));
             self.shown(Some(p), &instances);
@@ -1896,7 +1904,7 @@ impl World {
         let c = self.config().clone();
         self.send(Event::ConfigReplaced(Box::new(c)));
         // The listings work again: a platform held since a restart is recovered.
-        if self.unlisted {
+        if self.unlisted.is_some() {
             self.sweep();
         }
         for round in 0..400 {
