@@ -259,7 +259,7 @@ fn refusing_cloud(
                 live.insert(id.clone());
                 Some(Event::Launched {
                     op: *op,
-                    instance_id: id.into(),
+                    instance_id: id,
                 })
             }
             Action::Probe {
