@@ -167,6 +167,15 @@ enum Cmd {
     Restart {
         flush: bool,
     },
+    /// The API server refuses (403: a Secret quota, an admission policy) the secret write first
+    /// in a TaskRun's lane: the executor drops it and tells the scheduler (`SecretRefused`).
+    Refuse(u16),
+    /// A restart whose cloud listing of the dynamic (`pool: false`) or pool platform fails: the
+    /// platform is recovered "unlisted", until a later listing (a sweep) shows its instances.
+    RestartUnlisted {
+        flush: bool,
+        pool: bool,
+    },
     Config(u8),
     Sweep,
     /// Another cluster sharing the account, region and instance tags launches (`up`) or
@@ -187,6 +196,8 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => any::<u16>().prop_map(Cmd::Duplicate),
         3 => (0u16..200).prop_map(Cmd::Advance),
         1 => any::<bool>().prop_map(|flush| Cmd::Restart { flush }),
+        1 => (any::<bool>(), any::<bool>()).prop_map(|(flush, pool)| Cmd::RestartUnlisted { flush, pool }),
+        1 => any::<u16>().prop_map(Cmd::Refuse),
         1 => (0u8..3).prop_map(Cmd::Config),
         1 => Just(Cmd::Sweep),
         1 => (any::<bool>(), prop::bool::weighted(0.6)).prop_map(|(pool, up)| Cmd::Foreign { pool, up }),
@@ -501,10 +512,16 @@ struct World {
     /// Static hosts backing off, until when, as the scheduler announced them (`HostBackedOff`).
     backed_off: BTreeMap<String, Time>,
     /// Instances the scheduler reported leaked (`InstanceLeaked`: their termination kept
-    /// failing): by choice they no longer count against `max-instances` in that process.
+    /// failing). They still run and are billed: they count against `max-instances` as any other.
     leaked: BTreeSet<String>,
     /// Finalizer removals issued in the batch being applied, checked once it is.
     finalizing: Vec<TaskRunRef>,
+    /// TaskRuns whose error secret the API server refused last (and none landed since): nothing
+    /// starts their pod, so Tekton times them out.
+    error_refused: BTreeSet<String>,
+    /// The platform whose listing the last restart could not get, until a sweep lists it: its
+    /// TaskRuns are held (as recorded, not un-gated) and its instances adopted only then.
+    unlisted: Option<String>,
 }
 
 fn trace() -> bool {
@@ -572,6 +589,8 @@ impl World {
             backed_off: BTreeMap::new(),
             leaked: BTreeSet::new(),
             finalizing: Vec::new(),
+            unlisted: None,
+            error_refused: BTreeSet::new(),
         };
         let mut out = Vec::new();
         w.sched.recover(w.now, Snapshot::default(), &mut out);
@@ -851,7 +870,7 @@ impl World {
                 let alive = self
                     .instances
                     .iter()
-                    .filter(|(id, i)| i.alive && i.platform == p && !self.leaked.contains(*id))
+                    .filter(|(_, i)| i.alive && i.platform == p)
                     .count();
                 let launching = self
                     .pending
@@ -1029,6 +1048,33 @@ impl World {
         }
     }
 
+    /// The API server refuses the secret write first in `lane`: it never lands, and the
+    /// scheduler hears of it as the executor reports it.
+    fn refuse(&mut self, lane: &str) {
+        let Some(w) = self.kube.get_mut(lane).and_then(VecDeque::pop_front) else {
+            return;
+        };
+        if self.kube.get(lane).is_some_and(VecDeque::is_empty) {
+            self.kube.remove(lane);
+        }
+        let Action::WriteSecret { taskrun, secret } = w.action else {
+            panic!("refused a write that is not a secret: {:?}", w.action);
+        };
+        let uid = taskrun.uid().to_string();
+        if let Some(t) = self.taskruns.get_mut(&uid) {
+            // Never stored: the next secret of this attempt is its first.
+            t.written = t.landed;
+        }
+        if matches!(secret, SecretData::Error(_)) {
+            self.error_refused.insert(uid);
+        }
+        self.send(Event::SecretRefused {
+            taskrun,
+            secret,
+            error: "secrets is forbidden: exceeded quota".into(),
+        });
+    }
+
     /// Lands the first write of a TaskRun's lane as the executor sends it; returns the events
     /// the controller then feeds the scheduler (the watch's, or a gone TaskRun).
     fn land(&mut self, lane: &str) -> Vec<Event> {
@@ -1118,6 +1164,7 @@ impl World {
                 if let Some(t) = self.taskruns.get_mut(&taskrun.uid().to_string()) {
                     t.landed = Some(w.attempt);
                 }
+                self.error_refused.remove(&taskrun.uid().to_string());
                 Vec::new()
             }
             Action::DeleteSecret { taskrun } => {
@@ -1443,6 +1490,7 @@ impl World {
         Snapshot {
             taskruns,
             instances: self.listed(None),
+            ..Snapshot::default()
         }
     }
 
@@ -1501,7 +1549,8 @@ impl World {
         }
     }
 
-    fn restart(&mut self, flush: bool) {
+    /// The controller crashes and a new one recovers; its listing of `unlisted` fails.
+    fn restart(&mut self, flush: bool, unlisted: Option<&str>) {
         let pending = std::mem::take(&mut self.pending);
         let lanes: Vec<String> = self.kube.keys().cloned().collect();
         if flush {
@@ -1574,7 +1623,12 @@ impl World {
         }
         self.sched = Scheduler::new(self.config().clone(), self.policy.clone());
         let mut out = Vec::new();
-        let snap = self.snapshot();
+        let mut snap = self.snapshot();
+        self.unlisted = unlisted.map(str::to_owned);
+        if let Some(p) = unlisted {
+            snap.instances.retain(|r| r.platform.as_str() != p);
+            snap.unlisted = vec![Platform::parse(p).unwrap()];
+        }
         self.shown(None, &snap.instances);
         self.sched.recover(self.now, snap, &mut out);
         self.check_state(&out);
@@ -1582,6 +1636,15 @@ impl World {
     }
 
     fn sweep(&mut self) {
+        // A platform held since a restart is recovered by this listing, under the config in
+        // force now: its pool instances take that config's concurrency.
+        if let Some(p) = self.unlisted.take()
+            && let Some(slots) = self.pool_slots(&p)
+        {
+            for i in self.instances.values_mut().filter(|i| i.platform == p) {
+                i.slots = slots;
+            }
+        }
         for p in ["linux/arm64", "linux/amd64"] {
             let instances = self.listed(Some(p));
             self.shown(Some(p), &instances);
@@ -1622,7 +1685,12 @@ impl World {
             "ns2" => ("s1", format!("tr-{}n", self.next % 7)),
             _ => (ns, format!("tr-{}", self.next % 7)),
         };
-        if self.named(ns, &name).is_some() {
+        self.create_as(platform, ns, &name);
+    }
+
+    /// A TaskRun named `ns/name`, as Tekton creates it (`next` counted already).
+    fn create_as(&mut self, platform: &str, ns: &str, name: &str) {
+        if self.named(ns, name).is_some() {
             // AlreadyExists.
             return;
         }
@@ -1757,7 +1825,11 @@ impl World {
                 self.now = self.now + Duration::from_secs(u64::from(secs));
                 self.send(Event::Tick);
             }
-            Cmd::Restart { flush } => self.restart(flush),
+            Cmd::Restart { flush } => self.restart(flush, None),
+            Cmd::RestartUnlisted { flush, pool } => self.restart(
+                flush,
+                Some(if pool { "linux/amd64" } else { "linux/arm64" }),
+            ),
             Cmd::Config(which) => {
                 self.cfg = which as usize % 3;
                 if let Some(f) = &mut self.fair {
@@ -1767,6 +1839,26 @@ impl World {
                 self.send(Event::ConfigReplaced(Box::new(c)));
             }
             Cmd::Sweep => self.sweep(),
+            Cmd::Refuse(pick) => {
+                let lanes: Vec<String> = self
+                    .kube
+                    .iter()
+                    .filter(|(_, q)| {
+                        matches!(
+                            q.front(),
+                            Some(Write {
+                                action: Action::WriteSecret { .. },
+                                ..
+                            })
+                        )
+                    })
+                    .map(|(l, _)| l.clone())
+                    .collect();
+                if !lanes.is_empty() {
+                    let lane = lanes[pick as usize % lanes.len()].clone();
+                    self.refuse(&lane);
+                }
+            }
             Cmd::Foreign { pool, up } => {
                 let p = if pool { "linux/amd64" } else { "linux/arm64" };
                 let theirs: Vec<String> = self
@@ -1811,6 +1903,10 @@ impl World {
         }
         let c = self.config().clone();
         self.send(Event::ConfigReplaced(Box::new(c)));
+        // The listings work again: a platform held since a restart is recovered.
+        if self.unlisted.is_some() {
+            self.sweep();
+        }
         for round in 0..400 {
             self.drain();
             self.check_secrets();
@@ -1822,10 +1918,12 @@ impl World {
             {
                 panic!("TaskRun {uid} was served but never un-gated");
             }
+            // Served builds run and finish; ones whose error secret was refused (their pod never
+            // starts) time out.
             let served: Vec<String> = self
                 .live()
                 .into_iter()
-                .filter(|u| self.taskruns[u].mounted())
+                .filter(|u| self.taskruns[u].mounted() || self.error_refused.contains(u))
                 .collect();
             for uid in served {
                 self.finish(&uid, false);
@@ -2981,11 +3079,11 @@ fn a_timed_out_taskrun_is_finalized_only_once_its_instance_is_gone() {
 }
 
 /// Found by a deeper search (`MODEL_CASES=3000 PROPTEST_RNG_SEED=78`, Go's policy: three
-/// termination attempts): the model counted an instance the scheduler had reported leaked against
-/// `max-instances`; by choice a leaked instance no longer counts (a lasting refusal must not block
-/// the platform), so the model now leaves it out too, until a restart.
+/// termination attempts): an instance the scheduler reported leaked. It still runs and is billed,
+/// so it still counts against `max-instances` (the scheduler launched past it when leaked
+/// instances stopped counting, and a lasting refusal then cost one instance per TaskRun).
 #[test]
-fn a_leaked_instance_does_not_count_against_max_instances() {
+fn a_leaked_instance_still_counts_against_max_instances() {
     use Cmd::*;
     let c = |platform, ns| Create { platform, ns };
     let d = |pick, ok| Deliver { pick, ok };
@@ -3024,4 +3122,180 @@ fn a_leaked_instance_does_not_count_against_max_instances() {
         "the instance was reported leaked: {:?}",
         w.leaked
     );
+}
+
+/// Runs every action and lands every write until nothing is in flight, with every termination
+/// refused (an IAM or SCP change, termination protection) while `refuse`.
+fn drain_refusing(w: &mut World, refuse: bool) {
+    loop {
+        let ready = w.deliverable();
+        if let Some(&i) = ready.first() {
+            let ok = !(refuse && matches!(w.pending[i], Pending::Terminate { .. }));
+            w.deliver(i, ok);
+        } else if let Some(lane) = w.kube.keys().next().cloned() {
+            w.land_and_feed(&lane);
+        } else {
+            return;
+        }
+    }
+}
+
+/// The bill guard under a terminate refusal that lasts: five dynamic TaskRuns in a row, each
+/// created once the one before ended and an hour of refused terminations went by, leave at most
+/// `max-instances` instances running (the model checks every launch against the limit, leaked
+/// instances included); the terminations are still retried, and once the cloud accepts them
+/// again the platform serves its waiters.
+#[test]
+fn five_taskruns_with_every_terminate_refused_leave_at_most_max_instances_live() {
+    const ARM: &str = "linux/arm64";
+    let mut w = World::new(Policy::mpc());
+    let max = w.max_instances(ARM) as usize;
+    let alive = |w: &World| {
+        w.instances
+            .values()
+            .filter(|i| i.alive && i.platform == ARM)
+            .count()
+    };
+    for _ in 0..5 {
+        w.run(&Cmd::Create { platform: 1, ns: 0 });
+        for _ in 0..60 {
+            drain_refusing(&mut w, true);
+            // Served builds run, and end.
+            let served: Vec<String> = w
+                .live()
+                .into_iter()
+                .filter(|u| w.taskruns[u].mounted())
+                .collect();
+            for uid in served {
+                w.finish(&uid, false);
+            }
+            drain_refusing(&mut w, true);
+            w.run(&Cmd::Advance(60));
+            assert!(alive(&w) <= max, "{} alive, max-instances {max}", alive(&w));
+        }
+    }
+    assert_eq!(alive(&w), max);
+    assert_eq!(w.leaked.len(), max, "each reported once: {:?}", w.leaked);
+    assert_eq!(w.live().len(), 5 - max, "the others wait for room");
+    // The cloud accepts terminations again: the next retry lands (within the back-off's cap of
+    // five minutes) and the waiters are served.
+    for _ in 0..30 {
+        drain_refusing(&mut w, false);
+        w.run(&Cmd::Advance(60));
+    }
+    w.quiesce();
+    assert!(w.taskruns.is_empty());
+}
+
+/// A restart whose listing of a dynamic platform or pool fails, with builds running there: they
+/// must keep their instances (the model checks after every command that a served secret points
+/// at a live instance holding its user, and that no attempt gets a second secret). Going on as if
+/// the listing were empty relaunched the unproven builds under a second secret and had the next
+/// listing terminate the running instances as orphans.
+#[test]
+fn a_failed_listing_at_a_restart_terminates_no_running_build() {
+    for pool in [false, true] {
+        let mut w = World::new(Policy::mpc());
+        let platform = if pool { 2 } else { 1 };
+        for ns in 0..3 {
+            w.run(&Cmd::Create { platform, ns });
+        }
+        for _ in 0..10 {
+            w.drain();
+            w.run(&Cmd::Advance(30));
+        }
+        let label = PLATFORMS[platform];
+        let running = w.live().iter().filter(|u| w.taskruns[*u].mounted()).count();
+        assert!(running >= 2, "{label}: {running} served");
+        w.run(&Cmd::RestartUnlisted { flush: true, pool });
+        for _ in 0..5 {
+            w.drain();
+            w.run(&Cmd::Advance(60));
+        }
+        // The listing works again: the platform is recovered against it; later listings too.
+        for _ in 0..3 {
+            w.run(&Cmd::Sweep);
+            w.drain();
+            w.run(&Cmd::Advance(11 * 60));
+        }
+        let still = w.live().iter().filter(|u| w.taskruns[*u].mounted()).count();
+        assert_eq!(still, running, "{label}: the builds still run");
+        w.quiesce();
+    }
+}
+
+/// A secret the API server keeps refusing goes back to the scheduler (`SecretRefused`), which
+/// writes it again with back-off and then frees the host and writes an error secret instead: the
+/// error lands, and the next TaskRun gets the host. (The random commands refuse writes too:
+/// `Cmd::Refuse`.)
+#[test]
+fn a_refused_secret_goes_back_to_the_scheduler_and_frees_the_host() {
+    let mut w = World::new(Policy::mpc());
+    w.run(&Cmd::Create { platform: 0, ns: 0 });
+    let first = w.live()[0].clone();
+    let mut refused = 0;
+    for _ in 0..40 {
+        while let Some(&i) = w.deliverable().first() {
+            w.deliver(i, true);
+        }
+        let lane = w.kube.keys().next().cloned();
+        if let Some(lane) = lane {
+            let remote = matches!(
+                w.kube[&lane].front(),
+                Some(Write {
+                    action: Action::WriteSecret {
+                        secret: SecretData::Remote { .. },
+                        ..
+                    },
+                    ..
+                })
+            );
+            if remote {
+                refused += 1;
+                w.refuse(&lane);
+            } else {
+                w.land_and_feed(&lane);
+            }
+        }
+        w.run(&Cmd::Advance(5));
+    }
+    assert_eq!(refused, Policy::mpc().secret_attempts);
+    let t = &w.taskruns[&first];
+    let kind = w.secret_of(&t.reference()).and_then(patch::secret_kind);
+    assert_eq!(kind, Some(SecretKind::Error), "the error secret landed");
+    assert!(!w.alloc.0.contains_key(&first), "its host is free");
+    w.quiesce();
+}
+
+/// Two TaskRuns whose Go-compatible user names collide (`ns1/tr-3` and `s1/tr-3n`) on a pool
+/// whose instances take two builds each: they must not share an instance (one user for both: the
+/// first to finish would remove the other's). The model sees it as the second's secret pointing
+/// at an instance where its user is gone.
+#[test]
+fn colliding_users_are_never_placed_on_one_pool_instance() {
+    let mut w = World::new(Policy::mpc());
+    w.next += 1;
+    w.create_as("linux/amd64", "ns1", "tr-3");
+    w.next += 1;
+    w.create_as("linux/amd64", "s1", "tr-3n");
+    let uids = w.live();
+    assert_eq!(uids.len(), 2);
+    let (a, b) = (&uids[0], &uids[1]);
+    assert_eq!(
+        w.taskruns[a].reference().remote_user(),
+        w.taskruns[b].reference().remote_user()
+    );
+    for _ in 0..10 {
+        w.drain();
+        w.run(&Cmd::Advance(30));
+    }
+    assert!(w.taskruns[a].mounted() && w.taskruns[b].mounted());
+    assert_ne!(w.placed.get(a), w.placed.get(b), "one instance each");
+    let first = a.clone();
+    w.finish(&first, false);
+    for _ in 0..5 {
+        w.drain();
+        w.run(&Cmd::Advance(30));
+    }
+    w.quiesce();
 }

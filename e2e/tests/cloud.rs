@@ -1386,6 +1386,7 @@ impl Ctl {
         let snapshot = Snapshot {
             taskruns: vec![],
             instances: ctl.listing().await,
+            ..Snapshot::default()
         };
         let mut out = Vec::new();
         ctl.sched.recover(now, snapshot, &mut out);
@@ -1661,8 +1662,10 @@ async fn two_clusters_share_an_account_without_touching_each_others_instances() 
 /// before the launch result came back) counts against `max-instances` while it is younger than
 /// the orphan grace, and is terminated as an orphan after it. A terminate the cloud keeps
 /// refusing (403 `UnauthorizedOperation` through the proxy) is retried with back-off; at the
-/// bound the instance stops counting (the platform is not blocked for good), an Event reports
-/// it leaked, and its termination is still retried until it lands.
+/// bound an Event reports it leaked and its TaskRun's finalizer goes, but it still counts
+/// against `max-instances`: however many TaskRuns come, no more than `max-instances` instances
+/// run while every termination is refused. The terminations are still retried, every few
+/// minutes, and once the cloud accepts them the waiters launch.
 #[tokio::test]
 async fn young_unknown_instances_count_and_a_refused_terminate_is_bounded() {
     let moto = Moto::start().await.unwrap();
@@ -1703,24 +1706,35 @@ async fn young_unknown_instances_count_and_a_refused_terminate_is_bounded() {
         "UnauthorizedOperation",
         1000,
     ));
-    // a1 ends before anyone waits (a waiter would take over its unused instance).
-    let done = c.done(now, "a1").await;
-    let stuck = terminated_in(&done);
-    assert_eq!(stuck.len(), 1);
-    assert_eq!(
-        launched_in(&c.submit(now, "a3").await),
-        0,
-        "a1's still counts"
-    );
+    // a1 and a2 end before anyone waits (a waiter would take over an unused instance).
+    let mut stuck = BTreeSet::new();
+    for name in ["a1", "a2"] {
+        stuck.extend(terminated_in(&c.done(now, name).await));
+    }
+    assert_eq!(stuck.len(), 2);
+    // TaskRuns keep coming: none launches, whatever the refusals.
+    for name in ["a3", "a4", "a5", "a6", "a7"] {
+        assert_eq!(launched_in(&c.submit(now, name).await), 0, "{name}");
+    }
     let mut tries = 1;
     let mut leaked = Vec::new();
     while leaked.is_empty() {
         assert!(tries < 10, "never bounded");
         now = now + Duration::from_secs(301);
         let a = c.step(now, Event::Tick).await;
-        assert_eq!(terminated_in(&a), stuck, "retried");
+        let retried: BTreeSet<String> = terminated_in(&a).into_iter().collect();
+        assert_eq!(retried, stuck, "retried");
+        assert_eq!(launched_in(&a), 0, "still running: still counted");
         tries += 1;
-        if launched_in(&a) == 1 {
+        if a.iter().any(|x| {
+            matches!(
+                x,
+                Action::Notify {
+                    reason: "InstanceLeaked",
+                    ..
+                }
+            )
+        }) {
             leaked = a;
         }
     }
@@ -1729,31 +1743,47 @@ async fn young_unknown_instances_count_and_a_refused_terminate_is_bounded() {
         Policy::mpc().cleanup_attempts,
         "bounded by cleanup_attempts"
     );
-    assert!(
-        leaked.iter().any(|x| matches!(x, Action::Notify { reason: "InstanceLeaked", message, .. } if message.contains(&stuck[0]))),
-        "{leaked:#?}"
-    );
-    assert!(
-        leaked.iter().any(
-            |x| matches!(x, Action::RemoveFinalizer { taskrun, .. } if taskrun.name() == "a1")
-        )
-    );
-    let g = gauges(&c);
-    assert_eq!(
-        (g.instances, g.leaked),
-        (2, 1),
-        "a2's and a3's count; a1's leaked"
-    );
-    assert_eq!(live_with_tag(&moto).await, 3, "the leaked one still runs");
+    for id in &stuck {
+        assert!(
+            leaked.iter().any(|x| matches!(x, Action::Notify { reason: "InstanceLeaked", message, .. } if message.contains(id.as_str()))),
+            "{leaked:#?}"
+        );
+    }
+    for name in ["a1", "a2"] {
+        assert!(
+            leaked.iter().any(
+                |x| matches!(x, Action::RemoveFinalizer { taskrun, .. } if taskrun.name() == name)
+            ),
+            "{name}'s finalizer goes"
+        );
+    }
     assert_eq!(
         c.proxy.requests_of("TerminateInstances").len(),
-        tries as usize + 1
+        2 * tries as usize + 1,
+        "the young one's, then a1's and a2's tries"
+    );
+    // Still retried every few minutes; nothing launches while they run.
+    for _ in 0..6 {
+        now = now + Duration::from_secs(301);
+        let a = c.step(now, Event::Tick).await;
+        assert_eq!(terminated_in(&a).len(), 2, "retried: {a:#?}");
+        assert_eq!(launched_in(&a), 0, "{a:#?}");
+    }
+    let g = gauges(&c);
+    assert_eq!((g.instances, g.leaked, g.waiting), (2, 2, 5));
+    assert_eq!(
+        live_with_tag(&moto).await,
+        2,
+        "max-instances, not one per TaskRun"
     );
 
-    // Still retried: once the cloud accepts, the leak is over.
+    // Once the cloud accepts, the leaks are over and two waiters launch.
     c.proxy.clear_faults();
     now = now + Duration::from_secs(301);
-    assert_eq!(terminated_in(&c.step(now, Event::Tick).await), stuck);
+    let a = c.step(now, Event::Tick).await;
+    let gone: BTreeSet<String> = terminated_in(&a).into_iter().collect();
+    assert_eq!(gone, stuck);
+    assert_eq!(launched_in(&a), 2, "{a:#?}");
     assert_eq!(gauges(&c).leaked, 0);
     assert_eq!(live_with_tag(&moto).await, 2);
 }

@@ -37,7 +37,8 @@ pub enum Invariant {
     InstanceIds,
     /// A platform's member set holds exactly its instances.
     InstanceMembers,
-    /// A platform's instance count is the number of its instances that are not leaked.
+    /// A platform's instance count is the number of its instances, leaked ones included (they
+    /// still run and are billed).
     InstanceCount,
     /// A pool instance is in its platform's ready or booting set exactly when it takes work,
     /// under the key its load and age give.
@@ -50,6 +51,9 @@ pub enum Invariant {
     AwaitedTerminations,
     /// A launching or terminating instance's operation is in flight, for it.
     InstanceOps,
+    /// An instance waiting to retry its termination has the timer that retries it, and a leaked
+    /// one is being terminated or waiting to retry: a termination is never given up.
+    TerminationRetried,
     /// A TaskRun being provisioned has its provisioning in flight, for it.
     ProvisionOps,
     /// A waiting TaskRun is in its platform's queue (retry lane when it failed somewhere) with
@@ -67,6 +71,9 @@ pub enum Invariant {
     Timers,
     /// The operation table's count matches its slots.
     OpTable,
+    /// TaskRuns held for an unlisted platform's listing are tracked nowhere else and belong to
+    /// an unlisted platform; an unlisted platform tracks no instance.
+    Unlisted,
 }
 
 impl fmt::Display for Invariant {
@@ -89,6 +96,7 @@ impl fmt::Display for Invariant {
             Invariant::PoolAttached => "pool attachments",
             Invariant::AwaitedTerminations => "awaited instance terminations",
             Invariant::InstanceOps => "instance operations",
+            Invariant::TerminationRetried => "termination retries",
             Invariant::ProvisionOps => "provisioning operations",
             Invariant::Waiters => "waiters' queue entries",
             Invariant::Queue => "queue bookkeeping",
@@ -96,6 +104,7 @@ impl fmt::Display for Invariant {
             Invariant::Cleaning => "user removals in progress",
             Invariant::Timers => "timers",
             Invariant::OpTable => "operation table",
+            Invariant::Unlisted => "unlisted platforms",
         };
         f.write_str(s)
     }
@@ -137,6 +146,7 @@ impl Scheduler {
         self.check_phases()?;
         self.check_waiters()?;
         self.check_cleanups()?;
+        self.check_unlisted()?;
         self.check_timers()
     }
 
@@ -247,6 +257,21 @@ impl Scheduler {
                 format!(
                     "instance {k:?} is {:?} without its operation in flight",
                     i.state
+                )
+            })?;
+            let retried = match i.state {
+                InstState::Terminating(_) => true,
+                InstState::TerminateWait => self
+                    .timers
+                    .iter()
+                    .any(|(_, t)| t == Timer::TerminateRetry(k, i.terminate_attempts)),
+                _ => !i.leaked(),
+            };
+            ensure(retried, TerminationRetried, || {
+                format!(
+                    "instance {k:?} is {:?} (leaked: {}) with no termination retry armed",
+                    i.state,
+                    i.leaked()
                 )
             })?;
         }

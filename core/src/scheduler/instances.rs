@@ -3,8 +3,8 @@
 //! (ready or booting).
 //!
 //! Nothing outside this module can change an instance's indexed facts without the index
-//! following: the facts the id index, the members and the count hang on (platform, id, leaked)
-//! are private and change only through [`Fleet`]'s methods (so is the TaskRun a termination is
+//! following: the facts the id index, the members and the count hang on (platform, id) are
+//! private and change only through [`Fleet`]'s methods (so is the TaskRun a termination is
 //! awaited for, behind the count of terminations each TaskRun awaits), and the instance a
 //! [`Fleet::get_mut`] handed out is re-indexed in its platform's pool sets before anything can
 //! read them (the next call on the fleet that changes or reads an index), so a caller never
@@ -56,8 +56,9 @@ pub(super) struct Instance {
     pub(super) overdue: bool,
     pub(super) provision_failures: u32,
     pub(super) terminate_attempts: u32,
-    /// Termination kept failing: no longer counted against `max-instances` (its termination is
-    /// still retried; operators see it in the `leaked` gauge and an Event).
+    /// Termination kept failing (reported once: the `leaked` gauge and an Event). It still runs
+    /// and is billed, so it still counts against `max-instances`; its termination is retried
+    /// until it lands.
     leaked: bool,
     pub(super) probes: u32,
     pub(super) probe_op: Option<OpId>,
@@ -116,7 +117,7 @@ impl Instance {
         self.id.as_ref()
     }
 
-    /// Its termination kept failing: it no longer counts against `max-instances`.
+    /// Its termination kept failing (it still counts against `max-instances`).
     pub(super) fn leaked(&self) -> bool {
         self.leaked
     }
@@ -153,7 +154,7 @@ impl Instance {
 
 #[derive(Default)]
 struct PerPlatform {
-    /// Instances counted against `max-instances` (all but leaked ones).
+    /// Instances counted against `max-instances`: every one, leaked ones included.
     counted: u32,
     /// All instance entries of the platform.
     members: BTreeSet<Key>,
@@ -266,9 +267,7 @@ impl Fleet {
                 pp.booting.remove(&k);
             }
         }
-        if !i.leaked {
-            pp.counted = pp.counted.saturating_sub(1);
-        }
+        pp.counted = pp.counted.saturating_sub(1);
         pp.members.remove(&key);
         Some(i)
     }
@@ -291,18 +290,14 @@ impl Fleet {
         }
     }
 
-    /// The instance's termination kept failing: it stops counting against `max-instances`.
+    /// The instance's termination kept failing: reported leaked. It keeps counting against
+    /// `max-instances`: a refusal that lasts must cost at most `max-instances` instances, not one
+    /// per TaskRun.
     pub(super) fn leak(&mut self, key: Key) {
         self.flush();
-        let Some(i) = self.instances.get_mut(key) else {
-            return;
-        };
-        if std::mem::replace(&mut i.leaked, true) {
-            return;
+        if let Some(i) = self.instances.get_mut(key) {
+            i.leaked = true;
         }
-        let p = i.platform;
-        let pp = self.platform_mut(p);
-        pp.counted = pp.counted.saturating_sub(1);
     }
 
     /// `tr`'s finalizer waits for the instance's termination (unless it already does, or
@@ -437,9 +432,7 @@ impl Fleet {
             })?;
             let p = i.platform as usize;
             members[p].insert(k);
-            if !i.leaked {
-                counted[p] += 1;
-            }
+            counted[p] += 1;
             if let Some(id) = &i.id {
                 with_id += 1;
                 ensure(self.ids.get(id) == Some(&k), InstanceIds, || {
@@ -476,7 +469,7 @@ impl Fleet {
             })?;
             ensure(self.counted(pid) == counted[p], InstanceCount, || {
                 format!(
-                    "platform {p}: counts {}, {} instances are not leaked",
+                    "platform {p}: counts {}, has {} instances",
                     self.counted(pid),
                     counted[p]
                 )

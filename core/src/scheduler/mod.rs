@@ -18,7 +18,10 @@
 //! - an allocation keeps the strategy and host definition it was made with: deallocation never
 //!   consults the current config;
 //! - after a restart, [`Scheduler::recover`] rebuilds the whole ledger from a [`Snapshot`]
-//!   (TaskRun labels and annotations, listed instances) before anything is allocated;
+//!   (TaskRun labels and annotations, listed instances) before anything is allocated; a
+//!   platform whose listing failed is "unlisted": its TaskRuns are held as recorded (no
+//!   orphaning, relaunch or move) and nothing is launched for it until a listing of it arrives,
+//!   which recovers them as the restart would have;
 //! - every launch carries a [`LaunchId`] rebuilt from what outlives a restart, so relaunching the
 //!   same TaskRun's same attempt yields the instance an earlier process launched.
 //!
@@ -36,10 +39,17 @@
 //! that listing are unseen until the next one, so across all the clusters (and platforms) sharing
 //! a tag, live instances exceed `max-instances` by at most the launches the others made since
 //! each one's last listing: with listings every `L`, at most one interval `L`'s worth of
-//! launches. One exception, by choice: an instance whose
-//! termination failed [`Policy::cleanup_attempts`] times is leaked: it stops counting (a refusal
-//! that lasts must not block the platform for good), its termination is still retried, and
-//! operators see it (`leaked` gauge, an `InstanceLeaked` Event).
+//! launches. No exception for an instance whose
+//! termination keeps failing: after [`Policy::cleanup_attempts`] refusals it is leaked (operators
+//! see it: `leaked` gauge, an `InstanceLeaked` Event; the TaskRun whose finalizer waited for it
+//! is let go), but it still runs and is billed, so it keeps its place under `max-instances`
+//! until a termination lands or a listing shows it gone. A refusal that lasts (an IAM or SCP
+//! change, termination protection) therefore costs at most `max-instances` instances per
+//! platform, not one per TaskRun: once its leaked instances fill it, the platform launches no
+//! more and its waiters wait. It is not blocked for good: the termination is retried every few
+//! minutes (the back-off's cap) for as long as the instance is tracked, and the first one that
+//! lands frees the place and serves the next waiter in the same step ([`Invariant`]
+//! `TerminationRetried` holds the retry to that).
 //!
 //! Refused writes: a secret the API server refuses ([`Event::SecretRefused`]) is written again
 //! with back-off, [`Policy::secret_attempts`] times in all; then the TaskRun's host is freed and
@@ -82,6 +92,7 @@ mod time;
 mod timers;
 mod tombstones;
 mod uid_index;
+mod unlisted;
 mod users;
 
 #[cfg(test)]
@@ -142,6 +153,9 @@ pub struct Scheduler {
     /// Removals of a build user in flight or waiting for a retry: user name to the hosts or
     /// instance ids (one entry per removal).
     cleaning: BTreeMap<String, Vec<Arc<str>>>,
+    /// TaskRuns of unlisted platforms (see [`Snapshot::unlisted`]), held as recorded until their
+    /// platform's listing arrives.
+    held: BTreeMap<Uid, unlisted::Held>,
 }
 
 const NO_PLATFORM: PlatformId = PlatformId::MAX;
@@ -224,6 +238,9 @@ struct PlatformState {
     /// ledger does not track (other clusters', the Go controller's, other platforms'): they count
     /// against `max-instances` too.
     foreign: u32,
+    /// Its listing failed at recovery and none has arrived since: what runs on it is unknown, so
+    /// nothing is launched for it and its recorded TaskRuns are held (see [`Snapshot::unlisted`]).
+    unlisted: bool,
     /// No warm launches before this (after warm launches kept failing).
     warm_hold: Time,
 }
@@ -310,6 +327,7 @@ impl Scheduler {
             started: false,
             additional_tags: Arc::new([]),
             cleaning: BTreeMap::new(),
+            held: BTreeMap::new(),
         };
         let mut ignored = Vec::new();
         s.apply_config(config, &mut ignored);
@@ -340,6 +358,13 @@ impl Scheduler {
     /// latest seen), appending the resulting actions to `out`. Due timers fire first.
     pub fn handle(&mut self, now: Time, event: Event, out: &mut Vec<Action>) {
         self.advance(now, out);
+        if let Some(event) = self.hold(event) {
+            self.dispatch(event, out);
+        }
+        self.instances.flush();
+    }
+
+    fn dispatch(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::TaskRun(spec) => self.on_taskrun(spec, out),
             Event::TaskRunDone {
@@ -384,7 +409,6 @@ impl Scheduler {
             Event::ConfigReplaced(config) => self.apply_config(*config, out),
             Event::Tick => {}
         }
-        self.instances.flush();
     }
 
     /// [`Scheduler::handle`] returning a fresh vector.
@@ -451,6 +475,7 @@ impl Scheduler {
             queue: FairQueue::default(),
             retry: Vec::new(),
             foreign: 0,
+            unlisted: false,
             warm_hold: Time::ZERO,
         });
         self.platform_ids.insert(platform.clone(), id);

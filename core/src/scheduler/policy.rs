@@ -69,8 +69,8 @@ pub struct Policy {
     /// may still be on its way).
     pub orphan_grace: Duration,
     /// Deprovision attempts before giving up (the host sweep removes what is left); terminate
-    /// attempts before an instance is reported leaked and stops counting against
-    /// `max-instances` (its termination is still retried).
+    /// attempts before an instance is reported leaked and the TaskRun waiting for it is let go
+    /// (the instance still counts against `max-instances`, and its termination is still retried).
     pub cleanup_attempts: u32,
     /// Delay between cleanup attempts (deprovision, terminate); doubles per attempt up to 5 min.
     pub cleanup_backoff: Duration,

@@ -25,6 +25,7 @@ impl Scheduler {
                 self.change_mode(p, new, out);
             }
         }
+        self.unlist_unlistable(out);
         for p in 0..self.platforms.len() as PlatformId {
             self.pump(p, out);
             self.ensure_warm(p, out);

@@ -11,6 +11,13 @@
 //! Every live instance listed that the rebuilt ledger does not track counts toward its
 //! platform's `max-instances` until the next listing.
 //!
+//! A platform whose listing failed ([`Snapshot::unlisted`]) is not taken for one with no
+//! instances: that would rebuild its proven builds on a "retired host", relaunch its unproven
+//! ones while they run, and have the next listing terminate their instances (a shared pool
+//! instance too) as orphans. Its TaskRuns are held as recorded instead, nothing is launched for
+//! it, and once a listing of it arrives they are recovered against that listing exactly as here
+//! (see `unlisted`).
+//!
 //! Tenants write their TaskRuns' labels and annotations and the Secrets of their namespace, so
 //! every piece of evidence is checked before it counts (the controller learns only whether a
 //! TaskRun's secret exists, never what it holds: [`TaskRunRecord::secret`]):
@@ -46,24 +53,44 @@ impl Scheduler {
     pub fn recover(&mut self, now: Time, snapshot: Snapshot, out: &mut Vec<Action>) {
         self.advance(now, out);
         self.started = true;
+        let Snapshot {
+            taskruns,
+            instances,
+            unlisted,
+        } = snapshot;
+        let taskruns = self.hold_unlisted(taskruns, &unlisted, out);
+        self.rebuild(&taskruns, &instances, None, &BTreeSet::new(), out);
+    }
+
+    /// Rebuilds the ledger from TaskRun records and the listings of every platform but the
+    /// unlisted ones (or, with `only`, of that platform alone: its held TaskRuns, once its
+    /// listing arrived; `released` are the finished ones that ended by a release).
+    pub(super) fn rebuild(
+        &mut self,
+        taskruns: &[TaskRunRecord],
+        instances: &[InstanceRecord],
+        only: Option<PlatformId>,
+        released: &BTreeSet<Uid>,
+        out: &mut Vec<Action>,
+    ) {
         let mut listed: BTreeMap<&str, &InstanceRecord> = BTreeMap::new();
-        for rec in &snapshot.instances {
+        for rec in instances {
             listed.entry(rec.id.as_str()).or_insert(rec);
         }
         let mut claimed: BTreeSet<String> = BTreeSet::new();
         // Go-era pool instances a TaskRun names, with the platforms of the TaskRuns naming them.
         let mut named: BTreeMap<&str, Vec<Platform>> = BTreeMap::new();
-        for r in &snapshot.taskruns {
+        for r in taskruns {
             if let (Some(host), Ok(p)) = (r.assigned_host.as_deref(), Platform::parse(&r.platform))
             {
                 named.entry(host).or_default().push(p);
             }
         }
-        let pool_members = self.recover_pool_instances(&snapshot.instances, &named, &mut claimed);
+        let pool_members = self.recover_pool_instances(instances, &named, &mut claimed);
 
         // Proven allocations first: they take the capacity an unproven claim would also want.
         let proven = |r: &TaskRunRecord| r.secret_proven && r.secret == Some(SecretKind::Remote);
-        let mut records: Vec<&TaskRunRecord> = snapshot.taskruns.iter().collect();
+        let mut records: Vec<&TaskRunRecord> = taskruns.iter().collect();
         records.sort_by(|a, b| {
             (!proven(a), a.since, &a.namespace, &a.name).cmp(&(
                 !proven(b),
@@ -165,6 +192,10 @@ impl Scheduler {
                 Token::Fresh
             };
             t.extra = extra;
+            if released.contains(t.uid()) {
+                // Cleaned up as a release: not remembered as finished.
+                t.extra.get_or_insert_with(Box::default).release = super::Release::Released;
+            }
             let key = self.taskruns.insert(t);
             if rec.finished {
                 self.recover_finished(
@@ -212,15 +243,17 @@ impl Scheduler {
                 }
             }
         }
-        self.recover_orphans(&snapshot.instances, &claimed, &pool_members, out);
+        self.recover_orphans(instances, &claimed, &pool_members, out);
         // In their original order again (proven allocations were taken out of it).
         waiters.sort_by_key(|&k| self.taskruns.get(k).map(|t| (t.since, t.path().clone())));
         for p in 0..self.platforms.len() as PlatformId {
+            // An unlisted platform's count is unknown (it counts as full until listed); with
+            // `only`, that platform's listing is the one given.
+            if only.map_or(self.platforms[p as usize].unlisted, |o| o != p) {
+                continue;
+            }
             let platform = self.platforms[p as usize].platform.clone();
-            let of_p = snapshot
-                .instances
-                .iter()
-                .filter(|r| r.platform == *platform);
+            let of_p = instances.iter().filter(|r| r.platform == *platform);
             self.count_foreign(p, of_p, out);
         }
         for key in waiters {
@@ -272,7 +305,10 @@ impl Scheduler {
     ) -> BTreeMap<String, Key> {
         let mut members = BTreeMap::new();
         for rec in listed {
-            if rec.state.is_gone() || members.contains_key(&rec.id) {
+            if rec.state.is_gone()
+                || members.contains_key(&rec.id)
+                || self.instances.find(rec.id.as_str()).is_some()
+            {
                 continue;
             }
             let p = self.platform_id(&rec.platform);

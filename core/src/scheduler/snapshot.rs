@@ -15,6 +15,11 @@ pub struct Snapshot {
     pub taskruns: Vec<TaskRunRecord>,
     /// Every instance each dynamic platform's listing returned (see [`InstanceRecord`]).
     pub instances: Vec<InstanceRecord>,
+    /// Dynamic platforms and pools whose listing failed: what runs on them is unknown. Their
+    /// TaskRuns are held as recorded (nothing orphaned, relaunched or moved, no launches) until
+    /// a listing of the platform arrives ([`Event::InstancesListed`](super::Event)), then
+    /// recovered against it.
+    pub unlisted: Vec<Platform>,
 }
 
 /// One TaskRun as recorded on the cluster.

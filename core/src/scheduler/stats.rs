@@ -12,7 +12,7 @@ pub struct PlatformGauges {
     pub waiting: u32,
     /// TaskRuns holding a host or instance (any phase).
     pub running: u32,
-    /// Instances counted against `max-instances`.
+    /// Instances counted against `max-instances` (leaked ones included).
     pub instances: u32,
     /// Live instances others run with the platform's instance tag (other clusters, the Go
     /// controller, other platforms sharing the tag), as of the last listing; they count against
@@ -22,7 +22,8 @@ pub struct PlatformGauges {
     pub booting: u32,
     /// Instances being terminated (counted).
     pub terminating: u32,
-    /// Instances whose termination kept failing: still retried, no longer counted.
+    /// Instances whose termination kept failing: still retried, still counted (in `instances`,
+    /// not in `terminating`).
     pub leaked: u32,
     /// Concurrent TaskRuns the platform can serve (`platform_pool_size`).
     pub capacity: Option<u32>,

@@ -24,6 +24,11 @@ impl Scheduler {
             // No credentials to act with.
             _ => return,
         };
+        // The first listing of a platform recovery had none of: its held TaskRuns are recovered
+        // against it (orphans and the foreign count included).
+        if self.list_unlisted(p, listed, out) {
+            return;
+        }
         let label = self.platforms[p as usize].label.clone();
         self.instances
             .forget_terminated(p, self.now, self.policy.orphan_grace);

@@ -28,11 +28,17 @@ fn templates(config: &HostConfig) -> Vec<(Platform, DynamicPlatform)> {
         .collect()
 }
 
-/// Every instance the dynamic platforms' credentials can see (recovery's listing). A platform
-/// whose listing keeps failing is left out after a few tries (its instances are found by the
-/// periodic listing); `None` when the term is cancelled.
-pub async fn list_all(ctx: &Context, config: &HostConfig) -> Option<Vec<InstanceRecord>> {
+/// Every instance the dynamic platforms' credentials can see (recovery's listing), and the
+/// platforms whose listing kept failing after a few tries: those are recovered as "unlisted"
+/// (their TaskRuns held as recorded, no launches) until the periodic listing of them succeeds.
+/// Going on without a platform's listing as if it were empty would take its running instances
+/// for orphans and relaunch its builds. `None` when the term is cancelled.
+pub async fn list_all(
+    ctx: &Context,
+    config: &HostConfig,
+) -> Option<(Vec<InstanceRecord>, Vec<Platform>)> {
     let mut all = Vec::new();
+    let mut unlisted = Vec::new();
     for (platform, t) in templates(config) {
         let mut delay = Duration::from_millis(500);
         for attempt in 1..=5 {
@@ -44,14 +50,19 @@ pub async fn list_all(ctx: &Context, config: &HostConfig) -> Option<Vec<Instance
                 break;
             }
             if attempt == 5 {
-                tracing::error!(%platform, "recovering without this platform's instance listing");
+                tracing::error!(
+                    %platform,
+                    "recovering without this platform's instance listing: its TaskRuns are held \
+                     as recorded, and nothing is launched for it, until a listing succeeds"
+                );
+                unlisted.push(platform.clone());
                 break;
             }
             tokio::time::sleep(delay).await;
             delay *= 2;
         }
     }
-    Some(all)
+    Some((all, unlisted))
 }
 
 /// Lists every dynamic platform's instances every `every` and feeds them to the loop (orphans,

@@ -86,10 +86,11 @@ async fn collect_snapshot(
     .collect::<Vec<_>>()
     .await;
     let taskruns: Option<Vec<TaskRunRecord>> = lookups.into_iter().collect();
-    let instances = super::instances::list_all(ctx, config).await?;
+    let (instances, unlisted) = super::instances::list_all(ctx, config).await?;
     Some(Snapshot {
         taskruns: taskruns?,
         instances,
+        unlisted,
     })
 }
 

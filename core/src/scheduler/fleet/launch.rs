@@ -466,9 +466,12 @@ impl Scheduler {
         let at = self.now + backoff(self.policy.cleanup_backoff, n - 1);
         let p = i.platform();
         let id = i.id().cloned().unwrap_or_else(|| "?".into());
-        // Leaked at the bound, once: it stops counting against `max-instances` (a refusal that
-        // lasts must not block the platform for good) and its termination keeps being retried
-        // every few minutes (the back-off's cap) until it lands or a listing shows it gone.
+        // Leaked at the bound, reported once: the TaskRun whose finalizer waited for it is let
+        // go (a refusal that lasts must not hold finalizers for good), but the instance still
+        // runs and is billed, so it keeps its `max-instances` place (a lasting refusal costs at
+        // most `max-instances` instances, not one per TaskRun) and its termination keeps being
+        // retried every few minutes (the back-off's cap) until it lands or a listing shows it
+        // gone; the platform launches again then.
         let give_up = n == self.policy.cleanup_attempts.max(1) && !i.leaked();
         let waiting = if give_up {
             self.instances.leak(inst);
@@ -494,15 +497,14 @@ impl Scheduler {
                 reason: "InstanceLeaked",
                 message: format!(
                     "instance {id} could not be terminated after {n} attempts (last: {error}); it \
-                     no longer counts against max-instances and its termination is retried every \
-                     few minutes: terminate it by hand if it stays"
+                     still counts against max-instances (the platform launches no more while its \
+                     leaked instances fill it) and its termination is retried every few minutes: \
+                     terminate it by hand if it stays"
                 ),
             });
             if let Some(k) = waiting {
                 self.cleanup_done(k, out);
             }
-            self.capacity_freed(p, out);
-            self.ensure_warm(p, out);
         }
     }
 

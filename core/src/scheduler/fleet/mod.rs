@@ -48,9 +48,14 @@ impl Scheduler {
     }
 
     /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
-    /// ones the last listing showed.
+    /// ones the last listing showed. An unlisted platform's are unknown: it counts as full, so
+    /// nothing is launched for it (every launch decision compares this with the limit).
     pub(super) fn occupied(&self, p: PlatformId) -> u32 {
-        self.instances.counted(p) + self.platforms[p as usize].foreign
+        let ps = &self.platforms[p as usize];
+        if ps.unlisted {
+            return u32::MAX;
+        }
+        self.instances.counted(p) + ps.foreign
     }
 
     /// The identity of a launch for a TaskRun: its UID, Tekton retry, and one more than the

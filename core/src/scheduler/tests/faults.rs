@@ -2,6 +2,8 @@
 //! API server refuses, a terminate the cloud refuses, and instances of ours a listing shows
 //! before anything here tracks them.
 
+use std::collections::BTreeSet;
+
 use super::recovery::instance;
 use super::*;
 
@@ -191,7 +193,7 @@ fn a_refused_secret_on_a_dynamic_instance_terminates_it_for_the_next_taskrun() {
 }
 
 #[test]
-fn a_terminate_refused_past_the_bound_stops_counting_and_is_reported_leaked() {
+fn a_terminate_refused_past_the_bound_is_reported_leaked_and_still_counts() {
     let mut h = H::new(&dynamic_pairs(1, None));
     let l = launches(&h.submit("ns", "a", ARM))[0].0;
     let a = boot(&mut h, l, "i-1");
@@ -203,13 +205,13 @@ fn a_terminate_refused_past_the_bound_stops_counting_and_is_reported_leaked() {
             op: t,
             error: Some("UnauthorizedOperation".into()),
         });
+        assert!(launches(&a).is_empty(), "still counted after {n}: {a:#?}");
         if n < 5 {
-            assert!(launches(&a).is_empty(), "still counted after {n}: {a:#?}");
             assert!(finalized(&a).is_empty());
         } else {
-            // The bound: a's finalizer goes, i-1 no longer blocks the platform, operators hear.
+            // The bound: a's finalizer goes and operators hear, but i-1 still runs and is
+            // billed: it keeps its max-instances place, so b waits.
             assert_eq!(finalized(&a), ["a"]);
-            assert_eq!(launches(&a).len(), 1, "b launches: {a:#?}");
             let leaked = notified(&a, "InstanceLeaked");
             assert_eq!(leaked.len(), 1, "{a:#?}");
             assert!(leaked[0].contains("i-1") && leaked[0].contains("UnauthorizedOperation"));
@@ -218,20 +220,145 @@ fn a_terminate_refused_past_the_bound_stops_counting_and_is_reported_leaked() {
         }
         t = terminates(&h.wait(301))[0].0;
     }
-    // Still retried every few minutes, reported once; when it lands the leak is over.
+    // Still retried every few minutes, reported once; when it lands the leak is over and b
+    // launches in the same step.
     let a = h.send(Event::Terminated {
         op: t,
         error: Some("UnauthorizedOperation".into()),
     });
     assert!(notified(&a, "InstanceLeaked").is_empty());
+    assert!(launches(&a).is_empty());
     let t = terminates(&h.wait(301));
     assert_eq!(t[0].1, "i-1");
-    h.send(Event::Terminated {
+    let a = h.send(Event::Terminated {
         op: t[0].0,
         error: None,
     });
+    assert_eq!(launches(&a).len(), 1, "b launches once i-1 is gone: {a:#?}");
     let g = &h.s.gauges().platforms[ARM];
     assert_eq!((g.instances, g.leaked), (1, 0), "b's instance only");
+}
+
+/// A cloud that answers every action at once, refusing terminations while `refuse` (an IAM or
+/// SCP change, termination protection); `live` holds the instances it runs. Returns the actions
+/// seen, the ones the answers led to included.
+fn refusing_cloud(
+    h: &mut H,
+    acts: Vec<Action>,
+    live: &mut (BTreeSet<String>, u32),
+    refuse: bool,
+) -> Vec<Action> {
+    let (live, next) = live;
+    let mut seen = Vec::new();
+    let mut todo: std::collections::VecDeque<Action> = acts.into();
+    while let Some(a) = todo.pop_front() {
+        let next = match &a {
+            Action::Launch { op, .. } => {
+                *next += 1;
+                let id = format!("i-{next}");
+                live.insert(id.clone());
+                Some(Event::Launched {
+                    op: *op,
+                    instance_id: id,
+                })
+            }
+            Action::Probe {
+                op, instance_id, ..
+            } => Some(Event::Probed {
+                op: *op,
+                result: ProbeResult::Reachable {
+                    address: format!("192.0.2.{}", instance_id.len()),
+                },
+            }),
+            Action::Provision { op, .. } => Some(Event::Provisioned {
+                op: *op,
+                otp: "otp".into(),
+            }),
+            Action::Terminate {
+                op, instance_id, ..
+            } => {
+                if !refuse {
+                    live.remove(&**instance_id);
+                }
+                Some(Event::Terminated {
+                    op: *op,
+                    error: refuse.then(|| "UnauthorizedOperation".into()),
+                })
+            }
+            _ => None,
+        };
+        seen.push(a);
+        if let Some(e) = next {
+            todo.extend(h.send(e));
+        }
+    }
+    seen
+}
+
+#[test]
+fn five_taskruns_with_every_terminate_refused_leave_at_most_max_instances_live() {
+    let max = 1;
+    let mut h = H::new(&dynamic_pairs(max, None));
+    let mut cloud = (BTreeSet::new(), 0);
+    let mut all = Vec::new();
+    for n in 1..=5 {
+        let name = format!("t{n}");
+        let a = h.submit("ns", &name, ARM);
+        let mut a = refusing_cloud(&mut h, a, &mut cloud, true);
+        // Its instance boots (probed 20 s after the launch).
+        let boot = h.wait(30);
+        a.extend(refusing_cloud(&mut h, boot, &mut cloud, true));
+        let served = a
+            .iter()
+            .any(|x| matches!(x, Action::WriteSecret { taskrun, .. } if *taskrun.name() == *name));
+        all.extend(a);
+        if served {
+            // Its build runs a minute, then it ends.
+            let a = h.wait(60);
+            all.extend(refusing_cloud(&mut h, a, &mut cloud, true));
+            let a = h.done("ns", &name);
+            all.extend(refusing_cloud(&mut h, a, &mut cloud, true));
+        }
+        // An hour of refused terminations (retries answered as they come).
+        for _ in 0..120 {
+            let a = h.wait(30);
+            all.extend(refusing_cloud(&mut h, a, &mut cloud, true));
+            let live = &cloud.0;
+            assert!(
+                live.len() <= max as usize,
+                "after {name}: {} instances live with max-instances {max}: {live:?}",
+                live.len()
+            );
+        }
+    }
+    assert_eq!(cloud.0.len(), 1);
+    let leaked = notified(&all, "InstanceLeaked");
+    assert_eq!(leaked.len(), 1, "reported once: {leaked:?}");
+    // The first TaskRun's finalizer went at the bound; the others wait for a host.
+    assert_eq!(finalized(&all), ["t1"]);
+    assert_eq!(launches(&all).len(), 1);
+    assert_eq!(h.s.gauges().platforms[ARM].leaked, 1);
+    // Still retried at a slow rate (the back-off's cap, five minutes): never given up.
+    let mut retries = 0;
+    for _ in 0..12 {
+        let a = h.wait(60);
+        retries += terminates(&a).len();
+        refusing_cloud(&mut h, a, &mut cloud, true);
+    }
+    assert!(
+        (2..=3).contains(&retries),
+        "{retries} retries in 12 minutes"
+    );
+    // Terminations work again: the leaked instance goes at its next retry, and the waiters are
+    // served one at a time again (the platform is not blocked for good).
+    let mut launched = 0;
+    for _ in 0..10 {
+        let a = h.wait(60);
+        launched += launches(&refusing_cloud(&mut h, a, &mut cloud, false)).len();
+    }
+    assert_eq!(launched, 1, "the next waiter launches");
+    assert_eq!(h.s.gauges().platforms[ARM].leaked, 0);
+    assert_eq!(cloud.0.len(), 1, "the next waiter's");
 }
 
 #[test]

@@ -125,6 +125,7 @@ fn recovery_adopts_a_named_go_instance_but_never_another_clusters() {
                     ..listed("i-theirs", Ownership::Foreign, Some("linux-arm64"), 600)
                 },
             ],
+            ..Default::default()
         },
     );
     assert!(
@@ -172,6 +173,7 @@ fn recovery_finds_an_unrecorded_launch_by_this_clusters_owner_tag_only() {
                 instance("i-older", Some("uid-ns-a"), START - 50),
                 instance("i-latest", Some("uid-ns-a"), START - 20),
             ],
+            ..Default::default()
         },
     );
     assert!(launches(&out).is_empty(), "{out:#?}");
@@ -199,6 +201,7 @@ fn a_restarted_controller_relaunches_with_the_crashed_ones_identity() {
         Snapshot {
             taskruns: vec![rec("a", P)],
             instances: vec![],
+            ..Default::default()
         },
     );
     let (op, again) = launch_ids(&out)[0].clone();
@@ -230,6 +233,7 @@ fn a_restarted_controller_relaunches_with_the_crashed_ones_identity() {
                 state: InstanceState::ShuttingDown,
                 ..instance("i-1", Some("uid-ns-a"), START - 60)
             }],
+            ..Default::default()
         },
     );
     assert!(launches(&out).is_empty());
@@ -253,6 +257,7 @@ fn a_restarted_controller_relaunches_with_the_crashed_ones_identity() {
         Snapshot {
             taskruns: vec![recorded],
             instances: vec![],
+            ..Default::default()
         },
     );
     assert_eq!(launch_ids(&out)[0].1, second);

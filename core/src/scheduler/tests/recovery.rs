@@ -50,6 +50,7 @@ fn static_allocations_are_counted_and_missing_secrets_reprovisioned() {
         Snapshot {
             taskruns: vec![running, half, waiting],
             instances: vec![],
+            ..Default::default()
         },
     );
     // b was assigned but never got its secret: provisioned again on the same host.
@@ -81,6 +82,7 @@ fn dynamic_instance_is_probed_and_an_unannotated_launch_is_adopted_by_tag() {
                 instance("i-a", Some("uid-ns-a"), START - 60),
                 instance("i-b", Some("uid-ns-b"), START - 50),
             ],
+            ..Default::default()
         },
     );
     assert!(
@@ -107,6 +109,7 @@ fn orphans_are_terminated_after_the_grace_period() {
                     ..instance("i-foreign", None, START - 3600)
                 },
             ],
+            ..Default::default()
         },
     );
     let t = terminates(&out);
@@ -139,6 +142,7 @@ fn finished_taskruns_are_cleaned_up_then_released() {
         Snapshot {
             taskruns: vec![d, s, w],
             instances: vec![instance("i-a", Some("uid-ns-a"), START - 600)],
+            ..Default::default()
         },
     );
     assert_eq!(finalized(&out), vec!["c"]);
@@ -174,6 +178,7 @@ fn a_finished_taskruns_secret_is_deleted_though_recovery_did_not_read_it() {
         Snapshot {
             taskruns: vec![b],
             instances: vec![],
+            ..Default::default()
         },
     );
     let deleted: Vec<String> = out
@@ -196,6 +201,7 @@ fn pool_instances_and_their_taskruns_are_rebuilt() {
         Snapshot {
             taskruns: vec![a],
             instances: vec![instance("i-p", Some("uid-ns-a"), START - 60)],
+            ..Default::default()
         },
     );
     assert!(launches(&out).is_empty());
@@ -223,6 +229,7 @@ fn a_recovered_waiter_that_fails_loses_its_waiting_label() {
         Snapshot {
             taskruns: vec![waiting],
             instances: vec![],
+            ..Default::default()
         },
     );
     error_of(&out, "a");
@@ -245,6 +252,7 @@ fn a_failed_probe_of_a_recovered_pool_instance_spares_its_running_build() {
         Snapshot {
             taskruns: vec![a, b],
             instances: vec![instance("i-p", Some("uid-ns-a"), START - 60)],
+            ..Default::default()
         },
     );
     assert!(launches(&out).is_empty());
@@ -290,6 +298,7 @@ fn an_instance_handed_over_is_not_terminated_with_its_first_owners_cleanup() {
         Snapshot {
             taskruns: vec![first, second],
             instances: vec![instance("i-1", Some("uid-ns-b"), START - 60)],
+            ..Default::default()
         },
     );
     assert!(terminates(&out).is_empty(), "{out:#?}");
@@ -328,6 +337,7 @@ fn a_recovered_idle_pool_instance_that_never_answers_is_terminated_at_the_deadli
         Snapshot {
             taskruns: vec![],
             instances: vec![instance("i-p", None, START - 3_600)],
+            ..Default::default()
         },
     );
     assert!(launches(&out).is_empty());
@@ -358,6 +368,7 @@ fn a_recovered_pool_instance_with_a_build_that_never_answers_stops_taking_work()
         Snapshot {
             taskruns: vec![a],
             instances: vec![instance("i-p", Some("uid-ns-a"), START - 60)],
+            ..Default::default()
         },
     );
     assert!(launches(&out).is_empty());
@@ -398,6 +409,7 @@ fn an_instance_whose_owner_moved_on_is_terminated_without_waiting_out_the_grace(
                 instance("i-done", Some("uid-ns-done"), START - 30),
                 instance("i-stranger", Some("uid-ns-unknown"), START - 30),
             ],
+            ..Default::default()
         },
     );
     let t: Vec<String> = terminates(&out).into_iter().map(|t| t.1).collect();
@@ -439,6 +451,7 @@ fn recovered_waiters_already_labelled_are_not_written_or_announced_again() {
         Snapshot {
             taskruns: vec![running, labelled, failed, unlabelled],
             instances: vec![],
+            ..Default::default()
         },
     );
     let notified = |out: &[Action], name: &str| {
@@ -460,4 +473,221 @@ fn recovered_waiters_already_labelled_are_not_written_or_announced_again() {
     let c = h.done("ns", "c");
     assert_eq!(provisions(&c)[0].1, "b");
     assert_eq!(records(&c, "b")[0].assigned_host.as_deref(), Some("h1"));
+}
+
+fn arm64() -> crate::platform::Platform {
+    crate::platform::Platform::parse("linux/arm64").unwrap()
+}
+
+/// Served on `id` with the controller's proof (`proven`) or without (a Go-era or forged claim).
+fn on_instance(name: &str, id: &str, proven: bool) -> TaskRunRecord {
+    let mut r = rec(name, "linux/arm64");
+    r.instance_id = Some(id.into());
+    r.assigned_host = Some(id.into());
+    r.secret = Some(SecretKind::Remote);
+    r.secret_proven = proven;
+    r
+}
+
+/// The cloud listing of linux/arm64 failed at recovery (five tries). Going on as if it were
+/// empty rebuilt the proven build as a slot on a "retired host", re-queued and relaunched the
+/// unproven one while its build ran (and launched for the waiter, up to max-instances, blind to
+/// what runs), and the next listing terminated both running instances as orphans whose owners
+/// had moved on. The platform is "unlisted" instead: its TaskRuns stay as recorded, nothing is
+/// launched or terminated, until a listing of it arrives; then it is recovered as a restart with
+/// that listing would be.
+#[test]
+fn a_platform_whose_listing_failed_keeps_its_allocations_until_it_is_listed() {
+    let a = on_instance("a", "i-a", true);
+    let b = on_instance("b", "i-b", false);
+    let c = rec("c", "linux/arm64");
+    let mut d = on_instance("d", "i-d", true);
+    d.finished = true;
+    d.secret = None;
+    let (mut h, out) = start(
+        &dynamic_pairs(4, None),
+        Snapshot {
+            taskruns: vec![a, b, c, d],
+            instances: vec![],
+            unlisted: vec![arm64()],
+        },
+    );
+    assert!(launches(&out).is_empty(), "{out:#?}");
+    assert!(terminates(&out).is_empty(), "{out:#?}");
+    assert!(provisions(&out).is_empty(), "{out:#?}");
+    assert!(
+        finalized(&out).is_empty(),
+        "d's instance may still run: {out:#?}"
+    );
+    assert!(written(&out, "b").is_none() && written(&out, "a").is_none());
+    // Nothing is launched for new TaskRuns either while what runs is unknown.
+    assert!(launches(&h.submit("ns", "e", "linux/arm64")).is_empty());
+    assert!(launches(&h.wait(600)).is_empty());
+    // The listing arrives: a and b keep their instances, d's is terminated (its cleanup), and
+    // the waiters launch within max-instances (i-a, i-b, i-d count until d's goes).
+    let listed = h.send(Event::InstancesListed {
+        platform: arm64(),
+        instances: vec![
+            instance("i-a", Some("uid-ns-a"), START - 600),
+            instance("i-b", Some("uid-ns-b"), START - 600),
+            instance("i-d", Some("uid-ns-d"), START - 600),
+        ],
+    });
+    let t = terminates(&listed);
+    assert_eq!(t.len(), 1, "{listed:#?}");
+    assert_eq!(t[0].1, "i-d");
+    assert_eq!(launches(&listed).len(), 1, "c or e: {listed:#?}");
+    assert!(written(&listed, "a").is_none() && written(&listed, "b").is_none());
+    let a = h.send(Event::Terminated {
+        op: t[0].0,
+        error: None,
+    });
+    assert_eq!(finalized(&a), ["d"]);
+    assert_eq!(launches(&a).len(), 1, "then the other: {a:#?}");
+    // Later listings leave the running builds' instances alone.
+    h.wait(11 * 60);
+    let later = h.send(Event::InstancesListed {
+        platform: arm64(),
+        instances: vec![
+            instance("i-a", Some("uid-ns-a"), START - 600),
+            instance("i-b", Some("uid-ns-b"), START - 600),
+        ],
+    });
+    assert!(terminates(&later).is_empty(), "{later:#?}");
+    // a and b end on their instances as any other build.
+    assert_eq!(terminates(&h.done("ns", "a"))[0].1, "i-a");
+    assert_eq!(terminates(&h.done("ns", "b"))[0].1, "i-b");
+}
+
+/// A pool instance is shared: its builds keep it while the pool is unlisted, and the listing
+/// rebuilds their slots on it.
+#[test]
+fn a_pool_whose_listing_failed_keeps_its_builds_on_their_instance() {
+    let mut a = rec("a", "linux/arm64");
+    a.assigned_host = Some("i-p".into());
+    a.secret = Some(SecretKind::Remote);
+    a.secret_proven = true;
+    let mut b = rec("b", "linux/arm64");
+    b.assigned_host = Some("i-p".into());
+    b.secret = Some(SecretKind::Remote);
+    let (mut h, out) = start(
+        &dynamic_pairs(2, Some((3, 600))),
+        Snapshot {
+            taskruns: vec![a, b],
+            instances: vec![],
+            unlisted: vec![arm64()],
+        },
+    );
+    assert!(launches(&out).is_empty(), "{out:#?}");
+    assert!(provisions(&out).is_empty() && written(&out, "b").is_none());
+    let listed = h.send(Event::InstancesListed {
+        platform: arm64(),
+        instances: vec![instance("i-p", Some("uid-ns-a"), START - 600)],
+    });
+    assert!(terminates(&listed).is_empty() && launches(&listed).is_empty());
+    let p = probes(&h.wait(0))[0].0;
+    h.send(Event::Probed {
+        op: p,
+        result: ProbeResult::Reachable {
+            address: "192.0.2.9".into(),
+        },
+    });
+    // One slot left on i-p: c gets it.
+    assert_eq!(provisions(&h.submit("ns", "c", "linux/arm64"))[0].2, "i-p");
+    assert!(terminates(&h.wait(11 * 60)).is_empty());
+}
+
+/// What happens to a held TaskRun meanwhile is applied once its platform is recovered: one that
+/// finished is cleaned up then (its instance terminated before its finalizer goes), a retry of
+/// one served re-arms its secret on the same instance.
+#[test]
+fn events_of_a_held_taskrun_apply_once_its_platform_is_listed() {
+    let a = on_instance("a", "i-a", true);
+    let b = on_instance("b", "i-b", true);
+    let (mut h, _) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![a, b],
+            instances: vec![],
+            unlisted: vec![arm64()],
+        },
+    );
+    let done = h.done("ns", "a");
+    assert!(finalized(&done).is_empty() && terminates(&done).is_empty());
+    let mut retry = H::spec("ns", "b", "linux/arm64");
+    retry.retries = 1;
+    assert!(h.send(Event::TaskRun(retry)).is_empty());
+    let listed = h.send(Event::InstancesListed {
+        platform: arm64(),
+        instances: vec![
+            instance("i-a", Some("uid-ns-a"), START - 600),
+            instance("i-b", Some("uid-ns-b"), START - 600),
+        ],
+    });
+    let t = terminates(&listed);
+    assert_eq!(t.len(), 1, "{listed:#?}");
+    assert_eq!(t[0].1, "i-a");
+    assert_eq!(provisions(&listed)[0].2, "i-b", "b's retry re-arms on i-b");
+    assert_eq!(
+        finalized(&h.send(Event::Terminated {
+            op: t[0].0,
+            error: None,
+        })),
+        ["a"]
+    );
+}
+
+/// A platform that stops being a dynamic one is never listed again: its held TaskRuns are
+/// recovered at once, without a listing.
+#[test]
+fn a_held_platform_that_is_no_longer_dynamic_is_recovered_without_a_listing() {
+    let a = on_instance("a", "i-a", true);
+    let w = rec("w", "linux/arm64");
+    let (mut h, _) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![a, w],
+            instances: vec![],
+            unlisted: vec![arm64()],
+        },
+    );
+    let mut local = vec![kv("local-platforms", "linux/arm64")];
+    local.extend(static_pairs(&[("h1", 1)]));
+    let out = h.send(Event::ConfigReplaced(Box::new(config(&local))));
+    assert_eq!(secret(&out, "w"), Some(&SecretData::Localhost), "{out:#?}");
+    assert!(written(&out, "a").is_none(), "a's build keeps running");
+    assert!(!finalized(&h.done("ns", "a")).is_empty());
+}
+
+/// Found by the model: the listing that recovers a held platform finalized a TaskRun that had
+/// finished, which let a waiter with the same (colliding) user name be placed, before the
+/// listing's count of other clusters' instances was in (max-instances exceeded).
+#[test]
+fn a_listing_that_recovers_a_platform_counts_others_instances_before_serving_waiters() {
+    let mut d = on_instance("tr-3", "i-d", true);
+    d.namespace = "ns1".into();
+    d.uid = "uid-d".into();
+    d.finished = true;
+    d.secret = None;
+    let (mut h, _) = start(
+        &dynamic_pairs(1, None),
+        Snapshot {
+            taskruns: vec![d],
+            instances: vec![],
+            unlisted: vec![arm64()],
+        },
+    );
+    // `s1/tr-3n` has the build user of `ns1/tr-3`.
+    assert!(launches(&h.submit("s1", "tr-3n", "linux/arm64")).is_empty());
+    // i-d is gone already; another cluster's instance fills max-instances.
+    let listed = h.send(Event::InstancesListed {
+        platform: arm64(),
+        instances: vec![InstanceRecord {
+            ownership: Ownership::Foreign,
+            ..instance("f-1", Some("other"), START - 60)
+        }],
+    });
+    assert_eq!(finalized(&listed), ["tr-3"]);
+    assert!(launches(&listed).is_empty(), "{listed:#?}");
+    assert_eq!(h.s.gauges().platforms["linux/arm64"].foreign, 1);
 }

@@ -82,6 +82,7 @@ fn a_claim_on_a_static_host_of_another_platform_is_not_provisioned_there() {
         Snapshot {
             taskruns: vec![forged, w],
             instances: vec![],
+            ..Default::default()
         },
     );
     let p = provisioned(&out);
@@ -106,6 +107,7 @@ fn claims_beyond_a_hosts_concurrency_are_queued_not_over_assigned() {
         Snapshot {
             taskruns: claims,
             instances: vec![],
+            ..Default::default()
         },
     );
     let p = provisioned(&out);
@@ -140,6 +142,7 @@ fn an_unproven_claim_never_displaces_a_proven_allocation() {
         Snapshot {
             taskruns: vec![forged, legit],
             instances: vec![],
+            ..Default::default()
         },
     );
     assert!(provisioned(&out).is_empty(), "{out:#?}");
@@ -168,6 +171,7 @@ fn only_a_proven_secrets_token_is_rearmed() {
         Snapshot {
             taskruns: vec![served("a", S390X, "h1"), claimed("b", S390X, "h1")],
             instances: vec![],
+            ..Default::default()
         },
     );
     let a = provisioned(&retry(&mut h, "a", S390X));
@@ -188,6 +192,7 @@ fn a_finished_taskrun_naming_a_shared_pool_instance_does_not_terminate_it() {
         Snapshot {
             taskruns: vec![served("a", ARM, "i-p"), forged],
             instances: vec![pool],
+            ..Default::default()
         },
     );
     assert!(terminates(&out).is_empty(), "{out:#?}");
@@ -208,6 +213,7 @@ fn a_live_taskrun_naming_a_shared_pool_instance_does_not_become_its_owner() {
         Snapshot {
             taskruns: vec![served("a", ARM, "i-p"), forged],
             instances: vec![pool],
+            ..Default::default()
         },
     );
     let done = h.done("ns", "f");
@@ -250,6 +256,7 @@ fn a_forged_secret_and_cloud_address_do_not_steer_provisioning() {
         Snapshot {
             taskruns: vec![victim, forge("f", "i-v"), forge("g", "i-unlisted")],
             instances: vec![instance("i-v", Some("uid-ns-v"), START - 600)],
+            ..Default::default()
         },
     );
     let launched = launches(&out).len();
@@ -295,6 +302,7 @@ fn a_creators_allocation_start_time_cannot_put_it_ahead_of_older_taskruns() {
         Snapshot {
             taskruns: vec![jumper, older],
             instances: vec![],
+            ..Default::default()
         },
     );
     let p = provisioned(&out);
@@ -320,6 +328,7 @@ fn go_era_allocations_that_check_out_are_adopted() {
         Snapshot {
             taskruns: vec![claimed("g1", S390X, "h1"), on_instance],
             instances: vec![go_instance],
+            ..Default::default()
         },
     );
     assert!(provisioned(&out).is_empty(), "{out:#?}");
@@ -364,6 +373,7 @@ fn a_go_era_instance_is_adopted_only_by_the_taskrun_its_tag_names() {
         Snapshot {
             taskruns: vec![forged],
             instances: vec![go_instance],
+            ..Default::default()
         },
     );
     // f starts over on an instance of its own (i-go still counts toward max-instances).
@@ -396,6 +406,7 @@ fn a_go_era_pool_instance_is_adopted_only_through_a_taskrun_of_its_platform() {
         Snapshot {
             taskruns: vec![claimed("f", S390X, "i-gp")],
             instances: vec![go_pool_instance()],
+            ..Default::default()
         },
     );
     let mut acts = out;
@@ -412,6 +423,7 @@ fn a_go_era_pool_instance_is_adopted_only_through_a_taskrun_of_its_platform() {
         Snapshot {
             taskruns: vec![claimed("g", ARM, "i-gp")],
             instances: vec![go_pool_instance()],
+            ..Default::default()
         },
     );
     assert_eq!(probes(&h.wait(0))[0].1, "i-gp");
