@@ -37,6 +37,9 @@ suite_args() {
     model) echo "-p multi-platform-controller --test scheduler_model" ;;
     patch) echo "-p multi-platform-controller --lib controller::patch::" ;;
     ssh) echo "-p multi-platform-controller --lib controller::execute::ssh::" ;;
+    recovery) echo "-p multi-platform-controller --lib controller::sources::recovery::" ;;
+    lease) echo "-p multi-platform-controller --lib controller::sources::lease::" ;;
+    controller) echo "-p multi-platform-controller --lib controller::tests::" ;;
     *) echo "unknown suite $1" >&2; return 1 ;;
     esac
 }
@@ -60,6 +63,14 @@ MUTANTS=(
     "proof-name|src/controller/patch.rs|patch|the allocation proof does not cover the TaskRun's name"
     "proof-uid|src/controller/patch.rs|patch|the allocation proof does not cover the TaskRun's UID"
     "proof-previous|src/controller/patch.rs|patch|a proof made before a store-token rotation no longer verifies"
+    "recovery-verdict|src/controller/sources/recovery.rs|recovery|recovery takes any well-formed proof as valid instead of the verifier's verdict"
+    "recovery-platform|core/src/scheduler/recovery.rs|core,model|recovery keeps a TaskRun on a host that does not serve its platform"
+    "recovery-room|core/src/scheduler/recovery.rs|core,model|recovery puts one TaskRun more on a host than its concurrency"
+    "recovery-owner|core/src/scheduler/recovery.rs|core,model|recovery takes an instance whose owner tag names another TaskRun"
+    "secret-refused|core/src/scheduler/mod.rs|core,model|a refused secret is not handed back to the scheduler (the host stays taken)"
+    "pool-shared-user|core/src/scheduler/users.rs|core,model|two TaskRuns with one user name share a pool instance"
+    "lease-cancel|src/controller/sources/lease.rs|lease|the elector does not cancel the term's token when its claim runs out"
+    "lease-timeouts|src/controller/mod.rs|controller|the leader's requests have no timeout of the renew deadline"
 )
 
 # Sets OLD and NEW for mutant $1.
@@ -75,7 +86,7 @@ mutant_strings() {
         OLD='lane.push_back(entry);'
         NEW='lane.push_front(entry);' ;;
     foreign-ignored)
-        OLD='self.instances.counted(p) + self.platforms[p as usize].foreign'
+        OLD='self.instances.counted(p) + ps.foreign'
         NEW='self.instances.counted(p)' ;;
     finalizer-early)
         OLD=$'HostRef::Static(def),\n                                    out,\n                                );\n                                1'
@@ -113,6 +124,30 @@ mutant_strings() {
     proof-previous)
         OLD='[Some(&keys.current), keys.previous.as_ref()]'
         NEW='[Some(&keys.current), None]' ;;
+    recovery-verdict)
+        OLD='let verified = proof.verify_allocation(r, rec.assigned_host.as_deref(), rec.proof.as_ref());'
+        NEW='let verified = proof.verify_allocation(r, rec.assigned_host.as_deref(), rec.proof.as_ref()) || rec.proof.is_some();' ;;
+    recovery-platform)
+        OLD='if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {'
+        NEW='if (host.load() >= def.concurrency && !keeps) || rival {' ;;
+    recovery-room)
+        OLD='if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {'
+        NEW='if host.platform != p || (host.load() > def.concurrency && !keeps) || rival {' ;;
+    recovery-owner)
+        OLD=$'l.is_ours_for(&label)\n                        && l.owner.as_deref() == Some(rec.uid.as_str())'
+        NEW='l.is_ours_for(&label)' ;;
+    secret-refused)
+        OLD='} => self.on_secret_refused(&taskrun, secret, &error, out),'
+        NEW='} => { let _ = (taskrun, secret, error); }' ;;
+    pool-shared-user)
+        OLD='(Some(State::OnInstance { inst, .. }), Target::Instance(i)) => *inst == i,'
+        NEW='(Some(State::OnInstance { .. }), Target::Instance(_)) => false,' ;;
+    lease-cancel)
+        OLD='Some(term) => term.cancel(),'
+        NEW='Some(_) => {}' ;;
+    lease-timeouts)
+        OLD='kube_client(args, Some(args.lease_renew_deadline))'
+        NEW='kube_client(args, None)' ;;
     *) return 1 ;;
     esac
 }

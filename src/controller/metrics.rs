@@ -154,7 +154,7 @@ impl ControllerMetrics {
             )?,
             instances: gauge(
                 "scheduler_instances",
-                "Cloud instances in the scheduler's ledger by state (booting, ready, terminating; leaked: termination kept failing, no longer counted against max-instances)",
+                "Cloud instances in the scheduler's ledger by state (booting, ready, terminating; leaked: termination kept failing, still counted against max-instances and retried)",
                 &["platform", "state"],
             )?,
             actions_in_flight: gauge(
