@@ -34,10 +34,6 @@ macro_rules! mpc_binary {
     };
 }
 
-fn repo_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
-}
-
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -296,13 +292,8 @@ impl Product {
             SocketAddr::from(([127, 0, 0, 1], webhook_port)),
         );
         let ca_bundle = std::fs::read_to_string(webhook_certs.join("ca-bundle"))?;
-        let manifest =
-            std::fs::read_to_string(repo_file("manifests/mutatingwebhookconfiguration.yaml"))?;
-        let manifest = manifest.replace(
-            "    clientConfig:\n",
-            &format!("    clientConfig:\n      caBundle: {}\n", ca_bundle.trim()),
-        );
-        api.create_yaml(&manifest).await?;
+        let manifest = crate::kubectl::shipped_webhook_configuration(&ca_bundle);
+        api.create_yaml(&manifest.to_string()).await?;
 
         let tekton = Tekton::start(client.clone());
         let mut product = Product {

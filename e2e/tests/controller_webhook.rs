@@ -48,16 +48,9 @@ impl Cluster {
         server.map_service(NS, SERVICE, 443, controller.webhook_addr());
 
         let ca_bundle = std::fs::read_to_string(certs.join("ca-bundle")).unwrap();
-        let manifest =
-            std::fs::read_to_string(repo_file("manifests/mutatingwebhookconfiguration.yaml"))
-                .unwrap();
-        let manifest = manifest.replace(
-            "    clientConfig:\n",
-            &format!("    clientConfig:\n      caBundle: {}\n", ca_bundle.trim()),
-        );
-        assert!(manifest.contains("caBundle: "), "clientConfig not found");
-        let file = dir.path().join("webhook.yaml");
-        std::fs::write(&file, manifest).unwrap();
+        let manifest = e2e::kubectl::shipped_webhook_configuration(&ca_bundle);
+        let file = dir.path().join("webhook.json");
+        std::fs::write(&file, manifest.to_string()).unwrap();
 
         let server_kubeconfig = server.kubeconfig_path();
         let c = Cluster {
