@@ -393,6 +393,21 @@ pub(super) fn parse_dynamic(
             "not set: instances get no cloud key pair, so ssh-secret must be authorised by user-data or the image",
         );
     }
+    if os == HostOs::Linux
+        && ami
+            .as_deref()
+            .is_some_and(|a| a.starts_with("resolve:ssm:"))
+    {
+        for field in ["disk", "iops", "throughput"] {
+            if let Some(v) = f.get(field) {
+                sink.warn(
+                    &key(field),
+                    Some(v),
+                    "not applied: the root device of a Linux image resolved from SSM is not known before the launch, so the image's own root disk is used",
+                );
+            }
+        }
+    }
     if kind == DynKind::Pool && os.hands_off_key() {
         sink.error(
             "dynamic-pool-platforms",
