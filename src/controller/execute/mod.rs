@@ -395,10 +395,10 @@ async fn dispatch(ctx: &Context, job: Job) -> Vec<Event> {
             host,
             rearm,
         } => {
-            let r =
-                tokio::time::timeout(ssh_limit, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
-                    .await
-                    .unwrap_or(Err(ssh::ProvisionFailure::TimedOut(ssh_limit)));
+            let limit = ssh::provision_limit(&host, ssh_limit);
+            let r = tokio::time::timeout(limit, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
+                .await
+                .unwrap_or(Err(ssh::ProvisionFailure::TimedOut(limit)));
             match r {
                 Ok(otp) => vec![Event::Provisioned { op, otp }],
                 Err(failure) => {
