@@ -4,15 +4,20 @@
 //! `Administrator` only) and as a macOS host (`ec2-user`, `sudo rm`) would, with the key file
 //! appearing late and a reboot in the middle.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use e2e::ec2_proxy::{Ec2Proxy, Fault};
 use e2e::moto::{Fixture, Moto, test_credentials};
+use e2e::sshd::{AdminKey, EmulatedOs, EmulatedOsHost};
 use mpc::cloud::aws::{AwsCloud, AwsOptions};
 use mpc::cloud::metrics::CloudMetrics;
 use mpc::cloud::retry::RetryPolicy;
 use mpc::cloud::{Cloud, ClusterId, Credentials, ErrorClass, LaunchOutcome, LaunchRequest, Scope};
 use mpc::config::{self, ConfigData, DynamicPlatform, HostConfig, HostOs};
+use mpc::provision::{
+    Connections, KeyHandOff, ProvisionError, Readiness, SshOptions, Target, keys,
+};
 use mpc::scheduler::{LaunchId, LaunchOwner, TaskRunRef, Uid};
 
 const MAC_REGION: &str = "eu-central-1";
@@ -290,4 +295,221 @@ async fn insufficient_capacity_on_a_dedicated_host_is_retried_with_back_off() {
     let e = cloud.launch(&req).await.unwrap_err();
     assert_eq!(e.class, ErrorClass::Capacity, "{e}");
     assert!(e.is_retryable(), "{e}");
+}
+
+/// The controller's side of the hand-off against `host`, sharing one SSH state directory.
+struct Controller {
+    _state: tempfile::TempDir,
+    connections: Connections,
+    handoff: KeyHandOff,
+}
+
+impl Controller {
+    fn new() -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let connections = Connections::new(SshOptions {
+            connect_timeout: Duration::from_secs(3),
+            command_timeout: Duration::from_secs(10),
+            ..SshOptions::new(state.path().join("ssh"))
+        })
+        .unwrap();
+        let handoff = KeyHandOff::new(&connections);
+        Self {
+            _state: state,
+            connections,
+            handoff,
+        }
+    }
+
+    fn target(host: &EmulatedOsHost, id: &str, user: &str, admin: &AdminKey) -> Target {
+        let mut t = Target::dynamic(id, &host.sshd.address(), user, admin.private());
+        t.port = host.sshd.port();
+        t
+    }
+
+    fn readiness(secs: u64) -> Readiness {
+        Readiness {
+            deadline: Instant::now() + Duration::from_secs(secs),
+            interval: Duration::from_millis(200),
+        }
+    }
+}
+
+fn build_user_key() -> String {
+    keys::generate("konflux-builder")
+        .unwrap()
+        .private_openssh
+        .to_string()
+}
+
+#[tokio::test]
+async fn windows_hand_off_waits_out_a_late_key_and_a_reboot() {
+    let admin = AdminKey::generate().unwrap();
+    let host = Arc::new(EmulatedOsHost::start(EmulatedOs::Windows, &admin).expect("sshd"));
+    let c = Controller::new();
+    let target = Controller::target(&host, "i-0win0001", "Administrator", &admin);
+    let key = build_user_key();
+
+    // sshd is up before the key exists; then the machine reboots (port closed), comes back, and
+    // the user-data leaves the key last.
+    let h = Arc::clone(&host);
+    let k = key.clone();
+    let boot = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        h.sshd.kill();
+        std::thread::sleep(Duration::from_millis(1500));
+        h.sshd.start_again().unwrap();
+        std::thread::sleep(Duration::from_millis(1000));
+        h.place_key(&k).unwrap();
+    });
+    let probes = c
+        .handoff
+        .wait_ready(
+            &c.connections,
+            HostOs::Windows,
+            &target,
+            Controller::readiness(30),
+        )
+        .await
+        .expect("ready once the key file exists");
+    boot.join().unwrap();
+    assert!(
+        probes >= 5,
+        "probed before, during and after the reboot: {probes}"
+    );
+    let taken = c
+        .handoff
+        .take_key(&c.connections, HostOs::Windows, &target)
+        .await
+        .expect("key taken");
+    assert_eq!(taken.as_str(), key, "CRLF stripped, byte for byte");
+    assert!(!host.key_present(), "removed from the host");
+    // Nothing but the three PowerShell lines ever ran there.
+    let commands = host.commands();
+    let ready = r"powershell -Command Test-Path C:\Users\Administrator\konflux-builder";
+    assert!(commands.len() >= 3, "{commands:?}");
+    assert!(
+        commands[..commands.len() - 2].iter().all(|c| c == ready),
+        "{commands:?}"
+    );
+    assert_eq!(
+        commands[commands.len() - 2..],
+        [
+            r"powershell -Command cat C:\Users\Administrator\konflux-builder",
+            r"powershell -Command rm C:\Users\Administrator\konflux-builder",
+        ]
+    );
+    // The key is gone: a second hand-off finds nothing to read.
+    let e = c
+        .handoff
+        .take_key(&c.connections, HostOs::Windows, &target)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProvisionError::CommandFailed {
+                exit_code: Some(1),
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn windows_hand_off_fails_when_the_key_cannot_be_removed_or_never_appears() {
+    let admin = AdminKey::generate().unwrap();
+    let host = EmulatedOsHost::start(EmulatedOs::Windows, &admin).expect("sshd");
+    let c = Controller::new();
+    let target = Controller::target(&host, "i-0win0002", "Administrator", &admin);
+    // Never appears: the last answer is returned at the deadline.
+    let started = Instant::now();
+    let e = c
+        .handoff
+        .wait_ready(
+            &c.connections,
+            HostOs::Windows,
+            &target,
+            Controller::readiness(2),
+        )
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(e.to_string().contains("not there yet"), "{e}");
+    // Only Administrator logs in to a Windows host.
+    let root = Controller::target(&host, "i-0win0002", "root", &admin);
+    let e = c
+        .handoff
+        .take_key(&c.connections, HostOs::Windows, &root)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ProvisionError::AuthRefused { .. }), "{e}");
+    // A key that cannot be removed fails the hand-off.
+    host.place_key(&build_user_key()).unwrap();
+    host.deny_removal().unwrap();
+    let e = c
+        .handoff
+        .take_key(&c.connections, HostOs::Windows, &target)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ProvisionError::CommandFailed {
+                operation: "remove the key file",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("is denied"), "{e}");
+}
+
+#[tokio::test]
+async fn macos_hand_off_reads_and_sudo_removes_a_late_key() {
+    let admin = AdminKey::generate().unwrap();
+    let host = Arc::new(EmulatedOsHost::start(EmulatedOs::MacOs, &admin).expect("sshd"));
+    let c = Controller::new();
+    let target = Controller::target(&host, "i-0mac0001", "ec2-user", &admin);
+    let key = build_user_key();
+    let h = Arc::clone(&host);
+    let k = key.clone();
+    let boot = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1200));
+        h.place_key(&k).unwrap();
+    });
+    let probes = c
+        .handoff
+        .wait_ready(
+            &c.connections,
+            HostOs::MacOs,
+            &target,
+            Controller::readiness(30),
+        )
+        .await
+        .expect("ready");
+    boot.join().unwrap();
+    assert!(probes >= 2, "{probes}");
+    let taken = c
+        .handoff
+        .take_key(&c.connections, HostOs::MacOs, &target)
+        .await
+        .unwrap();
+    assert_eq!(taken.as_str(), key);
+    assert!(!host.key_present());
+    let commands = host.commands();
+    assert_eq!(
+        commands[commands.len() - 2..],
+        [
+            "cat /Users/ec2-user/konflux-builder",
+            "sudo rm /Users/ec2-user/konflux-builder",
+        ]
+    );
+    assert!(
+        commands[..commands.len() - 2]
+            .iter()
+            .all(|c| c == "test -f /Users/ec2-user/konflux-builder"),
+        "{commands:?}"
+    );
 }

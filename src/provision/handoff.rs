@@ -184,6 +184,7 @@ impl KeyHandOff {
     ) -> Result<u32, ProvisionError> {
         let cmds = commands(os).ok_or_else(|| not_handed_off(os))?;
         let mut probes = 0;
+        let mut last: Option<ProvisionError> = None;
         loop {
             probes += 1;
             let left = readiness.deadline.saturating_duration_since(Instant::now());
@@ -212,15 +213,23 @@ impl KeyHandOff {
             };
             if matches!(
                 e,
-                ProvisionError::HostKeyMismatch { .. } | ProvisionError::Local(_)
+                ProvisionError::HostKeyMismatch { .. }
+                    | ProvisionError::Local(_)
+                    | ProvisionError::InvalidRequest(_)
             ) {
                 return Err(e);
             }
             tracing::debug!(host = %target.id, probes, error = %e, "key file not ready");
+            // A probe cut short by the deadline says less than the answer before it.
+            let e = match (e, last.take()) {
+                (ProvisionError::Timeout { .. }, Some(earlier)) => earlier,
+                (e, _) => e,
+            };
             let now = Instant::now();
             if now + readiness.interval >= readiness.deadline {
                 return Err(e);
             }
+            last = Some(e);
             tokio::time::sleep(readiness.interval).await;
         }
     }
@@ -256,7 +265,7 @@ impl KeyHandOff {
         command: &str,
         limit: Duration,
     ) -> Result<Ran, ProvisionError> {
-        target.validate()?;
+        validate(target)?;
         let key_file = self.key_file(target)?;
         let known_hosts = connections.known_hosts_file(target);
         if let HostKeyTrust::Pinned(key) = &target.host_key {
@@ -353,6 +362,26 @@ impl KeyHandOff {
             .map_err(|e| local("writing a key file in", e))?;
         Ok(f)
     }
+}
+
+/// The target's checks, with the admin login allowed to be Windows' `Administrator` (not a POSIX
+/// user name): letters, digits, `.`, `_`, `-`, not starting with `-`.
+fn validate(target: &Target) -> Result<(), ProvisionError> {
+    let user = &target.user;
+    if user.is_empty()
+        || user.starts_with('-')
+        || !user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(ProvisionError::InvalidRequest(format!(
+            "host {:?}: login {user:?} is not a user name",
+            target.id
+        )));
+    }
+    let mut rest = target.clone();
+    rest.user = "admin".to_owned();
+    rest.validate()
 }
 
 fn key_file(os: HostOs) -> &'static str {
