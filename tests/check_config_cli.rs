@@ -146,3 +146,17 @@ fn errors_name_key_and_value_disable_only_their_platform_and_exit_1() {
     assert_eq!(code, Some(1));
     assert!(err.contains("/nonexistent/host-config.yaml"), "{err}");
 }
+
+#[test]
+fn stone_prod_windows_and_macos_platforms_pass_with_nothing_ignored() {
+    let (code, out, err) = check_config(&[&fixture("stone-prod-p02-windows-macos.yaml")]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("warnings: 0"), "{out}");
+    assert!(out.contains("errors: 0"), "{out}");
+    let win = row(&out, "windows-4xlarge/amd64").join(" ");
+    assert!(win.contains("windows: no build user"), "{out}");
+    let mac = row(&out, "macos-mac2metal/arm64").join(" ");
+    assert!(mac.contains("eu-central-1"), "{out}");
+    assert!(mac.contains("group/macos"), "{out}");
+    assert!(mac.contains("billed for at least 24 h"), "{out}");
+}

@@ -119,6 +119,18 @@ pub struct Recorded {
     pub params: Vec<(String, String)>,
     /// The fault applied, if any (`RequestLimitExceeded`, `status 503`, `delay`).
     pub fault: Option<String>,
+    /// The region the request was signed for (the SigV4 credential scope of its
+    /// `Authorization` header), so tests can check which region every call went to.
+    pub region: Option<String>,
+}
+
+/// The region of a SigV4 `Authorization` header:
+/// `AWS4-HMAC-SHA256 Credential=<key>/<date>/<region>/<service>/aws4_request, ...`.
+fn signed_region(headers: &hyper::HeaderMap) -> Option<String> {
+    let auth = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    let credential = auth.split("Credential=").nth(1)?;
+    let scope = credential.split(',').next()?;
+    scope.split('/').nth(2).map(str::to_owned)
 }
 
 impl Recorded {
@@ -276,6 +288,7 @@ async fn handle(
             f.kind.clone()
         });
         s.log.push(Recorded {
+            region: signed_region(&parts.headers),
             action: action.clone(),
             params: params.clone(),
             fault: kind.as_ref().map(|k| match k {

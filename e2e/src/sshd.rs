@@ -193,6 +193,8 @@ pub struct HostSetup {
     /// The admin key pair, shared by hosts that stand for machines booted from one image (cloud
     /// instances); default: a fresh one.
     pub admin_key: Option<AdminKey>,
+    /// sshd_config lines appended at the end (`Match` blocks: a `ForceCommand` per user).
+    pub extra_config: String,
 }
 
 /// An admin (root) key pair: the private half in OpenSSH format, the public half as an
@@ -224,6 +226,11 @@ impl AdminKey {
     /// The private key (OpenSSH format), as the admin-key Secret holds it.
     pub fn private(&self) -> Arc<Zeroizing<Vec<u8>>> {
         Arc::clone(&self.private)
+    }
+
+    /// The public key, as an `authorized_keys` line.
+    pub fn public(&self) -> &str {
+        &self.public
     }
 }
 
@@ -383,7 +390,7 @@ impl SshdHost {
             env.push(("PATH".into(), tools.path().display().to_string()));
             host.tools = Some(tools);
         }
-        host.write_config(&env)?;
+        host.write_config(&env, &setup.extra_config)?;
         host.spawn()?;
         Ok(host)
     }
@@ -410,7 +417,7 @@ impl SshdHost {
         Ok(())
     }
 
-    fn write_config(&self, env: &[(String, String)]) -> anyhow::Result<()> {
+    fn write_config(&self, env: &[(String, String)], extra: &str) -> anyhow::Result<()> {
         let d = self.dir.path().display();
         // One line: sshd keeps the first SetEnv directive it reads.
         let set_env = if env.is_empty() {
@@ -449,10 +456,12 @@ impl SshdHost {
              LogLevel VERBOSE\n\
              {set_env}\
              Match User root\n\
-             \x20 SetEnv {admin_vars}\n",
+             \x20 SetEnv {admin_vars}\n\
+             {extra}",
             addr = self.address,
             port = self.port,
             admin_vars = admin_vars.join(" "),
+            extra = extra,
         );
         write_mode(
             &self.dir.path().join("sshd_config"),
@@ -752,4 +761,201 @@ pub fn write_file(dir: &Path, name: &str, text: &str, mode: u32) -> anyhow::Resu
     f.write_all(text.as_bytes())?;
     fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
     Ok(path)
+}
+
+/// Which foreign OS an [`EmulatedOsHost`] answers as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmulatedOs {
+    /// OpenSSH on Windows Server, default shell `cmd.exe`: `powershell -Command ...` lines,
+    /// CRLF output, only `Administrator` may log in.
+    Windows,
+    /// macOS: `ec2-user` with passwordless sudo.
+    MacOs,
+}
+
+/// Answers `$SSH_ORIGINAL_COMMAND` as a Windows host would for the commands the controller
+/// sends, from `@ROOT@` standing for `C:\Users\Administrator`; logs every command.
+const WINDOWS_FORCE_COMMAND: &str = r#"#!/bin/sh
+root='@ROOT@'
+key="$root/konflux-builder"
+printf '%s\n' "$SSH_ORIGINAL_COMMAND" >> "$root/commands.log"
+case "$SSH_ORIGINAL_COMMAND" in
+'powershell -Command Test-Path C:\Users\Administrator\konflux-builder')
+  if [ -f "$key" ]; then printf 'True\r\n'; else printf 'False\r\n'; fi
+  exit 0 ;;
+'powershell -Command cat C:\Users\Administrator\konflux-builder')
+  if [ -f "$key" ]; then sed 's/$/\r/' "$key"; exit 0; fi
+  printf "Get-Content : Cannot find path 'C:\\Users\\Administrator\\konflux-builder' because it does not exist.\r\n" >&2
+  exit 1 ;;
+'powershell -Command rm C:\Users\Administrator\konflux-builder')
+  if [ -f "$root/rm-denied" ]; then
+    printf "Remove-Item : Access to the path 'C:\\Users\\Administrator\\konflux-builder' is denied.\r\n" >&2
+    exit 1
+  fi
+  if rm "$key" 2>/dev/null; then exit 0; fi
+  printf "Remove-Item : Cannot find path 'C:\\Users\\Administrator\\konflux-builder' because it does not exist.\r\n" >&2
+  exit 1 ;;
+*)
+  printf "'%s' is not recognized as an internal or external command,\r\noperable program or batch file.\r\n" "${SSH_ORIGINAL_COMMAND%% *}" >&2
+  exit 1 ;;
+esac
+"#;
+
+/// Answers as a macOS instance would, from `@ROOT@` standing for `/Users/ec2-user`.
+const MACOS_FORCE_COMMAND: &str = r#"#!/bin/sh
+root='@ROOT@'
+key="$root/konflux-builder"
+printf '%s\n' "$SSH_ORIGINAL_COMMAND" >> "$root/commands.log"
+case "$SSH_ORIGINAL_COMMAND" in
+'test -f /Users/ec2-user/konflux-builder') test -f "$key"; exit $? ;;
+'cat /Users/ec2-user/konflux-builder') exec cat "$key" ;;
+'sudo rm /Users/ec2-user/konflux-builder')
+  if [ -f "$root/rm-denied" ]; then echo "rm: $key: Operation not permitted" >&2; exit 1; fi
+  exec rm "$key" ;;
+*) echo "unexpected command: $SSH_ORIGINAL_COMMAND" >&2; exit 127 ;;
+esac
+"#;
+
+/// An sshd host standing for a Windows or macOS cloud instance: its admin login (a local user of
+/// this machine, created when missing) gets a `ForceCommand` that answers the controller's
+/// commands as that OS would, and the user-data's key file lives in a directory of its own.
+pub struct EmulatedOsHost {
+    /// The sshd.
+    pub sshd: SshdHost,
+    /// The OS answered as.
+    pub os: EmulatedOs,
+    root: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for EmulatedOsHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedOsHost")
+            .field("os", &self.os)
+            .field("sshd", &self.sshd)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Creates local user `name` with a home if missing (ignoring a concurrent creation).
+fn ensure_user(name: &str) -> anyhow::Result<()> {
+    if !user_exists(name) {
+        let out = Command::new("useradd")
+            .args(["--badname", "-m", "-s", "/bin/sh", name])
+            .output()
+            .context("running useradd")?;
+        if !out.status.success() && !user_exists(name) {
+            bail!("useradd {name}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    // No password, but not locked: sshd without PAM refuses locked accounts even for keys.
+    let out = Command::new("usermod")
+        .args(["-p", "*", name])
+        .output()
+        .context("running usermod")?;
+    if !out.status.success() {
+        bail!("usermod {name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+fn chown(path: &Path, user: &str) -> anyhow::Result<()> {
+    let out = Command::new("chown")
+        .arg(format!("{user}:"))
+        .arg(path)
+        .output()
+        .context("running chown")?;
+    if !out.status.success() {
+        bail!(
+            "chown {user} {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+impl EmulatedOsHost {
+    /// The admin login of `os`.
+    pub fn admin_user(os: EmulatedOs) -> &'static str {
+        match os {
+            EmulatedOs::Windows => "Administrator",
+            EmulatedOs::MacOs => "ec2-user",
+        }
+    }
+
+    /// Starts a host answering as `os`, authorising `admin` (the platform's `ssh-secret`) for
+    /// its admin login only.
+    pub fn start(os: EmulatedOs, admin: &AdminKey) -> anyhow::Result<Self> {
+        let user = Self::admin_user(os);
+        ensure_user(user)?;
+        let home = PathBuf::from(format!("/home/{user}"));
+        let ssh_dir = home.join(".ssh");
+        fs::create_dir_all(&ssh_dir)?;
+        fs::set_permissions(&ssh_dir, fs::Permissions::from_mode(0o700))?;
+        // Appended: parallel tests share the login, each with its own key.
+        let keys = ssh_dir.join("authorized_keys");
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&keys)?;
+        writeln!(f, "{}", admin.public())?;
+        fs::set_permissions(&keys, fs::Permissions::from_mode(0o600))?;
+        chown(&ssh_dir, user)?;
+        chown(&keys, user)?;
+
+        let root = tempfile::Builder::new()
+            .prefix("mpc-e2e-os-")
+            .tempdir_in("/tmp")
+            .context("creating the host's home directory")?;
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755))?;
+        chown(root.path(), user)?;
+        let script = match os {
+            EmulatedOs::Windows => WINDOWS_FORCE_COMMAND,
+            EmulatedOs::MacOs => MACOS_FORCE_COMMAND,
+        }
+        .replace("@ROOT@", &root.path().display().to_string());
+        let script = write_file(root.path(), "force-command.sh", &script, 0o755)?;
+        let deny = match os {
+            // Windows: nothing but Administrator logs in.
+            EmulatedOs::Windows => "DenyUsers root ec2-user\n",
+            EmulatedOs::MacOs => "DenyUsers root\n",
+        };
+        let sshd = SshdHost::start_with(HostSetup {
+            admin_key: Some(admin.clone()),
+            extra_config: format!(
+                "Match User {user}\n  ForceCommand {}\nMatch all\n{deny}",
+                script.display()
+            ),
+            ..HostSetup::default()
+        })?;
+        Ok(Self { sshd, os, root })
+    }
+
+    /// What the instance's user-data does last: leave the build user's private key in the
+    /// admin's home, owned by the admin.
+    pub fn place_key(&self, private_key: &str) -> anyhow::Result<()> {
+        let tmp = write_file(self.root.path(), ".konflux-builder.tmp", private_key, 0o600)?;
+        chown(&tmp, Self::admin_user(self.os))?;
+        fs::rename(&tmp, self.root.path().join("konflux-builder"))?;
+        Ok(())
+    }
+
+    /// Whether the key file is still on the host.
+    pub fn key_present(&self) -> bool {
+        self.root.path().join("konflux-builder").exists()
+    }
+
+    /// Makes the removal of the key file fail (access denied).
+    pub fn deny_removal(&self) -> anyhow::Result<()> {
+        write_file(self.root.path(), "rm-denied", "", 0o644).map(|_| ())
+    }
+
+    /// Every command the admin login was asked to run, in order.
+    pub fn commands(&self) -> Vec<String> {
+        fs::read_to_string(self.root.path().join("commands.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
 }

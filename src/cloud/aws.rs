@@ -18,8 +18,9 @@ use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
     BlockDeviceMapping, EbsBlockDevice, Filter, HttpTokensState, IamInstanceProfileSpecification,
     InstanceInterruptionBehavior, InstanceMarketOptionsRequest, InstanceMetadataEndpointState,
-    InstanceMetadataOptionsRequest, InstanceType, MarketType, ResourceType, ShutdownBehavior,
-    SpotInstanceType, SpotMarketOptions, Tag, TagSpecification, VolumeType,
+    InstanceMetadataOptionsRequest, InstanceType, LicenseConfigurationRequest, MarketType,
+    Placement, ResourceType, ShutdownBehavior, SpotInstanceType, SpotMarketOptions, Tag,
+    TagSpecification, Tenancy, VolumeType,
 };
 use futures::future::BoxFuture;
 
@@ -35,7 +36,7 @@ use crate::cloud::{
     Cloud, CloudError, Credentials, ErrorClass, Instance, LaunchRequest, Operation, Scope,
     Terminated,
 };
-use crate::config::DynamicPlatform;
+use crate::config::{DynamicPlatform, HostOs};
 use crate::contract::instance_tags as compat_tags;
 use crate::scheduler::{InstanceState, LaunchId, Ownership};
 
@@ -485,8 +486,20 @@ impl AwsCloud {
         Ok(())
     }
 
-    /// The image's root device name, so the gp3 root disk override lands on the root volume.
+    /// The image's root device name, so the gp3 root disk override lands on the root volume;
+    /// `None` when it cannot be known before the launch (no root disk override then).
     async fn root_device(
+        &self,
+        client: &Client,
+        p: &DynamicPlatform,
+    ) -> Result<Option<String>, CloudError> {
+        if let Some(known) = ssm_root_device(p) {
+            return Ok(known.map(str::to_owned));
+        }
+        self.image_root_device(client, p).await.map(Some)
+    }
+
+    async fn image_root_device(
         &self,
         client: &Client,
         p: &DynamicPlatform,
@@ -583,7 +596,7 @@ impl AwsCloud {
         &self,
         client: &Client,
         req: &LaunchRequest<'_>,
-        root_device: &str,
+        root_device: Option<&str>,
         instance_tags: &[(String, String)],
         market: Market,
     ) -> Result<Instance, Failure> {
@@ -613,12 +626,14 @@ impl AwsCloud {
             .max_count(1)
             .client_token(client_token(&self.options.cluster, req.launch, market))
             .instance_initiated_shutdown_behavior(ShutdownBehavior::Terminate)
-            .block_device_mappings(
-                BlockDeviceMapping::builder()
-                    .device_name(root_device)
-                    .ebs(ebs)
-                    .build(),
-            )
+            .set_block_device_mappings(root_device.map(|d| {
+                vec![
+                    BlockDeviceMapping::builder()
+                        .device_name(d)
+                        .ebs(ebs)
+                        .build(),
+                ]
+            }))
             .tag_specifications(spec(ResourceType::Instance))
             .tag_specifications(spec(ResourceType::Volume))
             .set_key_name(p.key_name.clone())
@@ -648,6 +663,20 @@ impl AwsCloud {
                     .name(name)
                     .build(),
             );
+        }
+        if let Some(h) = &p.dedicated_host {
+            b = b
+                .placement(
+                    Placement::builder()
+                        .tenancy(Tenancy::from(h.tenancy.as_str()))
+                        .host_resource_group_arn(&h.host_resource_group_arn)
+                        .build(),
+                )
+                .license_specifications(
+                    LicenseConfigurationRequest::builder()
+                        .license_configuration_arn(&h.license_configuration_arn)
+                        .build(),
+                );
         }
         if market == Market::Spot {
             b = b.instance_market_options(
@@ -715,7 +744,10 @@ impl AwsCloud {
             );
         }
         if p.spot {
-            match self.run(&client, req, &root, &tags, Market::Spot).await {
+            match self
+                .run(&client, req, root.as_deref(), &tags, Market::Spot)
+                .await
+            {
                 Ok(instance) => return Ok(self.launched(req, instance)),
                 Err(f) if is_spot_refusal(f.code.as_deref()) => {
                     tracing::warn!(
@@ -731,7 +763,7 @@ impl AwsCloud {
             }
         }
         let instance = self
-            .run(&client, req, &root, &tags, Market::OnDemand)
+            .run(&client, req, root.as_deref(), &tags, Market::OnDemand)
             .await
             .map_err(|f| f.into_error(p, Operation::RunInstances))?;
         Ok(self.launched(req, instance))
@@ -762,6 +794,24 @@ impl AwsCloud {
         self.metrics.launched(p.platform.as_str(), false);
         LaunchOutcome::Launched(instance)
     }
+}
+
+/// Prefix of an image id that EC2 resolves from an SSM parameter at launch
+/// (`resolve:ssm:/aws/service/ami-windows-latest/...`); DescribeImages cannot look it up.
+pub const SSM_IMAGE_PREFIX: &str = "resolve:ssm:";
+
+/// The root device of an image named by an SSM parameter, which cannot be described before the
+/// launch: `Some(Some(_))` where AWS images of the OS always use it (Windows and macOS:
+/// `/dev/sda1`), `Some(None)` (no root disk override; `disk` is not applied) for Linux, whose
+/// images differ; `None` for an ordinary image id (describe it).
+fn ssm_root_device(p: &DynamicPlatform) -> Option<Option<&'static str>> {
+    if !p.ami.starts_with(SSM_IMAGE_PREFIX) {
+        return None;
+    }
+    Some(match p.os {
+        HostOs::Windows | HostOs::MacOs => Some("/dev/sda1"),
+        HostOs::Linux => None,
+    })
 }
 
 impl Cloud for AwsCloud {
@@ -809,6 +859,19 @@ mod tests {
     use crate::cloud::testing::platform;
     use aws_sdk_ec2::primitives::DateTime;
     use aws_sdk_ec2::types::{InstanceLifecycleType, InstanceStateName};
+
+    #[test]
+    fn ssm_images_get_a_root_device_only_where_the_os_fixes_it() {
+        let mut p = platform();
+        assert_eq!(ssm_root_device(&p), None, "an image id is described");
+        p.ami = "resolve:ssm:/aws/service/ami-windows-latest/Windows_Server-2022-English-Full-Base"
+            .into();
+        assert_eq!(ssm_root_device(&p), Some(None));
+        p.os = HostOs::Windows;
+        assert_eq!(ssm_root_device(&p), Some(Some("/dev/sda1")));
+        p.os = HostOs::MacOs;
+        assert_eq!(ssm_root_device(&p), Some(Some("/dev/sda1")));
+    }
 
     fn creds(id: &str, secret: &str) -> Credentials {
         Credentials {

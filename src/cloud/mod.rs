@@ -114,4 +114,4 @@ pub trait Cloud: Send + Sync {
 }
 
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;

@@ -35,6 +35,8 @@ pub(crate) fn platform() -> DynamicPlatform {
         spot: false,
         host_key_policy: HostKeyPolicy::TrustOnFirstUse,
         imds: crate::config::ImdsOptions::default(),
+        os: crate::config::HostOs::Linux,
+        dedicated_host: None,
     }
 }
 

@@ -24,7 +24,8 @@ use crate::admission::{PENDING_STATUS, escape_pointer_token};
 use crate::contract::{self, secret_keys};
 use aws_lc_rs::hmac;
 
-use crate::scheduler::{Placement, ProofTag, SecretData, SecretKind, TaskRunRef};
+use crate::provision::GoSecretLayout;
+use crate::scheduler::{HostRef, Placement, ProofTag, SecretData, SecretKind, TaskRunRef};
 
 /// Which metadata maps the TaskRun has (a JSON Patch `add` needs the parent to exist).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,6 +366,22 @@ pub fn secret(
         SecretData::Error(_) => (SecretKind::Error, ""),
     };
     match data {
+        SecretData::Remote {
+            otp: token,
+            host: HostRef::Instance {
+                template, address, ..
+            },
+        } if let Some(go) = GoSecretLayout::new(template.os, address) => {
+            // Windows and macOS: the Go controller's bytes (provision::handoff).
+            put(secret_keys::OTP, token);
+            put(
+                secret_keys::OTP_SERVER,
+                &GoSecretLayout::otp_server(&otp.url),
+            );
+            put(secret_keys::OTP_CA, &otp.ca_pem);
+            put(secret_keys::HOST, &go.host);
+            put(secret_keys::USER_DIR, &go.user_dir);
+        }
         SecretData::Remote { otp: token, .. } => {
             put(secret_keys::OTP, token);
             put(secret_keys::OTP_SERVER, &otp.url);
@@ -726,6 +743,52 @@ mod tests {
         assert_eq!(local.data.as_ref().unwrap().len(), 1);
         let err = secret(&r, &SecretData::Error("no".into()), &otp, &proof());
         assert_eq!(secret_kind(&err), Some(crate::scheduler::SecretKind::Error));
+    }
+
+    #[test]
+    fn windows_and_macos_secrets_carry_gos_bytes() {
+        let r = TaskRunRef::new("tenant", "build-w", Uid::new("u-w"));
+        let otp = OtpEndpoint {
+            url: "https://otp.example/otp".into(),
+            ca_pem: "PEM".into(),
+        };
+        for (platform, os, dir) in [
+            (
+                "windows-4xlarge/amd64",
+                crate::config::HostOs::Windows,
+                "C:\\\\Users\\\\konflux-builder\n",
+            ),
+            (
+                "macos-mac2metal/arm64",
+                crate::config::HostOs::MacOs,
+                "/Users/konflux-builder\n",
+            ),
+        ] {
+            let mut template = crate::cloud::testing::platform();
+            template.platform = crate::platform::Platform::parse(platform).unwrap();
+            template.os = os;
+            let host = crate::scheduler::HostRef::Instance {
+                id: "i-0123".into(),
+                address: "10.0.1.7".into(),
+                template: Arc::new(template),
+            };
+            let s = secret(
+                &r,
+                &SecretData::Remote {
+                    otp: "tok".into(),
+                    host,
+                },
+                &otp,
+                &proof(),
+            );
+            let data = s.data.as_ref().unwrap();
+            let get = |k: &str| data[k].0.clone();
+            assert_eq!(get("host"), b"konflux-builder@10.0.1.7\n", "{platform}");
+            assert_eq!(get("user-dir"), dir.as_bytes(), "{platform}");
+            assert_eq!(get("otp-server"), b"https://otp.example/otp\n");
+            assert_eq!(get("otp"), b"tok", "no newline on otp");
+            assert_eq!(secret_kind(&s), Some(crate::scheduler::SecretKind::Remote));
+        }
     }
 
     /// A `v2:<key id>:<mac>` proof, parsed as recovery reads it.

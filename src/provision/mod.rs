@@ -13,6 +13,7 @@
 
 mod connection;
 mod error;
+pub mod handoff;
 pub mod keys;
 pub mod quote;
 pub mod scripts;
@@ -26,6 +27,7 @@ pub use crate::scheduler::HostUser;
 
 pub use connection::{Connections, SshOptions};
 pub use error::{Blame, ProvisionError};
+pub use handoff::{GoSecretLayout, KeyHandOff, Readiness};
 pub use scripts::{Limit, LimitItem};
 pub use target::{HostKeyTrust, Target};
 

@@ -7,12 +7,13 @@ use super::build_user;
 use super::parse::{DynKind, Sink};
 use super::{
     BuildUserSettings, CloudKind, DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_CHECK_INTERVAL,
-    DEFAULT_DISK_GB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER, DEFAULT_MAX_AGE, DynamicPlatform,
-    HostKeyPolicy, ImdsOptions, MAX_CONCURRENCY, MAX_USER_DATA_BYTES, values,
+    DEFAULT_DISK_GB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER, DEFAULT_MAX_AGE, DedicatedHost,
+    DynamicPlatform, HostKeyPolicy, HostOs, ImdsOptions, MAX_CONCURRENCY, MAX_USER_DATA_BYTES,
+    values,
 };
 use crate::platform::Platform;
 
-const DYNAMIC_FIELDS: [&str; 31] = [
+const DYNAMIC_FIELDS: [&str; 34] = [
     "type",
     "region",
     "ami",
@@ -40,6 +41,10 @@ const DYNAMIC_FIELDS: [&str; 31] = [
     "host-key-policy",
     "imds-tokens",
     "imds-hop-limit",
+    // macOS dedicated hosts: all three or none.
+    "tenancy",
+    "host-resource-group-arn",
+    "license-configuration-arn",
     // Pool-only.
     "concurrency",
     "max-age",
@@ -49,6 +54,20 @@ const DYNAMIC_FIELDS: [&str; 31] = [
 ];
 
 const POOL_ONLY_FIELDS: [&str; 3] = ["concurrency", "max-age", "min-instances"];
+
+/// The macOS dedicated-host keys, all three or none.
+const DEDICATED_HOST_FIELDS: [&str; 3] = [
+    "tenancy",
+    "host-resource-group-arn",
+    "license-configuration-arn",
+];
+
+/// The Go controller's words for a partial dedicated-host set, kept so searches for it land here.
+pub(super) const PARTIAL_DEDICATED_HOST: &str =
+    "MacOS dedicated host configuration requires all three fields";
+
+/// Keys that only shape Linux build users: windows and macOS hosts get none.
+const BUILD_USER_ONLY_FIELDS: [&str; 2] = ["user", "sudo-commands"];
 
 pub(super) type PoolFields = (u32, Duration, u32);
 
@@ -63,6 +82,7 @@ pub(super) fn parse_dynamic(
 ) -> Option<(DynamicPlatform, Option<PoolFields>, BuildUserSettings)> {
     let mut ok = true;
     let key = |field: &str| format!("{prefix}.{field}");
+    let os = HostOs::of(platform);
 
     for (field, value) in f {
         if !DYNAMIC_FIELDS.contains(field) && !build_user::FIELDS.contains(field) {
@@ -77,6 +97,26 @@ pub(super) fn parse_dynamic(
                 Some(value),
                 format!(
                     "ignored: {field} applies only to platforms listed in dynamic-pool-platforms"
+                ),
+            );
+        } else if os.hands_off_key()
+            && (BUILD_USER_ONLY_FIELDS.contains(field) || build_user::FIELDS.contains(field))
+        {
+            sink.warn(
+                &key(field),
+                Some(value),
+                format!(
+                    "ignored: {} hosts get no build user (their user-data creates konflux-builder and its key, which is handed out as is; the login is {})",
+                    os.as_str(),
+                    os.admin_user().unwrap_or_default()
+                ),
+            );
+        } else if os != HostOs::MacOs && DEDICATED_HOST_FIELDS.contains(field) {
+            sink.warn(
+                &key(field),
+                Some(value),
+                format!(
+                    "ignored: {field} applies only to macos* platforms (dedicated hosts), as in the Go controller"
                 ),
             );
         } else if *field == "max-retries" {
@@ -229,6 +269,7 @@ pub(super) fn parse_dynamic(
     let spot = bool_field("spot", sink, &mut ok);
 
     let user = match f.get("user") {
+        _ if os.hands_off_key() => os.admin_user().unwrap_or(DEFAULT_INSTANCE_USER).to_owned(),
         None => DEFAULT_INSTANCE_USER.to_owned(),
         Some(v) => match values::posix_user(v) {
             Ok(u) => u.to_owned(),
@@ -257,6 +298,7 @@ pub(super) fn parse_dynamic(
         None => None,
     };
     let sudo_commands = match f.get("sudo-commands") {
+        _ if os.hands_off_key() => Vec::new(),
         None => Vec::new(),
         Some(v) => values::sudo_commands(v).unwrap_or_else(|e| {
             sink.error(&key("sudo-commands"), Some(v), e);
@@ -351,6 +393,43 @@ pub(super) fn parse_dynamic(
             "not set: instances get no cloud key pair, so ssh-secret must be authorised by user-data or the image",
         );
     }
+    if os == HostOs::Linux
+        && ami
+            .as_deref()
+            .is_some_and(|a| a.starts_with("resolve:ssm:"))
+    {
+        for field in ["disk", "iops", "throughput"] {
+            if let Some(v) = f.get(field) {
+                sink.warn(
+                    &key(field),
+                    Some(v),
+                    "not applied: the root device of a Linux image resolved from SSM is not known before the launch, so the image's own root disk is used",
+                );
+            }
+        }
+    }
+    if kind == DynKind::Pool && os.hands_off_key() {
+        sink.error(
+            "dynamic-pool-platforms",
+            Some(platform.as_str()),
+            format!(
+                "{} hosts cannot be pooled: their one key is handed to one TaskRun and the instance is terminated after it; list the platform in dynamic-platforms",
+                os.as_str()
+            ),
+        );
+        ok = false;
+    }
+    let dedicated_host = if os == HostOs::MacOs {
+        match dedicated_host(f, &key, sink) {
+            Ok(d) => d,
+            Err(()) => {
+                ok = false;
+                None
+            }
+        }
+    } else {
+        None
+    };
     let instance_tag = match instance_tag.or_else(|| global_tag.map(str::to_owned)) {
         Some(t) => t,
         None => {
@@ -397,8 +476,80 @@ pub(super) fn parse_dynamic(
             spot,
             host_key_policy,
             imds,
+            os,
+            dedicated_host,
         },
         pool,
         build_user.ok()?,
     ))
+}
+
+/// The macOS dedicated-host keys: all three (checked) or none; `Err` once every problem is
+/// reported.
+fn dedicated_host(
+    f: &BTreeMap<&str, &str>,
+    key: &dyn Fn(&str) -> String,
+    sink: &mut Sink,
+) -> Result<Option<DedicatedHost>, ()> {
+    let set: Vec<&str> = DEDICATED_HOST_FIELDS
+        .iter()
+        .copied()
+        .filter(|f_| f.contains_key(f_))
+        .collect();
+    if set.is_empty() {
+        return Ok(None);
+    }
+    if set.len() < DEDICATED_HOST_FIELDS.len() {
+        for missing in DEDICATED_HOST_FIELDS.iter().filter(|m| !set.contains(m)) {
+            sink.error(
+                &key(missing),
+                None,
+                format!(
+                    "{PARTIAL_DEDICATED_HOST} (tenancy, host-resource-group-arn, license-configuration-arn); {} set",
+                    set.join(" and ")
+                ),
+            );
+        }
+        return Err(());
+    }
+    let mut ok = true;
+    let mut token = |field: &str, sink: &mut Sink| -> String {
+        let v = f.get(field).copied().unwrap_or_default();
+        match values::single_token(v) {
+            Ok(t) => t.to_owned(),
+            Err(e) => {
+                sink.error(&key(field), Some(v), e);
+                ok = false;
+                String::new()
+            }
+        }
+    };
+    let tenancy = token("tenancy", sink);
+    let group = token("host-resource-group-arn", sink);
+    let licence = token("license-configuration-arn", sink);
+    if ok && tenancy != "host" {
+        sink.error(
+            &key("tenancy"),
+            Some(&tenancy),
+            "expected \"host\": mac instances run only on dedicated hosts",
+        );
+        ok = false;
+    }
+    for (field, v) in [
+        ("host-resource-group-arn", &group),
+        ("license-configuration-arn", &licence),
+    ] {
+        if ok && !v.starts_with("arn:") {
+            sink.error(&key(field), Some(v), "expected an ARN (arn:aws:...)");
+            ok = false;
+        }
+    }
+    if !ok {
+        return Err(());
+    }
+    Ok(Some(DedicatedHost {
+        tenancy,
+        host_resource_group_arn: group,
+        license_configuration_arn: licence,
+    }))
 }

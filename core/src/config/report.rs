@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{BuildUserSettings, HostConfig, Parsed, Severity, Strategy};
+use super::{BuildUserSettings, DynamicPlatform, HostConfig, HostOs, Parsed, Severity, Strategy};
 use crate::platform::{Platform, label_value};
 
 /// One platform's strategy and capacity.
@@ -34,8 +34,11 @@ impl HostConfig {
                     Strategy::Dynamic(d) => (
                         "dynamic",
                         format!(
-                            "max-instances {} ({} in {}, 1 TaskRun per instance)",
-                            d.max_instances, d.instance_type, d.region
+                            "max-instances {} ({} in {}, 1 TaskRun per instance){}",
+                            d.max_instances,
+                            d.instance_type,
+                            d.region,
+                            os_note(d)
                         ),
                     ),
                     Strategy::DynamicPool(pool) => (
@@ -75,6 +78,31 @@ impl HostConfig {
                 }
             })
             .collect()
+    }
+}
+
+/// What a windows or macOS platform does differently, for its report row.
+fn os_note(d: &DynamicPlatform) -> String {
+    match d.os {
+        HostOs::Linux => String::new(),
+        HostOs::Windows => "; windows: no build user, the key the user-data leaves at \
+             C:\\Users\\Administrator\\konflux-builder is read as Administrator, removed and handed out"
+            .to_owned(),
+        HostOs::MacOs => {
+            let placement = match &d.dedicated_host {
+                Some(h) => format!(
+                    "dedicated hosts of {} (tenancy {}, licence {})",
+                    h.host_resource_group_arn, h.tenancy, h.license_configuration_arn
+                ),
+                None => "no dedicated-host keys (the account's own host placement applies)".to_owned(),
+            };
+            format!(
+                "; macos: {placement}; no build user, the key at /Users/ec2-user/konflux-builder is \
+                 read as ec2-user, removed and handed out; each host is billed for at least 24 h and \
+                 scrubbed ~50 min after every instance, so max-instances {} can keep {} hosts billed",
+                d.max_instances, d.max_instances
+            )
+        }
     }
 }
 

@@ -821,3 +821,172 @@ fn imds_defaults_to_v2_with_one_hop() {
         );
     }
 }
+
+#[test]
+fn stone_prod_windows_and_macos_platforms_load_with_nothing_ignored() {
+    let parsed = fixture("stone-prod-p02-windows-macos.yaml");
+    assert!(parsed.diagnostics.is_empty(), "{:#?}", parsed.diagnostics);
+    let c = &parsed.config;
+    let win = &c.dynamic[&p("windows-4xlarge/amd64")];
+    assert_eq!(win.os, HostOs::Windows);
+    assert_eq!(win.user, "Administrator");
+    assert_eq!(win.dedicated_host, None);
+    assert_eq!(win.allocation_timeout, Duration::from_secs(1200));
+    let mac = &c.dynamic[&p("macos-mac2metal/arm64")];
+    assert_eq!(mac.os, HostOs::MacOs);
+    assert_eq!(mac.user, "ec2-user");
+    assert_eq!(mac.region, "eu-central-1");
+    assert_eq!(
+        mac.dedicated_host,
+        Some(DedicatedHost {
+            tenancy: "host".into(),
+            host_resource_group_arn: "arn:aws:resource-groups:eu-central-1:381491906438:group/macos"
+                .into(),
+            license_configuration_arn: "arn:aws:license-manager:eu-central-1:381491906438:license-configuration:lic-f8ce13fa40eab0916af2734edf5c85ab".into(),
+        })
+    );
+    let report = report::render_report("p02", &parsed);
+    assert!(report.contains("windows: no build user"), "{report}");
+    assert!(report.contains("billed for at least 24 h"), "{report}");
+    assert!(!report.contains("ignored"), "{report}");
+}
+
+#[test]
+fn os_kind_follows_the_platform_name() {
+    assert_eq!(HostOs::of(&p("windows/amd64")), HostOs::Windows);
+    assert_eq!(HostOs::of(&p("windows-4xlarge/amd64")), HostOs::Windows);
+    assert_eq!(HostOs::of(&p("macos-mac2metal/arm64")), HostOs::MacOs);
+    assert_eq!(HostOs::of(&p("linux/arm64")), HostOs::Linux);
+    assert_eq!(HostOs::of(&p("linux-windows/amd64")), HostOs::Linux);
+}
+
+const MAC_FULL: [(&str, &str); 4] = [
+    ("dynamic-platforms", "macos/arm64"),
+    ("dynamic.macos-arm64.tenancy", "host"),
+    (
+        "dynamic.macos-arm64.host-resource-group-arn",
+        "arn:aws:resource-groups:eu-central-1:1:group/macos",
+    ),
+    (
+        "dynamic.macos-arm64.license-configuration-arn",
+        "arn:aws:license-manager:eu-central-1:1:license-configuration:lic-1",
+    ),
+];
+
+#[test]
+fn macos_dedicated_host_keys_are_all_three_or_none() {
+    let full = MAC_FULL;
+    let parsed = parse(&with(dynamic_keys("macos-arm64"), &full));
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    assert!(
+        parsed.config.dynamic[&p("macos/arm64")]
+            .dedicated_host
+            .is_some()
+    );
+    // None: allowed.
+    let parsed = parse(&with(dynamic_keys("macos-arm64"), &full[..1]));
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    // Any partial set disables the platform, naming each missing key with Go's words.
+    for drop in 1..full.len() {
+        let partial: Vec<_> = full
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != drop)
+            .map(|(_, kv)| *kv)
+            .collect();
+        let parsed = parse(&with(dynamic_keys("macos-arm64"), &partial));
+        let missing = full[drop].0;
+        let e = errors_for(&parsed, missing);
+        assert_eq!(e.len(), 1, "{missing}: {:#?}", parsed.diagnostics);
+        assert!(
+            e[0].message
+                .contains("MacOS dedicated host configuration requires all three fields"),
+            "{}",
+            e[0]
+        );
+        assert!(matches!(
+            parsed.config.resolve(&p("macos/arm64")),
+            Strategy::Disabled(_)
+        ));
+    }
+    // Tenancy other than host, and a non-ARN.
+    let mut bad = full.to_vec();
+    bad[1] = ("dynamic.macos-arm64.tenancy", "dedicated");
+    let parsed = parse(&with(dynamic_keys("macos-arm64"), &bad));
+    assert_eq!(errors_for(&parsed, "dynamic.macos-arm64.tenancy").len(), 1);
+    let mut bad = full.to_vec();
+    bad[2] = ("dynamic.macos-arm64.host-resource-group-arn", "macos");
+    let parsed = parse(&with(dynamic_keys("macos-arm64"), &bad));
+    assert_eq!(
+        errors_for(&parsed, "dynamic.macos-arm64.host-resource-group-arn").len(),
+        1
+    );
+    // On a Linux platform the keys are ignored, as Go does, and said so.
+    let parsed = parse(&with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("dynamic.linux-arm64.tenancy", "host"),
+        ],
+    ));
+    assert!(!parsed.has_errors());
+    assert!(
+        parsed
+            .of(Severity::Warning)
+            .any(|d| d.key == "dynamic.linux-arm64.tenancy" && d.message.contains("only to macos"))
+    );
+}
+
+#[test]
+fn windows_and_macos_platforms_reject_pools_and_ignore_build_user_keys() {
+    let parsed = parse(&with(
+        dynamic_keys("windows-amd64"),
+        &[
+            ("dynamic-pool-platforms", "windows/amd64"),
+            ("dynamic.windows-amd64.concurrency", "2"),
+        ],
+    ));
+    assert_eq!(errors_for(&parsed, "dynamic-pool-platforms").len(), 1);
+    assert!(matches!(
+        parsed.config.resolve(&p("windows/amd64")),
+        Strategy::Disabled(_)
+    ));
+    let parsed = parse(&with(
+        dynamic_keys("windows-amd64"),
+        &[
+            ("dynamic-platforms", "windows/amd64"),
+            ("dynamic.windows-amd64.user", "builder"),
+            ("dynamic.windows-amd64.sudo-commands", "/usr/bin/podman"),
+            ("dynamic.windows-amd64.key-type", "rsa"),
+        ],
+    ));
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let w = &parsed.config.dynamic[&p("windows/amd64")];
+    assert_eq!(w.user, "Administrator");
+    assert!(w.sudo_commands.is_empty());
+    for field in ["user", "sudo-commands", "key-type"] {
+        let k = format!("dynamic.windows-amd64.{field}");
+        assert!(
+            parsed
+                .of(Severity::Warning)
+                .any(|d| d.key == k && d.message.contains("no build user")),
+            "{k}: {:#?}",
+            parsed.diagnostics
+        );
+    }
+}
+
+#[test]
+fn amis_pass_through_unchanged() {
+    let ssm = "resolve:ssm:/aws/service/ami-windows-latest/Windows_Server-2022-English-Full-Base";
+    let parsed = parse(&with(
+        dynamic_keys("windows-amd64"),
+        &[
+            ("dynamic-platforms", "windows/amd64"),
+            ("dynamic.windows-amd64.ami", ssm),
+            ("instance-tag", "prod"),
+        ],
+    ));
+    assert!(parsed.diagnostics.is_empty(), "{:#?}", parsed.diagnostics);
+    assert_eq!(parsed.config.dynamic[&p("windows/amd64")].ami, ssm);
+}

@@ -112,6 +112,72 @@ impl Default for ImdsOptions {
     }
 }
 
+/// Operating system of a dynamic platform's instances, told by the platform name as the Go
+/// controller tells it (`windows*`, `macos*`, anything else is Linux).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum HostOs {
+    /// Build users are created and removed over SSH with POSIX scripts.
+    #[default]
+    Linux,
+    /// The operator's user-data creates `konflux-builder` and leaves its private key at
+    /// `C:\Users\Administrator\konflux-builder`; the controller hands that key out.
+    Windows,
+    /// Like Windows, on a dedicated host; the key is at `/Users/ec2-user/konflux-builder`.
+    MacOs,
+}
+
+impl HostOs {
+    /// The OS of `platform`'s instances.
+    pub fn of(platform: &Platform) -> Self {
+        let p = platform.as_str();
+        if p.starts_with("windows") {
+            Self::Windows
+        } else if p.starts_with("macos") {
+            Self::MacOs
+        } else {
+            Self::Linux
+        }
+    }
+
+    /// True when the instance's user-data makes the build user and its key, which the
+    /// controller only hands out (no build user is created or removed).
+    pub fn hands_off_key(self) -> bool {
+        self != Self::Linux
+    }
+
+    /// The login the controller uses with the platform's `ssh-secret`; `None` for Linux (the
+    /// `user` key decides).
+    pub fn admin_user(self) -> Option<&'static str> {
+        match self {
+            Self::Linux => None,
+            Self::Windows => Some("Administrator"),
+            Self::MacOs => Some("ec2-user"),
+        }
+    }
+
+    /// Lower-case name, for reports and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Linux => "linux",
+            Self::Windows => "windows",
+            Self::MacOs => "macos",
+        }
+    }
+}
+
+/// Where macOS instances are placed: a dedicated host of a host resource group, licensed by a
+/// License Manager configuration (`tenancy`, `host-resource-group-arn`,
+/// `license-configuration-arn`, all three or none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedicatedHost {
+    /// `Placement.Tenancy` (`host`).
+    pub tenancy: String,
+    /// `Placement.HostResourceGroupArn`.
+    pub host_resource_group_arn: String,
+    /// `LicenseSpecifications[0].LicenseConfigurationArn`.
+    pub license_configuration_arn: String,
+}
+
 /// A dynamic platform: one cloud instance per TaskRun (also the instance template of a pool).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DynamicPlatform {
@@ -166,6 +232,10 @@ pub struct DynamicPlatform {
     pub host_key_policy: HostKeyPolicy,
     /// Instance metadata service options.
     pub imds: ImdsOptions,
+    /// Operating system of the instances (from the platform name).
+    pub os: HostOs,
+    /// Dedicated-host placement (macOS only).
+    pub dedicated_host: Option<DedicatedHost>,
 }
 
 /// A dynamic pool: instances shared by up to `concurrency` TaskRuns each.

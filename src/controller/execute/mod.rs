@@ -450,10 +450,10 @@ async fn act(ctx: &Context, kind: &'static str, action: Action) -> Vec<Event> {
             host,
             rearm,
         } => {
-            let r =
-                tokio::time::timeout(ssh_limit, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
-                    .await
-                    .unwrap_or(Err(ssh::ProvisionFailure::TimedOut(ssh_limit)));
+            let limit = ssh::provision_limit(&host, ssh_limit);
+            let r = tokio::time::timeout(limit, ssh::provision(ctx, op.0, &taskrun, &host, rearm))
+                .await
+                .unwrap_or(Err(ssh::ProvisionFailure::TimedOut(limit)));
             match r {
                 Ok(otp) => vec![Event::Provisioned { op, otp }],
                 Err(failure) => {

@@ -10,9 +10,11 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{Context, kube as k8s};
-use crate::config::StaticHost;
+use crate::config::{DynamicPlatform, HostOs, StaticHost};
 use crate::otp::OtpClientError;
-use crate::provision::{HostUser, ProvisionError, ProvisionRequest, Target, Zeroizing};
+use crate::provision::{
+    HostUser, KeyHandOff, ProvisionError, ProvisionRequest, Readiness, Target, Zeroizing,
+};
 use crate::scheduler::{Blame, HostRef, RemoteUser, TaskRunRef};
 
 /// Why [`provision`] failed, with whose fault it is ([`ProvisionFailure::blame`]).
@@ -131,6 +133,13 @@ pub async fn provision(
                 .await
                 .map_err(ProvisionFailure::AdminKey)?;
             let admin_key = clock.since_start();
+            if let Some((os, template)) = hand_off_os(host) {
+                let key = hand_off(ctx, os, template, &target).await?;
+                let ssh = clock.since_start() - admin_key;
+                ctx.known_hosts.record(ctx, &target).await;
+                let known_host = clock.since_start() - admin_key - ssh;
+                return Ok::<_, ProvisionFailure>((key, [admin_key, 0, ssh, known_host]));
+            }
             let _permit = ctx.limits.ssh.acquire().await;
             let ssh_permit = clock.since_start() - admin_key;
             // Key type and slice caps as the host-config says now for the host or platform.
@@ -153,10 +162,13 @@ pub async fn provision(
             // instance's address next.
             ctx.known_hosts.record(ctx, &target).await;
             let known_host = clock.since_start() - admin_key - ssh_permit - ssh;
-            Ok::<_, ProvisionFailure>((provisioned, [admin_key, ssh_permit, ssh, known_host]))
+            Ok::<_, ProvisionFailure>((
+                provisioned.private_key,
+                [admin_key, ssh_permit, ssh, known_host],
+            ))
         }
     );
-    let (provisioned, [admin_key, ssh_permit, ssh, known_host]) = ssh_part?;
+    let (private_key, [admin_key, ssh_permit, ssh, known_host]) = ssh_part?;
     let (t, taskrun_read) = t;
     let t = t.map_err(ProvisionFailure::TaskRun)?;
     let rearms_left = rearms_left(&t);
@@ -172,7 +184,7 @@ pub async fn provision(
             // The token is named by owner: the controller never reads it back from the secret.
             rearm,
             rearms_left,
-            provisioned.private_key.as_bytes(),
+            private_key.as_bytes(),
         )
         .await
         .map_err(ProvisionFailure::Otp)?;
@@ -198,6 +210,53 @@ pub async fn provision(
 /// one too few refuses the redeem of the retry still to start.
 fn rearms_left(t: &crate::controller::taskrun::TaskRun) -> u32 {
     t.spec.retries.saturating_sub(t.status.retries)
+}
+
+/// The OS of an instance whose user-data makes the build user and its key (Windows, macOS):
+/// those get the key hand-off instead of a build user.
+fn hand_off_os(host: &HostRef) -> Option<(HostOs, &DynamicPlatform)> {
+    match host {
+        HostRef::Instance { template, .. } if template.os.hands_off_key() => {
+            Some((template.os, template))
+        }
+        _ => None,
+    }
+}
+
+/// How long provisioning on `host` may take: the key hand-off waits for the key file up to the
+/// platform's allocation timeout (boots of 6-20 min, a reboot among them); everything else gets
+/// `ssh_limit`.
+pub fn provision_limit(host: &HostRef, ssh_limit: Duration) -> Duration {
+    match hand_off_os(host) {
+        Some((_, template)) => template.allocation_timeout.max(ssh_limit),
+        None => ssh_limit,
+    }
+}
+
+/// Longest pause between probes of the key file.
+const HAND_OFF_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Waits for the key file (holding no SSH permit: that can take the whole allocation timeout),
+/// then reads and removes it under one.
+async fn hand_off(
+    ctx: &Context,
+    os: HostOs,
+    template: &DynamicPlatform,
+    target: &Target,
+) -> Result<Zeroizing<String>, ProvisionError> {
+    let handoff = KeyHandOff::new(ctx.provisioner.connections());
+    let readiness = Readiness {
+        deadline: std::time::Instant::now() + template.allocation_timeout,
+        interval: template.check_interval.min(HAND_OFF_PROBE_INTERVAL),
+    };
+    let connections = ctx.provisioner.connections();
+    let probes = handoff
+        .wait_ready(connections, os, target, readiness)
+        .await?;
+    let _permit = ctx.limits.ssh.acquire().await;
+    let key = handoff.take_key(connections, os, target).await?;
+    tracing::info!(host = %target.id, platform = %template.platform, probes, "key handed off");
+    Ok(key)
 }
 
 /// Microseconds between successive steps.
@@ -231,6 +290,10 @@ pub async fn deprovision(
     user: &RemoteUser,
     host: &HostRef,
 ) -> Result<(), HostError> {
+    // No build user was made there, and the instance is terminated.
+    if hand_off_os(host).is_some() {
+        return Ok(());
+    }
     let target = target(ctx, host).await?;
     let _permit = ctx.limits.ssh.acquire().await;
     Ok(ctx.provisioner.deprovision(&target, &user.name()).await?)
