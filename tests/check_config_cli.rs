@@ -34,7 +34,19 @@ fn row<'a>(out: &'a str, platform: &str) -> Vec<&'a str> {
 #[test]
 fn production_config_passes_with_every_platform_and_its_capacity() {
     let (code, out, err) = check_config(&[&fixture("konflux-production.yaml")]);
-    assert_eq!(code, Some(0), "{out}{err}");
+    // The Go controller's instance-tag rule (pkg/config/validation.go) rejects one platform of
+    // this production config; it is refused here for the same reason, and only it.
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert_eq!(
+        row(&out, "linux-g64xlarge/amd64")[1],
+        "disabled",
+        "{out}"
+    );
+    assert!(
+        out.contains("instance type mismatch: key has 'g64xlarge', value has 'g6xlarge'"),
+        "{out}"
+    );
+    assert_eq!(out.matches("  disabled  ").count(), 1, "{out}");
     assert!(
         out.contains("konflux-production.yaml: 37 platform(s)"),
         "{out}"
@@ -79,7 +91,7 @@ fn production_config_passes_with_every_platform_and_its_capacity() {
                 && w.contains(".host-key: not set")),
         "{out}"
     );
-    assert!(out.contains("\nerrors: 0"), "{out}");
+    assert!(out.contains("\nerrors: 1"), "{out}");
 }
 
 #[test]
