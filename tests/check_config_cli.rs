@@ -34,19 +34,7 @@ fn row<'a>(out: &'a str, platform: &str) -> Vec<&'a str> {
 #[test]
 fn production_config_passes_with_every_platform_and_its_capacity() {
     let (code, out, err) = check_config(&[&fixture("konflux-production.yaml")]);
-    // The Go controller's instance-tag rule (pkg/config/validation.go) rejects one platform of
-    // this production config; it is refused here for the same reason, and only it.
-    assert_eq!(code, Some(1), "{out}{err}");
-    assert_eq!(
-        row(&out, "linux-g64xlarge/amd64")[1],
-        "disabled",
-        "{out}"
-    );
-    assert!(
-        out.contains("instance type mismatch: key has 'g64xlarge', value has 'g6xlarge'"),
-        "{out}"
-    );
-    assert_eq!(out.matches("  disabled  ").count(), 1, "{out}");
+    assert_eq!(code, Some(0), "{out}{err}");
     assert!(
         out.contains("konflux-production.yaml: 37 platform(s)"),
         "{out}"
@@ -84,14 +72,22 @@ fn production_config_passes_with_every_platform_and_its_capacity() {
     let count: usize = count.parse().unwrap();
     let warnings: Vec<&str> = rest.lines().take(count).collect();
     assert!(count > 0, "{out}");
+    // And one for a tag the Go controller's instance-tag rule refuses (served here).
+    let (tag, keys): (Vec<&str>, Vec<&str>) = warnings
+        .iter()
+        .partition(|w| w.contains("invalid instance-tag"));
+    assert_eq!(tag.len(), 1, "{out}");
     assert!(
-        warnings
-            .iter()
+        tag[0].contains("instance type mismatch: key has 'g64xlarge', value has 'g6xlarge'"),
+        "{out}"
+    );
+    assert!(
+        keys.iter()
             .all(|w| w.trim_start().starts_with("warning: host.")
                 && w.contains(".host-key: not set")),
         "{out}"
     );
-    assert!(out.contains("\nerrors: 1"), "{out}");
+    assert!(out.contains("\nerrors: 0"), "{out}");
 }
 
 #[test]

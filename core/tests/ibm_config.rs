@@ -216,7 +216,7 @@ fn ibm_ssh_secret_must_name_the_architecture() {
 }
 
 #[test]
-fn instance_tag_rule_applies_to_every_dynamic_platform_aws_too() {
+fn go_instance_tag_rule_is_explained_for_every_dynamic_platform_aws_too() {
     let aws = |label: &str, tag: &str| -> Vec<(String, String)> {
         [
             ("type", "aws"),
@@ -250,40 +250,53 @@ fn instance_tag_rule_applies_to_every_dynamic_platform_aws_too() {
         "2".into(),
     );
     let parsed = parse(&d);
-    let e = errors(&parsed, "dynamic.linux-arm64.instance-tag");
-    assert_eq!(e.len(), 1, "{:#?}", parsed.diagnostics);
+    // Production EC2 platforms break the rule, so for EC2 it is a warning that says what Go does.
+    let w = warnings(&parsed, "dynamic.linux-arm64.instance-tag");
+    assert_eq!(w.len(), 1, "{:#?}", parsed.diagnostics);
     assert!(
-        e[0].message
-            .contains("platform mismatch: key has 'arm64', value has 'amd64'"),
+        w[0].message
+            .contains("platform mismatch: key has 'arm64', value has 'amd64'")
+            && w[0]
+                .message
+                .contains("the Go controller disables this platform"),
         "{}",
-        e[0].message
+        w[0].message
     );
-    assert!(parsed.config.disabled.contains_key(&p("linux/arm64")));
-    let e = errors(&parsed, "dynamic.linux-c4xlarge-amd64.instance-tag");
+    let w = warnings(&parsed, "dynamic.linux-c4xlarge-amd64.instance-tag");
     assert!(
-        e[0].message
+        w[0].message
             .contains("instance type mismatch: key has 'c4xlarge', value has 'c8xlarge'"),
         "{}",
-        e[0].message
+        w[0].message
     );
-    assert!(
-        parsed
-            .config
-            .disabled
-            .contains_key(&p("linux-c4xlarge/amd64"))
+    assert!(parsed.config.dynamic.contains_key(&p("linux/arm64")));
+    assert!(parsed.config.pools.contains_key(&p("linux-c4xlarge/amd64")));
+    // Matching tags (instance-type parts in any order) get no word.
+    for label in ["linux-m2xlarge-arm64", "linux-d160-m4xlarge-amd64"] {
+        assert!(
+            warnings(&parsed, &format!("dynamic.{label}.instance-tag")).is_empty(),
+            "{label}"
+        );
+    }
+    assert_eq!(
+        parsed.of(Severity::Error).count(),
+        0,
+        "{:#?}",
+        parsed.diagnostics
     );
-    // Matching tags (instance-type parts in any order) stay enabled.
+}
+
+#[test]
+fn ibm_instance_tag_rule_disables_the_ibm_platform() {
+    let mut pairs = clean();
+    pairs.retain(|(k, _)| *k != "dynamic.linux-ppc64le.instance-tag");
+    pairs.push(("dynamic.linux-ppc64le.instance-tag", "stage-s390x"));
+    let parsed = parse(&data(&pairs));
+    let e = errors(&parsed, "dynamic.linux-ppc64le.instance-tag");
+    assert_eq!(e.len(), 1, "{:#?}", parsed.diagnostics);
     assert!(
-        parsed
-            .config
-            .dynamic
-            .contains_key(&p("linux-m2xlarge/arm64"))
-    );
-    assert!(
-        parsed
-            .config
-            .dynamic
-            .contains_key(&p("linux-d160-m4xlarge/amd64"))
+        parsed.config.disabled[&p("linux/ppc64le")]
+            .contains("platform mismatch: key has 'ppc64le', value has 's390x'")
     );
 }
 

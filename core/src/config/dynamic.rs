@@ -157,16 +157,16 @@ pub(super) fn parse_dynamic(
     let instance_profile_name = optional_token("instance-profile-name", sink);
     let instance_profile_arn = optional_token("instance-profile-arn", sink);
     let instance_tag = optional_token("instance-tag", sink);
-    // The Go controller's rule for every cloud: the tag names the platform key's parts.
+    // The Go controller's rule for every cloud: the tag names the platform key's parts. Running
+    // EC2 platforms (production's among them) break it, so here it warns instead of disabling.
     if let Some(t) = &instance_tag
         && let Err(e) = super::ibm::validate_instance_tag(&platform.label_value(), t)
     {
-        sink.error(
+        sink.warn(
             &key("instance-tag"),
             Some(t),
-            format!("invalid instance-tag '{t}': {e}"),
+            format!("invalid instance-tag '{t}': {e} (the Go controller disables this platform for it; this one serves it)"),
         );
-        ok = false;
     }
 
     let mut check = |field: &str, r: Result<(), values::ValueError>, sink: &mut Sink| {
