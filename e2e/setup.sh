@@ -12,7 +12,8 @@
 #   - at and cron (a build user's at jobs and crontab must not survive its cleanup)
 #   - cargo-deny (licence, ban and source checks of the dependency graph), built with
 #     `cargo install --locked` when missing
-#   - a Python venv with moto[server] (the EC2 emulator)
+#   - a Python venv with moto[server] (the EC2 emulator) and IBM's ibm-vpc and ibm-cloud-sdk-core SDKs
+#     (they check the IBM emulator)
 # Fails, naming what is missing, when a tool is still missing or too old afterwards.
 # Prints the moto venv path at the end. Honours MPC_E2E_HOME (default ~/.cache/mpc-e2e).
 set -euo pipefail

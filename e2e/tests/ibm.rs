@@ -259,3 +259,56 @@ async fn power_vs_create_resize_with_conflicts_delete_and_token_expiry() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(emu.live_instances(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_emulator_prints_its_urls_and_key_and_serves_them() {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e"))
+        .args(["ibm-emulator", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the emulator prints within 30 s")
+            .unwrap()
+            .expect("four lines");
+        got.push(line);
+    }
+    let [vpc, power, iam, key] = &got[..] else {
+        unreachable!()
+    };
+    assert!(
+        vpc.starts_with("http://127.0.0.1:") && vpc.ends_with("/v1"),
+        "{got:?}"
+    );
+    assert!(power.starts_with("http://127.0.0.1:"), "{got:?}");
+    assert_eq!(key, ibm_emulator::API_KEY);
+    let c = reqwest_like::Http::new();
+    let body = format!("grant_type=urn%3Aibm%3Aparams%3Aoauth%3Agrant-type%3Aapikey&apikey={key}");
+    let (s, v) = c
+        .call(
+            "POST",
+            &format!("{iam}/identity/token"),
+            &[("content-type", "application/x-www-form-urlencoded")],
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let auth = format!("Bearer {}", v["access_token"].as_str().unwrap());
+    let (s, v) = c
+        .call(
+            "GET",
+            &format!("{vpc}/vpcs?version=2024-01-01&generation=2"),
+            &[("authorization", auth.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["vpcs"][0]["name"], ibm_emulator::VPC_NAME);
+    child.kill().await.unwrap();
+}
