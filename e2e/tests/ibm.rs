@@ -312,3 +312,61 @@ async fn standalone_emulator_prints_its_urls_and_key_and_serves_them() {
     assert_eq!(v["vpcs"][0]["name"], ibm_emulator::VPC_NAME);
     child.kill().await.unwrap();
 }
+
+/// The provider's IAM token source against the emulator: one fetch for many concurrent callers,
+/// and after every token expired (a 401 mid-flight) exactly one refetch.
+#[tokio::test(flavor = "multi_thread")]
+async fn iam_token_is_fetched_once_and_refreshed_once_after_a_401() {
+    mpc::tls::install_crypto_provider();
+    let emu = emulator(Behaviour::default()).await;
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let iam = std::sync::Arc::new(
+        mpc::cloud::ibm::iam::Iam::new(
+            &emu.iam_url(),
+            ibm_emulator::API_KEY.to_owned(),
+            tls.clone(),
+        )
+        .unwrap(),
+    );
+    let tokens = futures::future::join_all((0..16).map(|_| {
+        let iam = iam.clone();
+        async move { iam.token().await.unwrap().to_string() }
+    }))
+    .await;
+    assert!(tokens.iter().all(|t| *t == tokens[0]));
+    assert_eq!(emu.token_requests(), 1);
+
+    let c = reqwest_like::Http::new();
+    let vpcs = format!("{}/vpcs?version=2024-01-01&generation=2", emu.vpc_url());
+    let auth = format!("Bearer {}", tokens[0]);
+    let (s, _) = c
+        .call("GET", &vpcs, &[("authorization", auth.as_str())], None)
+        .await;
+    assert_eq!(s, 200);
+    emu.expire_tokens();
+    let (s, _) = c
+        .call("GET", &vpcs, &[("authorization", auth.as_str())], None)
+        .await;
+    assert_eq!(s, 401);
+    // Several callers saw the 401 with the same token: one refetch between them.
+    for _ in 0..3 {
+        iam.invalidate(&tokens[0]).await;
+    }
+    let fresh = iam.token().await.unwrap().to_string();
+    iam.invalidate(&tokens[0]).await;
+    assert_eq!(iam.token().await.unwrap().as_str(), fresh);
+    assert_ne!(fresh, tokens[0]);
+    assert_eq!(emu.token_requests(), 2);
+    let auth = format!("Bearer {fresh}");
+    let (s, _) = c
+        .call("GET", &vpcs, &[("authorization", auth.as_str())], None)
+        .await;
+    assert_eq!(s, 200);
+
+    // A wrong key is an error naming IAM's refusal, not a panic or a retry loop.
+    let bad = mpc::cloud::ibm::iam::Iam::new(&emu.iam_url(), "wrong".to_owned(), tls).unwrap();
+    let e = bad.token().await.unwrap_err();
+    assert!(e.to_string().contains("BXNIM0415E"), "{e}");
+}

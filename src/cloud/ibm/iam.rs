@@ -105,9 +105,10 @@ impl Iam {
     /// A token source for `iam_url` (e.g. `https://iam.cloud.ibm.com`), trusting `tls`.
     pub fn new(
         iam_url: &str,
-        api_key: Zeroizing<String>,
+        api_key: impl Into<Zeroizing<String>>,
         tls: rustls::ClientConfig,
     ) -> Result<Self, IamError> {
+        let api_key = api_key.into();
         let base = iam_url.trim_end_matches('/');
         if !(base.starts_with("https://") || loopback_http(base)) {
             return Err(IamError::InvalidUrl(iam_url.to_owned()));
