@@ -370,3 +370,90 @@ async fn iam_token_is_fetched_once_and_refreshed_once_after_a_401() {
     let e = bad.token().await.unwrap_err();
     assert!(e.to_string().contains("BXNIM0415E"), "{e}");
 }
+
+/// Prefix-sharing tags never count each other, every page is read, and a 401 mid-listing is
+/// survived with one refetch.
+#[tokio::test(flavor = "multi_thread")]
+async fn vpc_listing_counts_exact_names_across_pages_and_survives_token_expiry() {
+    mpc::tls::install_crypto_provider();
+    let emu = emulator(Behaviour::default()).await;
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let iam = std::sync::Arc::new(
+        mpc::cloud::ibm::iam::Iam::new(
+            &emu.iam_url(),
+            ibm_emulator::API_KEY.to_owned(),
+            tls.clone(),
+        )
+        .unwrap(),
+    );
+    let c = reqwest_like::Http::new();
+    let token = iam.token().await.unwrap().to_string();
+    let auth = format!("Bearer {token}");
+    let create = |name: String| {
+        json!({
+            "name": name, "zone": {"name": ibm_emulator::ZONE}, "vpc": {"id": "r014-vpc-1"},
+            "image": {"id": ibm_emulator::IMAGE_ID}, "profile": {"name": "bz2-1x4"},
+            "primary_network_attachment": {"virtual_network_interface": {"subnet": {"id": "subnet-1"}}},
+        })
+        .to_string()
+    };
+    let url = format!(
+        "{}/instances?version=2024-11-12&generation=2",
+        emu.vpc_url()
+    );
+    for i in 0..57u64 {
+        let tag = if i % 3 == 0 {
+            "prod-s390x-large"
+        } else {
+            "prod-s390x"
+        };
+        let name = mpc::config::ibm::instance_name(tag, i).unwrap();
+        let (s, v) = c
+            .call(
+                "POST",
+                &url,
+                &[
+                    ("authorization", auth.as_str()),
+                    ("content-type", "application/json"),
+                ],
+                Some(create(name)),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    // An instance whose name merely starts with the tag is not ours.
+    let (s, _) = c
+        .call(
+            "POST",
+            &url,
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ],
+            Some(create("prod-s390x-manual-test".into())),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let vpc = mpc::cloud::ibm::vpc::VpcClient::new(&emu.vpc_url(), iam.clone(), tls).unwrap();
+    emu.expire_tokens();
+    let small = vpc.instances_of("prod-s390x").await.unwrap();
+    let large = vpc.instances_of("prod-s390x-large").await.unwrap();
+    assert_eq!(small.len(), 38);
+    assert_eq!(large.len(), 19);
+    assert!(small.iter().all(|i| i.holds_capacity()));
+    assert_eq!(
+        emu.token_requests(),
+        2,
+        "one fetch, one refetch after the 401"
+    );
+    let pages = emu
+        .requests()
+        .iter()
+        .filter(|(m, p)| {
+            m == http::Method::GET && p.starts_with("/v1/instances?") && p.contains("start=")
+        })
+        .count();
+    assert!(pages >= 2, "the second page was read for each tag");
+}
