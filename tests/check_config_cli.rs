@@ -72,9 +72,17 @@ fn production_config_passes_with_every_platform_and_its_capacity() {
     let count: usize = count.parse().unwrap();
     let warnings: Vec<&str> = rest.lines().take(count).collect();
     assert!(count > 0, "{out}");
+    // And one for a tag the Go controller's instance-tag rule refuses (served here).
+    let (tag, keys): (Vec<&str>, Vec<&str>) = warnings
+        .iter()
+        .partition(|w| w.contains("invalid instance-tag"));
+    assert_eq!(tag.len(), 1, "{out}");
     assert!(
-        warnings
-            .iter()
+        tag[0].contains("instance type mismatch: key has 'g64xlarge', value has 'g6xlarge'"),
+        "{out}"
+    );
+    assert!(
+        keys.iter()
             .all(|w| w.trim_start().starts_with("warning: host.")
                 && w.contains(".host-key: not set")),
         "{out}"

@@ -62,6 +62,19 @@ const PLATFORMS: [&str; 6] = [
     "Bad/Platform",
 ];
 
+/// The per-platform tag of `label` in the Go controller's shape: `tag-<arch>[-<sorted type parts>]`.
+fn go_tag(label: &str) -> String {
+    let parts: Vec<&str> = label.split('-').collect();
+    let mut middle = parts[1..parts.len().saturating_sub(1).max(1)].to_vec();
+    middle.sort_unstable();
+    let mut tag = format!("tag-{}", parts[parts.len() - 1]);
+    for m in middle {
+        tag.push('-');
+        tag.push_str(m);
+    }
+    tag
+}
+
 fn dynamic(label: &str, ami: &str, max: u32, pool: Option<u32>) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = [
         ("type", "aws"),
@@ -70,7 +83,7 @@ fn dynamic(label: &str, ami: &str, max: u32, pool: Option<u32>) -> Vec<(String, 
         ("instance-type", "m6g.large"),
         ("aws-secret", "aws"),
         ("ssh-secret", "ssh"),
-        ("instance-tag", &format!("tag-{label}")),
+        ("instance-tag", &go_tag(label)),
     ]
     .iter()
     .map(|(f, v)| (format!("dynamic.{label}.{f}"), v.to_string()))
@@ -1521,7 +1534,7 @@ impl World {
                 let platform = Platform::parse(p).unwrap();
                 InstanceRecord {
                     id: id.clone(),
-                    instance_tag: format!("tag-{}", platform.label_value()),
+                    instance_tag: go_tag(&platform.label_value()),
                     ownership: Ownership::Foreign,
                     platform_label: Some(platform.label_value()),
                     owner: Some(format!("other-cluster-{id}")),

@@ -374,7 +374,7 @@ async fn dynamic(n: usize) -> anyhow::Result<()> {
     let admin = e2e::sshd::AdminKey::generate()?;
     let mut cfg = p.base_config();
     cfg.extend(
-        p.moto_platform(&fx, PLATFORM, &admin.private(), "bench-dynamic")
+        p.moto_platform(&fx, PLATFORM, &admin.private(), "bench-arm64")
             .await?,
     );
     p.set_config(&cfg).await?;

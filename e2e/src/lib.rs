@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod ec2_proxy;
+pub mod ibm_emulator;
 pub mod kubectl;
 pub mod kubelet;
 pub mod moto;

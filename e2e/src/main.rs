@@ -48,6 +48,13 @@ enum Cli {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
+    /// Start the IBM Cloud emulator (IAM, VPC, Power VS) and print its VPC, Power VS and IAM URLs
+    /// and the API key it accepts, one per line; runs until Ctrl-C.
+    IbmEmulator {
+        /// Loopback address to listen on.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
 }
 
 #[tokio::main]
@@ -59,6 +66,16 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse() {
+        Cli::IbmEmulator { listen } => {
+            let emu = e2e::ibm_emulator::IbmEmulator::start(listen, Default::default())
+                .await
+                .context("starting the IBM emulator")?;
+            println!("{}", emu.vpc_url());
+            println!("{}", emu.power_url());
+            println!("{}", emu.iam_url());
+            println!("{}", e2e::ibm_emulator::API_KEY);
+            tokio::signal::ctrl_c().await?;
+        }
         Cli::Try {
             mpc,
             hosts,

@@ -608,7 +608,7 @@ async fn on_moto(
         .collect();
     let mut cfg = p.base_config();
     let cloud = p
-        .moto_platform(&fx, "linux/arm64", &admin.private(), "e2e-dynamic")
+        .moto_platform(&fx, "linux/arm64", &admin.private(), "e2e-arm64")
         .await
         .unwrap();
     for (k, v) in cloud {
@@ -729,7 +729,7 @@ async fn dynamic_platform_launches_probes_provisions_and_terminates() {
     );
     assert_eq!(
         t.get("multi-platform-instance").map(String::as_str),
-        Some("e2e-dynamic")
+        Some("e2e-arm64")
     );
     assert!(t.values().any(|v| v == "e2e-cluster"), "cluster tag: {t:?}");
     // The instance's host key, learned on first contact, is where every replica reads it.

@@ -210,7 +210,7 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
     // 127.0.0.0/8 is all loopback; nothing listens on this address.
     cfg.extend(static_host("dead", "127.0.3.251", 1, "linux/s390x"));
     cfg.extend(
-        p.moto_platform(&fx, "linux/ppc64le", b"unused", "e2e-monitoring")
+        p.moto_platform(&fx, "linux/ppc64le", b"unused", "e2e-ppc64le")
             .await
             .unwrap(),
     );

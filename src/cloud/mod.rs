@@ -34,6 +34,7 @@ pub mod aws;
 pub mod batch;
 pub mod credentials;
 pub mod error;
+pub mod ibm;
 pub mod instance;
 pub mod launch;
 pub mod metrics;

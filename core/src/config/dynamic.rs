@@ -80,6 +80,17 @@ pub(super) fn parse_dynamic(
     global_tag: Option<&str>,
     sink: &mut Sink,
 ) -> Option<(DynamicPlatform, Option<PoolFields>, BuildUserSettings)> {
+    if let Some(ibm) = f
+        .get("type")
+        .and_then(|t| super::ibm::IbmKind::from_type(t))
+    {
+        // IBM keys are not EC2's; a clean group is still disabled while the provider is missing.
+        if super::ibm::parse_ibm(platform, prefix, f, kind, ibm, global_tag, sink).is_some() {
+            let t = f.get("type").copied();
+            sink.error(&format!("{prefix}.type"), t, super::ibm::IBM_UNAVAILABLE);
+        }
+        return None;
+    }
     let mut ok = true;
     let key = |field: &str| format!("{prefix}.{field}");
     let os = HostOs::of(platform);
@@ -186,6 +197,17 @@ pub(super) fn parse_dynamic(
     let instance_profile_name = optional_token("instance-profile-name", sink);
     let instance_profile_arn = optional_token("instance-profile-arn", sink);
     let instance_tag = optional_token("instance-tag", sink);
+    // The Go controller's rule for every cloud: the tag names the platform key's parts. Running
+    // EC2 platforms (production's among them) break it, so here it warns instead of disabling.
+    if let Some(t) = &instance_tag
+        && let Err(e) = super::ibm::validate_instance_tag(&platform.label_value(), t)
+    {
+        sink.warn(
+            &key("instance-tag"),
+            Some(t),
+            format!("invalid instance-tag '{t}': {e} (the Go controller disables this platform for it; this one serves it)"),
+        );
+    }
 
     let mut check = |field: &str, r: Result<(), values::ValueError>, sink: &mut Sink| {
         if let Err(e) = r {

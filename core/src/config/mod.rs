@@ -11,6 +11,7 @@
 mod build_user;
 mod configmap;
 mod dynamic;
+pub mod ibm;
 mod last_good;
 mod parse;
 mod report;

@@ -1,0 +1,459 @@
+//! The IBM Cloud emulator, checked against IBM's own Python SDKs (`ibm-vpc`,
+//! `ibm-cloud-sdk-core`, installed by `e2e/setup.sh`), and its Power VS and fault behaviour.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use e2e::ibm_emulator::{self, Behaviour, Fault, FaultKind, IbmEmulator};
+use serde_json::{Value, json};
+
+fn venv_python() -> PathBuf {
+    let home = std::env::var_os("MPC_E2E_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/mpc-e2e")
+        });
+    home.join("venv/bin/python")
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+async fn emulator(b: Behaviour) -> IbmEmulator {
+    IbmEmulator::start(loopback(), b).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ibm_vpc_sdk_drives_the_emulator() {
+    let emu = emulator(Behaviour {
+        boot_delay: Duration::from_millis(300),
+        delete_delay: Duration::from_millis(300),
+        ..Behaviour::default()
+    })
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/src/ibm_emulator_sdk.py");
+    let python = venv_python();
+    assert!(
+        python.exists(),
+        "{} is missing: run e2e/setup.sh (it installs ibm-vpc into the venv)",
+        python.display()
+    );
+    let (vpc, iam) = (emu.vpc_url(), emu.iam_url());
+    let out = tokio::process::Command::new(&python)
+        .args([script, &vpc, &iam, ibm_emulator::API_KEY])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "SDK script failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let facts: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(facts["vpc"], ibm_emulator::VPC_NAME);
+    assert_eq!(facts["subnet"], ibm_emulator::SUBNET_NAME);
+    assert_eq!(facts["key"], ibm_emulator::KEY_NAME);
+    assert_eq!(facts["created"], 5);
+    assert_eq!(facts["first_status"], "pending");
+    assert_eq!(facts["pages"], 3, "5 instances, 2 a page: {facts}");
+    assert_eq!(facts["listed"], true);
+    assert_eq!(facts["pager"], 5);
+    assert_eq!(facts["booted_status"], "running");
+    assert!(facts["address"].as_str().unwrap().starts_with("10.240."));
+    assert_eq!(facts["deleting_status"], "deleting");
+    assert_eq!(facts["gone"], true);
+    assert_eq!(facts["left"], 0);
+    assert_eq!(emu.live_instances(), 0);
+    // One token for the whole run: the SDK caches it, as the provider must.
+    assert_eq!(emu.token_requests(), 1);
+    let reqs = emu.requests();
+    assert!(
+        reqs.iter()
+            .any(|(_, p)| p.starts_with("/v1/instances?") && p.contains("version=")),
+        "the SDK sends its API version: {reqs:?}"
+    );
+}
+
+struct Client {
+    http: reqwest_like::Http,
+}
+
+mod reqwest_like {
+    //! A tiny HTTP/1 client over hyper for the Power VS checks (no IBM SDK exists for it in
+    //! Python; the field names follow IBM's power-go-client models).
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    pub struct Http(Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>);
+
+    impl Http {
+        pub fn new() -> Self {
+            Self(Client::builder(TokioExecutor::new()).build_http())
+        }
+        pub async fn call(
+            &self,
+            method: &str,
+            url: &str,
+            headers: &[(&str, &str)],
+            body: Option<String>,
+        ) -> (u16, serde_json::Value) {
+            let mut b = http::Request::builder().method(method).uri(url);
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            let req = b
+                .body(Full::new(Bytes::from(body.unwrap_or_default())))
+                .unwrap();
+            let resp = self.0.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+            )
+        }
+    }
+}
+
+impl Client {
+    async fn token(&self, emu: &IbmEmulator) -> String {
+        let body = format!(
+            "grant_type=urn%3Aibm%3Aparams%3Aoauth%3Agrant-type%3Aapikey&apikey={}",
+            ibm_emulator::API_KEY
+        );
+        let (s, v) = self
+            .http
+            .call(
+                "POST",
+                &format!("{}/identity/token", emu.iam_url()),
+                &[("content-type", "application/x-www-form-urlencoded")],
+                Some(body),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v["access_token"].as_str().unwrap().to_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn power_vs_create_resize_with_conflicts_delete_and_token_expiry() {
+    let emu = emulator(Behaviour {
+        resize_conflicts: 2,
+        boot_delay: Duration::from_millis(100),
+        delete_delay: Duration::from_millis(100),
+        ..Behaviour::default()
+    })
+    .await;
+    let c = Client {
+        http: reqwest_like::Http::new(),
+    };
+    let token = c.token(&emu).await;
+    let auth = format!("Bearer {token}");
+    let base = format!(
+        "{}/pcloud/v1/cloud-instances/{}",
+        emu.power_url(),
+        ibm_emulator::POWER_CLOUD_ID
+    );
+    let h = [
+        ("authorization", auth.as_str()),
+        ("crn", ibm_emulator::POWER_CRN),
+        ("content-type", "application/json"),
+    ];
+    // Without the CRN header: refused.
+    let (s, _) = c
+        .http
+        .call("GET", &format!("{base}/pvm-instances"), &h[..1], None)
+        .await;
+    assert_eq!(s, 403);
+    let create = json!({
+        "serverName": "stage-ppc64le-0123456789abcdefx",
+        "imageID": ibm_emulator::POWER_IMAGE_NAME,
+        "processors": 0.25, "memory": 2.0, "procType": "shared", "sysType": "e980",
+        "keyPairName": "konflux-infra",
+        "networks": [{"networkID": ibm_emulator::POWER_NETWORK_ID}],
+    });
+    let (s, v) = c
+        .http
+        .call(
+            "POST",
+            &format!("{base}/pvm-instances"),
+            &h,
+            Some(create.to_string()),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let vm = &v.as_array().expect("POST answers an array")[0];
+    let id = vm["pvmInstanceID"].as_str().unwrap().to_owned();
+    let vol = vm["volumeIDs"][0].as_str().unwrap().to_owned();
+    assert_eq!(vm["status"], "BUILD");
+    // The boot volume resize answers conflicts before it succeeds.
+    let mut conflicts = 0;
+    loop {
+        let (s, v) = c
+            .http
+            .call(
+                "PUT",
+                &format!("{base}/volumes/{vol}"),
+                &h,
+                Some(json!({"size": 100.0}).to_string()),
+            )
+            .await;
+        if s == 409 {
+            conflicts += 1;
+            continue;
+        }
+        assert_eq!(s, 200, "{v}");
+        break;
+    }
+    assert_eq!(conflicts, 2);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (s, v) = c
+        .http
+        .call("GET", &format!("{base}/pvm-instances/{id}"), &h, None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["status"], "ACTIVE");
+    assert_eq!(v["health"]["status"], "OK");
+    assert_eq!(v["diskSize"], 100.0);
+    // An expired token is refused with 401.
+    emu.expire_tokens();
+    let (s, v) = c
+        .http
+        .call("GET", &format!("{base}/pvm-instances/{id}"), &h, None)
+        .await;
+    assert_eq!(s, 401, "{v}");
+    let token = c.token(&emu).await;
+    let auth = format!("Bearer {token}");
+    let h = [
+        ("authorization", auth.as_str()),
+        ("crn", ibm_emulator::POWER_CRN),
+    ];
+    // Deleting without the data volumes is refused (it would leak them).
+    let (s, _) = c
+        .http
+        .call("DELETE", &format!("{base}/pvm-instances/{id}"), &h, None)
+        .await;
+    assert_eq!(s, 400);
+    // A 5xx fault, then the real delete.
+    emu.inject(Fault {
+        method: http::Method::DELETE,
+        path: "/pvm-instances/".into(),
+        times: 1,
+        kind: FaultKind::Status(503),
+    });
+    let url = format!("{base}/pvm-instances/{id}?delete_data_volumes=true");
+    let (s, _) = c.http.call("DELETE", &url, &h, None).await;
+    assert_eq!(s, 503);
+    let (s, _) = c.http.call("DELETE", &url, &h, None).await;
+    assert_eq!(s, 200);
+    let (_, v) = c
+        .http
+        .call("GET", &format!("{base}/pvm-instances/{id}"), &h, None)
+        .await;
+    assert_eq!(v["status"], "DELETING");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(emu.live_instances(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_emulator_prints_its_urls_and_key_and_serves_them() {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e"))
+        .args(["ibm-emulator", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the emulator prints within 30 s")
+            .unwrap()
+            .expect("four lines");
+        got.push(line);
+    }
+    let [vpc, power, iam, key] = &got[..] else {
+        unreachable!()
+    };
+    assert!(
+        vpc.starts_with("http://127.0.0.1:") && vpc.ends_with("/v1"),
+        "{got:?}"
+    );
+    assert!(power.starts_with("http://127.0.0.1:"), "{got:?}");
+    assert_eq!(key, ibm_emulator::API_KEY);
+    let c = reqwest_like::Http::new();
+    let body = format!("grant_type=urn%3Aibm%3Aparams%3Aoauth%3Agrant-type%3Aapikey&apikey={key}");
+    let (s, v) = c
+        .call(
+            "POST",
+            &format!("{iam}/identity/token"),
+            &[("content-type", "application/x-www-form-urlencoded")],
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let auth = format!("Bearer {}", v["access_token"].as_str().unwrap());
+    let (s, v) = c
+        .call(
+            "GET",
+            &format!("{vpc}/vpcs?version=2024-01-01&generation=2"),
+            &[("authorization", auth.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["vpcs"][0]["name"], ibm_emulator::VPC_NAME);
+    child.kill().await.unwrap();
+}
+
+/// The provider's IAM token source against the emulator: one fetch for many concurrent callers,
+/// and after every token expired (a 401 mid-flight) exactly one refetch.
+#[tokio::test(flavor = "multi_thread")]
+async fn iam_token_is_fetched_once_and_refreshed_once_after_a_401() {
+    mpc::tls::install_crypto_provider();
+    let emu = emulator(Behaviour::default()).await;
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let iam = std::sync::Arc::new(
+        mpc::cloud::ibm::iam::Iam::new(
+            &emu.iam_url(),
+            ibm_emulator::API_KEY.to_owned(),
+            tls.clone(),
+        )
+        .unwrap(),
+    );
+    let tokens = futures::future::join_all((0..16).map(|_| {
+        let iam = iam.clone();
+        async move { iam.token().await.unwrap().to_string() }
+    }))
+    .await;
+    assert!(tokens.iter().all(|t| *t == tokens[0]));
+    assert_eq!(emu.token_requests(), 1);
+
+    let c = reqwest_like::Http::new();
+    let vpcs = format!("{}/vpcs?version=2024-01-01&generation=2", emu.vpc_url());
+    let auth = format!("Bearer {}", tokens[0]);
+    let (s, _) = c
+        .call("GET", &vpcs, &[("authorization", auth.as_str())], None)
+        .await;
+    assert_eq!(s, 200);
+    emu.expire_tokens();
+    let (s, _) = c
+        .call("GET", &vpcs, &[("authorization", auth.as_str())], None)
+        .await;
+    assert_eq!(s, 401);
+    // Several callers saw the 401 with the same token: one refetch between them.
+    for _ in 0..3 {
+        iam.invalidate(&tokens[0]).await;
+    }
+    let fresh = iam.token().await.unwrap().to_string();
+    iam.invalidate(&tokens[0]).await;
+    assert_eq!(iam.token().await.unwrap().as_str(), fresh);
+    assert_ne!(fresh, tokens[0]);
+    assert_eq!(emu.token_requests(), 2);
+    let auth = format!("Bearer {fresh}");
+    let (s, _) = c
+        .call("GET", &vpcs, &[("authorization", auth.as_str())], None)
+        .await;
+    assert_eq!(s, 200);
+
+    // A wrong key is an error naming IAM's refusal, not a panic or a retry loop.
+    let bad = mpc::cloud::ibm::iam::Iam::new(&emu.iam_url(), "wrong".to_owned(), tls).unwrap();
+    let e = bad.token().await.unwrap_err();
+    assert!(e.to_string().contains("BXNIM0415E"), "{e}");
+}
+
+/// Prefix-sharing tags never count each other, every page is read, and a 401 mid-listing is
+/// survived with one refetch.
+#[tokio::test(flavor = "multi_thread")]
+async fn vpc_listing_counts_exact_names_across_pages_and_survives_token_expiry() {
+    mpc::tls::install_crypto_provider();
+    let emu = emulator(Behaviour::default()).await;
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let iam = std::sync::Arc::new(
+        mpc::cloud::ibm::iam::Iam::new(
+            &emu.iam_url(),
+            ibm_emulator::API_KEY.to_owned(),
+            tls.clone(),
+        )
+        .unwrap(),
+    );
+    let c = reqwest_like::Http::new();
+    let token = iam.token().await.unwrap().to_string();
+    let auth = format!("Bearer {token}");
+    let create = |name: String| {
+        json!({
+            "name": name, "zone": {"name": ibm_emulator::ZONE}, "vpc": {"id": "r014-vpc-1"},
+            "image": {"id": ibm_emulator::IMAGE_ID}, "profile": {"name": "bz2-1x4"},
+            "primary_network_attachment": {"virtual_network_interface": {"subnet": {"id": "subnet-1"}}},
+        })
+        .to_string()
+    };
+    let url = format!(
+        "{}/instances?version=2024-11-12&generation=2",
+        emu.vpc_url()
+    );
+    for i in 0..57u64 {
+        let tag = if i % 3 == 0 {
+            "prod-s390x-large"
+        } else {
+            "prod-s390x"
+        };
+        let name = mpc::config::ibm::instance_name(tag, i).unwrap();
+        let (s, v) = c
+            .call(
+                "POST",
+                &url,
+                &[
+                    ("authorization", auth.as_str()),
+                    ("content-type", "application/json"),
+                ],
+                Some(create(name)),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    // An instance whose name merely starts with the tag is not ours.
+    let (s, _) = c
+        .call(
+            "POST",
+            &url,
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ],
+            Some(create("prod-s390x-manual-test".into())),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let vpc = mpc::cloud::ibm::vpc::VpcClient::new(&emu.vpc_url(), iam.clone(), tls).unwrap();
+    emu.expire_tokens();
+    let small = vpc.instances_of("prod-s390x").await.unwrap();
+    let large = vpc.instances_of("prod-s390x-large").await.unwrap();
+    assert_eq!(small.len(), 38);
+    assert_eq!(large.len(), 19);
+    assert!(small.iter().all(|i| i.holds_capacity()));
+    assert_eq!(
+        emu.token_requests(),
+        2,
+        "one fetch, one refetch after the 401"
+    );
+    let pages = emu
+        .requests()
+        .iter()
+        .filter(|(m, p)| {
+            m == http::Method::GET && p.starts_with("/v1/instances?") && p.contains("start=")
+        })
+        .count();
+    assert!(pages >= 2, "the second page was read for each tag");
+}
