@@ -66,7 +66,8 @@ MUTANTS=(
     "recovery-verdict|src/controller/sources/recovery.rs|recovery|recovery takes any well-formed proof as valid instead of the verifier's verdict"
     "recovery-platform|core/src/scheduler/recovery.rs|core,model|recovery keeps a TaskRun on a host that does not serve its platform"
     "recovery-room|core/src/scheduler/recovery.rs|core,model|recovery puts one TaskRun more on a host than its concurrency"
-    "recovery-owner|core/src/scheduler/recovery.rs|core,model|recovery takes an instance whose owner tag names another TaskRun"
+    "recovery-owner|core/src/scheduler/recovery.rs|core,model|recovery adopts an unannotated launch whose owner tag names another TaskRun"
+    "recovery-annotated|core/src/scheduler/recovery.rs|core,model|recovery trusts a cloud-instance-id whose instance was launched for another TaskRun"
     "secret-refused|core/src/scheduler/mod.rs|core,model|a refused secret is not handed back to the scheduler (the host stays taken)"
     "pool-shared-user|core/src/scheduler/users.rs|core,model|two TaskRuns with one user name share a pool instance"
     "lease-cancel|src/controller/sources/lease.rs|lease|the elector does not cancel the term's token when its claim runs out"
@@ -136,6 +137,9 @@ mutant_strings() {
     recovery-owner)
         OLD=$'l.is_ours_for(&label)\n                        && l.owner.as_deref() == Some(rec.uid.as_str())'
         NEW='l.is_ours_for(&label)' ;;
+    recovery-annotated)
+        OLD='if l.belongs_to(rec) {'
+        NEW='if l.ownership != Ownership::Foreign {' ;;
     secret-refused)
         OLD='} => self.on_secret_refused(&taskrun, secret, &error, out),'
         NEW='} => { let _ = (taskrun, secret, error); }' ;;

@@ -691,3 +691,26 @@ fn a_listing_that_recovers_a_platform_counts_others_instances_before_serving_wai
     assert!(launches(&listed).is_empty(), "{listed:#?}");
     assert_eq!(h.s.gauges().platforms["linux/arm64"].foreign, 1);
 }
+
+/// Recovery adopts an unannotated launch (a crash between launch and annotation) only by this
+/// TaskRun's own UID in the owner tag: an instance of ours launched for another TaskRun is never
+/// taken over, and the TaskRun gets an instance of its own.
+#[test]
+fn an_unannotated_taskrun_never_takes_an_instance_tagged_for_another() {
+    let lost = rec("b", "linux/arm64");
+    let (_h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![lost],
+            instances: vec![instance("i-x", Some("uid-ns-someone-else"), START - 50)],
+            ..Default::default()
+        },
+    );
+    assert!(
+        records(&out, "b")
+            .iter()
+            .all(|r| r.instance_id.as_deref() != Some("i-x")),
+        "{out:#?}"
+    );
+    assert_eq!(launches(&out).len(), 1, "b launches its own: {out:#?}");
+}
