@@ -16,7 +16,10 @@
 //! Checked on every action: host and pool-instance concurrency, `max-instances` counting the
 //! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
 //! ([`Fairness`]), no action on another cluster's instance, no new TaskRun on a host while the
-//! back-off the scheduler announced for it lasts; at every finalizer removal: nothing
+//! back-off the scheduler announced for it lasts, no TaskRun provisioned on a host of another
+//! platform; in a recovery's actions: each static allocation it rebuilds within the host's
+//! concurrency, each dynamic instance it gives a TaskRun one the cloud shows launched for that
+//! TaskRun (tenants forge allocation labels, [`Cmd::Forge`]); at every finalizer removal: nothing
 //! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
 //! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
 //! up; after every step: the scheduler's own state invariants ([`Scheduler::check`]); after every
@@ -1732,9 +1735,10 @@ impl World {
             _ => "linux/arm64",
         };
         self.next += 1;
-        // A namespace of its own, sorted last: among unproven claims of one age, recovery may
-        // prefer an honest one (whose slot the model counts) over it.
-        let name = format!("forged-{}", self.next);
+        // A namespace of its own and a name sorted after every earlier one: among unproven
+        // claims of one age, recovery takes them in name order, and an honest one (whose slot
+        // the model counts) must come first.
+        let name = format!("forged-{:06}", self.next);
         self.create_as(platform, "tenant", &name);
         let Some(uid) = self.named("tenant", &name) else {
             return;
