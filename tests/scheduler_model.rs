@@ -16,7 +16,10 @@
 //! Checked on every action: host and pool-instance concurrency, `max-instances` counting the
 //! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
 //! ([`Fairness`]), no action on another cluster's instance, no new TaskRun on a host while the
-//! back-off the scheduler announced for it lasts; at every finalizer removal: nothing
+//! back-off the scheduler announced for it lasts, no TaskRun provisioned on a host of another
+//! platform; in a recovery's actions: each static allocation it rebuilds within the host's
+//! concurrency, each dynamic instance it gives a TaskRun one the cloud shows launched for that
+//! TaskRun (tenants forge allocation labels, [`Cmd::Forge`]); at every finalizer removal: nothing
 //! of the TaskRun remains (its user on the host it was placed on, an instance launched for it;
 //! its secret deleted before the removal lands) unless the scheduler reported giving its cleanup
 //! up; after every step: the scheduler's own state invariants ([`Scheduler::check`]); after every
@@ -197,6 +200,14 @@ enum Cmd {
         pool: bool,
         up: bool,
     },
+    /// A tenant creates a TaskRun whose labels claim an allocation recovery must not honour,
+    /// then the controller restarts: `kind` 0 a static host of another platform, 1 a static
+    /// host already full, 2 a dynamic instance launched for another TaskRun.
+    Forge {
+        kind: u8,
+        pick: u16,
+        flush: bool,
+    },
 }
 
 fn cmd() -> impl Strategy<Value = Cmd> {
@@ -214,6 +225,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => (0u8..3).prop_map(Cmd::Config),
         1 => Just(Cmd::Sweep),
         1 => (any::<bool>(), prop::bool::weighted(0.6)).prop_map(|(pool, up)| Cmd::Foreign { pool, up }),
+        1 => (0u8..3, any::<u16>(), any::<bool>()).prop_map(|(kind, pick, flush)| Cmd::Forge { kind, pick, flush }),
     ]
 }
 
@@ -535,6 +547,11 @@ struct World {
     /// The platform whose listing the last restart could not get, until a sweep lists it: its
     /// TaskRuns are held (as recorded, not un-gated) and its instances adopted only then.
     unlisted: Option<String>,
+    /// TaskRuns whose labels a tenant forged (until the scheduler records a placement of its
+    /// own): their claims prove nothing, so a restart does not count them as allocations.
+    forged: BTreeSet<String>,
+    /// The actions being applied are a recovery's.
+    recovering: bool,
 }
 
 fn trace() -> bool {
@@ -603,6 +620,8 @@ impl World {
             leaked: BTreeSet::new(),
             finalizing: Vec::new(),
             unlisted: None,
+            forged: BTreeSet::new(),
+            recovering: false,
             error_refused: BTreeSet::new(),
         };
         let mut out = Vec::new();
@@ -652,6 +671,28 @@ impl World {
             mpc::config::Strategy::DynamicPool(d) => Some(d.concurrency),
             _ => None,
         }
+    }
+
+    /// The platform a configured static host serves.
+    fn host_platform(&self, name: &str) -> Option<String> {
+        self.config()
+            .static_pools
+            .values()
+            .flat_map(|p| &p.hosts)
+            .find(|h| h.name == name)
+            .map(|h| h.platform.as_str().to_owned())
+    }
+
+    /// The platform a TaskRun asks for (its `PLATFORM` parameter).
+    fn taskrun_platform(&self, uid: &str) -> String {
+        self.taskruns[uid].obj["spec"]["params"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == contract::PLATFORM_PARAM)
+            .and_then(|p| p["value"].as_str())
+            .unwrap_or_default()
+            .to_owned()
     }
 
     fn host_concurrency(&self, name: &str) -> Option<u32> {
@@ -748,6 +789,19 @@ impl World {
                 ref placement,
             } => {
                 let uid = taskrun.uid().to_string();
+                // A dynamic instance recovery gives a TaskRun is one the cloud shows launched for
+                // it (its owner tag): never another TaskRun's, whatever the labels claim.
+                if self.recovering
+                    && let Some(id) = placement.instance_id.as_deref()
+                    && let Some(i) = self.instances.get(id)
+                    && self.pool_slots(&i.platform).is_none()
+                {
+                    assert!(
+                        i.owner == uid,
+                        "recovery placed {uid} on instance {id}, whose owner tag names {}",
+                        i.owner
+                    );
+                }
                 if let Some(label) = &placement.waiting_for_platform {
                     if self.creating.as_deref() == Some(uid.as_str()) {
                         let ns = taskrun.namespace().to_owned();
@@ -849,6 +903,23 @@ impl World {
                     self.taskruns.get(&uid).is_some_and(|t| !t.done),
                     "provisioning for a finished TaskRun {uid}"
                 );
+                let wants = self.taskrun_platform(&uid);
+                if let Some(serves) = self.host_platform(host.name()) {
+                    assert!(
+                        serves == wants,
+                        "{uid} of {wants} provisioned on {}, a host of {serves}",
+                        host.name()
+                    );
+                }
+                // Recovery rebuilds allocations without recording them again: one it takes
+                // counts here, within the host's concurrency (a forged claim is not counted
+                // before, so honouring it shows).
+                if self.recovering
+                    && let Some(limit) = self.host_concurrency(host.name())
+                    && let Err(e) = self.alloc.place(&uid, host.name(), limit)
+                {
+                    panic!("recovery: {e}");
+                }
                 self.pending.push(Pending::Provision {
                     op,
                     uid,
@@ -1129,6 +1200,8 @@ impl World {
                     json_patch(&mut t.obj, &record(maps))
                         .expect("a record patch with the maps the TaskRun has");
                 }
+                // Its allocation labels are the scheduler's from now on.
+                self.forged.remove(&uid);
                 self.watched(&uid).into_iter().collect()
             }
             Action::Ungate { taskrun } => {
@@ -1596,6 +1669,10 @@ impl World {
         let mut known = BTreeSet::new();
         let mut launched = BTreeMap::new();
         for (uid, t) in &self.taskruns {
+            if self.forged.contains(uid) {
+                // Claims only: what recovery makes of them it shows in its actions.
+                continue;
+            }
             let labels = &t.obj["metadata"]["labels"];
             let annotations = &t.obj["metadata"]["annotations"];
             let held = labels[contract::ASSIGNED_HOST_LABEL]
@@ -1645,7 +1722,94 @@ impl World {
         self.shown(None, &snap.instances);
         self.sched.recover(self.now, snap, &mut out);
         self.check_state(&out);
+        self.recovering = true;
         self.apply(out);
+        self.recovering = false;
+    }
+
+    /// A tenant's TaskRun with forged allocation labels (see [`Cmd::Forge`]), then a restart.
+    fn forge(&mut self, kind: u8, pick: u16, flush: bool) {
+        let platform = match kind {
+            0 => ["linux/arm64", "linux/amd64", "linux/riscv64"][pick as usize % 3],
+            1 => "linux/s390x",
+            _ => "linux/arm64",
+        };
+        self.next += 1;
+        // A namespace of its own and a name sorted after every earlier one: among unproven
+        // claims of one age, recovery takes them in name order, and an honest one (whose slot
+        // the model counts) must come first.
+        let name = format!("forged-{:06}", self.next);
+        self.create_as(platform, "tenant", &name);
+        let Some(uid) = self.named("tenant", &name) else {
+            return;
+        };
+        // What the scheduler did with it so far never happened (the labels are the tenant's).
+        self.kube.remove(&uid);
+        self.pending.retain(|p| match p {
+            Pending::Provision { uid: u, .. } => *u != uid,
+            Pending::Launch { owner, .. } => *owner != uid,
+            _ => true,
+        });
+        // Label load per host, as the restart will count it.
+        let mut load: BTreeMap<String, i64> = BTreeMap::new();
+        for (u, t) in &self.taskruns {
+            if let (false, Some(h)) = (
+                t.done || self.forged.contains(u),
+                t.obj["metadata"]["labels"][contract::ASSIGNED_HOST_LABEL].as_str(),
+            ) {
+                *load.entry(h.to_owned()).or_default() += 1;
+            }
+        }
+        let hosts: Vec<(String, i64)> = self
+            .config()
+            .static_pools
+            .values()
+            .flat_map(|p| &p.hosts)
+            .map(|h| {
+                let l = load.get(&h.name).copied().unwrap_or(0);
+                (h.name.clone(), l - i64::from(h.concurrency))
+            })
+            .collect();
+        let (label, value) = match kind {
+            // A host with room (the platform is the only rule that stops it), or a full one
+            // (the room rule is the only one): the one with the most room, or the fullest.
+            0 | 1 => {
+                let host = if kind == 0 {
+                    hosts.iter().min_by_key(|(_, over)| *over)
+                } else {
+                    hosts.iter().max_by_key(|(_, over)| *over)
+                };
+                let h = host.map_or_else(|| "h1".to_owned(), |(h, _)| h.clone());
+                (contract::ASSIGNED_HOST_LABEL, h)
+            }
+            _ => {
+                let others: Vec<&String> = self
+                    .instances
+                    .iter()
+                    .filter(|(_, i)| i.alive && i.owner != uid)
+                    .map(|(id, _)| id)
+                    .collect();
+                let id = if others.is_empty() {
+                    "i-unknown".to_owned()
+                } else {
+                    others[pick as usize % others.len()].clone()
+                };
+                (contract::CLOUD_INSTANCE_ID_ANNOTATION, id)
+            }
+        };
+        let t = self.taskruns.get_mut(&uid).expect("created");
+        let meta = &mut t.obj["metadata"];
+        let field = if label == contract::ASSIGNED_HOST_LABEL {
+            "labels"
+        } else {
+            "annotations"
+        };
+        if !meta[field].is_object() {
+            meta[field] = json!({});
+        }
+        meta[field][label] = value.into();
+        self.forged.insert(uid);
+        self.restart(flush, None);
     }
 
     fn sweep(&mut self) {
@@ -1852,6 +2016,7 @@ impl World {
                 self.send(Event::ConfigReplaced(Box::new(c)));
             }
             Cmd::Sweep => self.sweep(),
+            Cmd::Forge { kind, pick, flush } => self.forge(kind, pick, flush),
             Cmd::Refuse(pick) => {
                 let lanes: Vec<String> = self
                     .kube
@@ -2681,6 +2846,31 @@ fn a_restart_keeps_a_served_taskrun_on_a_host_the_config_shrank() {
         Restart { flush: true },
     ];
     check(Policy::mpc(), &cmds);
+}
+
+/// Tenants write their TaskRuns' labels: a restart must not honour a claim of a static host of
+/// another platform, of a host already full, or of an instance launched for another TaskRun
+/// (and, two launches in flight at a crash, must give each TaskRun its own instance).
+#[test]
+fn recovery_honours_no_forged_claim() {
+    use Cmd::*;
+    let c = |platform, ns| Create { platform, ns };
+    let k = |pick| Kube { pick, ok: true };
+    let forge = |kind| Forge {
+        kind,
+        pick: 0,
+        flush: true,
+    };
+    // Another platform's claim on the host with room.
+    check(Policy::mpc(), &[c(0, 0), k(0), forge(0)]);
+    // A claim on a full host: h1 (2) and h22 (1) both hold their concurrency.
+    check(
+        Policy::mpc(),
+        &[c(0, 0), c(0, 1), c(0, 0), k(0), k(1), k(2), forge(1)],
+    );
+    // A claim on the instance launched for another TaskRun, while two launches' results are
+    // lost in the crash.
+    check(Policy::mpc(), &[c(1, 0), c(1, 1), forge(2)]);
 }
 
 /// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): a retry's re-provisioning
