@@ -61,9 +61,6 @@ pub enum ControllerError {
         "OTP server settings: --otp-url, --otp-ca-file and --otp-store-token-file are required"
     )]
     OtpFlags,
-    /// The OTP client could not be built from the flags.
-    #[error("OTP server settings: {0}")]
-    Otp(#[source] OtpClientError),
     /// The OTP store token could not be read or used.
     #[error(transparent)]
     StoreToken(#[from] store_token::StoreTokenError),
