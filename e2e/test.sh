@@ -11,8 +11,10 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 bash e2e/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# Licences, banned crates and sources (deny.toml); advisories need the network, see deny.toml.
+# Licences, banned crates and sources (deny.toml), then advisories against the snapshot in
+# supply-chain/ (offline).
 cargo deny --locked check licenses bans sources
+bash scripts/advisories.sh
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast
 else
