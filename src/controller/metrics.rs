@@ -49,6 +49,7 @@ pub struct ControllerMetrics {
     cleanup_failures: IntCounterVec,
     host_allocation_failures: IntCounterVec,
     available: IntGaugeVec,
+    unlisted: IntGaugeVec,
     running_tasks: IntGaugeVec,
     waiting_tasks: IntGaugeVec,
     queue_length: IntGaugeVec,
@@ -157,6 +158,11 @@ impl ControllerMetrics {
                 "Cloud instances in the scheduler's ledger by state (booting, ready, terminating; leaked: termination kept failing, still counted against max-instances and retried)",
                 &["platform", "state"],
             )?,
+            unlisted: gauge(
+                "platform_unlisted",
+                "1 while the platform's cloud listing has failed since recovery: its recorded TaskRuns are held and nothing is launched, terminated or finalized for it until a listing succeeds (no series otherwise)",
+                &["platform"],
+            )?,
             actions_in_flight: gauge(
                 "actions_in_flight",
                 "Scheduler actions being executed, by kind",
@@ -191,6 +197,7 @@ impl ControllerMetrics {
             Box::new(self.cleanup_failures.clone()),
             Box::new(self.host_allocation_failures.clone()),
             Box::new(self.available.clone()),
+            Box::new(self.unlisted.clone()),
             Box::new(self.running_tasks.clone()),
             Box::new(self.waiting_tasks.clone()),
             Box::new(self.queue_length.clone()),
@@ -302,6 +309,7 @@ impl ControllerMetrics {
         self.queue_oldest.reset();
         self.available.reset();
         self.instances.reset();
+        self.unlisted.reset();
         for (platform, p) in &g.platforms {
             let label = crate::platform::label_value(platform);
             self.queue_length
@@ -314,6 +322,9 @@ impl ControllerMetrics {
                 self.available
                     .with_label_values(&[&label])
                     .set(i64::from(capacity > 0));
+            }
+            if p.unlisted {
+                self.unlisted.with_label_values(&[&label]).set(1);
             }
             if p.instances > 0 || p.leaked > 0 {
                 let ready = p.instances.saturating_sub(p.booting + p.terminating);
@@ -371,6 +382,35 @@ mod tests {
             assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
         }
     }
+    /// An unlisted platform has its series, at 1, only while unlisted: the alert keys on it.
+    #[test]
+    fn an_unlisted_platform_has_its_series_only_while_unlisted() {
+        use crate::scheduler::{Gauges, PlatformGauges, Time};
+        let registry = Registry::new();
+        let m = ControllerMetrics::register(&registry).unwrap();
+        let series = "multi_platform_controller_platform_unlisted{platform=\"linux-arm64\"} 1";
+        let mut g = Gauges::default();
+        let unlisted = PlatformGauges {
+            unlisted: true,
+            held: 3,
+            ..Default::default()
+        };
+        g.platforms.insert("linux/arm64".into(), unlisted);
+        g.platforms
+            .insert("linux/s390x".into(), PlatformGauges::default());
+        m.set_gauges(&g, Time::from_secs(0));
+        let text = crate::metrics::encode(&registry);
+        assert!(text.lines().any(|l| l == series), "{text}");
+        assert!(
+            !text.contains("platform_unlisted{platform=\"linux-s390x\""),
+            "{text}"
+        );
+        g.platforms.get_mut("linux/arm64").unwrap().unlisted = false;
+        m.set_gauges(&g, Time::from_secs(0));
+        let text = crate::metrics::encode(&registry);
+        assert!(!text.contains("platform_unlisted{"), "{text}");
+    }
+
     /// Each observation lands in its family with its value: Go's families keep Go's meaning
     /// (`wait_time` only for TaskRuns that waited), ours get every placement.
     #[test]

@@ -27,6 +27,11 @@ pub struct PlatformGauges {
     pub leaked: u32,
     /// Concurrent TaskRuns the platform can serve (`platform_pool_size`).
     pub capacity: Option<u32>,
+    /// Its listing failed at recovery and none has succeeded since: nothing is launched,
+    /// terminated or finalized for it, and `held` of its TaskRuns wait as recorded.
+    pub unlisted: bool,
+    /// TaskRuns held as recorded while the platform is unlisted.
+    pub held: u32,
     /// When the longest-waiting queued TaskRun joined the queue.
     pub oldest_queued: Option<super::Time>,
 }
@@ -63,6 +68,7 @@ impl Scheduler {
                 instances: self.instances.counted(p),
                 foreign: ps.foreign,
                 capacity: self.config.capacity(&ps.platform),
+                unlisted: ps.unlisted,
                 ..Default::default()
             };
             for i in self
@@ -83,6 +89,12 @@ impl Scheduler {
                 }
             }
             g.platforms.insert(ps.platform.as_str().to_owned(), pg);
+        }
+        for held in self.held.values() {
+            let ps = &self.platforms[held.platform as usize];
+            if let Some(pg) = g.platforms.get_mut(ps.platform.as_str()) {
+                pg.held += 1;
+            }
         }
         for (_, t) in self.taskruns.iter() {
             if t.platform == super::NO_PLATFORM {

@@ -520,6 +520,10 @@ fn a_platform_whose_listing_failed_keeps_its_allocations_until_it_is_listed() {
         "d's instance may still run: {out:#?}"
     );
     assert!(written(&out, "b").is_none() && written(&out, "a").is_none());
+    // Operators see it: the platform is unlisted with its four TaskRuns held.
+    let g = &h.s.gauges().platforms["linux/arm64"];
+    assert!(g.unlisted, "{g:?}");
+    assert_eq!(g.held, 4, "{g:?}");
     // Nothing is launched for new TaskRuns either while what runs is unknown.
     assert!(launches(&h.submit("ns", "e", "linux/arm64")).is_empty());
     assert!(launches(&h.wait(600)).is_empty());
@@ -536,6 +540,8 @@ fn a_platform_whose_listing_failed_keeps_its_allocations_until_it_is_listed() {
     let t = terminates(&listed);
     assert_eq!(t.len(), 1, "{listed:#?}");
     assert_eq!(t[0].1, "i-d");
+    let g = &h.s.gauges().platforms["linux/arm64"];
+    assert!(!g.unlisted && g.held == 0, "{g:?}");
     assert_eq!(launches(&listed).len(), 1, "c or e: {listed:#?}");
     assert!(written(&listed, "a").is_none() && written(&listed, "b").is_none());
     let a = h.send(Event::Terminated {
