@@ -238,6 +238,7 @@ fn base_renders_the_controller_and_otp_server_consistently() {
             "ClusterRoleBinding",
             "Deployment",
             "Deployment",
+            "FlowSchema",
             "MutatingWebhookConfiguration",
             "Namespace",
             "NetworkPolicy",
@@ -573,6 +574,56 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
         let mut left = Vec::new();
         namespace_fields(obj, NAMESPACE, "", &mut left);
         assert!(left.is_empty(), "{key} still names {NAMESPACE} at {left:?}");
+    }
+}
+
+/// The controller's Lease requests, and only they, go to the `leader-election` priority level:
+/// every verb its Role grants on leases, from its ServiceAccount, in its namespace, also under an
+/// overlay that moves it.
+#[test]
+fn the_controllers_lease_requests_get_the_leader_election_priority_level() {
+    for (dir, ns) in [
+        (repo().join("manifests"), NAMESPACE),
+        (
+            repo().join("tests/fixtures/namespace-overlay"),
+            "build-hosts",
+        ),
+    ] {
+        let o = render(&dir);
+        let fs = &o["FlowSchema/multi-platform-controller-leader-election"];
+        assert_eq!(s(&fs["apiVersion"]), "flowcontrol.apiserver.k8s.io/v1");
+        let spec = &fs["spec"];
+        assert_eq!(
+            s(&spec["priorityLevelConfiguration"]["name"]),
+            "leader-election"
+        );
+        // After the built-in schemas for kube-system's components (system-leader-election 100,
+        // workload-leader-election 200), before the catch-all ones a ServiceAccount falls into
+        // (service-accounts 9000, global-default 9900).
+        let precedence = spec["matchingPrecedence"].as_u64().unwrap();
+        assert!((201..9000).contains(&precedence), "{precedence}");
+        let pod = pod_spec(&o, CONTROLLER);
+        let sa = s(&pod["serviceAccountName"]);
+        let rules = seq(&spec["rules"]);
+        assert_eq!(rules.len(), 1);
+        let subjects = seq(&rules[0]["subjects"]);
+        assert_eq!(subjects.len(), 1, "only the controller");
+        let subject = &subjects[0]["serviceAccount"];
+        assert_eq!((s(&subject["name"]), s(&subject["namespace"])), (sa, ns));
+        assert!(rules[0]["nonResourceRules"].is_null());
+        let resource_rules = seq(&rules[0]["resourceRules"]);
+        assert_eq!(resource_rules.len(), 1, "leases only");
+        let r = &resource_rules[0];
+        assert_eq!(strings(&r["apiGroups"]), ["coordination.k8s.io"]);
+        assert_eq!(strings(&r["resources"]), ["leases"]);
+        assert_eq!(strings(&r["namespaces"]), [ns]);
+        let granted: BTreeSet<&str> = seq(&o["Role/multi-platform-controller"]["rules"])
+            .iter()
+            .filter(|rule| strings(&rule["resources"]).contains(&"leases"))
+            .flat_map(|rule| strings(&rule["verbs"]))
+            .collect();
+        let matched: BTreeSet<&str> = strings(&r["verbs"]).into_iter().collect();
+        assert_eq!(granted, matched, "every Lease verb the controller uses");
     }
 }
 

@@ -200,6 +200,15 @@ async fn the_shipped_installation_builds_when_its_pods_run_as_a_cluster_runs_the
     let kubectl =
         |args: &[&str]| try_kubectl(args).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
     kubectl(&["apply", "-k", "examples"]);
+    // The FlowSchema is cluster-scoped: stored without the namespace kustomize gives it.
+    let fs = kubectl(&[
+        "get",
+        "flowschema",
+        "multi-platform-controller-leader-election",
+        "-o",
+        "jsonpath={.metadata.namespace}/{.spec.priorityLevelConfiguration.name}",
+    ]);
+    assert_eq!(fs, "/leader-election");
     // The admin key of the host, a Secret the operator keeps in the controller's namespace.
     let key_file = w.join("host-1-id_rsa");
     std::fs::write(&key_file, host.admin_key().as_slice()).unwrap();

@@ -508,6 +508,14 @@ fn deployed_kinds() -> Vec<ResourceDef> {
             true,
             false,
         ),
+        (
+            "flowcontrol.apiserver.k8s.io",
+            "flowschemas",
+            "FlowSchema",
+            &[][..],
+            false,
+            true,
+        ),
     ]
     .into_iter()
     .map(|(group, plural, kind, short, namespaced, status)| {
