@@ -560,9 +560,50 @@ fn an_overlay_with_another_namespace_leaves_nothing_naming_the_base_namespace() 
         ["service"];
     assert_eq!(s(&service["namespace"]), ns);
     assert!(o.contains_key(&format!("Service/{}", s(&service["name"]))));
-    // Nowhere else either (the base's namespace name survives only as object names, the Lease
-    // among them), and no var is left unresolved.
-    for (key, obj) in &o {
+    assert_nothing_names_the_base_namespace(&o);
+}
+
+/// The certificates routes follow an overlay's namespace too: the serving certificates name the
+/// Services where they now are, and cert-manager injects the CA from there.
+#[test]
+fn the_certificate_routes_follow_an_overlays_namespace() {
+    let o = render(&repo().join("tests/fixtures/namespace-overlay-cert-manager"));
+    for (cert, svc) in [
+        ("Certificate/mpc-webhook", "mpc-webhook"),
+        ("Certificate/mpc-otp", "mpc-otp"),
+    ] {
+        let spec = &o[cert]["spec"];
+        assert_eq!(s(&spec["commonName"]), format!("{svc}.build-hosts.svc"));
+        assert_eq!(
+            strings(&spec["dnsNames"]),
+            [
+                svc.to_owned(),
+                format!("{svc}.build-hosts"),
+                format!("{svc}.build-hosts.svc"),
+                format!("{svc}.build-hosts.svc.cluster.local"),
+            ]
+        );
+    }
+    assert_eq!(
+        s(
+            &o["MutatingWebhookConfiguration/multi-platform-controller"]["metadata"]["annotations"]
+                ["cert-manager.io/inject-ca-from"]
+        ),
+        "build-hosts/mpc-webhook"
+    );
+    assert_nothing_names_the_base_namespace(&o);
+    let o = render(&repo().join("tests/fixtures/namespace-overlay-openshift"));
+    assert_eq!(
+        s(&o["ConfigMap/mpc-otp-ca"]["metadata"]["namespace"]),
+        "build-hosts"
+    );
+    assert_nothing_names_the_base_namespace(&o);
+}
+
+/// The base's namespace name survives only as object names (the Lease among them), and no var is
+/// left unresolved.
+fn assert_nothing_names_the_base_namespace(o: &Objects) {
+    for (key, obj) in o {
         let mut found = Vec::new();
         all_strings(obj, &mut found);
         for text in found {
