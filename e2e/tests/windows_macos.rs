@@ -969,3 +969,88 @@ async fn macos_build_end_to_end_on_a_dedicated_host_through_capacity_refusals() 
     c.ends_clean("tenant-b", "mac-1", &id).await;
     c.every_call_in_region();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deregistered_image_fails_the_build_at_once_with_a_warning_and_an_alert_series() {
+    use k8s_openapi::api::events::v1::Event as KubeEvent;
+    let ssm = "resolve:ssm:/aws/service/ami-windows-latest/Windows_Server-2022-English-Full-Base";
+    let c = OnCloud::start(
+        EmulatedOs::Windows,
+        11,
+        WIN_REGION,
+        |fx| {
+            let mut v = pairs(
+                "windows-4xlarge-amd64",
+                &[
+                    ("type", "aws"),
+                    ("region", WIN_REGION),
+                    ("ami", ssm),
+                    ("instance-type", "c5.4xlarge"),
+                    ("instance-tag", "e2e-win-gone"),
+                    ("key-name", &fx.key_name),
+                    ("aws-secret", "aws-account"),
+                    ("ssh-secret", "aws-win-ssh-key"),
+                    ("subnet-id", &fx.subnet_id),
+                    ("max-instances", "5"),
+                    ("allocation-timeout", "1200"),
+                ],
+            );
+            v.push(("dynamic-platforms".into(), "windows-4xlarge/amd64".into()));
+            v
+        },
+        // AWS deregistered the image the parameter names.
+        |proxy| {
+            proxy.inject(Fault::error(
+                "RunInstances",
+                400,
+                "InvalidAMIID.NotFound",
+                100,
+            ))
+        },
+    )
+    .await;
+    let started = Instant::now();
+    c.p.create_taskrun("tenant-a", "win-gone", "windows-4xlarge/amd64", json!({}))
+        .await
+        .unwrap();
+    let s = c.secret("tenant-a", "win-gone").await;
+    // At once: one call, no retries burning the 20-minute allocation timeout.
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    let error = s.get("error").unwrap_or_else(|| panic!("{s:?}"));
+    assert!(error.contains(ssm), "{error}");
+    assert!(error.contains("dynamic.windows-4xlarge-amd64.ami"), "{error}");
+    assert_eq!(c.proxy.requests_of("RunInstances").len(), 1);
+
+    // A Warning on host-config for the operators, with the cloud's message.
+    let events: kube::Api<KubeEvent> = kube::Api::namespaced(c.p.client.clone(), NS);
+    let warning = c
+        .p
+        .wait(PRODUCT_T, "the LaunchRejected Warning on host-config", || async {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("LaunchRejected"))
+        })
+        .await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    let regarding = warning.regarding.expect("regarding");
+    assert_eq!(regarding.kind.as_deref(), Some("ConfigMap"));
+    assert_eq!(
+        regarding.name.as_deref(),
+        Some(mpc::contract::HOST_CONFIG_NAME)
+    );
+    let note = warning.note.unwrap_or_default();
+    assert!(note.contains("InvalidAMIID.NotFound"), "{note}");
+    assert!(note.contains(ssm), "{note}");
+
+    // The alert's series.
+    let metrics = c.p.controllers[0].metrics().await;
+    assert!(
+        metrics.lines().any(|l| l
+            == "multi_platform_controller_cloud_launch_rejected{key=\"ami\",platform=\"windows-4xlarge-amd64\"} 1"),
+        "{metrics}"
+    );
+}
