@@ -1015,25 +1015,35 @@ async fn a_deregistered_image_fails_the_build_at_once_with_a_warning_and_an_aler
         .unwrap();
     let s = c.secret("tenant-a", "win-gone").await;
     // At once: one call, no retries burning the 20-minute allocation timeout.
-    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
     let error = s.get("error").unwrap_or_else(|| panic!("{s:?}"));
     assert!(error.contains(ssm), "{error}");
-    assert!(error.contains("dynamic.windows-4xlarge-amd64.ami"), "{error}");
+    assert!(
+        error.contains("dynamic.windows-4xlarge-amd64.ami"),
+        "{error}"
+    );
     assert_eq!(c.proxy.requests_of("RunInstances").len(), 1);
 
     // A Warning on host-config for the operators, with the cloud's message.
     let events: kube::Api<KubeEvent> = kube::Api::namespaced(c.p.client.clone(), NS);
-    let warning = c
-        .p
-        .wait(PRODUCT_T, "the LaunchRejected Warning on host-config", || async {
-            events
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("LaunchRejected"))
-        })
+    let warning =
+        c.p.wait(
+            PRODUCT_T,
+            "the LaunchRejected Warning on host-config",
+            || async {
+                events
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("LaunchRejected"))
+            },
+        )
         .await;
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
     let regarding = warning.regarding.expect("regarding");
