@@ -2,14 +2,16 @@
 //! recording proxy saw, region included), launch failures of those platforms, and the key
 //! hand-off against sshd hosts answering as a Windows host (PowerShell commands, CRLF output,
 //! `Administrator` only) and as a macOS host (`ec2-user`, `sudo rm`) would, with the key file
-//! appearing late and a reboot in the middle.
+//! appearing late and a reboot in the middle. Then a Windows and a macOS build end to end through
+//! the real binaries, and a deregistered image through them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::ec2_proxy::{Ec2Proxy, Fault};
 use e2e::moto::{Fixture, Moto, test_credentials};
-use e2e::sshd::{AdminKey, EmulatedOs, EmulatedOsHost};
+use e2e::product::{NS, Product};
+use e2e::sshd::{AdminKey, EmulatedOs, EmulatedOsHost, HostSetup};
 use mpc::cloud::aws::{AwsCloud, AwsOptions};
 use mpc::cloud::metrics::CloudMetrics;
 use mpc::cloud::retry::RetryPolicy;
@@ -19,6 +21,7 @@ use mpc::provision::{
     Connections, KeyHandOff, ProvisionError, Readiness, SshOptions, Target, keys,
 };
 use mpc::scheduler::{LaunchId, LaunchOwner, TaskRunRef, Uid};
+use serde_json::json;
 
 const MAC_REGION: &str = "eu-central-1";
 const WIN_REGION: &str = "us-east-1";
@@ -518,10 +521,6 @@ async fn macos_hand_off_reads_and_sudo_removes_a_late_key() {
 // Through the real binaries: the controller (its EC2 calls through the recording proxy to moto,
 // the instance's address a loopback sshd answering as the OS would), the webhook, the OTP server
 // and a build step redeeming the key.
-
-use e2e::product::{NS, Product};
-use e2e::sshd::HostSetup;
-use serde_json::json;
 
 const PRODUCT_T: Duration = Duration::from_secs(180);
 
