@@ -167,4 +167,6 @@ fn stone_prod_windows_and_macos_platforms_pass_with_nothing_ignored() {
     assert!(mac.contains("eu-central-1"), "{out}");
     assert!(mac.contains("group/macos"), "{out}");
     assert!(mac.contains("billed for at least 24 h"), "{out}");
+    assert!(mac.contains("at least 120 host-hours"), "{out}");
+    assert!(!out.contains("ignored"), "{out}");
 }

@@ -121,3 +121,48 @@ fn yaml_trace_and_bad_inputs() {
         "{err}"
     );
 }
+
+#[test]
+fn macos_platforms_report_dedicated_host_hours_and_others_do_not() {
+    let config = format!(
+        "{}/tests/fixtures/configmaps/stone-prod-p02-windows-macos.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (ok, out, err) = simulate(&[
+        "--config",
+        &config,
+        "--workload",
+        &fixture("macos-day.csv"),
+        "--seed",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("macOS dedicated hosts: each billed for at least 24 h"),
+        "{out}"
+    );
+    let hosts: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("macOS dedicated hosts"))
+        .nth(2)
+        .expect("the macOS host row")
+        .split_whitespace()
+        .collect();
+    // platform, policy, hosts, host-hours, busy, refused: at most max-instances (5) hosts, each
+    // billed 24 h at least, far more than the instances ran.
+    assert_eq!(hosts[0], "macos-mac2metal/arm64", "{out}");
+    let n: u32 = hosts[2].parse().unwrap();
+    let billed: f64 = hosts[3].parse().unwrap();
+    assert!((1..=5).contains(&n), "{out}");
+    assert!(billed >= 24.0 * f64::from(n), "{out}");
+    let busy: f64 = hosts[4].trim_end_matches('%').parse().unwrap();
+    assert!(busy < 50.0, "{out}");
+    // Windows instances have no hosts: not in that section; a Linux-only trace has no section.
+    assert!(
+        !out.contains("windows-4xlarge/amd64  mpc         "),
+        "{out}"
+    );
+    let (ok, out, err) = simulate(&["--taskruns", "300", "--seed", "2"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("dedicated hosts"), "{out}");
+}

@@ -763,6 +763,9 @@ pub fn write_file(dir: &Path, name: &str, text: &str, mode: u32) -> anyhow::Resu
     Ok(path)
 }
 
+/// The build user the Windows and macOS user-data creates.
+pub const BUILD_USER: &str = "konflux-builder";
+
 /// Which foreign OS an [`EmulatedOsHost`] answers as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmulatedOs {
@@ -813,6 +816,21 @@ case "$SSH_ORIGINAL_COMMAND" in
   if [ -f "$root/rm-denied" ]; then echo "rm: $key: Operation not permitted" >&2; exit 1; fi
   exec rm "$key" ;;
 *) echo "unexpected command: $SSH_ORIGINAL_COMMAND" >&2; exit 127 ;;
+esac
+"#;
+
+/// Answers the build user's commands as a Windows host would for the few a build step in these
+/// tests sends (`powershell -Command whoami`, `... Write-Output TEXT`); logs every command.
+const WINDOWS_BUILD_USER_COMMAND: &str = r#"#!/bin/sh
+log='@ROOT@/build-commands.log'
+printf '%s\n' "$SSH_ORIGINAL_COMMAND" >> "$log"
+case "$SSH_ORIGINAL_COMMAND" in
+'powershell -Command whoami') printf 'ec2amaz-e2e\\konflux-builder\r\n'; exit 0 ;;
+'powershell -Command Write-Output '*)
+  printf '%s\r\n' "${SSH_ORIGINAL_COMMAND#powershell -Command Write-Output }"; exit 0 ;;
+*)
+  printf "'%s' is not recognized as an internal or external command,\r\noperable program or batch file.\r\n" "${SSH_ORIGINAL_COMMAND%% *}" >&2
+  exit 1 ;;
 esac
 "#;
 
@@ -886,6 +904,12 @@ impl EmulatedOsHost {
     /// Starts a host answering as `os`, authorising `admin` (the platform's `ssh-secret`) for
     /// its admin login only.
     pub fn start(os: EmulatedOs, admin: &AdminKey) -> anyhow::Result<Self> {
+        Self::start_with(os, admin, HostSetup::default())
+    }
+
+    /// [`Self::start`] with `setup`'s address and port (`127.0.<n>.4:22`, where a cloud emulator
+    /// says the instance is).
+    pub fn start_with(os: EmulatedOs, admin: &AdminKey, setup: HostSetup) -> anyhow::Result<Self> {
         let user = Self::admin_user(os);
         ensure_user(user)?;
         let home = PathBuf::from(format!("/home/{user}"));
@@ -916,17 +940,28 @@ impl EmulatedOsHost {
         .replace("@ROOT@", &root.path().display().to_string());
         let script = write_file(root.path(), "force-command.sh", &script, 0o755)?;
         let deny = match os {
-            // Windows: nothing but Administrator logs in.
+            // Windows: nothing but Administrator and the build user log in.
             EmulatedOs::Windows => "DenyUsers root ec2-user\n",
             EmulatedOs::MacOs => "DenyUsers root\n",
+        };
+        // The build user answers as the OS would too on Windows; on macOS it gets a real shell.
+        let build_user = match os {
+            EmulatedOs::Windows => {
+                let s = WINDOWS_BUILD_USER_COMMAND
+                    .replace("@ROOT@", &root.path().display().to_string());
+                let s = write_file(root.path(), "build-user-command.sh", &s, 0o755)?;
+                write_file(root.path(), "build-commands.log", "", 0o666)?;
+                format!("Match User {BUILD_USER}\n  ForceCommand {}\n", s.display())
+            }
+            EmulatedOs::MacOs => String::new(),
         };
         let sshd = SshdHost::start_with(HostSetup {
             admin_key: Some(admin.clone()),
             extra_config: format!(
-                "Match User {user}\n  ForceCommand {}\nMatch all\n{deny}",
+                "Match User {user}\n  ForceCommand {}\n{build_user}Match all\n{deny}",
                 script.display()
             ),
-            ..HostSetup::default()
+            ..setup
         })?;
         Ok(Self { sshd, os, root })
     }
@@ -938,6 +973,36 @@ impl EmulatedOsHost {
         chown(&tmp, Self::admin_user(self.os))?;
         fs::rename(&tmp, self.root.path().join("konflux-builder"))?;
         Ok(())
+    }
+
+    /// The rest of what the user-data does for the build user: create `konflux-builder` and
+    /// authorise `public_key` (an `authorized_keys` line) for it, then leave `private_key` in
+    /// the admin's home ([`Self::place_key`]). Parallel tests share the local user, each with
+    /// its own key.
+    pub fn place_build_key(&self, private_key: &str, public_key: &str) -> anyhow::Result<()> {
+        ensure_user(BUILD_USER)?;
+        let ssh_dir = PathBuf::from(format!("/home/{BUILD_USER}/.ssh"));
+        fs::create_dir_all(&ssh_dir)?;
+        fs::set_permissions(&ssh_dir, fs::Permissions::from_mode(0o700))?;
+        let keys = ssh_dir.join("authorized_keys");
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&keys)?;
+        writeln!(f, "{}", public_key.trim_end())?;
+        fs::set_permissions(&keys, fs::Permissions::from_mode(0o600))?;
+        chown(&ssh_dir, BUILD_USER)?;
+        chown(&keys, BUILD_USER)?;
+        self.place_key(private_key)
+    }
+
+    /// Every command the build user ran on an emulated Windows host, in order.
+    pub fn build_user_commands(&self) -> Vec<String> {
+        fs::read_to_string(self.root.path().join("build-commands.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Whether the key file is still on the host.

@@ -214,6 +214,23 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
             .await
             .unwrap(),
     );
+    // A cloud platform whose image is gone: its launch is rejected for its configuration.
+    cfg.extend(
+        p.moto_platform(&fx, "linux/riscv64", b"unused", "e2e-riscv64")
+            .await
+            .unwrap(),
+    );
+    cfg.push((
+        "dynamic.linux-riscv64.ami".into(),
+        "ami-0000000000000dead".into(),
+    ));
+    let platforms: Vec<String> = cfg
+        .iter()
+        .filter(|(k, _)| k == "dynamic-platforms")
+        .map(|(_, v)| v.clone())
+        .collect();
+    cfg.retain(|(k, _)| k != "dynamic-platforms");
+    cfg.push(("dynamic-platforms".into(), platforms.join(",")));
     p.set_config(&cfg).await.unwrap();
     p.controller_flags = vec![
         "--ec2-endpoint".into(),
@@ -229,6 +246,7 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
         ("tenant-b", "build-2", "linux/arm64"),
         ("tenant-a", "dead-1", "linux/s390x"),
         ("tenant-a", "cloud-1", "linux/ppc64le"),
+        ("tenant-b", "gone-image-1", "linux/riscv64"),
     ] {
         p.create_taskrun(ns, name, platform, json!({}))
             .await

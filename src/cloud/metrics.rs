@@ -3,6 +3,8 @@
 //! [`InstanceState::ALL`], owners from [`Ownership`], termination reasons are the scheduler's
 //! fixed strings.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -33,6 +35,10 @@ pub struct CloudMetrics {
     terminations: IntCounterVec,
     spot_fallbacks: IntCounterVec,
     launches: IntCounterVec,
+    launch_rejected: IntGaugeVec,
+    // The keys each platform's rejection series are set for, so a successful launch clears
+    // exactly those.
+    rejected_keys: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
 }
 
 impl std::fmt::Debug for CloudMetrics {
@@ -51,6 +57,7 @@ impl CloudMetrics {
         registry.register(Box::new(m.terminations.clone()))?;
         registry.register(Box::new(m.spot_fallbacks.clone()))?;
         registry.register(Box::new(m.launches.clone()))?;
+        registry.register(Box::new(m.launch_rejected.clone()))?;
         Ok(m)
     }
 
@@ -102,6 +109,14 @@ impl CloudMetrics {
                 ),
                 &["platform", "result"],
             )?,
+            launch_rejected: IntGaugeVec::new(
+                Opts::new(
+                    name("cloud_launch_rejected"),
+                    "1 while the platform's last launch was rejected for its configuration (key: the host-config key at fault, such as ami for InvalidAMIID.NotFound), 0 once a launch succeeds",
+                ),
+                &["platform", "key"],
+            )?,
+            rejected_keys: Arc::default(),
         })
     }
 
@@ -152,6 +167,45 @@ impl CloudMetrics {
         self.launches
             .with_label_values(&[&go_label(platform), result])
             .inc();
+    }
+
+    /// A launch of `platform` was rejected for its configuration: `key` is the host-config key at
+    /// fault without the `dynamic.<platform>.` prefix (`ami`), `other` when unknown.
+    pub(crate) fn launch_rejected(&self, platform: &str, key: &str) {
+        let platform = go_label(platform);
+        self.launch_rejected
+            .with_label_values(&[&platform, key])
+            .set(1);
+        self.rejected_keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(platform)
+            .or_default()
+            .insert(key.to_owned());
+    }
+
+    /// A launch of `platform` succeeded: its rejection series go back to 0.
+    pub(crate) fn launch_accepted(&self, platform: &str) {
+        let platform = go_label(platform);
+        let keys = self
+            .rejected_keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&platform)
+            .cloned()
+            .unwrap_or_default();
+        for key in keys {
+            self.launch_rejected
+                .with_label_values(&[&platform, &key])
+                .set(0);
+        }
+    }
+
+    /// The rejection gauge of a platform and key.
+    pub fn launch_rejection(&self, platform: &str, key: &str) -> i64 {
+        self.launch_rejected
+            .with_label_values(&[&go_label(platform), key])
+            .get()
     }
 
     /// Calls counted so far for an operation and outcome label (`success` or an error class).
@@ -219,6 +273,22 @@ fn go_label(platform: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rejected_launch_sets_its_key_until_a_launch_succeeds() {
+        let r = Registry::new();
+        let m = CloudMetrics::new(&r).unwrap();
+        m.launch_rejected("windows-4xlarge/amd64", "ami");
+        m.launch_rejected("linux/arm64", "subnet-id");
+        let text = crate::metrics::encode(&r);
+        assert!(
+            text.contains("multi_platform_controller_cloud_launch_rejected{key=\"ami\",platform=\"windows-4xlarge-amd64\"} 1"),
+            "{text}"
+        );
+        m.launch_accepted("windows-4xlarge/amd64");
+        assert_eq!(m.launch_rejection("windows-4xlarge/amd64", "ami"), 0);
+        assert_eq!(m.launch_rejection("linux/arm64", "subnet-id"), 1);
+    }
 
     #[test]
     fn registers_and_exports_bounded_series() {

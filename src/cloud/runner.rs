@@ -98,11 +98,16 @@ impl Runner {
                 let began = std::time::Instant::now();
                 let result = self.cloud.launch(&request).await;
                 let ms = began.elapsed().as_millis() as u64;
+                let platform = template.platform.as_str();
                 match &result {
                     Ok(_) => {
+                        self.metrics.launch_accepted(platform);
                         tracing::debug!(platform = %template.platform, %launch, ms, "launch answered")
                     }
                     Err(e) => {
+                        if e.class == ErrorClass::Config {
+                            self.metrics.launch_rejected(platform, rejected_key(e));
+                        }
                         tracing::warn!(platform = %template.platform, %launch, ms, error = %e, "launch failed")
                     }
                 }
@@ -271,6 +276,15 @@ pub fn launch_event(op: OpId, result: Result<LaunchOutcome, CloudError>) -> Even
             error: e.to_string(),
         },
     }
+}
+
+/// The `key` label of a launch rejected for its configuration: the host-config key at fault
+/// without its `dynamic.<platform>.` prefix.
+fn rejected_key(e: &CloudError) -> &str {
+    e.config_key
+        .as_deref()
+        .and_then(|k| k.rsplit_once('.'))
+        .map_or("other", |(_, field)| field)
 }
 
 /// The event reporting a termination. A refusal (the instance is not this cluster's to

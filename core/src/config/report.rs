@@ -96,11 +96,15 @@ fn os_note(d: &DynamicPlatform) -> String {
                 ),
                 None => "no dedicated-host keys (the account's own host placement applies)".to_owned(),
             };
+            let n = d.max_instances;
             format!(
                 "; macos: {placement}; no build user, the key at /Users/ec2-user/konflux-builder is \
                  read as ec2-user, removed and handed out; each host is billed for at least 24 h and \
-                 scrubbed ~50 min after every instance, so max-instances {} can keep {} hosts billed",
-                d.max_instances, d.max_instances
+                 scrubbed ~50 min after every instance, so max-instances {n} can keep {n} hosts \
+                 billed: a burst of {n} builds costs at least {} host-hours ({n} x 24 h) however \
+                 short the builds, and a host takes no build for ~50 min after each one \
+                 (`mpc simulate` shows the host-hours of a trace)",
+                u64::from(n) * 24
             )
         }
     }

@@ -848,6 +848,11 @@ fn stone_prod_windows_and_macos_platforms_load_with_nothing_ignored() {
     let report = report::render_report("p02", &parsed);
     assert!(report.contains("windows: no build user"), "{report}");
     assert!(report.contains("billed for at least 24 h"), "{report}");
+    // What max-instances 5 costs on dedicated hosts.
+    assert!(
+        report.contains("a burst of 5 builds costs at least 120 host-hours (5 x 24 h)"),
+        "{report}"
+    );
     assert!(!report.contains("ignored"), "{report}");
 }
 

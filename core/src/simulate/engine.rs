@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 
 use super::latency::{Latencies, lognormal};
 use super::workload::Workload;
-use crate::config::{HostConfig, Strategy};
+use crate::config::{HostConfig, HostOs, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
     Action, Blame, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot,
@@ -90,6 +90,45 @@ pub struct PlatformStats {
     pub peak_instances: u32,
     /// Static slots, or per-instance concurrency of a pool.
     pub slots: u32,
+    /// The dedicated hosts of a macOS platform; `None` for every other platform.
+    pub mac: Option<MacHostStats>,
+}
+
+/// What the dedicated hosts of a macOS platform cost. EC2 Mac instances run on dedicated hosts,
+/// one instance per host at a time; the host resource group allocates a host when no free one
+/// can take a launch (up to the platform's `max-instances` here), each host is billed from its
+/// allocation for at least 24 h, and after an instance terminates its host is scrubbed (~50 min)
+/// before it takes another. Modelled: a host is released as soon as it is idle past its 24 h.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MacHostStats {
+    /// Hosts allocated during the run.
+    pub hosts: u32,
+    /// Host-seconds billed, the 24 h minimum and any time past the end of the run included.
+    pub billed_secs: f64,
+    /// Launches refused because every host was busy or being scrubbed (the cloud's
+    /// `InsufficientInstanceCapacity`; the scheduler backs off and launches again).
+    pub refused: u64,
+}
+
+/// One dedicated Mac host: allocated at `allocated`, running an instance while `busy`, free for
+/// the next from `free_at` (scrub done), gone from `released`.
+struct MacHost {
+    allocated: f64,
+    busy: bool,
+    free_at: f64,
+    released: Option<f64>,
+}
+
+impl MacHost {
+    /// Seconds billed for it when the run ends at `end`.
+    fn billed(&self, end: f64, min: f64) -> f64 {
+        let until = match self.released {
+            Some(t) => t,
+            None if self.busy => end,
+            None => self.free_at,
+        };
+        (until - self.allocated).max(min)
+    }
 }
 
 /// One chart sample.
@@ -158,6 +197,8 @@ struct JobState {
 
 struct CloudInstance {
     platform: String,
+    /// The dedicated host it runs on (macOS).
+    host: Option<usize>,
     launched: f64,
     address_at: f64,
     ready_at: f64,
@@ -175,6 +216,7 @@ struct Sim<'a> {
     next_tick: u64,
     jobs: Vec<JobState>,
     cloud: BTreeMap<String, CloudInstance>,
+    mac_hosts: BTreeMap<String, Vec<MacHost>>,
     live: BTreeMap<String, u32>,
     live_total: u32,
     launched: u64,
@@ -195,15 +237,19 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
     let mut stats = BTreeMap::new();
     for j in &workload.jobs {
         stats.entry(j.platform.clone()).or_insert_with(|| {
-            let (kind, slots) = match Platform::parse(&j.platform) {
+            let (kind, slots, mac) = match Platform::parse(&j.platform) {
                 Ok(p) => match config.resolve(&p) {
-                    Strategy::Local => (Kind::Local, 0),
-                    Strategy::Static(s) => (Kind::Static, s.capacity()),
-                    Strategy::Dynamic(_) => (Kind::Dynamic, 1),
-                    Strategy::DynamicPool(p) => (Kind::Pool, p.concurrency),
-                    Strategy::Disabled(_) | Strategy::Unknown => (Kind::Unserved, 0),
+                    Strategy::Local => (Kind::Local, 0, None),
+                    Strategy::Static(s) => (Kind::Static, s.capacity(), None),
+                    Strategy::Dynamic(d) => (
+                        Kind::Dynamic,
+                        1,
+                        (d.os == HostOs::MacOs).then(MacHostStats::default),
+                    ),
+                    Strategy::DynamicPool(p) => (Kind::Pool, p.concurrency, None),
+                    Strategy::Disabled(_) | Strategy::Unknown => (Kind::Unserved, 0, None),
                 },
-                Err(_) => (Kind::Unserved, 0),
+                Err(_) => (Kind::Unserved, 0, None),
             };
             PlatformStats {
                 kind,
@@ -214,6 +260,7 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
                 instance_secs: 0.0,
                 peak_instances: 0,
                 slots,
+                mac,
             }
         });
     }
@@ -235,6 +282,7 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
             })
             .collect(),
         cloud: BTreeMap::new(),
+        mac_hosts: BTreeMap::new(),
         live: BTreeMap::new(),
         live_total: 0,
         launched: 0,
@@ -417,6 +465,14 @@ impl Sim<'_> {
                         self.after(d, SimEvent::BuildDone(i as u32));
                     }
                 }
+                Action::Launch {
+                    op,
+                    platform,
+                    template,
+                    ..
+                } if template.os == HostOs::MacOs => {
+                    self.launch_on_mac_host(op, platform.as_str(), template.max_instances);
+                }
                 Action::Launch { op, platform, .. } => {
                     let api = lognormal(&mut self.rng, lat.launch_api, 0.3);
                     if self.rng.r#gen::<f64>() < lat.launch_failure_rate {
@@ -437,6 +493,7 @@ impl Sim<'_> {
                         id.clone(),
                         CloudInstance {
                             platform: p.clone(),
+                            host: None,
                             launched: start,
                             address_at: start + boot * 0.4,
                             ready_at: start + boot,
@@ -492,6 +549,13 @@ impl Sim<'_> {
                         i.alive = false;
                         let secs = now - i.launched;
                         let p = i.platform.clone();
+                        if let Some(h) = i.host
+                            && let Some(host) =
+                                self.mac_hosts.get_mut(&p).and_then(|v| v.get_mut(h))
+                        {
+                            host.busy = false;
+                            host.free_at = now + lognormal(&mut self.rng, lat.mac_scrub, 0.1);
+                        }
                         if let Some(s) = self.stats.get_mut(&p) {
                             s.instance_secs += secs.max(0.0);
                         }
@@ -523,11 +587,97 @@ impl Sim<'_> {
         self.out = actions;
     }
 
+    /// A launch of a macOS platform: on a free dedicated host (scrubbed, not released), else on a
+    /// new one while the group has fewer than `limit`, else refused as EC2 refuses it.
+    fn launch_on_mac_host(&mut self, op: crate::scheduler::OpId, platform: &str, limit: u32) {
+        let lat = &self.settings.latencies;
+        let (boot_median, (boot_min, boot_max), min_billing) =
+            (lat.mac_boot, lat.mac_boot_range, lat.mac_min_billing);
+        let api = lognormal(&mut self.rng, lat.launch_api, 0.3);
+        let start = self.now() + api;
+        let hosts = self.mac_hosts.entry(platform.to_owned()).or_default();
+        // Hosts idle past their 24 h minimum were released when that came.
+        for h in hosts.iter_mut().filter(|h| h.released.is_none() && !h.busy) {
+            let release = h.free_at.max(h.allocated + min_billing);
+            if release <= start {
+                h.released = Some(release);
+            }
+        }
+        let free = hosts
+            .iter()
+            .position(|h| h.released.is_none() && !h.busy && h.free_at <= start);
+        let active = hosts.iter().filter(|h| h.released.is_none()).count();
+        let host = match free {
+            Some(h) => h,
+            None if active < limit as usize => {
+                hosts.push(MacHost {
+                    allocated: start,
+                    busy: false,
+                    free_at: start,
+                    released: None,
+                });
+                if let Some(m) = self.stats.get_mut(platform).and_then(|s| s.mac.as_mut()) {
+                    m.hosts += 1;
+                }
+                hosts.len() - 1
+            }
+            None => {
+                if let Some(m) = self.stats.get_mut(platform).and_then(|s| s.mac.as_mut()) {
+                    m.refused += 1;
+                }
+                let ev = Event::LaunchFailed {
+                    op,
+                    error: "InsufficientInstanceCapacity: every dedicated host is busy or being \
+                            scrubbed (simulated)"
+                        .into(),
+                    retryable: true,
+                };
+                self.after(api, SimEvent::Deliver(Box::new(ev)));
+                return;
+            }
+        };
+        hosts[host].busy = true;
+        self.launched += 1;
+        let id = format!("i-{:017x}", self.launched);
+        let boot = lognormal(&mut self.rng, boot_median, 0.3).clamp(boot_min, boot_max);
+        self.cloud.insert(
+            id.clone(),
+            CloudInstance {
+                platform: platform.to_owned(),
+                host: Some(host),
+                launched: start,
+                address_at: start + boot * 0.4,
+                ready_at: start + boot,
+                alive: true,
+            },
+        );
+        let live = self.live.entry(platform.to_owned()).or_default();
+        *live += 1;
+        let live = *live;
+        self.live_total += 1;
+        if let Some(s) = self.stats.get_mut(platform) {
+            s.peak_instances = s.peak_instances.max(live);
+        }
+        self.after(
+            api,
+            SimEvent::Deliver(Box::new(Event::Launched {
+                op,
+                instance_id: id,
+            })),
+        );
+    }
+
     fn finish(mut self) -> Outcome {
         let end = self.now();
         for i in self.cloud.values().filter(|i| i.alive) {
             if let Some(s) = self.stats.get_mut(&i.platform) {
                 s.instance_secs += (end - i.launched).max(0.0);
+            }
+        }
+        let min = self.settings.latencies.mac_min_billing;
+        for (p, hosts) in &self.mac_hosts {
+            if let Some(m) = self.stats.get_mut(p).and_then(|s| s.mac.as_mut()) {
+                m.billed_secs = hosts.iter().map(|h| h.billed(end, min)).sum();
             }
         }
         Outcome {
@@ -606,6 +756,85 @@ mod tests {
         );
         assert!(mpc.platforms["linux/amd64"].peak_instances <= 60);
         assert!(go.platforms["linux/amd64"].peak_instances <= 60);
+    }
+
+    const MAC: &str = "macos-mac2metal/arm64";
+
+    /// The production Windows and macOS platforms (max-instances 5 each).
+    fn prod_mac() -> HostConfig {
+        let text =
+            include_str!("../../tests/fixtures/configmaps/stone-prod-p02-windows-macos.yaml");
+        let (data, _) = crate::config::read_configmap_yaml(text).unwrap();
+        let parsed = crate::config::parse(&data);
+        assert!(!parsed.has_errors(), "{:?}", parsed.diagnostics);
+        parsed.config
+    }
+
+    fn job(at: f64, duration: f64) -> Job {
+        Job {
+            at,
+            namespace: "team".into(),
+            platform: MAC.into(),
+            duration,
+        }
+    }
+
+    #[test]
+    fn mac_hosts_are_reused_after_their_scrub_and_billed_for_24_hours_each() {
+        // One build, another long after its host was scrubbed: one host, reused.
+        let w = Workload {
+            jobs: vec![job(0.0, 1200.0), job(4.0 * 3600.0, 1200.0)],
+            description: String::new(),
+        };
+        let o = simulate(&prod_mac(), &w, &SimSettings::new(Policy::mpc(), 1));
+        let s = &o.platforms[MAC];
+        let m = s
+            .mac
+            .as_ref()
+            .expect("a macOS platform has dedicated hosts");
+        assert_eq!(m.hosts, 1, "{m:?}");
+        assert_eq!(m.refused, 0);
+        assert_eq!(s.errors, 0);
+        // Billed for the 24 h minimum, though instances ran under two hours.
+        assert_eq!(m.billed_secs, 24.0 * 3600.0);
+        assert!(s.instance_secs < 2.0 * 3600.0, "{}", s.instance_secs);
+        // Boots take 6-20 minutes: no TaskRun waits less than 6.
+        assert!(s.waits.iter().all(|w| *w >= 360.0), "{:?}", s.waits);
+        assert!(s.waits.iter().all(|w| *w < 1300.0), "{:?}", s.waits);
+    }
+
+    #[test]
+    fn a_burst_past_the_free_mac_hosts_is_refused_while_they_scrub() {
+        // Seven builds for five hosts: two wait for a host; when the first build ends its host is
+        // scrubbed for ~50 min, so the next launches are refused (InsufficientInstanceCapacity)
+        // and backed off, not given a sixth host.
+        let w = Workload {
+            jobs: (0..7).map(|i| job(f64::from(i), 1200.0)).collect(),
+            description: String::new(),
+        };
+        let o = simulate(&prod_mac(), &w, &SimSettings::new(Policy::mpc(), 2));
+        let s = &o.platforms[MAC];
+        let m = s.mac.as_ref().unwrap();
+        assert_eq!(m.hosts, 5, "{m:?}");
+        assert!(m.refused > 0, "{m:?}");
+        assert_eq!(m.billed_secs, 5.0 * 24.0 * 3600.0);
+        assert_eq!(s.waits.len(), 7);
+        // Other platforms have no hosts to report.
+        let w = burst("linux/amd64", 3, 60.0);
+        let o = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc(), 1));
+        assert!(o.platforms["linux/amd64"].mac.is_none());
+    }
+
+    #[test]
+    fn an_idle_mac_host_is_released_after_24_hours_and_a_later_build_gets_a_new_one() {
+        let w = Workload {
+            jobs: vec![job(0.0, 600.0), job(30.0 * 3600.0, 600.0)],
+            description: String::new(),
+        };
+        let o = simulate(&prod_mac(), &w, &SimSettings::new(Policy::mpc(), 3));
+        let m = o.platforms[MAC].mac.clone().unwrap();
+        assert_eq!(m.hosts, 2, "{m:?}");
+        assert_eq!(m.billed_secs, 2.0 * 24.0 * 3600.0);
     }
 
     #[test]

@@ -27,6 +27,16 @@ pub struct Latencies {
     pub launch_failure_rate: f64,
     /// Share of provisioning attempts that fail.
     pub provision_failure_rate: f64,
+    /// A macOS instance's launch to SSH-reachable: median seconds, and the range it stays in
+    /// (EC2 Mac boots take 6-20 minutes).
+    pub mac_boot: f64,
+    /// Shortest and longest macOS boot, seconds.
+    pub mac_boot_range: (f64, f64),
+    /// How long a dedicated Mac host is scrubbed after its instance terminates (median seconds);
+    /// no instance can start on it meanwhile.
+    pub mac_scrub: f64,
+    /// The shortest time a dedicated Mac host is billed for, seconds.
+    pub mac_min_billing: f64,
 }
 
 impl Default for Latencies {
@@ -38,6 +48,10 @@ impl Default for Latencies {
             boot: 55.0,
             launch_failure_rate: 0.01,
             provision_failure_rate: 0.002,
+            mac_boot: 600.0,
+            mac_boot_range: (360.0, 1200.0),
+            mac_scrub: 3000.0,
+            mac_min_billing: 24.0 * 3600.0,
         }
     }
 }

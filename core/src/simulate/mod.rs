@@ -8,6 +8,12 @@
 //! platform: TaskRuns, wait p50/p95/p99/max, utilisation, peak instances, instance-hours, error
 //! secrets. `--chart FILE` writes an SVG of queue length and instances over time.
 //!
+//! `macos/*` platforms run on dedicated hosts ([`engine::MacHostStats`]): an instance boots in
+//! 6-20 min on a free host (or a new one, up to `max-instances` hosts), its host is scrubbed for
+//! ~50 min after it terminates (launches meanwhile are refused as EC2 refuses them,
+//! `InsufficientInstanceCapacity`), and every host is billed for at least 24 h; the report adds
+//! the hosts and host-hours billed. Other platforms' results do not change.
+//!
 //! `--config` takes a host-config ConfigMap YAML, `--workload` a trace (CSV or YAML, see
 //! [`workload`]).
 
@@ -195,6 +201,7 @@ pub fn output(args: &SimulateArgs) -> Result<String, SimulateError> {
         report::duration(workload.span())
     ));
     text.push_str(&report::render(&outcomes));
+    text.push_str(&report::render_mac_hosts(&outcomes));
     text.push('\n');
     text.push_str(report::LEGEND);
     text.push('\n');

@@ -77,6 +77,7 @@ fn total(o: &Outcome) -> Row {
         instance_secs: 0.0,
         peak_instances: 0,
         slots: 0,
+        mac: None,
     };
     for s in o.platforms.values() {
         all.taskruns += s.taskruns;
@@ -169,6 +170,59 @@ pub fn render(outcomes: &[Outcome]) -> String {
             b.errors
         );
     }
+    out
+}
+
+/// The dedicated hosts of macOS platforms, when the trace has any: hosts allocated, host-hours
+/// billed (at least 24 h each), the share of them instances ran, and launches refused while
+/// every host was busy or being scrubbed. Empty otherwise.
+pub fn render_mac_hosts(outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    let Some(first) = outcomes.first() else {
+        return out;
+    };
+    let macs: Vec<&String> = first
+        .platforms
+        .iter()
+        .filter(|(_, s)| s.mac.is_some())
+        .map(|(p, _)| p)
+        .collect();
+    if macs.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\nmacOS dedicated hosts: each billed for at least 24 h, scrubbed ~50 min after every \
+         instance, boots 6-20 min.\n{:<22} {:<7} {:>5} {:>8} {:>5} {:>7}",
+        "PLATFORM", "POLICY", "HOSTS", "HOST-H", "BUSY", "REFUSED"
+    );
+    for p in macs {
+        for (i, o) in outcomes.iter().enumerate() {
+            let Some((s, m)) = o.platforms.get(p).and_then(|s| Some((s, s.mac.as_ref()?))) else {
+                continue;
+            };
+            let busy = if m.billed_secs > 0.0 {
+                format!("{:.0}%", 100.0 * s.instance_secs / m.billed_secs)
+            } else {
+                "-".to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "{:<22} {:<7} {:>5} {:>8.1} {busy:>5} {:>7}",
+                if i == 0 { p.as_str() } else { "" },
+                o.policy,
+                m.hosts,
+                m.billed_secs / 3600.0,
+                m.refused,
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "HOST-H = host-hours billed (24 h minimum per host, past the end of the run included); BUSY =\n\
+         instance time / host time billed; REFUSED = launches refused while every host was busy or\n\
+         scrubbing (InsufficientInstanceCapacity; the scheduler backs off and launches again)."
+    );
     out
 }
 

@@ -11,6 +11,7 @@ use crate::cloud::reach::Direct;
 use crate::cloud::runner::{Runner, RunnerOptions};
 use crate::cloud::{ClusterId, Credentials};
 use crate::config::DynamicPlatform;
+use crate::controller::events::Note;
 use crate::platform::Platform;
 use crate::scheduler::{Action, Event, InstanceRecord, ProbeResult};
 
@@ -126,6 +127,18 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
             .into_iter()
             .collect()
     };
+    if let Action::Launch { template, .. } = &action {
+        for e in &events {
+            if let Event::LaunchFailed {
+                error,
+                retryable: false,
+                ..
+            } = e
+            {
+                rejected(ctx, template, error);
+            }
+        }
+    }
     if let Some(id) = terminated
         && events
             .iter()
@@ -134,6 +147,18 @@ pub async fn run(ctx: &Context, action: Action) -> Vec<Event> {
         ctx.known_hosts.forget(ctx, &id).await;
     }
     events
+}
+
+/// A launch the cloud rejected for good (a deregistered image, a missing subnet, a denied
+/// action): every TaskRun of the platform fails the same way until the host-config is fixed, so
+/// the operators get a Warning on the host-config too (the TaskRun has its own).
+fn rejected(ctx: &Context, template: &DynamicPlatform, error: &str) {
+    ctx.events.submit(Note {
+        reference: ctx.config_reference(),
+        warning: true,
+        reason: "LaunchRejected",
+        message: format!("{}: {error}", template.platform),
+    });
 }
 
 /// Lists one platform's instances, `None` on failure (logged).
