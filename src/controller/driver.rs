@@ -628,13 +628,18 @@ mod tests {
 
         fn run(&self, job: Job) -> BoxFuture<'static, Outcome> {
             let (reply, answer) = oneshot::channel();
+            let kind = job.kind();
             let _ = self.jobs.send(Ran {
                 job,
                 cancel: self.cancel.clone(),
                 at: tokio::time::Instant::now(),
                 reply,
             });
-            Box::pin(async move { answer.await.unwrap_or_default() })
+            Box::pin(async move {
+                // Logged from inside the job, where the live executor logs.
+                tracing::info!(kind, "job running");
+                answer.await.unwrap_or_default()
+            })
         }
     }
 
@@ -1015,6 +1020,80 @@ mod tests {
         assert_eq!(start2.records.len(), 1, "still finalized: recovered again");
         let ran = h.jobs_within(WAIT).await;
         assert!(ran.is_empty(), "ran after its term: {:?}", abouts(&ran));
+    }
+
+    /// Log lines as the binary writes them with `--log-format json`.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the loop logs about a term carries the term, and so does what its jobs log (the
+    /// job's own span nests in the term's), and a TaskRun's watch event is handled in a span
+    /// naming it: `select(any(.spans[]?; .term == 2))` reads one term's story.
+    #[tokio::test(start_paused = true)]
+    async fn a_terms_lines_and_its_jobs_lines_carry_the_term() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (_t1, start) = h.lead(Vec::new()).await;
+        h.recovered(&start).await;
+        h.watch(watcher::Event::Apply(taskrun("u1"))).await;
+        let job = h.job_about("provision u1").await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(job);
+        h.lead.as_ref().unwrap().send_replace(None);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(_default);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let logged: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let line = |message: &str| {
+            logged
+                .iter()
+                .find(|l| l["message"] == message)
+                .unwrap_or_else(|| panic!("{message:?} is logged: {text}"))
+                .clone()
+        };
+        let names = |l: &Value| -> Vec<String> {
+            l["spans"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| s["name"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        };
+        for message in [
+            "leading: rebuilding the ledger",
+            "ledger rebuilt; scheduling",
+            "term ended: executor cancelled, scheduler dropped",
+        ] {
+            let l = line(message);
+            assert_eq!(names(&l), ["loop", "term"], "{l}");
+            assert_eq!(l["span"]["term"], 1, "{l}");
+        }
+        let ran = logged
+            .iter()
+            .find(|l| l["message"] == "job running" && l["kind"] == "provision")
+            .unwrap_or_else(|| panic!("the job logged: {text}"));
+        assert_eq!(names(ran), ["loop", "term"], "{ran}");
+        assert_eq!(ran["span"]["term"], 1, "{ran}");
     }
 
     /// Jobs to run again come out when due, earliest first, in submission order among equals.
