@@ -8,7 +8,7 @@
 //! executors, and no module imports one above it (a unit test checks it). Pure parts:
 //! [`meaning`] (what a TaskRun means: scheduler events and recovery records), the TaskRun index
 //! ([`sources::taskruns::TaskRunIndex`]), leadership terms ([`sources::lease::Terms`]), [`patch`]
-//! (the writes), [`lanes`] (per-key ordering).
+//! (the writes), [`lanes`] (when a job may start: per-key order, per-class caps).
 
 pub mod driver;
 pub mod events;

@@ -9,7 +9,10 @@
 //!   comes back through the TaskRun watch).
 //!
 //! Everything reaches the loop as an [`Input`] on one channel, or (leadership) on the elector's
-//! watch channel. Sources never decide: they read the world and report it.
+//! watch channel. Sources never decide: they read the world and report it. Each runs in a
+//! `source` span naming its `kind` (a term's inside the loop's `term` span); recovery looks up
+//! each TaskRun's secret in a `secret_lookup` span, and the safety net marks each TaskRun in an
+//! `adopt_taskrun` span (both with `namespace`, `taskrun`, `uid`).
 
 pub mod adopt;
 pub mod config;
