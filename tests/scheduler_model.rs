@@ -39,6 +39,7 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use mpc::config::{ConfigData, HostConfig};
 use mpc::contract;
+use mpc::controller::lanes::{self, LaneKey};
 use mpc::controller::meaning::{self, Meaning, MountMemo};
 use mpc::controller::patch::{self, Maps, OtpEndpoint, SecretProof};
 use mpc::controller::taskrun::TaskRun;
@@ -341,19 +342,11 @@ enum Pending {
         op: OpId,
         id: String,
     },
-}
-
-impl Pending {
-    /// The executor's lane: actions about one user on one host, or one instance, run in order.
-    fn lane(&self) -> Option<String> {
-        match self {
-            Pending::Provision { user, host, .. } | Pending::Deprovision { user, host, .. } => {
-                Some(format!("{host}/{user}"))
-            }
-            Pending::Probe { id, .. } | Pending::Terminate { id, .. } => Some(id.clone()),
-            Pending::Launch { .. } => None,
-        }
-    }
+    /// The instance's owner tag becomes `owner`'s (no result event).
+    Retag {
+        id: String,
+        owner: String,
+    },
 }
 
 /// A TaskRun write waiting in its TaskRun's lane, with the attempt it was issued in.
@@ -498,7 +491,8 @@ struct World {
     users: BTreeMap<String, BTreeMap<String, Time>>,
     instances: BTreeMap<String, WInstance>,
     tokens: BTreeMap<String, String>,
-    pending: Vec<Pending>,
+    /// Cloud and SSH actions issued, each with its lane ([`lanes::lane_of`]).
+    pending: Vec<(Option<LaneKey>, Pending)>,
     history: Vec<Event>,
     alloc: Allocations,
     /// Static host names by address, over every config.
@@ -508,6 +502,11 @@ struct World {
     /// A TaskRun being created: its waiting record, if any, starts its fairness tracking.
     creating: Option<String>,
     mutant: Option<Mutant>,
+    /// Runs each `Retag` in its instance's lane as the controller does ([`lanes::lane_of`]),
+    /// instead of at once. Off by default until the scheduler waits for a retag to land before
+    /// it removes the previous owner's finalizer (see
+    /// `a_handed_over_instance_is_retagged_before_its_first_owners_finalizer_goes`).
+    retag_in_lane: bool,
     next: u64,
     /// Other clusters' live instances (id to platform and launch time), tagged like ours:
     /// counted against `max-instances`, never ours to act on, however old.
@@ -608,6 +607,7 @@ impl World {
             fair: fair.then(Fairness::default),
             creating: None,
             mutant,
+            retag_in_lane: false,
             next: 0,
             foreign: BTreeMap::new(),
             foreign_listed: BTreeMap::new(),
@@ -771,7 +771,11 @@ impl World {
     }
 
     /// Queues a TaskRun write in its lane.
-    fn write(&mut self, uid: String, action: Action) {
+    fn write(&mut self, action: Action) {
+        let Some(LaneKey::TaskRun(uid)) = lanes::lane_of(&action) else {
+            panic!("not a TaskRun write: {action:?}");
+        };
+        let uid = uid.to_string();
         let attempt = self.taskruns.get(&uid).map_or(0, WTaskRun::retries);
         self.kube
             .entry(uid)
@@ -783,6 +787,8 @@ impl World {
         if trace() {
             println!("{a:?}");
         }
+        // The controller's lane rule: what runs in order with what.
+        let lane = lanes::lane_of(&a);
         match a {
             Action::Record {
                 ref taskrun,
@@ -857,7 +863,7 @@ impl World {
                     }
                     None => self.alloc.release(&uid),
                 }
-                self.write(uid, a);
+                self.write(a);
             }
             Action::WriteSecret {
                 ref taskrun,
@@ -884,17 +890,13 @@ impl World {
                     assert!(!m.is_empty());
                     self.alloc.release(&uid);
                 }
-                self.write(uid, a);
+                self.write(a);
             }
             Action::RemoveFinalizer { ref taskrun, .. } => {
                 self.finalizing.push(taskrun.clone());
-                let uid = taskrun.uid().to_string();
-                self.write(uid, a);
+                self.write(a);
             }
-            Action::DeleteSecret { ref taskrun } | Action::Ungate { ref taskrun } => {
-                let uid = taskrun.uid().to_string();
-                self.write(uid, a);
-            }
+            Action::DeleteSecret { .. } | Action::Ungate { .. } => self.write(a),
             Action::Provision {
                 op, taskrun, host, ..
             } => {
@@ -920,12 +922,15 @@ impl World {
                 {
                     panic!("recovery: {e}");
                 }
-                self.pending.push(Pending::Provision {
-                    op,
-                    uid,
-                    user: taskrun.remote_user(),
-                    host: host.name().to_owned(),
-                });
+                self.pending.push((
+                    lane.clone(),
+                    Pending::Provision {
+                        op,
+                        uid,
+                        user: taskrun.remote_user(),
+                        host: host.name().to_owned(),
+                    },
+                ));
             }
             Action::Deprovision { op, user, host } => {
                 if let RemoteUser::Named(name) = &user {
@@ -937,11 +942,14 @@ impl World {
                         self.now
                     );
                 }
-                self.pending.push(Pending::Deprovision {
-                    op,
-                    user: user.name(),
-                    host: host.name().to_owned(),
-                })
+                self.pending.push((
+                    lane.clone(),
+                    Pending::Deprovision {
+                        op,
+                        user: user.name(),
+                        host: host.name().to_owned(),
+                    },
+                ))
             }
             Action::Launch {
                 op,
@@ -959,7 +967,9 @@ impl World {
                 let launching = self
                     .pending
                     .iter()
-                    .filter(|x| matches!(x, Pending::Launch { platform, .. } if *platform == p))
+                    .filter(
+                        |(_, x)| matches!(x, Pending::Launch { platform, .. } if *platform == p),
+                    )
                     .count();
                 // Other clusters' instances the scheduler was shown, still alive, count too.
                 let foreign = self
@@ -979,21 +989,27 @@ impl World {
                 // A new launch for a TaskRun: the one before (failed) is no longer its own.
                 self.launched_for.remove(&launch.owner_key());
                 // The cloud's idempotency token: one per launch identity.
-                self.pending.push(Pending::Launch {
-                    op,
-                    platform: p,
-                    token: format!("{}|{}", launch.owner_key(), launch.attempt_tag()),
-                    tag: template.instance_tag.clone(),
-                    owner: launch.owner_key(),
-                    slots,
-                });
+                self.pending.push((
+                    lane.clone(),
+                    Pending::Launch {
+                        op,
+                        platform: p,
+                        token: format!("{}|{}", launch.owner_key(), launch.attempt_tag()),
+                        tag: template.instance_tag.clone(),
+                        owner: launch.owner_key(),
+                        slots,
+                    },
+                ));
             }
             Action::Probe {
                 op, instance_id, ..
-            } => self.pending.push(Pending::Probe {
-                op,
-                id: instance_id.to_string(),
-            }),
+            } => self.pending.push((
+                lane.clone(),
+                Pending::Probe {
+                    op,
+                    id: instance_id.to_string(),
+                },
+            )),
             Action::Terminate {
                 op, instance_id, ..
             } => {
@@ -1001,10 +1017,13 @@ impl World {
                     !self.foreign.contains_key(&*instance_id),
                     "terminated another cluster's instance {instance_id}"
                 );
-                self.pending.push(Pending::Terminate {
-                    op,
-                    id: instance_id.to_string(),
-                })
+                self.pending.push((
+                    lane.clone(),
+                    Pending::Terminate {
+                        op,
+                        id: instance_id.to_string(),
+                    },
+                ))
             }
             Action::Retag {
                 instance_id,
@@ -1015,8 +1034,17 @@ impl World {
                     !self.foreign.contains_key(&*instance_id),
                     "retagged another cluster's instance {instance_id}"
                 );
-                if let Some(i) = self.instances.get_mut(&*instance_id) {
-                    i.owner = launch.owner_key();
+                let retag = Pending::Retag {
+                    id: instance_id.to_string(),
+                    owner: launch.owner_key(),
+                };
+                if self.retag_in_lane {
+                    self.pending.push((lane.clone(), retag));
+                } else {
+                    // The one place the model departs from the controller's lane rule: the tag
+                    // changes at once, although the controller runs the call in the instance's
+                    // lane, concurrently with the previous owner's finalizer removal.
+                    self.execute(retag, true);
                 }
             }
             Action::Observe(Observation::Waited {
@@ -1332,9 +1360,9 @@ impl World {
         }
     }
 
-    /// Executes a pending action in the world; returns its result event.
-    fn execute(&mut self, p: Pending, ok: bool) -> Event {
-        match p {
+    /// Executes a pending action in the world; returns its result event, if it has one.
+    fn execute(&mut self, p: Pending, ok: bool) -> Option<Event> {
+        let e = match p {
             Pending::Provision {
                 op,
                 uid,
@@ -1392,20 +1420,20 @@ impl World {
                 slots,
             } => {
                 if !ok {
-                    return Event::LaunchFailed {
+                    return Some(Event::LaunchFailed {
                         op,
                         error: "simulated".into(),
                         retryable: !self.next.is_multiple_of(3),
-                    };
+                    });
                 }
                 let id = match self.tokens.get(&token) {
                     // An earlier try's instance: adopted when alive, spent when gone.
                     Some(id) if !self.instances[id].alive => {
-                        return Event::LaunchSpent {
+                        return Some(Event::LaunchSpent {
                             op,
                             instance_id: id.clone(),
                             state: InstanceState::Terminated,
-                        };
+                        });
                     }
                     Some(id) => id.clone(),
                     None => {
@@ -1464,14 +1492,21 @@ impl World {
                     }
                 }
             }
-        }
+            Pending::Retag { id, owner } => {
+                if let Some(i) = self.instances.get_mut(&id) {
+                    i.owner = owner;
+                }
+                return None;
+            }
+        };
+        Some(e)
     }
 
     /// Indices of pending actions first in their lane.
     fn deliverable(&self) -> Vec<usize> {
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = std::collections::HashSet::new();
         (0..self.pending.len())
-            .filter(|&i| match self.pending[i].lane() {
+            .filter(|&i| match &self.pending[i].0 {
                 Some(l) => seen.insert(l),
                 None => true,
             })
@@ -1479,13 +1514,15 @@ impl World {
     }
 
     fn deliver(&mut self, idx: usize, ok: bool) {
-        let p = self.pending.remove(idx);
+        let (_, p) = self.pending.remove(idx);
         let whose = match &p {
             Pending::Provision { uid, host, .. } => Some((uid.clone(), host.clone())),
             Pending::Launch { owner, .. } => Some((owner.clone(), String::new())),
             _ => None,
         };
-        let e = self.execute(p, ok);
+        let Some(e) = self.execute(p, ok) else {
+            return;
+        };
         match (whose, &e) {
             (Some(k), Event::Provisioned { .. }) => {
                 self.known_users.insert(k);
@@ -1642,7 +1679,7 @@ impl World {
         if flush {
             // In flight at the crash: done in the world, results never seen. Cloud and SSH
             // actions all run at once; of each TaskRun's writes, the first.
-            for p in pending {
+            for (_, p) in pending {
                 self.execute(p, true);
             }
             for lane in &lanes {
@@ -1745,7 +1782,7 @@ impl World {
         };
         // What the scheduler did with it so far never happened (the labels are the tenant's).
         self.kube.remove(&uid);
-        self.pending.retain(|p| match p {
+        self.pending.retain(|(_, p)| match p {
             Pending::Provision { uid: u, .. } => *u != uid,
             Pending::Launch { owner, .. } => *owner != uid,
             _ => true,
@@ -2785,6 +2822,36 @@ fn an_instance_handed_over_survives_its_first_owners_cleanup_after_a_restart() {
     check(Policy::mpc(), &cmds);
 }
 
+/// Found when the model took the controller's lane rule: a `Retag` runs in its instance's lane
+/// (and may fail: it has no result), but the scheduler removes the previous owner's finalizer in
+/// the same step, in that TaskRun's lane. Should the removal land and the retag not (a crash in
+/// between, or a failed CreateTags, which nothing retries), the instance's owner tag names a
+/// TaskRun that is gone: the next recovery refuses the new owner's `cloud-instance-id` (the
+/// listing does not show the instance as its) and terminates the instance as an orphan, under
+/// the new owner's build. The fix belongs in the scheduler (a retag with an op and a result,
+/// retried until it lands, and the previous owner's finalizer kept until then); this test then
+/// passes and `World::retag_in_lane` goes.
+#[test]
+#[ignore = "scheduler finding: the previous owner's finalizer goes before the retag lands"]
+fn a_handed_over_instance_is_retagged_before_its_first_owners_finalizer_goes() {
+    use Cmd::*;
+    let cmds = vec![
+        Create { platform: 1, ns: 1 },
+        Create { platform: 1, ns: 0 },
+        Create { platform: 1, ns: 1 },
+        Deliver { pick: 0, ok: true },
+        Deliver { pick: 0, ok: true },
+        // ns0/tr-2 finishes holding its instance: handed over to the waiter ns1/tr-3.
+        Finish(1),
+    ];
+    let mut w = World::new(Policy::mpc());
+    w.retag_in_lane = true;
+    for c in &cmds {
+        w.run(c);
+    }
+    w.quiesce();
+}
+
 /// Found by a deeper search (`MODEL_CASES=2000 PROPTEST_RNG_SEED=77`): after a restart, a retried
 /// TaskRun's finalizer was removed while its build user was still on the host.
 #[test]
@@ -3333,7 +3400,7 @@ fn drain_refusing(w: &mut World, refuse: bool) {
     loop {
         let ready = w.deliverable();
         if let Some(&i) = ready.first() {
-            let ok = !(refuse && matches!(w.pending[i], Pending::Terminate { .. }));
+            let ok = !(refuse && matches!(w.pending[i].1, Pending::Terminate { .. }));
             w.deliver(i, ok);
         } else if let Some(lane) = w.kube.keys().next().cloned() {
             w.land_and_feed(&lane);

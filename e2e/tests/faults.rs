@@ -251,7 +251,7 @@ async fn finalizer_removals_refused_for_good_do_not_stall_other_writes() {
         .unwrap();
     p.user_per_replica = true;
     p.start_controller("c1").await.unwrap();
-    let n = mpc::controller::driver::JOBS_IN_FLIGHT + 8;
+    let n = mpc::controller::lanes::JOBS_IN_FLIGHT + 8;
     let names: Vec<String> = (0..n).map(|i| format!("stuck-{i}")).collect();
     // Served in their pods (a local platform: cheap), with our finalizer, which the controller
     // removes when they end (the webhook adds none for a local platform: it is there from

@@ -3,57 +3,63 @@
 //!
 //! One task owns the [`Scheduler`]. The [sources](super::sources) feed it (watch events, periodic
 //! listings, the recovery snapshot, config updates, leadership changes), action results come
-//! back from the executor, and a timer fires at [`Scheduler::next_deadline`]; actions go out to
-//! the [executor](super::execute) as spawned jobs ordered per key by [`Lanes`]. The loop never
-//! awaits I/O.
+//! back from the [executor](super::execute::Executor), and a timer fires at
+//! [`Scheduler::next_deadline`]; actions go out to the executor as spawned jobs, started by
+//! [`Lanes`] (per-key order and per-class caps). The loop never awaits I/O. The executor and the
+//! term's sources are parameters ([`Executor`], [`Sources`]): the guarantees below are unit-tested
+//! with scripted ones.
 //!
 //! Guarantees:
 //! - nothing is allocated before the ledger is rebuilt: on leadership gain the TaskRun watch
 //!   must have listed everything, then [`Scheduler::recover`] runs on a [`Snapshot`] of the
 //!   [`TaskRunIndex`] (with whether each relevant TaskRun's Secret exists, and cloud listings)
-//!   before live events flow; events that arrive meanwhile are buffered and replayed;
+//!   before live events flow; events that arrive meanwhile are buffered and replayed in order;
 //! - after a relist (410, reconnect), TaskRuns the index held that the list no longer has are
 //!   done ([`TaskRunIndex`]);
 //! - losing the Lease cancels every job of the term at once and drops the scheduler: the term's
-//!   context is a child of the elector's term token, which the elector cancels itself at the
+//!   token is a child of the elector's term token, which the elector cancels itself at the
 //!   renew deadline, so in-flight writes of an ended term are abandoned even before this loop
-//!   reads the change.
-//!
-//! - at most [`JOBS_IN_FLIGHT`] jobs run at once, besides [`NOTIFY_IN_FLIGHT`] Events and
-//!   [`SSH_IN_FLIGHT`] provisionings and removals, each class capped apart; the
-//!   rest wait as plain values, in submission order. A spawned job is kilobytes (its future, a
-//!   clone of the context, then the API's answer), an action at most 128 B, and recovering
-//!   10,000 queued TaskRuns dispatches a label write and an Event for each at once: spawned
-//!   together they were the controller's memory peak (BENCHMARKS.md, "Memory").
+//!   reads the change. A new token is a new term, even without a gap seen in between;
+//! - nothing of an ended term is applied: its job results, its recovery snapshot, and its jobs
+//!   waiting for a place, behind their lane or for their next attempt are dropped with it, so a
+//!   result cannot reach the next term's scheduler (whose operation ids start over);
+//! - at most [`JOBS_IN_FLIGHT`](super::lanes::JOBS_IN_FLIGHT) jobs run at once, besides
+//!   Events and provisionings and removals, each class capped apart ([`Caps`]); the rest wait as
+//!   plain values, in submission order;
 //! - a finalizer removal that did not land waits for its next attempt outside the caps, its
 //!   TaskRun's lane still taken (later writes about it keep their order): removals the API
 //!   refuses for good cannot take the places every other write needs.
 //!
+//! Spans: the loop runs in `loop`, each term's work in `term` (field `term`), the term's
+//! sources in `source` (`kind`) inside it, and each job in the executor's `job` span inside the
+//! term's; a watch event about a TaskRun is handled in `taskrun_event` (`namespace`, `taskrun`,
+//! `uid`).
+//!
 //! Assumptions: events are idempotent for the scheduler (it ignores duplicates and late copies),
 //! so replays after a buffer or a relist are safe.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use super::execute::{self, Context, Job};
-use super::lanes::{LaneKey, Lanes};
+use super::execute::{Executor, Job, Outcome};
+use super::lanes::{Caps, Class, LaneKey, Lanes, Ticket, lane_of};
+use super::metrics::ControllerMetrics;
 use super::sources::taskruns::{Found, TaskRunIndex};
-use super::sources::{self, Input, Intervals, now};
+use super::sources::{Input, Sources, TermStart, now};
 use super::taskrun::TaskRun;
 use crate::config::HostConfig;
-use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRef, Time};
+use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, Time};
 
 /// A finished job.
 pub struct Completion {
     term: u64,
-    lane: Option<LaneKey>,
-    class: Class,
-    outcome: execute::Outcome,
+    ticket: Ticket,
+    outcome: Outcome,
 }
 
 enum Phase {
@@ -63,95 +69,26 @@ enum Phase {
 }
 
 /// A leadership term.
-struct Term {
+struct Term<E> {
     id: u64,
-    ctx: Context,
+    /// The executor of the term (its token fires when the term ends).
+    exec: E,
+    cancel: CancellationToken,
+    span: tracing::Span,
     phase: Phase,
     lanes: Lanes<Job>,
-    running: InFlight<(Option<LaneKey>, Job)>,
     /// Jobs to run again at a time (finalizer removals that did not land), holding their lane
     /// but no place; dropped with the term.
-    later: Later<(Option<LaneKey>, Job)>,
+    later: Later<(Ticket, Job)>,
 }
 
-/// Jobs running at once. Well above what the executor's own limits let proceed together (API,
-/// SSH and Event permits), so a cap this size costs no throughput; it bounds what waits for them.
-pub const JOBS_IN_FLIGHT: usize = 256;
-/// Of those, Events: they are published a few at a time, and jobs waiting for that must not fill
-/// every place while writes queue behind them.
-pub const NOTIFY_IN_FLIGHT: usize = 16;
-/// Provisionings and removals, counted apart: when hosts are slow they wait seconds for SSH
-/// permits, and in the shared cap they held every place while provisioned TaskRuns' secret
-/// writes queued behind them (a 100/s burst: 6.5 s on average; BENCHMARKS.md, "Burst"). Twice
-/// the default SSH parallelism keeps the SSH permits busy.
-pub const SSH_IN_FLIGHT: usize = 64;
-
-/// Which cap a job counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Notify,
-    Ssh,
-    Other,
-}
-
-fn class_of(job: &Job) -> Class {
+/// Where a job of the loop runs: its lane and class.
+fn place(job: &Job) -> (Option<LaneKey>, Class) {
     match job {
-        Job::Action(Action::Notify { .. }) => Class::Notify,
-        Job::Action(Action::Provision { .. } | Action::Deprovision { .. }) => Class::Ssh,
-        _ => Class::Other,
-    }
-}
-
-/// Admission of jobs under the caps: what does not fit waits, first in first out per class.
-struct InFlight<T> {
-    running: [usize; 3],
-    waiting: [VecDeque<T>; 3],
-    caps: [usize; 3],
-}
-
-impl<T> InFlight<T> {
-    fn new(others: usize, notify: usize, ssh: usize) -> Self {
-        InFlight {
-            running: [0, 0, 0],
-            waiting: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
-            caps: [others.max(1), notify.max(1), ssh.max(1)],
+        Job::AddFinalizer(r) | Job::RemoveFinalizer { taskrun: r, .. } => {
+            (Some(LaneKey::taskrun(r)), Class::Other)
         }
-    }
-
-    fn slot(class: Class) -> usize {
-        match class {
-            Class::Other => 0,
-            Class::Notify => 1,
-            Class::Ssh => 2,
-        }
-    }
-
-    /// `item` if it may start now (it then counts as running), else `None` and it waits.
-    fn submit(&mut self, class: Class, item: T) -> Option<T> {
-        let i = Self::slot(class);
-        if self.running[i] < self.caps[i] {
-            self.running[i] += 1;
-            Some(item)
-        } else {
-            self.waiting[i].push_back(item);
-            None
-        }
-    }
-
-    /// A job of `class` ended: the next waiting one of that class, which now runs.
-    fn finish(&mut self, class: Class) -> Option<T> {
-        let i = Self::slot(class);
-        match self.waiting[i].pop_front() {
-            Some(next) => Some(next),
-            None => {
-                self.running[i] = self.running[i].saturating_sub(1);
-                None
-            }
-        }
-    }
-
-    fn waiting(&self) -> usize {
-        self.waiting.iter().map(VecDeque::len).sum()
+        Job::Action(a) => (lane_of(a), Class::of(a)),
     }
 }
 
@@ -190,41 +127,45 @@ impl<T> Later<T> {
 }
 
 /// Everything the loop owns.
-pub struct Driver {
-    base: Context,
+pub struct Driver<E, S> {
+    /// The executor; each term runs with a copy bound to its token.
+    exec: E,
+    sources: S,
+    metrics: ControllerMetrics,
     policy: Policy,
-    /// The served config, for the safety-net scan.
-    config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
-    every: Intervals,
+    caps: Caps,
     taskruns: TaskRunIndex,
     config: Option<Arc<HostConfig>>,
     /// Leadership as the elector publishes it: the term token while leading.
     leadership: watch::Receiver<Option<CancellationToken>>,
     leading: Option<CancellationToken>,
-    term: Option<Term>,
+    term: Option<Term<E>>,
     next_term: u64,
     results_tx: mpsc::UnboundedSender<Completion>,
     results_rx: mpsc::UnboundedReceiver<Completion>,
     inputs_tx: mpsc::Sender<Input>,
     actions: Vec<Action>,
+    started: Vec<(Ticket, Job)>,
 }
 
-impl Driver {
-    /// A driver executing with `base` (its `cancel` is the process's; each term gets a child).
+impl<E: Executor, S: Sources> Driver<E, S> {
+    /// A driver running jobs with `exec` and each term's `sources`, which report on `inputs_tx`
+    /// (the sender of the channel [`Driver::run`] reads).
     pub fn new(
-        base: Context,
+        exec: E,
+        sources: S,
+        metrics: ControllerMetrics,
         policy: Policy,
         inputs_tx: mpsc::Sender<Input>,
-        config_rx: tokio::sync::watch::Receiver<Option<Arc<HostConfig>>>,
         leadership: watch::Receiver<Option<CancellationToken>>,
-        every: Intervals,
     ) -> Self {
         let (results_tx, results_rx) = mpsc::unbounded_channel();
         Driver {
-            base,
+            exec,
+            sources,
+            metrics,
             policy,
-            config_rx,
-            every,
+            caps: Caps::CONTROLLER,
             taskruns: TaskRunIndex::default(),
             config: None,
             leadership,
@@ -235,11 +176,24 @@ impl Driver {
             results_rx,
             inputs_tx,
             actions: Vec::new(),
+            started: Vec::new(),
         }
     }
 
+    /// Other caps than the controller's (tests).
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+
     /// Runs until [`Input::Shutdown`] or the input channel closes.
-    pub async fn run(mut self, mut inputs: mpsc::Receiver<Input>) {
+    pub async fn run(self, inputs: mpsc::Receiver<Input>) {
+        self.run_loop(inputs)
+            .instrument(tracing::info_span!("loop"))
+            .await
+    }
+
+    async fn run_loop(mut self, mut inputs: mpsc::Receiver<Input>) {
         let mut gauges = tokio::time::interval(Duration::from_secs(5));
         gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.on_leadership();
@@ -256,21 +210,30 @@ impl Driver {
                         // The elector stopped: nobody renews the Lease any more.
                         elector_gone = true;
                         self.leading = None;
-                        self.base.metrics.set_leader(false);
+                        self.metrics.set_leader(false);
                         self.end_term();
                     }
                 },
-                Some(done) = self.results_rx.recv() => self.on_completion(done),
+                Some(done) = self.results_rx.recv() => self.in_term(|d| d.on_completion(done)),
                 input = inputs.recv() => match input {
                     None | Some(Input::Shutdown) => break,
-                    Some(input) => self.on_input(input),
+                    Some(input) => self.in_term(|d| d.on_input(input)),
                 },
-                () = sleep_until(deadline) => self.feed(Event::Tick),
-                () = sleep_until_instant(again) => self.run_due(),
+                () = sleep_until(deadline) => self.in_term(|d| d.feed(Event::Tick)),
+                () = sleep_until_instant(again) => self.in_term(Self::run_due),
                 _ = gauges.tick() => self.update_gauges(),
             }
         }
         self.end_term();
+    }
+
+    /// Runs `f` in the current term's span (if a term runs).
+    fn in_term(&mut self, f: impl FnOnce(&mut Self)) {
+        let span = self.term.as_ref().map(|t| t.span.clone());
+        match span {
+            Some(span) => span.in_scope(|| f(self)),
+            None => f(self),
+        }
     }
 
     fn deadline(&self) -> Option<Time> {
@@ -293,16 +256,17 @@ impl Driver {
         let Some(term) = &mut self.term else {
             return;
         };
-        for (lane, job) in term.later.take_due(tokio::time::Instant::now()) {
-            term.start(lane, job, &self.results_tx);
+        for (ticket, job) in term.later.take_due(tokio::time::Instant::now()) {
+            term.lanes.resume(ticket, job, &mut self.started);
         }
+        self.spawn_started();
     }
 
     fn on_input(&mut self, input: Input) {
         match input {
             Input::TaskRuns(ev) => self.on_watch(*ev),
             Input::Config(cfg) => {
-                self.base.metrics.configured(cfg.platforms());
+                self.metrics.configured(cfg.platforms());
                 self.config = Some(cfg.clone());
                 self.feed(Event::ConfigReplaced(Box::new((*cfg).clone())));
             }
@@ -315,7 +279,7 @@ impl Driver {
 
     fn on_leadership(&mut self) {
         let leading = self.leadership.borrow_and_update().clone();
-        self.base.metrics.set_leader(leading.is_some());
+        self.metrics.set_leader(leading.is_some());
         if leading != self.leading {
             // A new token is a new term even without a gap seen in between.
             self.end_term();
@@ -325,6 +289,21 @@ impl Driver {
     }
 
     fn on_watch(&mut self, ev: watcher::Event<TaskRun>) {
+        let span = match &ev {
+            watcher::Event::Apply(tr)
+            | watcher::Event::InitApply(tr)
+            | watcher::Event::Delete(tr) => {
+                let m = &tr.metadata;
+                tracing::info_span!(
+                    "taskrun_event",
+                    namespace = m.namespace.as_deref(),
+                    taskrun = m.name.as_deref(),
+                    uid = m.uid.as_deref()
+                )
+            }
+            watcher::Event::Init | watcher::Event::InitDone => tracing::Span::none(),
+        };
+        let _entered = span.enter();
         let mut found = Vec::new();
         let leading = self.term.is_some();
         self.taskruns
@@ -412,43 +391,48 @@ impl Driver {
     /// A write of the controller's own (not the scheduler's): runs in the TaskRun's lane while
     /// leading, so it is ordered with the scheduler's writes.
     fn controller_job(&mut self, job: Job) {
-        if self.term.is_none() {
-            return;
+        if place(&job).0.is_some() {
+            self.submit(job);
         }
-        let key = match &job {
-            Job::AddFinalizer(r) | Job::RemoveFinalizer { taskrun: r, .. } => {
-                LaneKey::TaskRun(r.uid().to_string().into())
-            }
-            Job::Action(a) => match lane_of(a) {
-                Some(k) => k,
-                None => return,
-            },
-        };
-        self.submit(Some(key), job);
     }
 
     fn dispatch(&mut self, actions: &mut Vec<Action>) {
         for action in actions.drain(..) {
             match action {
-                Action::Observe(o) => self.base.metrics.observe(&o),
-                action => {
-                    let lane = lane_of(&action);
-                    self.submit(lane, Job::Action(action));
-                }
+                Action::Observe(o) => self.metrics.observe(&o),
+                action => self.submit(Job::Action(action)),
             }
         }
     }
 
-    fn submit(&mut self, lane: Option<LaneKey>, job: Job) {
+    fn submit(&mut self, job: Job) {
         let Some(term) = &mut self.term else {
             return;
         };
-        let start = match &lane {
-            Some(k) => term.lanes.submit(k.clone(), job),
-            None => Some(job),
+        let (lane, class) = place(&job);
+        term.lanes.submit(lane, class, job, &mut self.started);
+        self.spawn_started();
+    }
+
+    /// Spawns the jobs [`Lanes`] let start.
+    fn spawn_started(&mut self) {
+        let Some(term) = &self.term else {
+            self.started.clear();
+            return;
         };
-        if let Some(job) = start {
-            term.start(lane, job, &self.results_tx);
+        for (ticket, job) in self.started.drain(..) {
+            let run = term.exec.run(job);
+            let (results, id) = (self.results_tx.clone(), term.id);
+            // In the term's span: the job's own span nests in it.
+            let job = async move {
+                let outcome = run.await;
+                let _ = results.send(Completion {
+                    term: id,
+                    ticket,
+                    outcome,
+                });
+            };
+            tokio::spawn(job.instrument(term.span.clone()));
         }
     }
 
@@ -456,21 +440,19 @@ impl Driver {
         let Some(term) = &mut self.term else {
             return;
         };
+        // A result of an ended term: its scheduler is gone, and this one's op ids start over.
         if term.id != done.term {
             return;
         }
-        if let Some((lane, job)) = term.running.finish(done.class) {
-            spawn_job(&term.ctx, term.id, lane, job, &self.results_tx);
-        }
         if let Some((job, after)) = done.outcome.again {
             // Its place is free; its lane stays taken until it lands.
+            term.lanes.pause(done.ticket.class, &mut self.started);
             term.later
-                .at(tokio::time::Instant::now() + after, (done.lane, job));
-        } else if let Some(lane) = &done.lane
-            && let Some(next) = term.lanes.finish(lane)
-        {
-            term.start(done.lane.clone(), next, &self.results_tx);
+                .at(tokio::time::Instant::now() + after, (done.ticket, job));
+        } else {
+            term.lanes.finish(done.ticket, &mut self.started);
         }
+        self.spawn_started();
         for ev in done.outcome.events {
             self.feed(ev);
         }
@@ -488,44 +470,24 @@ impl Driver {
         };
         let id = self.next_term;
         self.next_term += 1;
-        let mut ctx = self.base.clone();
-        ctx.cancel = leadership.child_token();
-        tracing::info!(
-            term = id,
-            live = self.taskruns.len(),
-            "leading: rebuilding the ledger"
-        );
-        let records = self.taskruns.records();
-        tokio::spawn(sources::recovery::run(
-            ctx.clone(),
-            id,
-            records,
+        let cancel = leadership.child_token();
+        let span = tracing::info_span!("term", term = id);
+        let _entered = span.enter();
+        tracing::info!(live = self.taskruns.len(), "leading: rebuilding the ledger");
+        self.sources.start(TermStart {
+            term: id,
+            cancel: cancel.clone(),
+            records: self.taskruns.records(),
             config,
-            self.inputs_tx.clone(),
-        ));
-        tokio::spawn(sources::adopt::run(
-            ctx.clone(),
-            self.config_rx.clone(),
-            self.every.adopt,
-        ));
-        tokio::spawn(sources::instances::sweep(
-            ctx.clone(),
-            self.config_rx.clone(),
-            self.inputs_tx.clone(),
-            self.every.instances,
-        ));
-        tokio::spawn(sources::host_users::sweep(
-            ctx.clone(),
-            self.config_rx.clone(),
-            self.inputs_tx.clone(),
-            self.every.host_users,
-        ));
+            inputs: self.inputs_tx.clone(),
+        });
         self.term = Some(Term {
             id,
-            ctx,
+            exec: self.exec.for_term(cancel.clone()),
+            cancel,
+            span: span.clone(),
             phase: Phase::Recovering(Vec::new()),
-            lanes: Lanes::default(),
-            running: InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT),
+            lanes: Lanes::new(self.caps),
             later: Later::default(),
         });
         let mut found = Vec::new();
@@ -540,6 +502,7 @@ impl Driver {
         let Some(term) = &mut self.term else {
             return;
         };
+        // A snapshot of an ended term describes a world this term has not listed.
         if term.id != id {
             return;
         }
@@ -557,9 +520,8 @@ impl Driver {
         term.phase = Phase::Running(scheduler);
         let actions = out.len();
         self.dispatch(&mut out);
-        let waiting = self.term.as_ref().map_or(0, |t| t.running.waiting());
+        let waiting = self.term.as_ref().map_or(0, |t| t.lanes.waiting());
         tracing::info!(
-            term = id,
             taskruns = n_taskruns,
             instances = n_instances,
             actions,
@@ -576,11 +538,10 @@ impl Driver {
 
     fn end_term(&mut self) {
         if let Some(term) = self.term.take() {
-            term.ctx.cancel.cancel();
-            tracing::info!(
-                term = term.id,
-                "term ended: executor cancelled, scheduler dropped"
-            );
+            term.cancel.cancel();
+            term.span.in_scope(|| {
+                tracing::info!("term ended: executor cancelled, scheduler dropped");
+            });
         }
         self.taskruns.term_ended();
     }
@@ -591,67 +552,9 @@ impl Driver {
             ..
         }) = &self.term
         {
-            self.base.metrics.set_gauges(&s.gauges(), now());
+            self.metrics.set_gauges(&s.gauges(), now());
         }
     }
-}
-
-/// The lane an action runs in.
-fn lane_of(action: &Action) -> Option<LaneKey> {
-    let tr = |r: &TaskRunRef| Some(LaneKey::TaskRun(r.uid().to_string().into()));
-    match action {
-        // A user on a host: its creation is ordered with its removals (a compensation, or a
-        // failed attempt's cleanup on the host the retry lands on again).
-        Action::Provision { taskrun, host, .. } => {
-            Some(LaneKey::HostUser(host.name().into(), taskrun.remote_user()))
-        }
-        Action::Record { taskrun, .. }
-        | Action::WriteSecret { taskrun, .. }
-        | Action::DeleteSecret { taskrun }
-        | Action::Ungate { taskrun }
-        | Action::RemoveFinalizer { taskrun, .. } => tr(taskrun),
-        Action::Deprovision { user, host, .. } => {
-            Some(LaneKey::HostUser(host.name().into(), user.name()))
-        }
-        Action::Probe { instance_id, .. }
-        | Action::Terminate { instance_id, .. }
-        | Action::Retag { instance_id, .. } => Some(LaneKey::Instance(instance_id.clone())),
-        Action::Launch { .. } | Action::Notify { .. } | Action::Observe(_) => None,
-    }
-}
-
-impl Term {
-    /// Runs a job whose lane let it start, when the caps allow; else it waits its turn.
-    fn start(
-        &mut self,
-        lane: Option<LaneKey>,
-        job: Job,
-        results: &mpsc::UnboundedSender<Completion>,
-    ) {
-        if let Some((lane, job)) = self.running.submit(class_of(&job), (lane, job)) {
-            spawn_job(&self.ctx, self.id, lane, job, results);
-        }
-    }
-}
-
-fn spawn_job(
-    ctx: &Context,
-    term: u64,
-    lane: Option<LaneKey>,
-    job: Job,
-    results: &mpsc::UnboundedSender<Completion>,
-) {
-    let (ctx, results) = (ctx.clone(), results.clone());
-    let class = class_of(&job);
-    tokio::spawn(async move {
-        let outcome = execute::run(&ctx, job).await;
-        let _ = results.send(Completion {
-            term,
-            lane,
-            class,
-            outcome,
-        });
-    });
 }
 
 async fn sleep_until_instant(at: Option<tokio::time::Instant>) {
@@ -673,43 +576,524 @@ async fn sleep_until(deadline: Option<Time>) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use futures::future::BoxFuture;
+    use serde_json::{Value, json};
+    use tokio::sync::oneshot;
 
-    /// Recovery of 10,000 queued TaskRuns submits a write and an Event for each at once: only
-    /// the caps run, the rest start one per finished job of their class, in order.
-    #[test]
-    fn a_burst_runs_under_the_caps_in_order() {
-        let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT);
-        let mut started = Vec::new();
-        for i in 0..10_000 {
-            started.extend(q.submit(Class::Other, ("write", i)));
-            started.extend(q.submit(Class::Notify, ("event", i)));
+    use super::*;
+    use crate::contract;
+    use crate::scheduler::{OpId, SecretProbe};
+
+    /// One job the loop started, held by the test until it answers.
+    struct Ran {
+        job: Job,
+        /// The token of the term the job was started in.
+        cancel: CancellationToken,
+        at: tokio::time::Instant,
+        reply: oneshot::Sender<Outcome>,
+    }
+
+    impl Ran {
+        fn answer(self, outcome: Outcome) {
+            let _ = self.reply.send(outcome);
         }
-        let count = |v: &[(&str, i32)], what: &str| v.iter().filter(|(w, _)| *w == what).count();
-        assert_eq!(count(&started, "write"), JOBS_IN_FLIGHT);
-        assert_eq!(count(&started, "event"), NOTIFY_IN_FLIGHT);
-        assert_eq!(q.waiting(), 20_000 - JOBS_IN_FLIGHT - NOTIFY_IN_FLIGHT);
-        // Events publishing slowly do not hold writes back: a finished write starts the next.
-        assert_eq!(
-            q.finish(Class::Other),
-            Some(("write", JOBS_IN_FLIGHT as i32))
+
+        /// What the job is about: `kind uid` (or `kind` alone).
+        fn about(&self) -> String {
+            match self.job.taskrun() {
+                Some(t) => format!("{} {}", self.job.kind(), t.uid()),
+                None => self.job.kind().to_owned(),
+            }
+        }
+
+        fn op(&self) -> OpId {
+            OpId(self.job.op().expect("an operation"))
+        }
+    }
+
+    /// The scripted executor: hands every job to the test, and never drops one itself when its
+    /// term ends (the live one does), so whatever the loop does with a late result shows.
+    struct Script {
+        jobs: mpsc::UnboundedSender<Ran>,
+        cancel: CancellationToken,
+    }
+
+    impl Executor for Script {
+        fn for_term(&self, cancel: CancellationToken) -> Self {
+            Script {
+                jobs: self.jobs.clone(),
+                cancel,
+            }
+        }
+
+        fn run(&self, job: Job) -> BoxFuture<'static, Outcome> {
+            let (reply, answer) = oneshot::channel();
+            let kind = job.kind();
+            let _ = self.jobs.send(Ran {
+                job,
+                cancel: self.cancel.clone(),
+                at: tokio::time::Instant::now(),
+                reply,
+            });
+            Box::pin(async move {
+                // Logged from inside the job, where the live executor logs.
+                tracing::info!(kind, "job running");
+                answer.await.unwrap_or_default()
+            })
+        }
+    }
+
+    /// The scripted sources: hand each term's start to the test, which sends its snapshot.
+    struct Starts(mpsc::UnboundedSender<TermStart>);
+
+    impl Sources for Starts {
+        fn start(&self, term: TermStart) {
+            let _ = self.0.send(term);
+        }
+    }
+
+    /// A loop with a scripted executor and sources, and one static host of concurrency 1.
+    struct Harness {
+        inputs: mpsc::Sender<Input>,
+        lead: Option<watch::Sender<Option<CancellationToken>>>,
+        jobs: mpsc::UnboundedReceiver<Ran>,
+        terms: mpsc::UnboundedReceiver<TermStart>,
+    }
+
+    const WAIT: Duration = Duration::from_secs(600);
+
+    impl Harness {
+        fn start(caps: Caps) -> Self {
+            let (inputs, rx) = mpsc::channel(64);
+            let (lead, leadership) = watch::channel(None);
+            let (jobs_tx, jobs) = mpsc::unbounded_channel();
+            let (terms_tx, terms) = mpsc::unbounded_channel();
+            let exec = Script {
+                jobs: jobs_tx,
+                cancel: CancellationToken::new(),
+            };
+            let metrics = ControllerMetrics::register(&prometheus::Registry::new()).unwrap();
+            let driver = Driver::new(
+                exec,
+                Starts(terms_tx),
+                metrics,
+                Policy::mpc(),
+                inputs.clone(),
+                leadership,
+            )
+            .with_caps(caps);
+            tokio::spawn(driver.run(rx));
+            Harness {
+                inputs,
+                lead: Some(lead),
+                jobs,
+                terms,
+            }
+        }
+
+        async fn send(&self, input: Input) {
+            self.inputs.send(input).await.unwrap();
+        }
+
+        async fn watch(&self, ev: watcher::Event<TaskRun>) {
+            self.send(Input::TaskRuns(Box::new(ev))).await;
+        }
+
+        /// Config, a complete first list of `listed`, and leadership: the term it starts.
+        async fn lead(&mut self, listed: Vec<TaskRun>) -> (CancellationToken, TermStart) {
+            self.send(Input::Config(Arc::new(config()))).await;
+            self.watch(watcher::Event::Init).await;
+            for tr in listed {
+                self.watch(watcher::Event::InitApply(tr)).await;
+            }
+            self.watch(watcher::Event::InitDone).await;
+            self.new_term().await
+        }
+
+        /// A new leadership token: the term it starts.
+        async fn new_term(&mut self) -> (CancellationToken, TermStart) {
+            let token = CancellationToken::new();
+            self.lead
+                .as_ref()
+                .unwrap()
+                .send_replace(Some(token.clone()));
+            (token, self.term().await)
+        }
+
+        async fn term(&mut self) -> TermStart {
+            tokio::time::timeout(WAIT, self.terms.recv())
+                .await
+                .expect("a term starts")
+                .unwrap()
+        }
+
+        /// The snapshot of `start`'s records, every Secret looked up and absent.
+        async fn recovered(&self, start: &TermStart) {
+            self.recovered_as(start.term, start).await;
+        }
+
+        async fn recovered_as(&self, term: u64, start: &TermStart) {
+            let taskruns = start
+                .records
+                .iter()
+                .map(|(r, matters)| {
+                    let mut r = r.clone();
+                    if *matters {
+                        r.learn_secret(SecretProbe::Free, false);
+                    }
+                    r
+                })
+                .collect();
+            let snapshot = Snapshot {
+                taskruns,
+                instances: Vec::new(),
+                unlisted: Vec::new(),
+            };
+            self.send(Input::Recovered { term, snapshot }).await;
+        }
+
+        async fn job(&mut self) -> Ran {
+            tokio::time::timeout(WAIT, self.jobs.recv())
+                .await
+                .expect("a job starts")
+                .unwrap()
+        }
+
+        /// The next job about `about`; others on the way are answered with nothing.
+        async fn job_about(&mut self, about: &str) -> Ran {
+            loop {
+                let ran = self.job().await;
+                if ran.about() == about {
+                    return ran;
+                }
+                ran.answer(Outcome::default());
+            }
+        }
+
+        /// Every job started within `d`, unanswered.
+        async fn jobs_within(&mut self, d: Duration) -> Vec<Ran> {
+            let mut out = Vec::new();
+            let until = tokio::time::Instant::now() + d;
+            while let Ok(Some(ran)) = tokio::time::timeout_at(until, self.jobs.recv()).await {
+                out.push(ran);
+            }
+            out
+        }
+    }
+
+    fn config() -> HostConfig {
+        let data: crate::config::ConfigData = [
+            ("host.h1.address", "127.0.0.1"),
+            ("host.h1.user", "admin"),
+            ("host.h1.platform", "linux/arm64"),
+            ("host.h1.secret", "h1-admin"),
+            ("host.h1.concurrency", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let parsed = crate::config::parse(&data);
+        assert!(!parsed.has_errors(), "{:?}", parsed.diagnostics);
+        parsed.config
+    }
+
+    fn taskrun_json(uid: &str) -> Value {
+        json!({
+            "metadata": {"name": format!("b-{uid}"), "namespace": "t1", "uid": uid,
+                         "labels": {contract::TARGET_PLATFORM_LABEL: "linux-arm64"},
+                         "finalizers": [contract::FINALIZER],
+                         "creationTimestamp": "2026-01-02T03:04:05Z"},
+            "spec": {"params": [{"name": "PLATFORM", "value": "linux/arm64"}],
+                     "taskSpec": {"volumes": [{"name": "ssh", "secret":
+                        {"secretName": "multi-platform-ssh-$(context.taskRun.name)"}}]}},
+            "status": {}
+        })
+    }
+
+    fn taskrun(uid: &str) -> TaskRun {
+        serde_json::from_value(taskrun_json(uid)).unwrap()
+    }
+
+    fn succeeded(uid: &str) -> TaskRun {
+        let mut v = taskrun_json(uid);
+        v["status"]["conditions"] = json!([{"type": "Succeeded", "status": "True"}]);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn abouts(jobs: &[Ran]) -> Vec<String> {
+        jobs.iter().map(Ran::about).collect()
+    }
+
+    /// Nothing is allocated before the ledger is rebuilt, and what arrives meanwhile is
+    /// replayed after it, in order: of two TaskRuns for a host of one slot, the first to arrive
+    /// gets it. (Not even a term starts before the watch listed everything.)
+    #[tokio::test(start_paused = true)]
+    async fn events_during_recovery_wait_for_the_ledger_and_replay_in_order() {
+        let mut h = Harness::start(Caps::CONTROLLER);
+        h.send(Input::Config(Arc::new(config()))).await;
+        h.lead
+            .as_ref()
+            .unwrap()
+            .send_replace(Some(CancellationToken::new()));
+        h.watch(watcher::Event::Init).await;
+        let early = tokio::time::timeout(WAIT, h.terms.recv()).await;
+        assert!(
+            early.is_err(),
+            "a term started before the list was complete"
         );
-        assert_eq!(
-            q.finish(Class::Notify),
-            Some(("event", NOTIFY_IN_FLIGHT as i32))
+        h.watch(watcher::Event::InitDone).await;
+        let start = h.term().await;
+        assert!(start.records.is_empty());
+        for uid in ["u2", "u3"] {
+            h.watch(watcher::Event::Apply(taskrun(uid))).await;
+        }
+        let before = h.jobs_within(WAIT).await;
+        assert!(
+            before.is_empty(),
+            "ran before recovery: {:?}",
+            abouts(&before)
         );
-        let mut next = JOBS_IN_FLIGHT as i32 + 1;
-        while let Some((_, i)) = q.finish(Class::Other) {
-            assert_eq!(i, next, "submission order");
-            next += 1;
+        h.recovered(&start).await;
+        let after = abouts(&h.jobs_within(Duration::from_secs(1)).await);
+        assert!(after.contains(&"provision u2".to_owned()), "{after:?}");
+        assert!(!after.contains(&"provision u3".to_owned()), "{after:?}");
+    }
+
+    /// A term ends at once when its token goes: its jobs are cancelled, and nothing of it is
+    /// applied afterwards, neither its snapshot nor its results, even one naming an operation
+    /// of the next term (a new scheduler numbers its operations from the start again).
+    #[tokio::test(start_paused = true)]
+    async fn an_ended_terms_jobs_are_cancelled_and_their_results_ignored() {
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (_t1, start1) = h.lead(Vec::new()).await;
+        h.recovered(&start1).await;
+        h.watch(watcher::Event::Apply(taskrun("u1"))).await;
+        let old = h.job_about("provision u1").await;
+        assert!(!old.cancel.is_cancelled());
+        h.lead.as_ref().unwrap().send_replace(None);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(old.cancel.is_cancelled(), "the term's jobs are cancelled");
+        let (_t2, start2) = h.new_term().await;
+        assert_eq!((start1.term, start2.term), (1, 2));
+        assert!(start1.cancel.is_cancelled(), "the term's sources stop");
+        // Term 1's snapshot arriving late would rebuild the ledger from a world term 2 did not
+        // list: ignored, term 2 keeps recovering.
+        h.recovered_as(start1.term, &start2).await;
+        let stale = h.jobs_within(WAIT).await;
+        assert!(stale.is_empty(), "{:?}", abouts(&stale));
+        h.recovered(&start2).await;
+        let new = h.job_about("provision u1").await;
+        // The old job answers with the new job's operation: not taken as the new one's result.
+        old.answer(
+            vec![Event::Provisioned {
+                op: new.op(),
+                otp: "stale".into(),
+            }]
+            .into(),
+        );
+        let after = h.jobs_within(WAIT).await;
+        assert!(
+            !abouts(&after).contains(&"write_secret u1".to_owned()),
+            "an ended term's result was applied: {:?}",
+            abouts(&after)
+        );
+        let op = new.op();
+        new.answer(
+            vec![Event::Provisioned {
+                op,
+                otp: "token".into(),
+            }]
+            .into(),
+        );
+        h.job_about("write_secret u1").await;
+    }
+
+    /// A new token is a new term, even when the change in between was not seen.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_token_ends_the_term_without_a_gap() {
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (_t1, start1) = h.lead(Vec::new()).await;
+        let (_t2, start2) = h.new_term().await;
+        assert!(start1.cancel.is_cancelled());
+        assert!(!start2.cancel.is_cancelled());
+        assert_eq!(start2.term, start1.term + 1);
+    }
+
+    /// The elector gone, nobody renews the Lease: the term ends, and none starts again.
+    #[tokio::test(start_paused = true)]
+    async fn the_electors_end_ends_the_term() {
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (_t1, start) = h.lead(Vec::new()).await;
+        h.lead = None;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(start.cancel.is_cancelled());
+        h.watch(watcher::Event::Apply(taskrun("u1"))).await;
+        assert!(tokio::time::timeout(WAIT, h.terms.recv()).await.is_err());
+    }
+
+    /// The elector's own token cancelled (the renew deadline passed) ends the work of the term
+    /// before the loop hears of it: the term's token is its child.
+    #[tokio::test(start_paused = true)]
+    async fn the_elector_cancelling_its_token_cancels_the_terms_jobs() {
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (t1, start) = h.lead(Vec::new()).await;
+        h.recovered(&start).await;
+        h.watch(watcher::Event::Apply(taskrun("u1"))).await;
+        let job = h.job_about("provision u1").await;
+        t1.cancel();
+        assert!(job.cancel.is_cancelled());
+        assert!(start.cancel.is_cancelled());
+    }
+
+    /// A finalizer removal that did not land runs again after its back-off, holding its
+    /// TaskRun's lane (a later write about it waits) but not its place (with one place, another
+    /// TaskRun's write runs meanwhile).
+    #[tokio::test(start_paused = true)]
+    async fn a_finalizer_retry_keeps_its_lane_not_its_place() {
+        let caps = Caps {
+            other: 1,
+            notify: 1,
+            ssh: 1,
+        };
+        let mut h = Harness::start(caps);
+        let (_t1, start) = h.lead(vec![succeeded("u1")]).await;
+        h.recovered(&start).await;
+        let first = h.job_about("remove_finalizer u1").await;
+        let retry = Job::RemoveFinalizer {
+            taskrun: first.job.taskrun().unwrap().clone(),
+            failed: 1,
+        };
+        let failed_at = tokio::time::Instant::now();
+        first.answer(Outcome {
+            events: Vec::new(),
+            again: Some((retry, Duration::from_secs(30))),
+        });
+        // Another TaskRun's write takes the one place; a write about u1 waits behind the retry.
+        h.watch(watcher::Event::Apply(taskrun("u2"))).await;
+        let mut ungated = taskrun_json("u1");
+        ungated["metadata"]["finalizers"] = json!([]);
+        h.watch(watcher::Event::Apply(
+            serde_json::from_value(ungated).unwrap(),
+        ))
+        .await;
+        let mut seen = Vec::new();
+        let retried = loop {
+            let ran = h.job().await;
+            let about = ran.about();
+            if about == "remove_finalizer u1" {
+                break ran;
+            }
+            assert!(
+                !about.ends_with(" u1"),
+                "{about} ran while the removal waited for its retry"
+            );
+            seen.push(about);
+            ran.answer(Outcome::default());
+        };
+        assert!(
+            seen.iter().any(|a| a.ends_with(" u2")),
+            "the waiting retry held the place: {seen:?}"
+        );
+        assert_eq!(retried.at - failed_at, Duration::from_secs(30));
+        retried.answer(Outcome::default());
+        h.job_about("add_finalizer u1").await;
+    }
+
+    /// A finalizer removal waiting for its next attempt when its term ends never runs: the next
+    /// term's recovery finds the finalizer again.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_retry_dies_with_its_term() {
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (_t1, start) = h.lead(vec![succeeded("u1")]).await;
+        h.recovered(&start).await;
+        let first = h.job_about("remove_finalizer u1").await;
+        let retry = Job::RemoveFinalizer {
+            taskrun: first.job.taskrun().unwrap().clone(),
+            failed: 1,
+        };
+        first.answer(Outcome {
+            events: Vec::new(),
+            again: Some((retry, Duration::from_secs(30))),
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (_t2, start2) = h.new_term().await;
+        assert_eq!(start2.records.len(), 1, "still finalized: recovered again");
+        let ran = h.jobs_within(WAIT).await;
+        assert!(ran.is_empty(), "ran after its term: {:?}", abouts(&ran));
+    }
+
+    /// Log lines as the binary writes them with `--log-format json`.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
         }
-        assert_eq!(next, 10_000);
-        // Drained: every place is free again, and new work starts at once.
-        for _ in 0..JOBS_IN_FLIGHT - 1 {
-            assert_eq!(q.finish(Class::Other), None);
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
-        assert_eq!(q.running[0], 0);
-        assert!(q.submit(Class::Other, ("write", 0)).is_some());
+    }
+
+    /// What the loop logs about a term carries the term, and so does what its jobs log (the
+    /// job's own span nests in the term's), and a TaskRun's watch event is handled in a span
+    /// naming it: `select(any(.spans[]?; .term == 2))` reads one term's story.
+    #[tokio::test(start_paused = true)]
+    async fn a_terms_lines_and_its_jobs_lines_carry_the_term() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let mut h = Harness::start(Caps::CONTROLLER);
+        let (_t1, start) = h.lead(Vec::new()).await;
+        h.recovered(&start).await;
+        h.watch(watcher::Event::Apply(taskrun("u1"))).await;
+        let job = h.job_about("provision u1").await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(job);
+        h.lead.as_ref().unwrap().send_replace(None);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(_default);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let logged: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let line = |message: &str| {
+            logged
+                .iter()
+                .find(|l| l["message"] == message)
+                .unwrap_or_else(|| panic!("{message:?} is logged: {text}"))
+                .clone()
+        };
+        let names = |l: &Value| -> Vec<String> {
+            l["spans"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| s["name"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        };
+        for message in [
+            "leading: rebuilding the ledger",
+            "ledger rebuilt; scheduling",
+            "term ended: executor cancelled, scheduler dropped",
+        ] {
+            let l = line(message);
+            assert_eq!(names(&l), ["loop", "term"], "{l}");
+            assert_eq!(l["span"]["term"], 1, "{l}");
+        }
+        let ran = logged
+            .iter()
+            .find(|l| l["message"] == "job running" && l["kind"] == "provision")
+            .unwrap_or_else(|| panic!("the job logged: {text}"));
+        assert_eq!(names(ran), ["loop", "term"], "{ran}");
+        assert_eq!(ran["span"]["term"], 1, "{ran}");
     }
 
     /// Jobs to run again come out when due, earliest first, in submission order among equals.
@@ -728,25 +1112,5 @@ mod tests {
         assert_eq!(later.next_at(), Some(t0 + s(5)));
         assert_eq!(later.take_due(t0 + s(9)), ["d"]);
         assert_eq!(later.next_at(), None);
-    }
-
-    /// Provisionings waiting for slow hosts fill their own cap, not the places of the API
-    /// writes (a provisioned TaskRun's secret) behind them.
-    #[test]
-    fn ssh_work_does_not_hold_writes_back() {
-        let mut q = InFlight::new(JOBS_IN_FLIGHT, NOTIFY_IN_FLIGHT, SSH_IN_FLIGHT);
-        let write = Job::Action(Action::Ungate {
-            taskrun: TaskRunRef::new("ns", "tr", crate::scheduler::Uid::new("u")),
-        });
-        assert_eq!(class_of(&write), Class::Other);
-        for i in 0..1_000 {
-            q.submit(Class::Ssh, ("provision", i));
-        }
-        assert_eq!(q.waiting(), 1_000 - SSH_IN_FLIGHT);
-        assert_eq!(q.submit(Class::Other, ("write", 0)), Some(("write", 0)));
-        assert_eq!(
-            q.finish(Class::Ssh),
-            Some(("provision", SSH_IN_FLIGHT as i32))
-        );
     }
 }

@@ -8,7 +8,7 @@
 //! executors, and no module imports one above it (a unit test checks it). Pure parts:
 //! [`meaning`] (what a TaskRun means: scheduler events and recovery records), the TaskRun index
 //! ([`sources::taskruns::TaskRunIndex`]), leadership terms ([`sources::lease::Terms`]), [`patch`]
-//! (the writes), [`lanes`] (per-key ordering).
+//! (the writes), [`lanes`] (when a job may start: per-key order, per-class caps).
 
 pub mod driver;
 pub mod events;
@@ -33,6 +33,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use prometheus::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config_source::{ConfigMetrics, ConfigSource};
 use crate::otp::{OtpClientError, Rearm};
@@ -416,14 +417,17 @@ impl Controller {
             .clone()
             .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         if let (Some(client), None) = (&client, &args.webhook.config) {
-            tasks.spawn(sources::config::watch_config_map(
-                client.clone(),
-                args.namespace.clone(),
-                recorder(client, &identity),
-                args.config_map.clone(),
-                config.clone(),
-                stop.clone(),
-            ));
+            tasks.spawn(
+                sources::config::watch_config_map(
+                    client.clone(),
+                    args.namespace.clone(),
+                    recorder(client, &identity),
+                    args.config_map.clone(),
+                    config.clone(),
+                    stop.clone(),
+                )
+                .instrument(sources::span("config_map")),
+            );
         }
         if args.webhook_only {
             let webhook = WebhookServer::start_with(&args.webhook, registry, config).await?;
@@ -498,32 +502,30 @@ impl Controller {
 
         let (tx, rx) = mpsc::channel(1024);
         let (lead_tx, lead_rx) = watch::channel(None);
-        let driver = Driver::new(
-            ctx.clone(),
-            Policy {
-                pool_idle_timeout: Some(args.pool_idle_timeout),
-                ..Policy::mpc()
-            },
-            tx.clone(),
-            config.subscribe(),
-            lead_rx,
-            sources::Intervals {
-                adopt: args.adopt_interval,
-                instances: args.instance_list_interval,
-                host_users: args.host_user_sweep_interval,
-            },
-        );
+        let every = sources::Intervals {
+            adopt: args.adopt_interval,
+            instances: args.instance_list_interval,
+            host_users: args.host_user_sweep_interval,
+        };
+        let term_sources = sources::Live {
+            base: ctx.clone(),
+            config: config.subscribe(),
+            every,
+        };
+        let policy = Policy {
+            pool_idle_timeout: Some(args.pool_idle_timeout),
+            ..Policy::mpc()
+        };
+        let driver = Driver::new(ctx, term_sources, metrics, policy, tx.clone(), lead_rx);
         tasks.spawn(driver.run(rx));
-        tasks.spawn(sources::taskruns::watch(
-            client.clone(),
-            tx.clone(),
-            stop.clone(),
-        ));
-        tasks.spawn(sources::config::forward(
-            config.subscribe(),
-            tx.clone(),
-            stop.clone(),
-        ));
+        tasks.spawn(
+            sources::taskruns::watch(client.clone(), tx.clone(), stop.clone())
+                .instrument(sources::span("taskruns")),
+        );
+        tasks.spawn(
+            sources::config::forward(config.subscribe(), tx.clone(), stop.clone())
+                .instrument(sources::span("config")),
+        );
 
         let elector = sources::lease::Elector::new(
             kube::Api::namespaced(requests, &args.namespace),
@@ -531,7 +533,11 @@ impl Controller {
             identity,
             timing,
         );
-        tasks.spawn(elector.run(lead_tx, stop.clone()));
+        tasks.spawn(
+            elector
+                .run(lead_tx, stop.clone())
+                .instrument(sources::span("lease")),
+        );
         Ok(Controller {
             webhook,
             stop,

@@ -291,6 +291,33 @@ impl Job {
     }
 }
 
+/// What the loop runs its jobs with (docs/architecture.md, "The controller shell"): the live
+/// one is [`Context`] (the cluster, build hosts, OTP server, cloud); the loop's unit tests script
+/// one, so its guarantees are checked without any of those.
+pub trait Executor: Send + Sync + 'static {
+    /// This executor for one leadership term: its jobs stop when `cancel` fires.
+    fn for_term(&self, cancel: CancellationToken) -> Self
+    where
+        Self: Sized;
+
+    /// Runs one job; returns what it leaves for the loop (nothing once the term's token fired).
+    fn run(&self, job: Job) -> BoxFuture<'static, Outcome>;
+}
+
+impl Executor for Context {
+    fn for_term(&self, cancel: CancellationToken) -> Self {
+        Context {
+            cancel,
+            ..self.clone()
+        }
+    }
+
+    fn run(&self, job: Job) -> BoxFuture<'static, Outcome> {
+        let ctx = self.clone();
+        Box::pin(async move { run(&ctx, job).await })
+    }
+}
+
 /// Runs a job in its [`Job::span`]; returns the events to feed back to the scheduler and the job
 /// to run again later, if any (nothing when cancelled).
 pub async fn run(ctx: &Context, job: Job) -> Outcome {

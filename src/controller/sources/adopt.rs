@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::admission::{self, Decision, TaskRunView};
 use crate::config::HostConfig;
@@ -81,22 +82,30 @@ pub async fn scan(ctx: &Context, config: &HostConfig) -> Result<usize, kube::Err
             let Some(ops) = adoption_patch(&v, config, now) else {
                 continue;
             };
-            let (ns, name) = (
+            let (ns, name, uid) = (
                 v["metadata"]["namespace"].as_str().unwrap_or_default(),
                 v["metadata"]["name"].as_str().unwrap_or_default(),
+                v["metadata"]["uid"].as_str().unwrap_or_default(),
             );
+            let span = tracing::info_span!("adopt_taskrun", namespace = ns, taskrun = name, uid);
             let path = format!("/apis/tekton.dev/v1/namespaces/{ns}/taskruns/{name}");
             let req = http::Request::patch(&path)
                 .header(http::header::CONTENT_TYPE, "application/json-patch+json")
                 .body(serde_json::to_vec(&ops).expect("JSON values serialise"))
                 .expect("valid request");
-            match ctx.client.request::<Value>(req).await {
+            let answer = ctx
+                .client
+                .request::<Value>(req)
+                .instrument(span.clone())
+                .await;
+            let _entered = span.enter();
+            match answer {
                 Ok(_) => {
                     marked += 1;
-                    tracing::info!(namespace = ns, name, "marked a TaskRun the webhook missed");
+                    tracing::info!("marked a TaskRun the webhook missed");
                 }
                 // Changed or gone meanwhile: the next scan looks again.
-                Err(error) => tracing::debug!(namespace = ns, name, %error, "not marked"),
+                Err(error) => tracing::debug!(%error, "not marked"),
             }
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::Input;
 use crate::config::HostConfig;
@@ -61,26 +62,40 @@ async fn collect_snapshot(
     config: &HostConfig,
 ) -> Option<Snapshot> {
     let deadline = tokio::time::Instant::now() + ctx.limits.recovery_deadline;
-    let lookups = futures::stream::iter(records.into_iter().map(|(mut rec, matters)| async move {
-        if matters {
-            let r = TaskRunRef::new(&rec.namespace, &rec.name, Uid::new(&rec.uid));
-            let probe = if tokio::time::Instant::now() >= deadline {
-                None
-            } else {
-                tokio::time::timeout_at(deadline, probe(ctx, &r)).await.ok()
-            };
-            let probe = match probe {
-                Some(Some(probe)) => probe,
-                Some(None) => return None,
-                None => {
-                    ctx.metrics.failed("probe_secret");
-                    tracing::warn!(taskrun = %r, uid = %r.uid(), deadline = ?ctx.limits.recovery_deadline, "no answer about the TaskRun's secret by the recovery deadline; taking it as unknown");
-                    SecretProbe::Unknown
-                }
-            };
-            learn(&mut rec, &r, probe, &ctx.secret_proof);
+    let lookups = futures::stream::iter(records.into_iter().map(|(mut rec, matters)| {
+        let r = TaskRunRef::new(&rec.namespace, &rec.name, Uid::new(&rec.uid));
+        // Each lookup's lines carry its TaskRun.
+        let span = if matters {
+            tracing::info_span!(
+                "secret_lookup",
+                namespace = r.namespace(),
+                taskrun = r.name(),
+                uid = %r.uid()
+            )
+        } else {
+            tracing::Span::none()
+        };
+        async move {
+            if matters {
+                let probe = if tokio::time::Instant::now() >= deadline {
+                    None
+                } else {
+                    tokio::time::timeout_at(deadline, probe(ctx, &r)).await.ok()
+                };
+                let probe = match probe {
+                    Some(Some(probe)) => probe,
+                    Some(None) => return None,
+                    None => {
+                        ctx.metrics.failed("probe_secret");
+                        tracing::warn!(taskrun = %r, uid = %r.uid(), deadline = ?ctx.limits.recovery_deadline, "no answer about the TaskRun's secret by the recovery deadline; taking it as unknown");
+                        SecretProbe::Unknown
+                    }
+                };
+                learn(&mut rec, &r, probe, &ctx.secret_proof);
+            }
+            Some(rec)
         }
-        Some(rec)
+        .instrument(span)
     }))
     .buffer_unordered(16)
     .collect::<Vec<_>>()
