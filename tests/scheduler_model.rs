@@ -1111,15 +1111,10 @@ impl World {
         let mut memo = MountMemo::default();
         match meaning::of(&t.parsed(), &mut memo) {
             Meaning::Active { spec, .. } => Some(Event::TaskRun(spec)),
-            Meaning::Done {
-                namespace,
-                name,
-                uid,
-                ..
-            } => Some(Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
+            Meaning::Done { taskrun, .. } => Some(Event::TaskRunDone {
+                namespace: taskrun.namespace().to_owned(),
+                name: taskrun.name().to_owned(),
+                uid: taskrun.uid().to_string(),
             }),
             Meaning::Ignore | Meaning::Undecided { .. } => None,
         }

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::taskrun::{TaskRun, TaskSpec};
 use crate::contract;
-use crate::scheduler::{TaskRunRecord, TaskRunSpec, Time};
+use crate::scheduler::{TaskRunRecord, TaskRunRef, TaskRunSpec, Time};
 
 /// What a TaskRun needs from the scheduler.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,9 +35,7 @@ pub enum Meaning {
     /// Finished, deleted, or released: send
     /// [`Event::TaskRunDone`](crate::scheduler::Event::TaskRunDone).
     Done {
-        namespace: String,
-        name: String,
-        uid: String,
+        taskrun: TaskRunRef,
         /// Only when the scheduler tracks it (no finalizer of ours: nothing to clean otherwise).
         tracked_only: bool,
         /// Still gated: clear the gate so Tekton runs (and fails or succeeds) it.
@@ -93,15 +91,13 @@ impl MountMemo {
 
 /// Decides what a TaskRun (a watch event's object) means; records mount answers in `memo`.
 pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
-    let Some((namespace, name, uid)) = tr.identity() else {
+    let Some(taskrun) = tr.reference() else {
         return Meaning::Ignore;
     };
     let has_finalizer = tr.has_finalizer();
     let finished = tr.is_deleting() || tr.is_finished();
     let done = |ungate: bool| Meaning::Done {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
+        taskrun: taskrun.clone(),
         tracked_only: !has_finalizer,
         ungate,
         released: !finished,
@@ -137,9 +133,9 @@ pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
     };
     Meaning::Active {
         spec: TaskRunSpec {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            uid: uid.to_owned(),
+            namespace: taskrun.namespace().to_owned(),
+            name: taskrun.name().to_owned(),
+            uid: taskrun.uid().to_string(),
             platform,
             since: Time::from_secs(since),
             retries: tr.status.retries,
@@ -231,11 +227,11 @@ pub fn task_identity(tr: &TaskRun) -> Option<String> {
 /// labels and annotations, whether it is finished. `secret` is left for the caller, which looks the
 /// Secret up only where it matters.
 pub fn record(tr: &TaskRun, spec: Option<&TaskRunSpec>) -> Option<TaskRunRecord> {
-    let (namespace, name, uid) = tr.identity()?;
+    let taskrun = tr.reference()?;
     let mut rec = TaskRunRecord {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
+        namespace: taskrun.namespace().to_owned(),
+        name: taskrun.name().to_owned(),
+        uid: taskrun.uid().to_string(),
         platform: spec
             .map(|s| s.platform.clone())
             .or_else(|| platform(tr))
@@ -348,9 +344,7 @@ mod tests {
         assert_eq!(
             of(&tr(v.clone()), &mut memo),
             Meaning::Done {
-                namespace: "t1".into(),
-                name: "b1".into(),
-                uid: "u1".into(),
+                taskrun: TaskRunRef::new("t1", "b1", crate::scheduler::Uid::new("u1")),
                 tracked_only: false,
                 ungate: true,
                 released: true,
