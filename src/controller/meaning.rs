@@ -145,29 +145,24 @@ pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
     }
 }
 
-/// The `PLATFORM` value: the TaskRun's param, else the Task's default (inline or resolved). A
-/// value that is not a string is passed on as its JSON text (the scheduler then writes an error
-/// secret saying it is malformed).
+/// The `PLATFORM` value: the TaskRun's param, else the Task's default (inline or resolved), by the
+/// reading the webhook shares ([`crate::platform::requested`]). A value that is not a string is
+/// passed on as its JSON text (the scheduler then writes an error secret saying it is malformed).
 pub fn platform(tr: &TaskRun) -> Option<String> {
-    let param = tr
+    let params = tr
         .spec
         .params
         .iter()
-        .find(|p| p.name == contract::PLATFORM_PARAM)
-        .map(|p| &p.value);
-    let default = || {
-        [tr.spec.task_spec.as_ref(), tr.status.task_spec.as_ref()]
-            .into_iter()
-            .flatten()
-            .flat_map(|ts| ts.params.iter())
-            .find(|p| p.name == contract::PLATFORM_PARAM)
-            .and_then(|p| p.default.as_ref())
-    };
-    match param.or_else(default)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
+        .map(|p| (p.name.as_str(), Some(&p.value)));
+    let task_specs = [tr.spec.task_spec.as_ref(), tr.status.task_spec.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|ts| {
+            ts.params
+                .iter()
+                .map(|p| (p.name.as_str(), p.default.as_ref()))
+        });
+    crate::platform::requested(params, task_specs).map(|v| v.text().into_owned())
 }
 
 /// Whether the TaskRun's pod mounts the secret: from the inline Task, the resolved Task (which
@@ -503,6 +498,66 @@ mod tests {
         assert_eq!(
             task_identity(&tr(v)).as_deref(),
             Some("ClusterTask:buildah")
+        );
+    }
+
+    /// The webhook and the controller read a TaskRun's `PLATFORM` alike (one function): for
+    /// every way the value can be written, the platform the webhook logs and marks by is the one
+    /// the controller hands the scheduler. TaskRuns as written at CREATE (no status: a resolved
+    /// Task default is only the controller's to see).
+    #[test]
+    fn the_webhook_and_the_controller_read_the_same_platform() {
+        let volume = r#""volumes":[{"name":"ssh","secret":{"secretName":"multi-platform-ssh-x"}}]"#;
+        let specs = [
+            r#""params":[{"name":"PLATFORM","value":"linux/arm64"}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":"linux\/arm64 \u0041"}]"#.to_owned(),
+            // Not strings: the same JSON text on both sides, whatever the spacing.
+            r#""params":[{"name":"PLATFORM","value":[ "linux/s390x",  "linux/ppc64le" ]}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":{ "os" : "linux" }}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":1.50}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":true}]"#.to_owned(),
+            // None: the param set to null or without a value (no Task default fills it in).
+            format!(
+                r#""params":[{{"name":"PLATFORM","value":null}}],"taskSpec":{{"params":[{{"name":"PLATFORM","default":"linux/amd64"}}],{volume}}}"#
+            ),
+            r#""params":[{"name":"PLATFORM"}]"#.to_owned(),
+            // The first of two.
+            r#""params":[{"name":"PLATFORM","value":"linux/arm64"},{"name":"PLATFORM","value":"linux/amd64"}]"#.to_owned(),
+            // The inline Task's default, unless it has none.
+            format!(r#""taskSpec":{{"params":[{{"name":"PLATFORM","default":"linux/amd64"}}],{volume}}}"#),
+            format!(r#""taskSpec":{{"params":[{{"name":"PLATFORM","default":[1, 2]}}],{volume}}}"#),
+            format!(r#""taskSpec":{{"params":[{{"name":"PLATFORM"}}],{volume}}}"#),
+            format!(r#""params":[],"taskSpec":{{"params":[{{"name":"OTHER","default":"x"}}],{volume}}}"#),
+        ];
+        let config = crate::config::HostConfig::default();
+        let mut seen = Vec::new();
+        for spec in &specs {
+            let json = format!(
+                r#"{{"metadata":{{"name":"b1","namespace":"t1","uid":"u1"}},"spec":{{{spec}}}}}"#
+            );
+            let view = crate::admission::TaskRunView::from_json(&json).unwrap();
+            let webhook = crate::admission::decide(&view, &config, 0).platform;
+            let controller = platform(&serde_json::from_str::<TaskRun>(&json).unwrap());
+            assert_eq!(webhook, controller, "{spec}");
+            seen.push(controller);
+        }
+        assert_eq!(
+            seen.iter().map(Option::as_deref).collect::<Vec<_>>(),
+            [
+                Some("linux/arm64"),
+                Some("linux/arm64 A"),
+                Some(r#"["linux/s390x","linux/ppc64le"]"#),
+                Some(r#"{"os":"linux"}"#),
+                Some("1.5"),
+                Some("true"),
+                None,
+                None,
+                Some("linux/arm64"),
+                Some("linux/amd64"),
+                Some("[1,2]"),
+                None,
+                None,
+            ]
         );
     }
 }
