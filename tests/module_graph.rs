@@ -252,14 +252,17 @@ fn without_tests(toks: Vec<(usize, Tok)>) -> (Vec<(usize, Tok)>, BTreeSet<String
     (toks, test_mods)
 }
 
-/// A `use` tree from `toks[at..]` as the paths it names (a glob as a last segment `*`), with the
-/// name each binds (`None` for globs), and the index after its end.
-fn use_tree(toks: &[(usize, Tok)], at: usize) -> (Vec<(Vec<String>, Option<String>)>, usize) {
+/// A path a `use` names (a glob as a last segment `*`), with the name it binds (`None` for a
+/// glob).
+type UsePath = (Vec<String>, Option<String>);
+
+/// A `use` tree from `toks[at..]` as the paths it names, and the index after its end.
+fn use_tree(toks: &[(usize, Tok)], at: usize) -> (Vec<UsePath>, usize) {
     fn tree(
         toks: &[(usize, Tok)],
         mut i: usize,
         prefix: &[String],
-        out: &mut Vec<(Vec<String>, Option<String>)>,
+        out: &mut Vec<UsePath>,
     ) -> usize {
         let mut path = prefix.to_vec();
         if is(toks.get(i), &Tok::Path) {
