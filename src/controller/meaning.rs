@@ -14,8 +14,6 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
-
 use super::taskrun::{TaskRun, TaskSpec};
 use crate::contract;
 use crate::scheduler::{TaskRunRecord, TaskRunRef, TaskRunSpec, Time};
@@ -274,6 +272,8 @@ pub fn secret_matters(rec: &TaskRunRecord, tr: &TaskRun) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     fn tr(v: Value) -> TaskRun {

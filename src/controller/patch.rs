@@ -18,7 +18,7 @@ use std::sync::RwLock;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::admission::PENDING_STATUS;
 use crate::contract::{self, secret_keys};
@@ -449,6 +449,8 @@ pub fn secret_kind(secret: &Secret) -> Option<SecretKind> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use serde_json::Value;
 
     use super::*;
     use crate::scheduler::Uid;
