@@ -1,12 +1,14 @@
 //! Multi-platform build-host broker for Tekton.
 //!
 //! Functional core (pure, deterministic; the `mpc-core` crate, re-exported here at the same
-//! paths): [`platform`], [`contract`], [`config`], [`admission`], [`scheduler`], [`simulate`],
-//! [`kueue`].
+//! paths): [`platform`], [`contract`], [`jsonpatch`], [`config`], [`admission`], [`scheduler`],
+//! [`simulate`], [`kueue`].
 //! Imperative shell: [`server`] (webhook + admin), [`controller`], [`provision`] (SSH), [`otp`],
 //! [`cloud`] (EC2), with [`tls`] and [`serve`] shared by the HTTPS servers.
 
-pub use mpc_core::{admission, config, contract, duration, kueue, platform, scheduler, simulate};
+pub use mpc_core::{
+    admission, config, contract, duration, jsonpatch, kueue, platform, scheduler, simulate,
+};
 
 pub mod certs;
 pub mod cloud;

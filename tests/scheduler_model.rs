@@ -558,9 +558,9 @@ fn trace() -> bool {
 }
 
 /// Applies a JSON Patch as the API server does: all or nothing.
-fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<(), String> {
-    let p: json_patch::Patch =
-        serde_json::from_value(Value::Array(ops.to_vec())).map_err(|e| e.to_string())?;
+fn json_patch(doc: &mut Value, ops: &(impl serde::Serialize + ?Sized)) -> Result<(), String> {
+    let ops = serde_json::to_value(ops).map_err(|e| e.to_string())?;
+    let p: json_patch::Patch = serde_json::from_value(ops).map_err(|e| e.to_string())?;
     let mut next = doc.clone();
     json_patch::patch(&mut next, &p).map_err(|e| e.to_string())?;
     *doc = next;
@@ -1139,15 +1139,10 @@ impl World {
         let mut memo = MountMemo::default();
         match meaning::of(&t.parsed(), &mut memo) {
             Meaning::Active { spec, .. } => Some(Event::TaskRun(spec)),
-            Meaning::Done {
-                namespace,
-                name,
-                uid,
-                ..
-            } => Some(Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
+            Meaning::Done { taskrun, .. } => Some(Event::TaskRunDone {
+                namespace: taskrun.namespace().to_owned(),
+                name: taskrun.name().to_owned(),
+                uid: taskrun.uid().to_string(),
             }),
             Meaning::Ignore | Meaning::Undecided { .. } => None,
         }

@@ -2,7 +2,7 @@
 //! reading the files a caller names ([`simulate`]'s inputs).
 //!
 //! [`platform`] and [`contract`] (the Go controller's names, labels and secret layout) are shared
-//! by everything; [`config`] parses a `host-config` ConfigMap; [`admission`] decides and patches
+//! by everything, and [`jsonpatch`] builds every TaskRun patch; [`config`] parses a `host-config` ConfigMap; [`admission`] decides and patches
 //! AdmissionReviews; [`scheduler`] is the state machine that allocates build hosts (events in,
 //! actions out); [`simulate`] runs that scheduler on a workload trace with a virtual clock;
 //! [`kueue`] renders Kueue quotas from a host-config and checks a ClusterQueue against it. The
@@ -12,6 +12,7 @@ pub mod admission;
 pub mod config;
 pub mod contract;
 pub mod duration;
+pub mod jsonpatch;
 pub mod kueue;
 pub mod platform;
 pub mod scheduler;

@@ -1,8 +1,16 @@
 //! Build platforms as written in a TaskRun's `PLATFORM` param (`linux/arm64`, `local`, ...).
 //!
-//! Pure code: parsing, the label form (`/` → `-`) and the node-affinity values for local platforms.
+//! Pure code: reading the `PLATFORM` value of a TaskRun ([`requested`], the one reading the
+//! webhook and the controller share), parsing, the label form (`/` → `-`) and the node-affinity
+//! values for local platforms.
 
+use std::borrow::Cow;
 use std::fmt;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::contract::PLATFORM_PARAM;
 
 /// Longest DNS-1035 label.
 const MAX_LABEL_LEN: usize = 63;
@@ -109,6 +117,84 @@ pub fn is_dns1035_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// A TaskRun's `PLATFORM` value as written ([`requested`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlatformValue<'a> {
+    /// A JSON string: the platform, still to be validated ([`Platform::parse`]).
+    Text(Cow<'a, str>),
+    /// Any other JSON value (array, object, number, boolean): a malformed platform.
+    NotString(Value),
+}
+
+impl PlatformValue<'_> {
+    /// The string, or the compact JSON text of any other value (what logs and error messages
+    /// show, the same whichever reader read it).
+    pub fn text(&self) -> Cow<'_, str> {
+        match self {
+            PlatformValue::Text(s) => Cow::Borrowed(s),
+            PlatformValue::NotString(v) => Cow::Owned(v.to_string()),
+        }
+    }
+}
+
+/// A JSON value as a TaskRun reader holds it: parsed (`serde_json::Value`) or raw (`RawValue`,
+/// the webhook's borrowed view).
+pub trait JsonValue {
+    /// The value as a `PLATFORM` value; `None` for `null`.
+    fn platform_value(&self) -> Option<PlatformValue<'_>>;
+}
+
+impl JsonValue for Value {
+    fn platform_value(&self) -> Option<PlatformValue<'_>> {
+        match self {
+            Value::Null => None,
+            Value::String(s) => Some(PlatformValue::Text(Cow::Borrowed(s))),
+            other => Some(PlatformValue::NotString(other.clone())),
+        }
+    }
+}
+
+impl JsonValue for RawValue {
+    fn platform_value(&self) -> Option<PlatformValue<'_>> {
+        let json = self.get();
+        // A string without escapes is borrowed as is; any other value is rare (a malformed
+        // platform) and parsed whole.
+        if let Ok(s) = serde_json::from_str::<&str>(json) {
+            return Some(PlatformValue::Text(Cow::Borrowed(s)));
+        }
+        match serde_json::from_str::<Value>(json).ok()? {
+            Value::Null => None,
+            Value::String(s) => Some(PlatformValue::Text(Cow::Owned(s))),
+            other => Some(PlatformValue::NotString(other)),
+        }
+    }
+}
+
+/// The `PLATFORM` value a TaskRun asks for, from its `params` (name, value) and, in order, the
+/// params (name, default) of the Task specs the reader has: the inline `spec.taskSpec`, then the
+/// resolved `status.taskSpec` (the webhook, at CREATE, has only the first).
+///
+/// The TaskRun's own param wins when it has one, even with a `null` or missing value (then there
+/// is no platform: a Task default never fills in a param the TaskRun set); else the default of
+/// the first Task spec that declares the param. The first of duplicate names counts.
+pub fn requested<
+    's,
+    'v,
+    V: JsonValue + ?Sized + 'v,
+    S: IntoIterator<Item = (&'s str, Option<&'v V>)>,
+>(
+    params: impl IntoIterator<Item = (&'s str, Option<&'v V>)>,
+    task_specs: impl IntoIterator<Item = S>,
+) -> Option<PlatformValue<'v>> {
+    let declared = |(name, _): &(&str, _)| *name == PLATFORM_PARAM;
+    let (_, value) = params.into_iter().find(declared).or_else(|| {
+        task_specs
+            .into_iter()
+            .find_map(|ps| ps.into_iter().find(declared))
+    })?;
+    value?.platform_value()
 }
 
 #[cfg(test)]

@@ -25,10 +25,10 @@ use aws_sdk_ec2::types::{
 use futures::future::BoxFuture;
 
 use crate::cloud::error::{classify, is_spot_refusal};
-use crate::cloud::instance::state_from_name;
+use crate::cloud::instance::{state_from_name, tags};
 use crate::cloud::launch::{
     ClusterId, LaunchOutcome, Market, client_token, encode_user_data, instance_tags, owner_tags,
-    ownership, tags,
+    ownership,
 };
 use crate::cloud::metrics::CloudMetrics;
 use crate::cloud::retry::RetryPolicy;

@@ -6,11 +6,24 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use crate::cloud::launch::tags;
 use crate::config::DynamicPlatform;
 use crate::contract::instance_tags;
 use crate::platform::Platform;
 use crate::scheduler::{InstanceRecord, InstanceState, Ownership, Time};
+
+/// Tag keys of our own (beyond the compat ones in [`crate::contract::instance_tags`]).
+pub mod tags {
+    /// The cluster that launched the instance ([`ClusterId`](crate::cloud::ClusterId)).
+    pub const CLUSTER: &str = "multi-platform-cluster";
+    /// Owner key: the TaskRun UID, or the warm pool instance's name.
+    pub const OWNER: &str = "multi-platform-owner";
+    /// `<retry>.<attempt>` of the owner's launch.
+    pub const ATTEMPT: &str = "multi-platform-attempt";
+    /// Platform label value (`linux-arm64`), so platforms sharing an instance tag stay apart.
+    pub const PLATFORM: &str = "multi-platform-platform";
+    /// The console name.
+    pub const NAME: &str = "Name";
+}
 
 /// Maps an EC2 state name (`pending`, `running`, `shutting-down`, ...); names this version does
 /// not know map to [`InstanceState::Unknown`].

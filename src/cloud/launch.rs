@@ -7,24 +7,10 @@ use base64::Engine;
 use md5::{Digest, Md5};
 
 use crate::cloud::Scope;
-use crate::cloud::instance::Instance;
+use crate::cloud::instance::{Instance, tags};
 use crate::config::DynamicPlatform;
 use crate::contract::instance_tags;
 use crate::scheduler::{LaunchId, LaunchOwner, Ownership};
-
-/// Tag keys of our own (beyond the compat ones in [`crate::contract::instance_tags`]).
-pub mod tags {
-    /// The cluster that launched the instance ([`super::ClusterId`]).
-    pub const CLUSTER: &str = "multi-platform-cluster";
-    /// Owner key: the TaskRun UID, or the warm pool instance's name.
-    pub const OWNER: &str = "multi-platform-owner";
-    /// `<retry>.<attempt>` of the owner's launch.
-    pub const ATTEMPT: &str = "multi-platform-attempt";
-    /// Platform label value (`linux-arm64`), so platforms sharing an instance tag stay apart.
-    pub const PLATFORM: &str = "multi-platform-platform";
-    /// The console name.
-    pub const NAME: &str = "Name";
-}
 
 /// Longest tag value AWS accepts.
 const MAX_TAG_VALUE: usize = 256;

@@ -316,26 +316,22 @@ impl<E: Executor, S: Sources> Driver<E, S> {
             match f {
                 Found::Active(spec) => self.feed(Event::TaskRun(spec)),
                 Found::Done {
-                    namespace,
-                    name,
-                    uid,
+                    taskrun,
                     tracked_only,
                     released,
-                } => self.done(namespace, name, uid, tracked_only, released),
+                } => self.done(&taskrun, tracked_only, released),
                 Found::Write(job) => self.controller_job(job),
             }
         }
     }
 
     /// Tells the scheduler a TaskRun is done, or only released (when it may hold something).
-    fn done(
-        &mut self,
-        namespace: String,
-        name: String,
-        uid: String,
-        tracked_only: bool,
-        released: bool,
-    ) {
+    fn done(&mut self, taskrun: &TaskRunRef, tracked_only: bool, released: bool) {
+        let (namespace, name, uid) = (
+            taskrun.namespace().to_owned(),
+            taskrun.name().to_owned(),
+            taskrun.uid().to_string(),
+        );
         if tracked_only {
             let tracked = match &self.term {
                 Some(Term {

@@ -14,11 +14,9 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
-
 use super::taskrun::{TaskRun, TaskSpec};
 use crate::contract;
-use crate::scheduler::{TaskRunRecord, TaskRunSpec, Time};
+use crate::scheduler::{TaskRunRecord, TaskRunRef, TaskRunSpec, Time};
 
 /// What a TaskRun needs from the scheduler.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,9 +33,7 @@ pub enum Meaning {
     /// Finished, deleted, or released: send
     /// [`Event::TaskRunDone`](crate::scheduler::Event::TaskRunDone).
     Done {
-        namespace: String,
-        name: String,
-        uid: String,
+        taskrun: TaskRunRef,
         /// Only when the scheduler tracks it (no finalizer of ours: nothing to clean otherwise).
         tracked_only: bool,
         /// Still gated: clear the gate so Tekton runs (and fails or succeeds) it.
@@ -93,15 +89,13 @@ impl MountMemo {
 
 /// Decides what a TaskRun (a watch event's object) means; records mount answers in `memo`.
 pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
-    let Some((namespace, name, uid)) = tr.identity() else {
+    let Some(taskrun) = tr.reference() else {
         return Meaning::Ignore;
     };
     let has_finalizer = tr.has_finalizer();
     let finished = tr.is_deleting() || tr.is_finished();
     let done = |ungate: bool| Meaning::Done {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
+        taskrun: taskrun.clone(),
         tracked_only: !has_finalizer,
         ungate,
         released: !finished,
@@ -137,9 +131,9 @@ pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
     };
     Meaning::Active {
         spec: TaskRunSpec {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            uid: uid.to_owned(),
+            namespace: taskrun.namespace().to_owned(),
+            name: taskrun.name().to_owned(),
+            uid: taskrun.uid().to_string(),
             platform,
             since: Time::from_secs(since),
             retries: tr.status.retries,
@@ -149,29 +143,24 @@ pub fn of(tr: &TaskRun, memo: &mut MountMemo) -> Meaning {
     }
 }
 
-/// The `PLATFORM` value: the TaskRun's param, else the Task's default (inline or resolved). A
-/// value that is not a string is passed on as its JSON text (the scheduler then writes an error
-/// secret saying it is malformed).
+/// The `PLATFORM` value: the TaskRun's param, else the Task's default (inline or resolved), by the
+/// reading the webhook shares ([`crate::platform::requested`]). A value that is not a string is
+/// passed on as its JSON text (the scheduler then writes an error secret saying it is malformed).
 pub fn platform(tr: &TaskRun) -> Option<String> {
-    let param = tr
+    let params = tr
         .spec
         .params
         .iter()
-        .find(|p| p.name == contract::PLATFORM_PARAM)
-        .map(|p| &p.value);
-    let default = || {
-        [tr.spec.task_spec.as_ref(), tr.status.task_spec.as_ref()]
-            .into_iter()
-            .flatten()
-            .flat_map(|ts| ts.params.iter())
-            .find(|p| p.name == contract::PLATFORM_PARAM)
-            .and_then(|p| p.default.as_ref())
-    };
-    match param.or_else(default)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
+        .map(|p| (p.name.as_str(), Some(&p.value)));
+    let task_specs = [tr.spec.task_spec.as_ref(), tr.status.task_spec.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|ts| {
+            ts.params
+                .iter()
+                .map(|p| (p.name.as_str(), p.default.as_ref()))
+        });
+    crate::platform::requested(params, task_specs).map(|v| v.text().into_owned())
 }
 
 /// Whether the TaskRun's pod mounts the secret: from the inline Task, the resolved Task (which
@@ -231,11 +220,11 @@ pub fn task_identity(tr: &TaskRun) -> Option<String> {
 /// labels and annotations, whether it is finished. `secret` is left for the caller, which looks the
 /// Secret up only where it matters.
 pub fn record(tr: &TaskRun, spec: Option<&TaskRunSpec>) -> Option<TaskRunRecord> {
-    let (namespace, name, uid) = tr.identity()?;
+    let taskrun = tr.reference()?;
     let mut rec = TaskRunRecord {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
+        namespace: taskrun.namespace().to_owned(),
+        name: taskrun.name().to_owned(),
+        uid: taskrun.uid().to_string(),
         platform: spec
             .map(|s| s.platform.clone())
             .or_else(|| platform(tr))
@@ -283,6 +272,8 @@ pub fn secret_matters(rec: &TaskRunRecord, tr: &TaskRun) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     fn tr(v: Value) -> TaskRun {
@@ -348,9 +339,7 @@ mod tests {
         assert_eq!(
             of(&tr(v.clone()), &mut memo),
             Meaning::Done {
-                namespace: "t1".into(),
-                name: "b1".into(),
-                uid: "u1".into(),
+                taskrun: TaskRunRef::new("t1", "b1", crate::scheduler::Uid::new("u1")),
                 tracked_only: false,
                 ungate: true,
                 released: true,
@@ -509,6 +498,66 @@ mod tests {
         assert_eq!(
             task_identity(&tr(v)).as_deref(),
             Some("ClusterTask:buildah")
+        );
+    }
+
+    /// The webhook and the controller read a TaskRun's `PLATFORM` alike (one function): for
+    /// every way the value can be written, the platform the webhook logs and marks by is the one
+    /// the controller hands the scheduler. TaskRuns as written at CREATE (no status: a resolved
+    /// Task default is only the controller's to see).
+    #[test]
+    fn the_webhook_and_the_controller_read_the_same_platform() {
+        let volume = r#""volumes":[{"name":"ssh","secret":{"secretName":"multi-platform-ssh-x"}}]"#;
+        let specs = [
+            r#""params":[{"name":"PLATFORM","value":"linux/arm64"}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":"linux\/arm64 \u0041"}]"#.to_owned(),
+            // Not strings: the same JSON text on both sides, whatever the spacing.
+            r#""params":[{"name":"PLATFORM","value":[ "linux/s390x",  "linux/ppc64le" ]}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":{ "os" : "linux" }}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":1.50}]"#.to_owned(),
+            r#""params":[{"name":"PLATFORM","value":true}]"#.to_owned(),
+            // None: the param set to null or without a value (no Task default fills it in).
+            format!(
+                r#""params":[{{"name":"PLATFORM","value":null}}],"taskSpec":{{"params":[{{"name":"PLATFORM","default":"linux/amd64"}}],{volume}}}"#
+            ),
+            r#""params":[{"name":"PLATFORM"}]"#.to_owned(),
+            // The first of two.
+            r#""params":[{"name":"PLATFORM","value":"linux/arm64"},{"name":"PLATFORM","value":"linux/amd64"}]"#.to_owned(),
+            // The inline Task's default, unless it has none.
+            format!(r#""taskSpec":{{"params":[{{"name":"PLATFORM","default":"linux/amd64"}}],{volume}}}"#),
+            format!(r#""taskSpec":{{"params":[{{"name":"PLATFORM","default":[1, 2]}}],{volume}}}"#),
+            format!(r#""taskSpec":{{"params":[{{"name":"PLATFORM"}}],{volume}}}"#),
+            format!(r#""params":[],"taskSpec":{{"params":[{{"name":"OTHER","default":"x"}}],{volume}}}"#),
+        ];
+        let config = crate::config::HostConfig::default();
+        let mut seen = Vec::new();
+        for spec in &specs {
+            let json = format!(
+                r#"{{"metadata":{{"name":"b1","namespace":"t1","uid":"u1"}},"spec":{{{spec}}}}}"#
+            );
+            let view = crate::admission::TaskRunView::from_json(&json).unwrap();
+            let webhook = crate::admission::decide(&view, &config, 0).platform;
+            let controller = platform(&serde_json::from_str::<TaskRun>(&json).unwrap());
+            assert_eq!(webhook, controller, "{spec}");
+            seen.push(controller);
+        }
+        assert_eq!(
+            seen.iter().map(Option::as_deref).collect::<Vec<_>>(),
+            [
+                Some("linux/arm64"),
+                Some("linux/arm64 A"),
+                Some(r#"["linux/s390x","linux/ppc64le"]"#),
+                Some(r#"{"os":"linux"}"#),
+                Some("1.5"),
+                Some("true"),
+                None,
+                None,
+                Some("linux/arm64"),
+                Some("linux/amd64"),
+                Some("[1,2]"),
+                None,
+                None,
+            ]
         );
     }
 }

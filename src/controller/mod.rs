@@ -5,7 +5,7 @@
 //! the `host-config` ConfigMap and elect a leader; the replica holding the Lease also runs the
 //! scheduling loop ([`driver`]), which owns the pure [`Scheduler`](crate::scheduler::Scheduler)
 //! and hands its actions to the executors ([`execute`]). Data flows one way, sources → loop →
-//! executors, and no module imports one above it (a unit test checks it). Pure parts:
+//! executors, and no module imports one above it (`tests/module_graph.rs` checks it). Pure parts:
 //! [`meaning`] (what a TaskRun means: scheduler events and recovery records), the TaskRun index
 //! ([`sources::taskruns::TaskRunIndex`]), leadership terms ([`sources::lease::Terms`]), [`patch`]
 //! (the writes), [`lanes`] (when a job may start: per-key order, per-class caps).
@@ -16,8 +16,6 @@ pub mod execute;
 pub mod lanes;
 pub mod meaning;
 pub mod metrics;
-#[cfg(test)]
-mod module_graph;
 pub mod patch;
 pub mod sources;
 pub mod store_token;

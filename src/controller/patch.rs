@@ -18,10 +18,11 @@ use std::sync::RwLock;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::admission::{PENDING_STATUS, escape_pointer_token};
+use crate::admission::PENDING_STATUS;
 use crate::contract::{self, secret_keys};
+use crate::jsonpatch::{Patch, PatchOp};
 use aws_lc_rs::hmac;
 
 use crate::provision::GoSecretLayout;
@@ -42,55 +43,28 @@ impl Maps {
     };
 }
 
-fn test_uid(uid: &str) -> Value {
-    json!({"op": "test", "path": "/metadata/uid", "value": uid})
-}
-
 /// A JSON Patch for one TaskRun, guarded by its UID: the first op is always
 /// `test /metadata/uid` (see the module docs). Read it as a slice of ops; build it only with
-/// [`TaskRunPatch::for_uid`].
+/// [`TaskRunPatch::for_uid`]. The ops come from the builder the webhook uses too
+/// ([`crate::jsonpatch`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(transparent)]
-pub struct TaskRunPatch(Vec<Value>);
+pub struct TaskRunPatch(Patch);
 
 impl TaskRunPatch {
     /// A patch for the TaskRun with this UID, holding only the UID test so far.
     pub fn for_uid(uid: &str) -> Self {
-        Self(vec![test_uid(uid)])
-    }
-
-    fn with(mut self, op: Value) -> Self {
-        self.0.push(op);
-        self
+        let mut p = Patch::default();
+        p.test("/metadata/uid", json!(uid));
+        Self(p)
     }
 }
 
 impl std::ops::Deref for TaskRunPatch {
-    type Target = [Value];
+    type Target = [PatchOp];
 
-    fn deref(&self) -> &[Value] {
-        &self.0
-    }
-}
-
-fn set_entries(ops: &mut TaskRunPatch, map: &str, exists: bool, entries: &[(&str, Option<&str>)]) {
-    let ops = &mut ops.0;
-    if !exists {
-        if entries.iter().all(|(_, v)| v.is_none()) {
-            return;
-        }
-        ops.push(json!({"op": "add", "path": format!("/metadata/{map}"), "value": {}}));
-    }
-    for (key, value) in entries {
-        let path = format!("/metadata/{map}/{}", escape_pointer_token(key));
-        match value {
-            Some(v) => ops.push(json!({"op": "add", "path": path, "value": v})),
-            None if exists => {
-                ops.push(json!({"op": "add", "path": path, "value": ""}));
-                ops.push(json!({"op": "remove", "path": path}));
-            }
-            None => {}
-        }
+    fn deref(&self) -> &[PatchOp] {
+        self.0.ops()
     }
 }
 
@@ -117,8 +91,7 @@ fn record_entries(
     maps: Maps,
 ) -> TaskRunPatch {
     let mut ops = TaskRunPatch::for_uid(uid);
-    set_entries(
-        &mut ops,
+    ops.0.write_entries(
         "labels",
         maps.labels,
         &[
@@ -149,40 +122,46 @@ fn record_entries(
     if let Some(proof) = proof {
         annotations.push((contract::ALLOCATION_PROOF_ANNOTATION, proof));
     }
-    set_entries(&mut ops, "annotations", maps.annotations, &annotations);
+    ops.0
+        .write_entries("annotations", maps.annotations, &annotations);
     ops
 }
 
 /// Clears `spec.status: TaskRunPending` (fails with 422 once it is already cleared).
 pub fn ungate(uid: &str) -> TaskRunPatch {
-    TaskRunPatch::for_uid(uid)
-        .with(json!({"op": "test", "path": "/spec/status", "value": PENDING_STATUS}))
-        .with(json!({"op": "remove", "path": "/spec/status"}))
+    let mut ops = TaskRunPatch::for_uid(uid);
+    ops.0.test("/spec/status", json!(PENDING_STATUS));
+    ops.0.remove("/spec/status");
+    ops
 }
 
 /// Removes our finalizer from `finalizers` (the TaskRun's current list); `None` when absent.
 pub fn remove_finalizer(uid: &str, finalizers: &[String]) -> Option<TaskRunPatch> {
     let i = finalizers.iter().position(|f| f == contract::FINALIZER)?;
-    let path = format!("/metadata/finalizers/{i}");
-    Some(
-        TaskRunPatch::for_uid(uid)
-            .with(json!({"op": "test", "path": path, "value": contract::FINALIZER}))
-            .with(json!({"op": "remove", "path": path})),
-    )
+    let mut ops = TaskRunPatch::for_uid(uid);
+    ops.0.remove_finalizer_at(i, true);
+    Some(ops)
 }
 
 /// Adds our finalizer; `None` when present.
 pub fn add_finalizer(uid: &str, finalizers: Option<&[String]>) -> Option<TaskRunPatch> {
-    let op = match finalizers {
-        Some(list) if list.iter().any(|f| f == contract::FINALIZER) => return None,
-        Some(_) => {
-            json!({"op": "add", "path": "/metadata/finalizers/-", "value": contract::FINALIZER})
-        }
-        None => {
-            json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::FINALIZER]})
-        }
-    };
-    Some(TaskRunPatch::for_uid(uid).with(op))
+    let mut ops = TaskRunPatch::for_uid(uid);
+    let list = finalizers.map(|l| l.iter().map(String::as_str));
+    ops.0.add_finalizer(list).then_some(ops)
+}
+
+/// Marks a TaskRun the webhook missed with the webhook's own `marks` (its metadata operations),
+/// guarded by the UID and the `resource_version` it was decided on.
+pub fn adoption(
+    uid: &str,
+    resource_version: &str,
+    marks: impl IntoIterator<Item = PatchOp>,
+) -> TaskRunPatch {
+    let mut ops = TaskRunPatch::for_uid(uid);
+    ops.0
+        .test("/metadata/resourceVersion", json!(resource_version));
+    ops.0.extend(marks);
+    ops
 }
 
 /// Where build steps redeem keys, and the CA that verifies that server.
@@ -471,11 +450,13 @@ pub fn secret_kind(secret: &Secret) -> Option<SecretKind> {
 mod tests {
     use std::sync::Arc;
 
+    use serde_json::Value;
+
     use super::*;
     use crate::scheduler::Uid;
 
-    fn apply(doc: &Value, ops: &[Value]) -> Result<Value, Box<dyn std::error::Error>> {
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.to_vec()))?;
+    fn apply(doc: &Value, ops: &[PatchOp]) -> Result<Value, Box<dyn std::error::Error>> {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::to_value(ops)?)?;
         let mut d = doc.clone();
         json_patch::patch(&mut d, &patch)?;
         Ok(d)
@@ -532,7 +513,7 @@ mod tests {
 
     /// Every TaskRun write the controller sends, built for the TaskRun `doc` (whose UID is
     /// `uid`) in a state where the write applies. A new builder belongs here.
-    fn every_taskrun_write(doc: &Value, uid: &str) -> Vec<(&'static str, Value, Vec<Value>)> {
+    fn every_taskrun_write(doc: &Value, uid: &str) -> Vec<(&'static str, Value, Vec<PatchOp>)> {
         let with_finalizer = {
             let mut d = doc.clone();
             d["metadata"]["finalizers"] = json!(["x", contract::FINALIZER]);
@@ -615,7 +596,8 @@ mod tests {
                     &config,
                     1_700_000_000,
                 )
-                .unwrap(),
+                .unwrap()
+                .to_vec(),
             ),
         ]
     }
@@ -627,7 +609,11 @@ mod tests {
         let doc = taskrun();
         let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
         for (name, target, ops) in every_taskrun_write(&doc, &uid) {
-            assert_eq!(ops.first(), Some(&test_uid(&uid)), "{name}: first op");
+            let test_uid = PatchOp::Test {
+                path: "/metadata/uid".into(),
+                value: json!(uid),
+            };
+            assert_eq!(ops.first(), Some(&test_uid), "{name}: first op");
             apply(&target, &ops).unwrap_or_else(|e| panic!("{name}: applies to its TaskRun: {e}"));
             let mut namesake = target.clone();
             namesake["metadata"]["uid"] = "recreated-uid".into();
@@ -1053,5 +1039,39 @@ mod tests {
             "true"
         );
         assert!(p.data.is_none() && p.string_data.is_none());
+    }
+
+    /// The bytes every TaskRun write sends (`tests/fixtures/controller/taskrun-writes.txt`, made
+    /// when each write still built its JSON by hand, before they shared the webhook's builder).
+    #[test]
+    fn every_taskrun_write_sends_the_same_bytes() {
+        let doc = taskrun();
+        let uid = doc["metadata"]["uid"].as_str().unwrap().to_owned();
+        let mut got: Vec<String> = every_taskrun_write(&doc, &uid)
+            .into_iter()
+            .map(|(name, _, ops)| format!("{name}: {}", serde_json::to_string(&ops).unwrap()))
+            .collect();
+        let full = Placement {
+            assigned_host: Some(Arc::from("h/1")),
+            waiting_for_platform: Some("linux-arm64".into()),
+            failed_hosts: Some("h~0".into()),
+            instance_id: Some(Arc::from("i-1")),
+            instance_address: Some(Arc::from("10.0.0.1")),
+        };
+        for (labels, annotations) in [(false, false), (true, false), (false, true)] {
+            let maps = Maps {
+                labels,
+                annotations,
+            };
+            for p in [&full, &Placement::default()] {
+                let ops = record_proven("u", p, None, maps);
+                got.push(format!(
+                    "record {labels} {annotations}: {}",
+                    serde_json::to_string(&ops).unwrap()
+                ));
+            }
+        }
+        let want = include_str!("../../tests/fixtures/controller/taskrun-writes.txt");
+        assert_eq!(got.join("\n"), want.trim_end());
     }
 }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::contract;
+use crate::scheduler::{TaskRunRef, Uid};
 
 /// `tekton.dev/v1` TaskRun, slim. Implements [`kube::Resource`] so the kube-runtime watcher and
 /// `Api` can use it directly.
@@ -124,13 +125,13 @@ pub struct Condition {
 }
 
 impl TaskRun {
-    /// Namespace, name and UID, when all three are present.
-    pub fn identity(&self) -> Option<(&str, &str, &str)> {
+    /// The reference to it, when namespace, name and UID are all present.
+    pub fn reference(&self) -> Option<TaskRunRef> {
         let m = &self.metadata;
-        Some((
+        Some(TaskRunRef::new(
             m.namespace.as_deref()?,
             m.name.as_deref()?,
-            m.uid.as_deref()?,
+            Uid::new(m.uid.as_deref()?),
         ))
     }
 
@@ -414,7 +415,10 @@ mod tests {
             }
         });
         let tr: TaskRun = serde_json::from_value(json).unwrap();
-        assert_eq!(tr.identity(), Some(("t1", "b1", "u1")));
+        assert_eq!(
+            tr.reference(),
+            Some(TaskRunRef::new("t1", "b1", Uid::new("u1")))
+        );
         assert!(tr.has_finalizer() && tr.is_gated() && !tr.is_finished());
         assert_eq!(tr.status.retries, 2);
         assert!(tr.metadata.managed_fields.is_none());
@@ -431,7 +435,7 @@ mod tests {
             "metadata": {"resourceVersion": "9"}, "status": {"retriesStatus": null}
         }))
         .unwrap();
-        assert_eq!(tr.identity(), None);
+        assert_eq!(tr.reference(), None);
         assert_eq!(tr.status.retries, 0);
     }
     /// A TaskRun as Konflux has them: dozens of labels, annotations and params around the few

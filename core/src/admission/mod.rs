@@ -39,14 +39,13 @@ use std::fmt::Write as _;
 
 use base64::Engine as _;
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::config::{HostConfig, Strategy};
 use crate::contract;
-use crate::platform::{Platform, label_value};
+use crate::jsonpatch::{self, PatchOp};
+use crate::platform::{self, Platform, PlatformValue, label_value};
 
-pub use patch::{PatchOp, escape_pointer_token};
-use wire::{Obj, ObjectIn, RequestIn, ReviewIn, SpecIn, Str, TaskRunIn};
+use wire::{Obj, ObjectIn, RequestIn, ReviewIn, SpecIn, TaskRunIn};
 
 /// `target-platform` value for a platform whose label form is not a valid label value (arrays,
 /// spaces, over 63 characters). The underscore keeps it distinct from every valid platform's label.
@@ -287,33 +286,15 @@ fn lazy(r: ReviewIn<'_, false>) -> ReviewIn<'_, true> {
     }
 }
 
-/// The `PLATFORM` value: a string, or something else (array, object, number) kept as JSON text.
-enum PlatformValue<'a> {
-    Text(Str<'a>),
-    NotString(&'a RawValue),
-}
-
-fn platform_value<'a>(spec: &SpecIn<'a>) -> Option<PlatformValue<'a>> {
-    let from_params = spec
-        .params
-        .as_deref()
-        .and_then(|ps| ps.iter().find(|p| &*p.name == contract::PLATFORM_PARAM))
-        .map(|p| p.value);
-    // An inline Task's default applies when the TaskRun does not set the param.
-    let raw = match from_params {
-        Some(v) => v,
-        None => spec
-            .task_spec
-            .as_ref()
-            .and_then(|ts| ts.params.as_deref())
-            .and_then(|ps| ps.iter().find(|p| &*p.name == contract::PLATFORM_PARAM))
-            .and_then(|p| p.default),
-    };
-    let raw = raw?;
-    match serde_json::from_str::<Str<'a>>(raw.get()) {
-        Ok(s) => Some(PlatformValue::Text(s)),
-        Err(_) => Some(PlatformValue::NotString(raw)),
-    }
+/// The `PLATFORM` value, by the reading the controller shares ([`platform::requested`]); only the
+/// inline Task's default is there to see at CREATE.
+fn platform_value<'a>(spec: &'a SpecIn<'_>) -> Option<PlatformValue<'a>> {
+    let params = spec.params.as_deref().unwrap_or_default();
+    let inline = spec.task_spec.as_ref().map(|ts| {
+        let ps = ts.params.as_deref().unwrap_or_default();
+        ps.iter().map(|p| (&*p.name, p.default))
+    });
+    platform::requested(params.iter().map(|p| (&*p.name, p.value)), inline)
 }
 
 /// How the platform resolved.
@@ -327,7 +308,7 @@ enum Resolved<'c> {
 /// What a decision does to the request (the patch is built once and either encoded straight
 /// into a response or handed out as typed operations).
 enum Verdict {
-    Patch(patch::Patch, Vec<String>),
+    Patch(jsonpatch::Patch, Vec<String>),
     Deny(String),
 }
 
@@ -340,7 +321,7 @@ fn judge(
     let meta = taskrun.metadata.as_deref();
     // Whatever the decision: a TaskRun the controller ignores today is still read by recovery
     // if its creator also labels it as ours.
-    let mut ops = patch::Patch::default();
+    let mut ops = jsonpatch::Patch::default();
     patch::strip_controller_keys(&mut ops, meta);
     // An ignored TaskRun gets no label, so it may not keep our finalizer either.
     let ignore = |why, mut ops| {
@@ -383,17 +364,17 @@ fn judge(
                 Err(e) => Resolved::Malformed(format!("PLATFORM {:?} is invalid: {e}", &**s)),
             }
         }
-        PlatformValue::NotString(raw) => {
-            *platform_out = Some(truncated(raw.get(), 128));
+        PlatformValue::NotString(v) => {
+            *platform_out = Some(truncated(&value.text(), 128));
             Resolved::Malformed(format!(
                 "PLATFORM must be a string such as \"linux/arm64\", got {}",
-                json_type(raw)
+                json_type(v)
             ))
         }
     };
 
     let mut warnings = Vec::new();
-    let remote_marks = |label: &str, ops: &mut patch::Patch| {
+    let remote_marks = |label: &str, ops: &mut jsonpatch::Patch| {
         let marks = patch::RemoteMarks {
             label,
             now_unix,
@@ -483,14 +464,15 @@ fn truncated(s: &str, max: usize) -> String {
     format!("{}...", &s[..end])
 }
 
-fn json_type(raw: &RawValue) -> &'static str {
-    match raw.get().trim_start().as_bytes().first() {
-        Some(b'[') => "an array",
-        Some(b'{') => "an object",
-        Some(b'"') => "a string",
-        Some(b't' | b'f') => "a boolean",
-        Some(b'n') => "null",
-        _ => "a number",
+fn json_type(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+        Value::String(_) => "a string",
+        Value::Bool(_) => "a boolean",
+        Value::Null => "null",
+        Value::Number(_) => "a number",
     }
 }
 
@@ -539,7 +521,7 @@ impl Response {
         }
     }
 
-    fn patch(ops: &patch::Patch, warnings: Vec<String>) -> Self {
+    fn patch(ops: &jsonpatch::Patch, warnings: Vec<String>) -> Self {
         let mut r = Self::allow();
         r.warnings = warnings;
         if !ops.is_empty() {

@@ -1,4 +1,5 @@
-//! JSON Patch (RFC 6902) operations built against the received TaskRun.
+//! JSON Patch (RFC 6902) operations built against the received TaskRun, with the builder the
+//! controller's writes share ([`crate::jsonpatch`]).
 //!
 //! `add` goes only onto parents that exist in the received object: a missing (or null) parent is
 //! created whole, with our values inside. On an existing object member `add` replaces the value,
@@ -6,86 +7,11 @@
 //! sent. Every operation is skipped when the object already holds what it would write, so a second
 //! call on the patched object yields no operations.
 
-use std::borrow::Cow;
-
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::wire::{MetadataIn, NodeSelectorTermIn, PodTemplateIn, SpecIn};
 use crate::contract;
-
-/// One JSON Patch operation of a decision, in the RFC 6902 shape when serialised.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "op", rename_all = "lowercase")]
-pub enum PatchOp {
-    /// Sets `value` at `path` (creating it, or replacing an object member).
-    Add {
-        /// JSON Pointer.
-        path: String,
-        /// What goes there.
-        value: Value,
-    },
-    /// Takes out what is at `path`.
-    Remove {
-        /// JSON Pointer.
-        path: String,
-    },
-}
-
-impl PatchOp {
-    /// The JSON Pointer the operation applies to.
-    pub fn path(&self) -> &str {
-        match self {
-            Self::Add { path, .. } | Self::Remove { path } => path,
-        }
-    }
-}
-
-/// The operations of one response, in application order.
-#[derive(Debug, Default)]
-pub(super) struct Patch {
-    ops: Vec<PatchOp>,
-}
-
-impl Patch {
-    fn add(&mut self, path: String, value: Value) {
-        self.ops.push(PatchOp::Add { path, value });
-    }
-
-    fn remove(&mut self, path: String) {
-        self.ops.push(PatchOp::Remove { path });
-    }
-
-    /// No operations: the object already has everything.
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
-    /// Number of operations.
-    pub fn len(&self) -> usize {
-        self.ops.len()
-    }
-
-    /// The patch as JSON text.
-    pub fn to_json(&self) -> Vec<u8> {
-        // Serialising plain strings and `Value`s cannot fail.
-        serde_json::to_vec(&self.ops).unwrap_or_default()
-    }
-
-    /// The operations, in application order.
-    pub fn into_ops(self) -> Vec<PatchOp> {
-        self.ops
-    }
-}
-
-/// Escapes a JSON Pointer reference token: `~` → `~0`, `/` → `~1` (RFC 6901).
-pub fn escape_pointer_token(token: &str) -> Cow<'_, str> {
-    if token.contains(['~', '/']) {
-        Cow::Owned(token.replace('~', "~0").replace('/', "~1"))
-    } else {
-        Cow::Borrowed(token)
-    }
-}
+use crate::jsonpatch::{Patch, escape_pointer_token};
 
 /// How old an `allocation-start-time` may be and still be kept: one this webhook wrote moments
 /// ago, seen again when the API server reinvokes it within the same request (webhooks run one
@@ -139,7 +65,7 @@ pub(super) fn strip_unearned_finalizer(patch: &mut Patch, meta: Option<&Metadata
         .rev()
     {
         if &**f == contract::FINALIZER {
-            patch.remove(format!("/metadata/finalizers/{i}"));
+            patch.remove_finalizer_at(i, false);
         }
     }
 }
@@ -163,21 +89,9 @@ fn metadata<'m, 'a>(
     match meta {
         Some(m) => m,
         None => {
-            patch.add("/metadata".into(), json!({}));
+            patch.add("/metadata", json!({}));
             empty
         }
-    }
-}
-
-/// Adds `key=value` to a string map at `parent` (`/metadata/labels`), creating the map if absent.
-fn set_map_entry(patch: &mut Patch, parent: &str, exists: bool, key: &str, value: &str) {
-    if exists {
-        patch.add(
-            format!("{parent}/{}", escape_pointer_token(key)),
-            Value::String(value.to_owned()),
-        );
-    } else {
-        patch.add(parent.to_owned(), json!({ key: value }));
     }
 }
 
@@ -193,8 +107,7 @@ pub(super) fn remote(
 
     let labels = meta.labels.as_ref();
     if labels.and_then(|l| l.get(contract::TARGET_PLATFORM_LABEL)) != Some(marks.label) {
-        set_map_entry(
-            patch,
+        patch.set_entry(
             "/metadata/labels",
             labels.is_some(),
             contract::TARGET_PLATFORM_LABEL,
@@ -202,14 +115,11 @@ pub(super) fn remote(
         );
     }
 
-    match &meta.finalizers {
-        Some(list) if list.iter().any(|f| &**f == contract::FINALIZER) => {}
-        Some(_) => patch.add(
-            "/metadata/finalizers/-".into(),
-            Value::String(contract::FINALIZER.into()),
-        ),
-        None => patch.add("/metadata/finalizers".into(), json!([contract::FINALIZER])),
-    }
+    patch.add_finalizer(
+        meta.finalizers
+            .as_deref()
+            .map(|list| list.iter().map(|f| &**f)),
+    );
 
     // The creator's value would order the queue: replaced, unless this webhook wrote it moments
     // ago (a reinvocation), so allocation time is measured from the first admission.
@@ -219,8 +129,7 @@ pub(super) fn remote(
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|t| t <= marks.now_unix && marks.now_unix - t <= REINVOCATION_WINDOW_SECS);
     if !ours {
-        set_map_entry(
-            patch,
+        patch.set_entry(
             "/metadata/annotations",
             annotations.is_some(),
             contract::ALLOCATION_START_TIME_ANNOTATION,
@@ -229,7 +138,7 @@ pub(super) fn remote(
     }
 
     if marks.gate_pending && spec.status.is_none() {
-        patch.add("/spec/status".into(), json!("TaskRunPending"));
+        patch.add("/spec/status", json!("TaskRunPending"));
     }
 }
 
@@ -248,8 +157,7 @@ pub(super) fn local(
     // The controller watches this label; it writes the `host: localhost` secret and labels
     // `assigned-host=localhost` (docs/architecture.md, "One TaskRun, end to end").
     if labels.and_then(|l| l.get(contract::TARGET_PLATFORM_LABEL)) != Some(label) {
-        set_map_entry(
-            patch,
+        patch.set_entry(
             "/metadata/labels",
             labels.is_some(),
             contract::TARGET_PLATFORM_LABEL,
@@ -283,21 +191,21 @@ fn node_affinity(
 
     let Some(pt) = pod_template else {
         patch.add(
-            "/spec/podTemplate".into(),
+            "/spec/podTemplate",
             json!({ "affinity": { "nodeAffinity": node_affinity() } }),
         );
         return;
     };
     let Some(affinity) = &pt.affinity else {
         patch.add(
-            "/spec/podTemplate/affinity".into(),
+            "/spec/podTemplate/affinity",
             json!({ "nodeAffinity": node_affinity() }),
         );
         return;
     };
     let base = "/spec/podTemplate/affinity/nodeAffinity";
     let Some(na) = &affinity.node_affinity else {
-        patch.add(base.into(), node_affinity());
+        patch.add(base, node_affinity());
         return;
     };
     let base = format!("{base}/requiredDuringSchedulingIgnoredDuringExecution");
@@ -338,21 +246,5 @@ fn merge_term(patch: &mut Patch, path: &str, term: &NodeSelectorTermIn<'_>, os: 
         }
     } else {
         patch.add(path.to_owned(), Value::Array(missing));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn escapes_pointer_tokens() {
-        assert_eq!(
-            escape_pointer_token("build.appstudio.redhat.com/target-platform"),
-            "build.appstudio.redhat.com~1target-platform"
-        );
-        assert_eq!(escape_pointer_token("a~b/c"), "a~0b~1c");
-        assert_eq!(escape_pointer_token("~1"), "~01");
-        assert!(matches!(escape_pointer_token("plain"), Cow::Borrowed(_)));
     }
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::build_user;
-use super::parse::{DynKind, Sink};
+use super::entry::{DynKind, Sink};
 use super::{
     BuildUserSettings, CloudKind, DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_CHECK_INTERVAL,
     DEFAULT_DISK_GB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER, DEFAULT_MAX_AGE, DedicatedHost,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::parse::{DynKind, Sink};
+use super::entry::{DynKind, Sink};
 use super::{MAX_CONCURRENCY, build_user, values};
 use crate::platform::Platform;
 

@@ -6,11 +6,13 @@
 //! [`HostConfig::disabled`] so TaskRuns for it get an error secret that says why).
 //!
 //! Layout: `types` holds the validated configuration, `parse` the ConfigMap walk (key grouping,
-//! globals, platform lists, assembly), `dynamic` and `static_host` the per-entry parsers it calls.
+//! globals, platform lists, assembly), `dynamic`, `ibm` and `static_host` the per-entry parsers it
+//! calls, `entry` what it hands them (the diagnostic sink).
 
 mod build_user;
 mod configmap;
 mod dynamic;
+mod entry;
 pub mod ibm;
 mod last_good;
 mod parse;

@@ -3,9 +3,9 @@
 //! [`HostConfig`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use super::dynamic::parse_dynamic;
+use super::entry::{DynKind, Sink};
 use super::static_host::parse_host;
 use super::{
     BuildUserSettings, ConfigData, DEFAULT_INSTANCE_TAG, Diagnostic, DynamicPool, HostConfig,
@@ -23,34 +23,6 @@ const GLOBAL_KEYS: [&str; 8] = [
     "reject-unknown-platforms",
     "otp-server-url",
 ];
-
-/// Collects diagnostics while parsing.
-#[derive(Default)]
-pub(super) struct Sink(pub(super) Vec<Diagnostic>);
-
-impl Sink {
-    pub(super) fn error(&mut self, key: &str, value: Option<&str>, message: impl fmt::Display) {
-        self.push(Severity::Error, key, value, message.to_string());
-    }
-    pub(super) fn warn(&mut self, key: &str, value: Option<&str>, message: impl fmt::Display) {
-        self.push(Severity::Warning, key, value, message.to_string());
-    }
-    fn push(&mut self, severity: Severity, key: &str, value: Option<&str>, message: String) {
-        self.0.push(Diagnostic {
-            severity,
-            key: key.to_owned(),
-            value: value.map(str::to_owned),
-            message,
-        });
-    }
-}
-
-/// Which list named a dynamic platform.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum DynKind {
-    Dynamic,
-    Pool,
-}
 
 /// Parses ConfigMap data into a [`HostConfig`] and diagnostics. Never fails as a whole.
 pub fn parse(data: &ConfigData) -> Parsed {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::build_user;
-use super::parse::Sink;
+use super::entry::Sink;
 use super::values::ValueError;
 use super::{BuildUserSettings, MAX_CONCURRENCY, StaticHost, values};
 use crate::platform::Platform;

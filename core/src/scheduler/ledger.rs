@@ -18,7 +18,7 @@ use super::arena::{Arena, Key};
 use super::check::{Invariant, StateError, ensure};
 use super::queue::NsId;
 use super::tombstones::Tombstones;
-use super::uid_index::UidIndex;
+use super::uid_index::{HasUid, UidIndex};
 use super::{Extra, PlatformId, State, TaskRunRef, Time, Uid};
 
 /// A tracked TaskRun. Kept small: this is the per-TaskRun cost of the ledger.
@@ -168,6 +168,12 @@ fn user_of_path(path: &Arc<str>) -> String {
 
 fn user_hash(user: &str) -> u64 {
     FixedState::default().hash_one(user)
+}
+
+impl HasUid for TaskRun {
+    fn uid(&self) -> &Uid {
+        &self.uid
+    }
 }
 
 /// Tracked TaskRuns with their indexes, and recently finished UIDs.

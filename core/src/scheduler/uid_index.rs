@@ -1,7 +1,8 @@
 //! TaskRun lookup by UID: a hash table of arena keys whose UIDs live in the arena itself, so
 //! each tracked TaskRun costs about nine bytes here instead of a second copy of its UID.
 //!
-//! Never iterated, so the hash order cannot leak into decisions.
+//! Never iterated, so the hash order cannot leak into decisions. Generic over what the arena
+//! holds ([`HasUid`]), so the ledger that owns both imports this module and not the reverse.
 
 use std::hash::BuildHasher;
 
@@ -10,7 +11,11 @@ use hashbrown::HashTable;
 
 use super::arena::{Arena, Key};
 use super::ids::Uid;
-use super::ledger::TaskRun;
+
+/// An arena entry with the UID it is indexed by.
+pub(super) trait HasUid {
+    fn uid(&self) -> &Uid;
+}
 
 /// Keys of tracked TaskRuns, hashed by UID. Holds exactly the live keys of the arena it is
 /// used with (rehashing reads their UIDs).
@@ -25,7 +30,7 @@ fn hash(uid: &Uid) -> u64 {
 
 impl UidIndex {
     /// The TaskRun with this UID.
-    pub(super) fn get(&self, uid: &Uid, taskruns: &Arena<TaskRun>) -> Option<Key> {
+    pub(super) fn get<T: HasUid>(&self, uid: &Uid, taskruns: &Arena<T>) -> Option<Key> {
         self.table
             .find(hash(uid), |&k| {
                 taskruns.get(k).is_some_and(|t| t.uid() == uid)
@@ -34,7 +39,7 @@ impl UidIndex {
     }
 
     /// Indexes `key`, already stored in `taskruns` and not yet indexed.
-    pub(super) fn insert(&mut self, key: Key, taskruns: &Arena<TaskRun>) {
+    pub(super) fn insert<T: HasUid>(&mut self, key: Key, taskruns: &Arena<T>) {
         let uid = taskruns
             .get(key)
             .expect("indexed TaskRuns are stored")

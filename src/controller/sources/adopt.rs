@@ -7,17 +7,19 @@
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::Instrument;
 
 use crate::admission::{self, Decision, TaskRunView};
 use crate::config::HostConfig;
 use crate::controller::execute::Context;
+use crate::controller::patch::{self, TaskRunPatch};
+use crate::jsonpatch::PatchOp;
 
 /// The JSON Patch that marks a missed TaskRun (labels, finalizer, `allocation-start-time`),
 /// guarded by its UID and resourceVersion; `None` when it needs nothing (finished, not a
 /// multi-platform TaskRun, or already marked).
-pub fn adoption_patch(taskrun: &Value, config: &HostConfig, now_unix: u64) -> Option<Vec<Value>> {
+pub fn adoption_patch(taskrun: &Value, config: &HostConfig, now_unix: u64) -> Option<TaskRunPatch> {
     let meta = &taskrun["metadata"];
     let (uid, rv) = (meta["uid"].as_str()?, meta["resourceVersion"].as_str()?);
     let finished = taskrun["status"]["conditions"]
@@ -36,18 +38,12 @@ pub fn adoption_patch(taskrun: &Value, config: &HostConfig, now_unix: u64) -> Op
     ) {
         return None;
     }
-    let mut out = vec![
-        json!({"op": "test", "path": "/metadata/uid", "value": uid}),
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}),
-    ];
-    out.extend(
-        decided
-            .patch
-            .iter()
-            .filter(|op| op.path().starts_with("/metadata/"))
-            .filter_map(|op| serde_json::to_value(op).ok()),
-    );
-    (out.len() > 2).then_some(out)
+    let marks: Vec<PatchOp> = decided
+        .patch
+        .into_iter()
+        .filter(|op| op.path().starts_with("/metadata/"))
+        .collect();
+    (!marks.is_empty()).then(|| patch::adoption(uid, rv, marks))
 }
 
 /// TaskRuns listed per page (whole objects: kept small).
@@ -147,6 +143,8 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn config() -> HostConfig {
@@ -174,13 +172,11 @@ mod tests {
     fn marks_a_missed_remote_taskrun_like_the_webhook_and_only_its_metadata() {
         let tr = unmarked();
         let ops = adoption_patch(&tr, &config(), 1_700_000_000).expect("needs marking");
-        assert_eq!(ops[0]["path"], "/metadata/uid");
-        assert_eq!(ops[1]["path"], "/metadata/resourceVersion");
-        assert!(
-            ops.iter()
-                .all(|o| o["path"].as_str().unwrap().starts_with("/metadata/"))
-        );
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        assert_eq!(ops[0].path(), "/metadata/uid");
+        assert_eq!(ops[1].path(), "/metadata/resourceVersion");
+        assert!(ops.iter().all(|o| o.path().starts_with("/metadata/")));
+        let patch: json_patch::Patch =
+            serde_json::from_value(serde_json::to_value(&ops).unwrap()).unwrap();
         let mut marked = tr.clone();
         json_patch::patch(&mut marked, &patch).unwrap();
         let m = &marked["metadata"];
@@ -216,7 +212,8 @@ mod tests {
     fn a_marked_taskrun_is_not_marked_again() {
         let tr = unmarked();
         let ops = adoption_patch(&tr, &config(), 1_700_000_000).expect("needs marking");
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        let patch: json_patch::Patch =
+            serde_json::from_value(serde_json::to_value(&ops).unwrap()).unwrap();
         let mut marked = tr.clone();
         json_patch::patch(&mut marked, &patch).unwrap();
         assert!(adoption_patch(&marked, &config(), 1_700_000_100).is_none());

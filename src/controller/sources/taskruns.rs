@@ -82,9 +82,7 @@ pub enum Found {
     /// A TaskRun that is done (or only released, when `released`); when `tracked_only`, only of
     /// interest if the scheduler tracks it.
     Done {
-        namespace: String,
-        name: String,
-        uid: String,
+        taskrun: TaskRunRef,
         tracked_only: bool,
         released: bool,
     },
@@ -103,17 +101,17 @@ pub enum Found {
 ///   watch has not shown them landed.
 #[derive(Default)]
 pub struct TaskRunIndex {
-    index: HashMap<String, Entry>,
+    index: HashMap<Uid, Entry>,
     memo: MountMemo,
     /// UIDs seen since the watch's last `Init` (a relist in progress).
-    relist: Option<HashSet<String>>,
+    relist: Option<HashSet<Uid>>,
     synced: bool,
     /// The controller's own writes the watched TaskRuns still need, by UID.
-    wanted: HashMap<String, Wanted>,
+    wanted: HashMap<Uid, Wanted>,
     /// Writes of `wanted` reported in the current term, so repeated watch events do not repeat
     /// them.
-    finalizing: HashSet<String>,
-    ungating: HashSet<String>,
+    finalizing: HashSet<Uid>,
+    ungating: HashSet<Uid>,
 }
 
 impl TaskRunIndex {
@@ -155,15 +153,15 @@ impl TaskRunIndex {
                 self.on_taskrun(&tr, config, leading, out)
             }
             watcher::Event::Delete(tr) => {
-                if let Some((ns, name, uid)) = tr.identity() {
-                    self.index.remove(uid);
-                    self.wanted.remove(uid);
-                    out.push(done(ns, name, uid, true, false));
+                if let Some(taskrun) = tr.reference() {
+                    self.index.remove(taskrun.uid());
+                    self.wanted.remove(taskrun.uid());
+                    out.push(done(taskrun, true, false));
                 }
             }
             watcher::Event::InitDone => {
                 if let Some(seen) = self.relist.take() {
-                    let vanished: Vec<String> = self
+                    let vanished: Vec<Uid> = self
                         .index
                         .keys()
                         .filter(|uid| !seen.contains(*uid))
@@ -173,7 +171,11 @@ impl TaskRunIndex {
                     for uid in vanished {
                         if let Some(e) = self.index.remove(&uid) {
                             let r = e.record;
-                            out.push(done(&r.namespace, &r.name, &r.uid, true, false));
+                            out.push(done(
+                                TaskRunRef::new(&r.namespace, &r.name, uid),
+                                true,
+                                false,
+                            ));
                         }
                     }
                 }
@@ -192,12 +194,13 @@ impl TaskRunIndex {
         leading: bool,
         out: &mut Vec<Found>,
     ) {
-        let Some((ns, name, uid)) = tr.identity() else {
+        let Some(taskrun) = tr.reference() else {
             tracing::warn!(name = ?tr.metadata.name, "TaskRun without namespace, name or uid ignored");
             return;
         };
+        let uid = taskrun.uid();
         if let Some(seen) = &mut self.relist {
-            seen.insert(uid.to_owned());
+            seen.insert(uid.clone());
         }
         if tr.has_finalizer() {
             self.finalizing.remove(uid);
@@ -210,7 +213,7 @@ impl TaskRunIndex {
         match meaning::recovery_entry(tr, &m) {
             Some((record, secret_matters)) => {
                 self.index.insert(
-                    uid.to_owned(),
+                    uid.clone(),
                     Entry {
                         record,
                         secret_matters,
@@ -229,9 +232,9 @@ impl TaskRunIndex {
         );
         if finalizer || ungate {
             self.wanted.insert(
-                uid.to_owned(),
+                uid.clone(),
                 Wanted {
-                    taskrun: TaskRunRef::new(ns, name, Uid::new(uid)),
+                    taskrun: taskrun.clone(),
                     finalizer,
                     ungate,
                 },
@@ -246,22 +249,23 @@ impl TaskRunIndex {
             Meaning::Ignore | Meaning::Undecided { .. } => {}
             Meaning::Active { spec, .. } => out.push(Found::Active(spec)),
             Meaning::Done {
+                taskrun,
                 tracked_only,
                 released,
                 ..
-            } => out.push(done(ns, name, uid, tracked_only, released)),
+            } => out.push(done(taskrun, tracked_only, released)),
         }
     }
 
     /// Reports the writes `uid` wants that this term has not reported yet.
-    fn writes(&mut self, uid: &str, out: &mut Vec<Found>) {
+    fn writes(&mut self, uid: &Uid, out: &mut Vec<Found>) {
         let Some(w) = self.wanted.get(uid) else {
             return;
         };
-        if w.finalizer && self.finalizing.insert(uid.to_owned()) {
+        if w.finalizer && self.finalizing.insert(uid.clone()) {
             out.push(Found::Write(Job::AddFinalizer(w.taskrun.clone())));
         }
-        if w.ungate && self.ungating.insert(uid.to_owned()) {
+        if w.ungate && self.ungating.insert(uid.clone()) {
             out.push(Found::Write(Job::Action(Action::Ungate {
                 taskrun: w.taskrun.clone(),
             })));
@@ -272,7 +276,7 @@ impl TaskRunIndex {
     /// submitted in this term).
     pub fn term_started(&mut self, out: &mut Vec<Found>) {
         self.term_ended();
-        let wanted: Vec<String> = self.wanted.keys().cloned().collect();
+        let wanted: Vec<Uid> = self.wanted.keys().cloned().collect();
         for uid in wanted {
             self.writes(&uid, out);
         }
@@ -285,11 +289,9 @@ impl TaskRunIndex {
     }
 }
 
-fn done(ns: &str, name: &str, uid: &str, tracked_only: bool, released: bool) -> Found {
+fn done(taskrun: TaskRunRef, tracked_only: bool, released: bool) -> Found {
     Found::Done {
-        namespace: ns.to_owned(),
-        name: name.to_owned(),
-        uid: uid.to_owned(),
+        taskrun,
         tracked_only,
         released,
     }
@@ -360,10 +362,10 @@ mod tests {
             .collect()
     }
 
-    fn done_uids(out: &[Found]) -> Vec<&str> {
+    fn done_uids(out: &[Found]) -> Vec<String> {
         out.iter()
             .filter_map(|f| match f {
-                Found::Done { uid, .. } => Some(uid.as_str()),
+                Found::Done { taskrun, .. } => Some(taskrun.uid().to_string()),
                 _ => None,
             })
             .collect()
