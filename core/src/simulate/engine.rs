@@ -15,7 +15,7 @@ use crate::config::{HostConfig, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
     Action, Blame, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot,
-    TaskRunSpec, Time,
+    StateError, TaskRunSpec, Time,
 };
 
 /// Settings of one run.
@@ -29,6 +29,9 @@ pub struct SimSettings {
     pub latencies: Latencies,
     /// Chart sampling period.
     pub sample_every: Duration,
+    /// Check the scheduler's state ([`Scheduler::check`]) after every this many events and at
+    /// the end; `None`: never. A broken invariant stops the run.
+    pub check_every: Option<u64>,
 }
 
 impl SimSettings {
@@ -39,6 +42,7 @@ impl SimSettings {
             seed,
             latencies: Latencies::default(),
             sample_every: Duration::from_secs(300),
+            check_every: None,
         }
     }
 }
@@ -116,6 +120,21 @@ pub struct Outcome {
     pub end: f64,
     /// Scheduler events processed.
     pub events: u64,
+    /// Times the scheduler's state was checked ([`SimSettings::check_every`]).
+    pub checks: u64,
+    /// The first broken invariant found, if any (the run stopped there).
+    pub violation: Option<Violation>,
+}
+
+/// A broken invariant of the scheduler's state, found by a sampled check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Scheduler events processed when it was found.
+    pub event: u64,
+    /// Simulated time, in milliseconds from the start.
+    pub at_ms: u64,
+    /// What is broken.
+    pub error: StateError,
 }
 
 enum SimEvent {
@@ -184,6 +203,8 @@ struct Sim<'a> {
     samples: Vec<Sample>,
     events: u64,
     out: Vec<Action>,
+    checks: u64,
+    violation: Option<Violation>,
 }
 
 fn ms(secs: f64) -> u64 {
@@ -244,6 +265,8 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
         samples: Vec::new(),
         events: 0,
         out: Vec::new(),
+        checks: 0,
+        violation: None,
     };
     let mut out = Vec::new();
     sim.sched.recover(Time::ZERO, Snapshot::default(), &mut out);
@@ -254,6 +277,9 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
     }
     sim.push(0, SimEvent::Sample);
     sim.run();
+    if settings.check_every.is_some() && sim.violation.is_none() {
+        sim.check();
+    }
     sim.finish()
 }
 
@@ -280,7 +306,7 @@ impl Sim<'_> {
         let span = ms(self.workload.span());
         let limit = span + ms(48.0 * 3600.0);
         while let Some(item) = self.heap.pop() {
-            if item.at > limit {
+            if item.at > limit || self.violation.is_some() {
                 break;
             }
             self.now_ms = self.now_ms.max(item.at);
@@ -347,6 +373,23 @@ impl Sim<'_> {
         self.out = out;
         self.run_actions(actions);
         self.schedule_tick();
+        if let Some(n) = self.settings.check_every
+            && self.events.is_multiple_of(n.max(1))
+        {
+            self.check();
+        }
+    }
+
+    /// Checks the scheduler's state; a broken invariant is kept and stops the run.
+    fn check(&mut self) {
+        self.checks += 1;
+        if let Err(error) = self.sched.check() {
+            self.violation = Some(Violation {
+                event: self.events,
+                at_ms: self.now_ms,
+                error,
+            });
+        }
     }
 
     fn schedule_tick(&mut self) {
@@ -536,6 +579,8 @@ impl Sim<'_> {
             samples: self.samples,
             end,
             events: self.events,
+            checks: self.checks,
+            violation: self.violation,
         }
     }
 }
