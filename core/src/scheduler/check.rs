@@ -181,8 +181,11 @@ impl Scheduler {
             Scheduler::check_host_load,
             Scheduler::check_host_backoff,
             |s| s.instances.check(s.platforms.len()),
+            Scheduler::check_taskrun_instances,
             Scheduler::check_attached,
+            Scheduler::check_owners,
             Scheduler::check_instance_ops,
+            Scheduler::check_probe_ops,
             Scheduler::check_termination_retried,
             Scheduler::check_provision_ops,
             Scheduler::check_queues,
@@ -191,6 +194,8 @@ impl Scheduler {
             Scheduler::check_cleanups,
             Scheduler::check_cleaning,
             Scheduler::check_unlisted,
+            Scheduler::check_unlisted_modes,
+            Scheduler::check_modes,
             |s| s.timers.check(),
         ];
         CHECKS.iter().filter_map(|c| c(self).err()).collect()
@@ -374,6 +379,17 @@ impl Scheduler {
                 )
             })?;
         }
+        for (id, op) in self.ops.iter() {
+            let (inst, want) = match *op {
+                Op::Launch { inst } => (inst, InstState::Launching(id)),
+                Op::Terminate { inst } => (inst, InstState::Terminating(id)),
+                _ => continue,
+            };
+            let state = self.instances.get(inst).map(|i| i.state);
+            ensure(state == Some(want), InstanceOps, || {
+                format!("{id} is {want:?} of instance {inst:?}, which is {state:?}")
+            })?;
+        }
         Ok(())
     }
 
@@ -449,6 +465,48 @@ impl Scheduler {
                     )
                 })?;
             }
+        }
+        // One its TaskRun no longer waits for is answered and ignored: harmless only where the
+        // user it creates goes with the machine (a dynamic instance, or one being terminated or
+        // gone); on a static host or a pool instance still in service it must compensate.
+        for (id, op) in self.ops.iter() {
+            let Op::Provision {
+                tr,
+                host,
+                compensate: false,
+                ..
+            } = op
+            else {
+                continue;
+            };
+            let current = self.taskruns.get(*tr).and_then(|t| provisioning(&t.state));
+            let ok = current == Some(id)
+                || match host {
+                    HostRef::Static(_) => false,
+                    HostRef::Instance { id, .. } => self
+                        .instances
+                        .find(id)
+                        .and_then(|k| self.instances.get(k))
+                        .is_none_or(|i| {
+                            i.pool.is_none()
+                                || matches!(
+                                    i.state,
+                                    InstState::Terminating(_) | InstState::TerminateWait
+                                )
+                        }),
+                };
+            ensure(ok, ProvisionOps, || {
+                let on = self
+                    .instances
+                    .find(host.name())
+                    .and_then(|k| self.instances.get(k))
+                    .map(|i| i.state);
+                format!(
+                    "{id} provisions on {} ({on:?}) for {tr:?}, whose provisioning is \
+                     {current:?}, and does not compensate",
+                    host.name()
+                )
+            })?;
         }
         Ok(())
     }

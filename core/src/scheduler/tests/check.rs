@@ -290,22 +290,22 @@ const CASES: &[Case] = &[
         },
     ),
     (
-        Invariant::InstanceOps,
-        "an instance launching under an id not in flight",
-        || {
-            let mut h = dynamic(Stage::Launching);
-            let i = instance_of(&h, "d");
-            instance(&mut h, i, |i| i.state = InstState::Launching(BOGUS));
-            h
-        },
-    ),
-    (
         Invariant::InstanceOwner,
         "a pool instance with an owner",
         || {
             let mut h = busy();
             let (i, c) = (instance_of(&h, "c"), key_of(&h, "c"));
             instance(&mut h, i, |i| i.owner = Some(c));
+            h
+        },
+    ),
+    (
+        Invariant::InstanceOps,
+        "an instance launching under an id not in flight",
+        || {
+            let mut h = dynamic(Stage::Launching);
+            let i = instance_of(&h, "d");
+            instance(&mut h, i, |i| i.state = InstState::Launching(BOGUS));
             h
         },
     ),
