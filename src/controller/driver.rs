@@ -207,6 +207,10 @@ pub struct Driver {
     results_rx: mpsc::UnboundedReceiver<Completion>,
     inputs_tx: mpsc::Sender<Input>,
     actions: Vec<Action>,
+    /// Check the scheduler's state after every this many events (`--check-state`); 0: never.
+    check_every: u64,
+    /// Events handed to a scheduler.
+    fed: u64,
 }
 
 impl Driver {
@@ -235,6 +239,16 @@ impl Driver {
             results_rx,
             inputs_tx,
             actions: Vec::new(),
+            check_every: 0,
+            fed: 0,
+        }
+    }
+
+    /// Checks the scheduler's state after every `n` events (0: never); see `--check-state`.
+    pub fn check_state(self, n: u64) -> Self {
+        Driver {
+            check_every: n,
+            ..self
         }
     }
 
@@ -403,6 +417,15 @@ impl Driver {
             Phase::Running(s) => {
                 let mut out = std::mem::take(&mut self.actions);
                 s.handle(now(), event, &mut out);
+                self.fed += 1;
+                // A debug aid: it observes and counts, and changes nothing (see `--check-state`).
+                if self.check_every != 0
+                    && self.fed.is_multiple_of(self.check_every)
+                    && let Err(e) = s.check()
+                {
+                    tracing::error!(invariant = ?e.invariant, detail = %e.detail, "scheduler state broken");
+                    self.base.metrics.state_broken(e.invariant);
+                }
                 self.dispatch(&mut out);
                 self.actions = out;
             }

@@ -4,11 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use super::arena::Key;
 use super::{
-    Handoff, HostRef, InstState, Mode, NO_PLATFORM, Op, OpId, Phase, Scheduler, State, Timer,
-    mode_of,
+    Handoff, HostRef, InstState, Mode, NO_PLATFORM, Op, OpId, Phase, Scheduler, State, TaskRun,
+    Timer, mode_of,
 };
 
 /// One invariant of the scheduler's state (docs/architecture.md, "The scheduler's state").
@@ -94,6 +95,9 @@ pub enum Invariant {
     /// A platform's cached mode (how it is served) and label are what the config in force
     /// gives it.
     PlatformMode,
+    /// Two live TaskRuns with the same build user name are never on one host or instance, and
+    /// none is where a removal of its user name is in flight.
+    UserGuard,
 }
 
 impl fmt::Display for Invariant {
@@ -129,6 +133,7 @@ impl fmt::Display for Invariant {
             Invariant::OpTable => "operation table",
             Invariant::Unlisted => "unlisted platforms",
             Invariant::PlatformMode => "platform modes",
+            Invariant::UserGuard => "shared user names kept apart",
         };
         f.write_str(s)
     }
@@ -196,6 +201,7 @@ impl Scheduler {
             Scheduler::check_unlisted,
             Scheduler::check_unlisted_modes,
             Scheduler::check_modes,
+            Scheduler::check_user_guard,
             |s| s.timers.check(),
         ];
         CHECKS.iter().filter_map(|c| c(self).err()).collect()
@@ -642,6 +648,69 @@ impl Scheduler {
                     )
                 },
             )?;
+        }
+        Ok(())
+    }
+
+    /// Where a TaskRun's build user lives while it is live: a host or instance name.
+    fn target(&self, t: &TaskRun) -> Option<Arc<str>> {
+        match t.state {
+            State::OnHost { host, .. } => self.hosts.get(host).map(|h| h.name.clone()),
+            State::OnInstance { inst, .. } => {
+                let i = self.instances.get(inst)?;
+                // Not launched yet: no user can be there; named by its key so two still count.
+                Some(
+                    i.id()
+                        .cloned()
+                        .unwrap_or_else(|| format!("{inst:?}").into()),
+                )
+            }
+            _ => None,
+        }
+    }
+
+    fn check_user_guard(&self) -> Result<(), StateError> {
+        use Invariant::UserGuard;
+        // Only TaskRuns whose user hash is shared can share a name: no name is computed else.
+        for group in self.taskruns.sharing_a_user_hash() {
+            let mut seen: BTreeMap<(String, Arc<str>), Key> = BTreeMap::new();
+            for k in group {
+                let Some(t) = self.taskruns.get(k) else {
+                    continue;
+                };
+                let Some(target) = self.target(t) else {
+                    continue;
+                };
+                if let Some(other) = seen.insert((t.user(), target.clone()), k) {
+                    return Err(StateError {
+                        invariant: UserGuard,
+                        detail: format!(
+                            "{} and {other:?} share user {} on {target}",
+                            t.path(),
+                            t.user()
+                        ),
+                    });
+                }
+            }
+        }
+        for (user, hosts) in &self.cleaning {
+            let none = Key {
+                index: u32::MAX,
+                generation: u32::MAX,
+            };
+            for k in self.taskruns.same_user(user, none) {
+                let Some(t) = self.taskruns.get(k) else {
+                    continue;
+                };
+                if let Some(target) = self.target(t) {
+                    ensure(!hosts.contains(&target), UserGuard, || {
+                        format!(
+                            "{} is on {target}, where its user {user} is being removed",
+                            t.path()
+                        )
+                    })?;
+                }
+            }
         }
         Ok(())
     }

@@ -661,4 +661,26 @@ mod tests {
         assert_eq!(a.samples, b.samples);
         assert_eq!(a.events, b.events);
     }
+
+    #[test]
+    fn a_checked_run_checks_every_n_events_and_at_the_end_and_changes_nothing_else() {
+        let w = super::super::workload::bursty_day(300, 2);
+        for policy in [Policy::mpc(), Policy::mpc_go()] {
+            let plain = simulate(&cfg(), &w, &SimSettings::new(policy.clone(), 4));
+            let settings = SimSettings {
+                check_every: Some(7),
+                ..SimSettings::new(policy, 4)
+            };
+            let checked = simulate(&cfg(), &w, &settings);
+            assert_eq!(plain.checks, 0);
+            assert_eq!(checked.violation, None);
+            assert_eq!(checked.checks, checked.events / 7 + 1);
+            assert_eq!(checked.events, plain.events);
+            assert_eq!(checked.samples, plain.samples);
+            assert_eq!(
+                format!("{:?}", checked.platforms),
+                format!("{:?}", plain.platforms)
+            );
+        }
+    }
 }

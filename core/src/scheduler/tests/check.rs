@@ -438,7 +438,47 @@ const CASES: &[Case] = &[
             h
         },
     ),
+    (
+        Invariant::UserGuard,
+        "two live TaskRuns of one user name on one host",
+        || on_the_first_ones_host(colliding(false)),
+    ),
+    (
+        Invariant::UserGuard,
+        "a TaskRun on the host its user name is being removed from",
+        || on_the_first_ones_host(colliding(true)),
+    ),
 ];
+
+/// `team-a/build-x1` provisioning on h1 (concurrency 2), or finished there (its user being
+/// removed); `1team-a/build-x`, the same build user name, waiting: it may not go there.
+fn colliding(first_finished: bool) -> H {
+    let mut h = H::new(&static_pairs(&[("h1", 2)]));
+    let op = provision_op(&h.submit("team-a", "build-x1", S390X), "build-x1");
+    assert!(provisions(&h.submit("1team-a", "build-x", S390X)).is_empty());
+    if first_finished {
+        h.send(Event::Provisioned {
+            op,
+            otp: "t".into(),
+        });
+        assert_eq!(deprovisions(&h.done("team-a", "build-x1")).len(), 1);
+    }
+    consistent(h)
+}
+
+/// Puts the second TaskRun of [`colliding`] on h1 anyway (the host's load follows).
+fn on_the_first_ones_host(mut h: H) -> H {
+    let host = h.s.hosts.id("h1").unwrap();
+    let def = h.s.hosts[host].def.clone();
+    let k = h.s.taskruns.find(&Uid::new("uid-1team-a-build-x")).unwrap();
+    h.s.hosts.add_load(host);
+    h.s.taskruns.get_mut(k).unwrap().state = State::OnHost {
+        host,
+        def,
+        phase: Phase::Ready(h.now),
+    };
+    h
+}
 
 /// Every invariant in order: an exhaustive match, so a new one does not compile until it is
 /// placed here (and then needs its case above).
@@ -477,7 +517,8 @@ fn after(i: Option<Invariant>) -> Option<Invariant> {
         Timers => Some(OpTable),
         OpTable => Some(Unlisted),
         Unlisted => Some(PlatformMode),
-        PlatformMode => None,
+        PlatformMode => Some(UserGuard),
+        UserGuard => None,
     }
 }
 
