@@ -1,6 +1,13 @@
 //! [`Scheduler::check`]: every cross-index invariant of the scheduler's state, checked from
-//! scratch. Linear in the state (it rebuilds each index and compares), so it is for tests: the
-//! unit-test harness and the model test call it after every step; the drivers never do.
+//! scratch. Linear in the state (it rebuilds each index and compares; about 1.5 ms at 20,000
+//! TaskRuns), so it is not asserted in `handle`: the unit-test harness and the model test call it
+//! after every step, and the drivers sample it on request (`mpc simulate --check`, every
+//! `--check-every` events and at the end; the controller's `--check-state N`, every N events,
+//! logging and counting what it finds).
+//!
+//! Operations whose result the core no longer waits for stay in the table until the result
+//! arrives and is ignored; the reverse relations (an operation in flight to the state that names
+//! it) allow exactly those, and only where ignoring the result is harmless.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -115,9 +115,9 @@ pub struct SimulateArgs {
     pub check_every: u64,
 }
 
-/// Events between two state checks under `--check`: the check walks the whole state, so
-/// checking after every event multiplies the run time; this keeps a million-event run within
-/// a few percent of an unchecked one.
+/// Events between two state checks under `--check`. A check walks the whole state (about 1.5 ms
+/// at the built-in day's peak), so checking after every event multiplies the run time; every
+/// 10,000 events adds about a quarter of a second to the built-in day's 1.3 million events.
 pub const DEFAULT_CHECK_EVERY: u64 = 10_000;
 
 const TRACE_HELP: &str = "\
