@@ -156,6 +156,9 @@ pub struct StateError {
     pub detail: String,
 }
 
+/// One group of checks: its first finding.
+type Check = fn(&Scheduler) -> Result<(), StateError>;
+
 /// `Err` naming `invariant` unless `ok`.
 pub(super) fn ensure(
     ok: bool,
@@ -186,7 +189,7 @@ impl Scheduler {
     /// Every broken invariant: each group of checks reports its first finding, and the groups
     /// run independently, so one corruption shows as exactly the invariants it breaks.
     pub fn violations(&self) -> Vec<StateError> {
-        const CHECKS: &[fn(&Scheduler) -> Result<(), StateError>] = &[
+        const CHECKS: &[Check] = &[
             |s| s.taskruns.check(),
             Scheduler::check_platforms,
             |s| s.hosts.check(s.platforms.len()),
