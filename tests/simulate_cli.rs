@@ -37,6 +37,8 @@ fn mpc_simulate_prints_the_core_report_for_the_same_arguments() {
         seed: 5,
         taskruns: 300,
         chart: Some(dir.path().join("core.svg")),
+        check: false,
+        check_every: simulate::DEFAULT_CHECK_EVERY,
     };
     let expected = simulate::output(&args).unwrap();
     let expected = expected.replace("core.svg", "day.svg");

@@ -166,3 +166,44 @@ fn macos_platforms_report_dedicated_host_hours_and_others_do_not() {
     assert!(ok, "{err}");
     assert!(!out.contains("dedicated hosts"), "{out}");
 }
+
+#[test]
+fn check_samples_the_state_and_leaves_the_report_as_it_was() {
+    let args = ["--taskruns", "400", "--seed", "2"];
+    let (ok, plain, err) = simulate(&args);
+    assert!(ok, "{err}");
+    let (ok, checked, err) = simulate(&[&args[..], &["--check", "--check-every", "50"]].concat());
+    assert!(ok, "{err}");
+    // Everything but the last line (time taken, and how often the state was checked).
+    let report = |s: &str| {
+        let lines: Vec<&str> = s.lines().collect();
+        lines[..lines.len() - 1].join("\n")
+    };
+    assert_eq!(report(&checked), report(&plain));
+    let last = checked.lines().last().unwrap();
+    let events: u64 = last
+        .split(" scheduler events")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("event count in {last:?}"));
+    assert!(
+        last.ends_with("every invariant held)") && !plain.contains("checked"),
+        "{last}"
+    );
+    // Both policies: every 50 events, and once at each end.
+    assert!(last.contains("state checked "), "{last}");
+    let checks: u64 = last
+        .split("state checked ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        (events / 50..=events / 50 + 2).contains(&checks),
+        "{checks} checks for {events} events"
+    );
+    // --check-every means nothing without --check.
+    let (ok, _, err) = simulate(&["--check-every", "10"]);
+    assert!(!ok && err.contains("--check"), "{err}");
+}

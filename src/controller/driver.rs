@@ -146,6 +146,10 @@ pub struct Driver<E, S> {
     inputs_tx: mpsc::Sender<Input>,
     actions: Vec<Action>,
     started: Vec<(Ticket, Job)>,
+    /// Check the scheduler's state after every this many events (`--check-state`); 0: never.
+    check_every: u64,
+    /// Events handed to a scheduler.
+    fed: u64,
 }
 
 impl<E: Executor, S: Sources> Driver<E, S> {
@@ -177,7 +181,15 @@ impl<E: Executor, S: Sources> Driver<E, S> {
             inputs_tx,
             actions: Vec::new(),
             started: Vec::new(),
+            check_every: 0,
+            fed: 0,
         }
+    }
+
+    /// Checks the scheduler's state after every `n` events (0: never); see `--check-state`.
+    pub fn check_state(mut self, n: u64) -> Self {
+        self.check_every = n;
+        self
     }
 
     /// Other caps than the controller's (tests).
@@ -378,6 +390,15 @@ impl<E: Executor, S: Sources> Driver<E, S> {
             Phase::Running(s) => {
                 let mut out = std::mem::take(&mut self.actions);
                 s.handle(now(), event, &mut out);
+                self.fed += 1;
+                // A debug aid: it observes and counts, and changes nothing (see `--check-state`).
+                if self.check_every != 0
+                    && self.fed.is_multiple_of(self.check_every)
+                    && let Err(e) = s.check()
+                {
+                    tracing::error!(invariant = ?e.invariant, detail = %e.detail, "scheduler state broken");
+                    self.metrics.state_broken(e.invariant);
+                }
                 self.dispatch(&mut out);
                 self.actions = out;
             }

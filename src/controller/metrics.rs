@@ -15,7 +15,7 @@ use prometheus::{
 
 use crate::metrics::name;
 use crate::platform::Platform;
-use crate::scheduler::{Gauges, Observation, Time};
+use crate::scheduler::{Gauges, Invariant, Observation, Time};
 
 /// Go's buckets for allocation and wait times.
 const SMALL_BUCKETS: &[f64] = &[
@@ -57,6 +57,7 @@ pub struct ControllerMetrics {
     instances: IntGaugeVec,
     actions_in_flight: IntGaugeVec,
     action_failures: IntCounterVec,
+    state_violations: IntCounterVec,
     leader: Gauge,
 }
 
@@ -173,6 +174,11 @@ impl ControllerMetrics {
                 "Scheduler actions that failed, by kind (provisioning, cloud and API errors)",
                 &["kind"],
             )?,
+            state_violations: counter(
+                "scheduler_state_violations",
+                "Broken invariants of the scheduler's state found by --check-state, by invariant (a bug: always 0)",
+                &["invariant"],
+            )?,
             leader: Gauge::with_opts(Opts::new(
                 name("leader"),
                 "Whether this replica holds the Lease and schedules (1) or not (0)",
@@ -205,6 +211,7 @@ impl ControllerMetrics {
             Box::new(self.instances.clone()),
             Box::new(self.actions_in_flight.clone()),
             Box::new(self.action_failures.clone()),
+            Box::new(self.state_violations.clone()),
             Box::new(self.leader.clone()),
         ]
     }
@@ -356,11 +363,34 @@ impl ControllerMetrics {
     pub fn failed(&self, kind: &str) {
         self.action_failures.with_label_values(&[kind]).inc();
     }
+
+    /// A check of the scheduler's state found `invariant` broken.
+    pub fn state_broken(&self, invariant: Invariant) {
+        self.state_violations
+            .with_label_values(&[&format!("{invariant:?}")])
+            .inc();
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broken_invariant_is_counted_under_its_name() {
+        let registry = Registry::new();
+        let m = ControllerMetrics::register(&registry).unwrap();
+        m.state_broken(Invariant::HostLoad);
+        m.state_broken(Invariant::HostLoad);
+        m.state_broken(Invariant::ProbeOps);
+        let text = crate::metrics::encode(&registry);
+        for series in [
+            "multi_platform_controller_scheduler_state_violations{invariant=\"HostLoad\"} 2",
+            "multi_platform_controller_scheduler_state_violations{invariant=\"ProbeOps\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
+        }
+    }
 
     #[test]
     fn configured_platforms_have_their_series_at_zero_before_anything_happens() {

@@ -367,6 +367,12 @@ mod table {
         pub(in crate::scheduler) fn corrupt_avail(&mut self, p: PlatformId, hid: HostId) {
             self.platform_mut(p).avail.insert((0, 0, hid));
         }
+
+        /// Test hook: forgets platform `p`'s list of configured hosts.
+        #[cfg(test)]
+        pub(in crate::scheduler) fn corrupt_configured(&mut self, p: PlatformId) {
+            self.platform_mut(p).configured.clear();
+        }
     }
 }
 

@@ -502,6 +502,13 @@ impl Fleet {
         *self.awaited.entry(tr).or_default() += 1;
     }
 
+    /// Test hook: drops an instance from its platform's members only.
+    #[cfg(test)]
+    pub(super) fn corrupt_members(&mut self, key: Key) {
+        let p = self.instances.get(key).expect("tracked").platform;
+        self.platform_mut(p).members.remove(&key);
+    }
+
     /// Test hook: empties platform `p`'s set of booting pool instances.
     #[cfg(test)]
     pub(super) fn corrupt_booting(&mut self, p: PlatformId) {

@@ -286,6 +286,22 @@ impl Ledger {
             .filter(move |&k| k != me && self.taskruns.get(k).is_some_and(|t| t.user() == user))
     }
 
+    /// Tracked TaskRuns whose build user's hash they share with another, grouped by it (a
+    /// group may still hold different names: hashes collide).
+    pub(super) fn sharing_a_user_hash(&self) -> Vec<Vec<Key>> {
+        let mut groups: Vec<Vec<Key>> = Vec::new();
+        let mut last = None;
+        for &(h, k) in &self.by_user {
+            match groups.last_mut() {
+                Some(g) if last == Some(h) => g.push(k),
+                _ => groups.push(vec![k]),
+            }
+            last = Some(h);
+        }
+        groups.retain(|g| g.len() > 1);
+        groups
+    }
+
     /// Bytes held by the TaskRun slots.
     pub(super) fn capacity_bytes(&self) -> usize {
         self.taskruns.capacity_bytes()

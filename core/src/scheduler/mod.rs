@@ -62,7 +62,7 @@
 //! platform's members, count and pool instances with room), the `Timers` (with the cleanups
 //! they re-issue), the `OpTable` and each platform's queues. [`Scheduler::check`] verifies
 //! every index and every invariant across them ([`Invariant`]); the tests call it after every
-//! step.
+//! step, and the simulator (`--check`) and the controller (`--check-state`) sample it.
 //!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup

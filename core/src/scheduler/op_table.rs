@@ -108,12 +108,26 @@ impl OpTable {
         self.slots.iter().filter_map(|s| s.op.as_ref())
     }
 
+    /// Operations in flight with their ids, in no meaningful order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (OpId, &Op)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((id(i as u32, s.serial), s.op.as_ref()?)))
+    }
+
     /// The count matches the slots in use.
     pub(super) fn check(&self) -> Result<(), StateError> {
         let used = self.slots.iter().filter(|s| s.op.is_some()).count();
         ensure(used == self.len, Invariant::OpTable, || {
             format!("counts {} operations, {used} slots hold one", self.len)
         })
+    }
+
+    /// Test hook: counts one operation more than the slots hold.
+    #[cfg(test)]
+    pub(super) fn corrupt_count(&mut self) {
+        self.len += 1;
     }
 
     /// Number of operations in flight.

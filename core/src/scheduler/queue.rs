@@ -110,6 +110,12 @@ impl FairQueue {
         )
     }
 
+    /// Test hook: counts one entry more than the lanes hold.
+    #[cfg(test)]
+    pub(crate) fn corrupt_count(&mut self) {
+        self.held += 1;
+    }
+
     /// True when no entries are held (live or stale).
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {

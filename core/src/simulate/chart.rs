@@ -191,6 +191,8 @@ mod tests {
             ],
             end: 3600.0,
             events: 0,
+            checks: 0,
+            violation: None,
         };
         let svg = render(&[o("mpc", 7), o("mpc-go", 140)], "t <1>", "sub");
         assert!(svg.starts_with("<svg"));

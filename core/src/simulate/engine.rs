@@ -15,7 +15,7 @@ use crate::config::{HostConfig, HostOs, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
     Action, Blame, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot,
-    TaskRunSpec, Time,
+    StateError, TaskRunSpec, Time,
 };
 
 /// Settings of one run.
@@ -29,6 +29,9 @@ pub struct SimSettings {
     pub latencies: Latencies,
     /// Chart sampling period.
     pub sample_every: Duration,
+    /// Check the scheduler's state ([`Scheduler::check`]) after every this many events and at
+    /// the end; `None`: never. A broken invariant stops the run.
+    pub check_every: Option<u64>,
 }
 
 impl SimSettings {
@@ -39,6 +42,7 @@ impl SimSettings {
             seed,
             latencies: Latencies::default(),
             sample_every: Duration::from_secs(300),
+            check_every: None,
         }
     }
 }
@@ -155,6 +159,21 @@ pub struct Outcome {
     pub end: f64,
     /// Scheduler events processed.
     pub events: u64,
+    /// Times the scheduler's state was checked ([`SimSettings::check_every`]).
+    pub checks: u64,
+    /// The first broken invariant found, if any (the run stopped there).
+    pub violation: Option<Violation>,
+}
+
+/// A broken invariant of the scheduler's state, found by a sampled check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Scheduler events processed when it was found.
+    pub event: u64,
+    /// Simulated time, in milliseconds from the start.
+    pub at_ms: u64,
+    /// What is broken.
+    pub error: StateError,
 }
 
 enum SimEvent {
@@ -226,6 +245,8 @@ struct Sim<'a> {
     samples: Vec<Sample>,
     events: u64,
     out: Vec<Action>,
+    checks: u64,
+    violation: Option<Violation>,
 }
 
 fn ms(secs: f64) -> u64 {
@@ -292,6 +313,8 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
         samples: Vec::new(),
         events: 0,
         out: Vec::new(),
+        checks: 0,
+        violation: None,
     };
     let mut out = Vec::new();
     sim.sched.recover(Time::ZERO, Snapshot::default(), &mut out);
@@ -302,6 +325,9 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
     }
     sim.push(0, SimEvent::Sample);
     sim.run();
+    if settings.check_every.is_some() && sim.violation.is_none() {
+        sim.check();
+    }
     sim.finish()
 }
 
@@ -328,7 +354,7 @@ impl Sim<'_> {
         let span = ms(self.workload.span());
         let limit = span + ms(48.0 * 3600.0);
         while let Some(item) = self.heap.pop() {
-            if item.at > limit {
+            if item.at > limit || self.violation.is_some() {
                 break;
             }
             self.now_ms = self.now_ms.max(item.at);
@@ -395,6 +421,23 @@ impl Sim<'_> {
         self.out = out;
         self.run_actions(actions);
         self.schedule_tick();
+        if let Some(n) = self.settings.check_every
+            && self.events.is_multiple_of(n.max(1))
+        {
+            self.check();
+        }
+    }
+
+    /// Checks the scheduler's state; a broken invariant is kept and stops the run.
+    fn check(&mut self) {
+        self.checks += 1;
+        if let Err(error) = self.sched.check() {
+            self.violation = Some(Violation {
+                event: self.events,
+                at_ms: self.now_ms,
+                error,
+            });
+        }
     }
 
     fn schedule_tick(&mut self) {
@@ -686,6 +729,8 @@ impl Sim<'_> {
             samples: self.samples,
             end,
             events: self.events,
+            checks: self.checks,
+            violation: self.violation,
         }
     }
 }
@@ -844,5 +889,27 @@ mod tests {
         let b = simulate(&cfg(), &w, &SimSettings::new(Policy::mpc(), 9));
         assert_eq!(a.samples, b.samples);
         assert_eq!(a.events, b.events);
+    }
+
+    #[test]
+    fn a_checked_run_checks_every_n_events_and_at_the_end_and_changes_nothing_else() {
+        let w = super::super::workload::bursty_day(300, 2);
+        for policy in [Policy::mpc(), Policy::mpc_go()] {
+            let plain = simulate(&cfg(), &w, &SimSettings::new(policy.clone(), 4));
+            let settings = SimSettings {
+                check_every: Some(7),
+                ..SimSettings::new(policy, 4)
+            };
+            let checked = simulate(&cfg(), &w, &settings);
+            assert_eq!(plain.checks, 0);
+            assert_eq!(checked.violation, None);
+            assert_eq!(checked.checks, checked.events / 7 + 1);
+            assert_eq!(checked.events, plain.events);
+            assert_eq!(checked.samples, plain.samples);
+            assert_eq!(
+                format!("{:?}", checked.platforms),
+                format!("{:?}", plain.platforms)
+            );
+        }
     }
 }

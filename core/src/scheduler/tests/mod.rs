@@ -1,6 +1,7 @@
 //! Unit tests of the scheduler core, one file per strategy, on a small harness that plays the
 //! controller by hand.
 
+mod check;
 mod dynamic;
 mod faults;
 mod handoff;
