@@ -179,6 +179,22 @@ impl Drop for Proc {
     }
 }
 
+/// A controller that found its scheduler's state broken (`--check-state`) fails the test: the
+/// invariants are the scheduler's, whatever the test was about.
+impl Drop for Product {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        for c in &self.controllers {
+            let log = c.log_text();
+            if let Some(line) = log.lines().find(|l| l.contains("scheduler state broken")) {
+                panic!("a controller's scheduler state broke: {line}");
+            }
+        }
+    }
+}
+
 /// A static build host served by a loopback sshd on port 22.
 pub struct BuildHost {
     pub name: String,
@@ -219,6 +235,9 @@ const TEST_TIMINGS: &[(&str, &str)] = &[
     ("--lease-renew-deadline", "2s"),
     ("--lease-retry-period", "300ms"),
     ("--adopt-interval", "2s"),
+    // Every product test checks the scheduler's state after every event; a broken invariant
+    // fails the test when its product is dropped.
+    ("--check-state", "1"),
 ];
 
 /// `defaults` as arguments, without those whose flag `flags` gives itself (as `--name value` or
@@ -890,10 +909,17 @@ mod tests {
             .to_vec();
         assert_eq!(
             with_overrides(TEST_TIMINGS, &flags),
-            ["--lease-retry-period", "300ms", "--adopt-interval", "2s"]
+            [
+                "--lease-retry-period",
+                "300ms",
+                "--adopt-interval",
+                "2s",
+                "--check-state",
+                "1"
+            ]
         );
         // A flag that only starts with a default's name is another flag.
         let other = vec!["--lease-duration-max".to_owned(), "1s".to_owned()];
-        assert_eq!(with_overrides(TEST_TIMINGS, &other).len(), 8);
+        assert_eq!(with_overrides(TEST_TIMINGS, &other).len(), 10);
     }
 }

@@ -53,7 +53,7 @@ use super::sources::taskruns::{Found, TaskRunIndex};
 use super::sources::{Input, Sources, TermStart, now};
 use super::taskrun::TaskRun;
 use crate::config::HostConfig;
-use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, Time};
+use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRef, Time};
 
 /// A finished job.
 pub struct Completion {
