@@ -71,6 +71,8 @@
 
 mod action;
 mod arena;
+#[cfg(test)]
+mod call_graph;
 mod check;
 mod event;
 mod fleet;
