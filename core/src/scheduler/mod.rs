@@ -74,8 +74,10 @@ mod arena;
 #[cfg(test)]
 mod call_graph;
 mod check;
+mod emit;
 mod event;
 mod fleet;
+mod handoff;
 mod hosts;
 mod ids;
 mod instances;
@@ -93,14 +95,16 @@ mod sweep;
 mod time;
 mod timers;
 mod tombstones;
+mod transition;
 mod uid_index;
 mod unlisted;
 mod users;
+mod view;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
@@ -455,33 +459,19 @@ impl Scheduler {
         }
     }
 
-    fn arm(&mut self, at: Time, timer: Timer) {
-        self.timers.arm(at, timer);
-    }
-
-    fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {
-        Some(self.taskruns.get(key)?.reference())
-    }
-
-    /// The platform's id, creating its entry (resolved against the current config) if new.
-    fn platform_id(&mut self, platform: &Platform) -> PlatformId {
-        if let Some(&id) = self.platform_ids.get(platform) {
-            return id;
-        }
-        let id = self.platforms.len() as PlatformId;
-        let mode = mode_of(&self.config, platform);
-        self.platforms.push(PlatformState {
-            platform: Arc::new(platform.clone()),
-            label: platform.label_value().into(),
-            mode,
-            queue: FairQueue::default(),
-            retry: Vec::new(),
-            foreign: 0,
-            unlisted: false,
-            warm_hold: Time::ZERO,
-        });
-        self.platform_ids.insert(platform.clone(), id);
-        id
+    /// Loads a snapshot (call once, before any other event) and returns what must happen now:
+    /// missing secrets, re-provisioning, cleanup of finished TaskRuns, orphan termination, warm
+    /// pool launches, and placement of waiters.
+    pub fn recover(&mut self, now: Time, snapshot: Snapshot, out: &mut Vec<Action>) {
+        self.advance(now, out);
+        self.started = true;
+        let Snapshot {
+            taskruns,
+            instances,
+            unlisted,
+        } = snapshot;
+        let taskruns = self.hold_unlisted(taskruns, &unlisted, out);
+        self.rebuild(&taskruns, &instances, None, &BTreeSet::new(), out);
     }
 }
 

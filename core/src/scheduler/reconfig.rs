@@ -69,7 +69,7 @@ impl Scheduler {
                         InstState::Terminating(_) | InstState::TerminateWait
                     );
                     if live && self.policy.pool_idle_timeout.is_some() {
-                        self.arm(at, super::Timer::MaxAge(inst));
+                        self.timers.arm(at, super::Timer::MaxAge(inst));
                     }
                 }
                 _ => {

@@ -33,39 +33,25 @@
 //!   re-armed;
 //! - `since` is never earlier than the creation time (see [`TaskRunRecord::since`]).
 
+use super::unlisted::Held;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::Key;
 use super::ledger::{Labels, Token};
-use super::snapshot::{InstanceRecord, Ownership, SecretKind, Snapshot, TaskRunRecord};
+use super::snapshot::{InstanceRecord, Ownership, SecretKind, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
-    State, TaskRun, TaskRunRef, Time, Timer, Uid,
+    State, TaskRun, TaskRunRef, Timer, Uid,
 };
 use crate::config::{DynamicPlatform, DynamicPool};
 use crate::platform::Platform;
 
 impl Scheduler {
-    /// Loads a snapshot (call once, before any other event) and returns what must happen now:
-    /// missing secrets, re-provisioning, cleanup of finished TaskRuns, orphan termination, warm
-    /// pool launches, and placement of waiters.
-    pub fn recover(&mut self, now: Time, snapshot: Snapshot, out: &mut Vec<Action>) {
-        self.advance(now, out);
-        self.started = true;
-        let Snapshot {
-            taskruns,
-            instances,
-            unlisted,
-        } = snapshot;
-        let taskruns = self.hold_unlisted(taskruns, &unlisted, out);
-        self.rebuild(&taskruns, &instances, None, &BTreeSet::new(), out);
-    }
-
     /// Rebuilds the ledger from TaskRun records and the listings of every platform but the
     /// unlisted ones (or, with `only`, of that platform alone: its held TaskRuns, once its
     /// listing arrived; `released` are the finished ones that ended by a release).
-    pub(super) fn rebuild(
+    pub(in crate::scheduler) fn rebuild(
         &mut self,
         taskruns: &[TaskRunRecord],
         instances: &[InstanceRecord],
@@ -277,7 +263,7 @@ impl Scheduler {
     /// A recovered TaskRun still gated although its secret stands (the crash came between the
     /// secret and the un-gating): un-gated now, or it would wait forever. One whose secret is
     /// being replaced is un-gated with the new secret.
-    fn ungate_served(&mut self, key: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn ungate_served(&mut self, key: Key, out: &mut Vec<Action>) {
         let Some(t) = self.taskruns.get_mut(key) else {
             return;
         };
@@ -297,7 +283,7 @@ impl Scheduler {
     /// Creates pool instance entries for listed live instances with a pool's tag: this cluster's
     /// instances of the pool, and untagged ones a TaskRun of the pool's platform names in its
     /// `assigned-host`.
-    fn recover_pool_instances(
+    pub(in crate::scheduler) fn recover_pool_instances(
         &mut self,
         listed: &[InstanceRecord],
         named: &BTreeMap<&str, Vec<Platform>>,
@@ -335,7 +321,7 @@ impl Scheduler {
     }
 
     /// An entry for a listed running or pending instance, probed at once.
-    fn adopt_listed(
+    pub(in crate::scheduler) fn adopt_listed(
         &mut self,
         p: PlatformId,
         rec: &InstanceRecord,
@@ -356,20 +342,20 @@ impl Scheduler {
             && self.policy.pool_idle_timeout.is_some()
         {
             let at = rec.launched_at + pool.max_age;
-            self.arm(at, Timer::MaxAge(inst));
+            self.timers.arm(at, Timer::MaxAge(inst));
         }
         self.instances.set_id(inst, id);
         let now = self.now;
-        self.arm(now, Timer::Probe(inst, 0));
+        self.timers.arm(now, Timer::Probe(inst, 0));
         // Counted from recovery: its launch time says nothing of when it last answered. Without
         // it, a probe answering "pending" forever would hold the slot forever.
-        self.arm(now + timeout, Timer::Deadline(inst));
+        self.timers.arm(now + timeout, Timer::Deadline(inst));
         inst
     }
 
     /// Rebuilds a live TaskRun's allocation from its evidence; false when it has none.
     #[allow(clippy::too_many_arguments)]
-    fn recover_allocation(
+    pub(in crate::scheduler) fn recover_allocation(
         &mut self,
         key: Key,
         p: PlatformId,
@@ -450,9 +436,9 @@ impl Scheduler {
             }
             if !ready {
                 let now = self.now;
-                self.arm(now, Timer::Probe(inst, 0));
+                self.timers.arm(now, Timer::Probe(inst, 0));
                 let at = self.now + template.allocation_timeout;
-                self.arm(at, Timer::Deadline(inst));
+                self.timers.arm(at, Timer::Deadline(inst));
                 if rec.instance_id.as_deref() != Some(&*id_of(self, inst)) {
                     self.record_instance(key, inst, out);
                 }
@@ -532,7 +518,7 @@ impl Scheduler {
     /// The TaskRun's `cloud-instance-id`, when the listing shows the instance as this TaskRun's
     /// ([`InstanceRecord::belongs_to`]). One the listing shows as another's is never touched, and
     /// the TaskRun is told; one it does not show is gone (or unverifiable): not the TaskRun's.
-    fn annotated_instance(
+    pub(in crate::scheduler) fn annotated_instance(
         &self,
         key: Key,
         rec: &TaskRunRecord,
@@ -558,7 +544,10 @@ impl Scheduler {
         None
     }
 
-    fn dynamic_template(&mut self, platform: &Platform) -> Option<Arc<DynamicPlatform>> {
+    pub(in crate::scheduler) fn dynamic_template(
+        &mut self,
+        platform: &Platform,
+    ) -> Option<Arc<DynamicPlatform>> {
         let p = self.platform_id(platform);
         match &self.platforms[p as usize].mode {
             Mode::Dynamic(t) => Some(t.clone()),
@@ -568,7 +557,7 @@ impl Scheduler {
     }
 
     /// Cleanup for a TaskRun that finished while we were away.
-    fn recover_finished(
+    pub(in crate::scheduler) fn recover_finished(
         &mut self,
         key: Key,
         rec: &TaskRunRecord,
@@ -651,7 +640,7 @@ impl Scheduler {
 
     /// Listed instances of ours nothing claims: counted, and terminated after the grace period
     /// unless a TaskRun turns out to own them.
-    fn recover_orphans(
+    pub(in crate::scheduler) fn recover_orphans(
         &mut self,
         listed: &[InstanceRecord],
         claimed: &BTreeSet<String>,
@@ -678,6 +667,62 @@ impl Scheduler {
             }
             self.orphan(p, rec, template, out);
         }
+    }
+
+    /// Marks the snapshot's unlisted dynamic platforms and holds their TaskRuns; returns the
+    /// others.
+    pub(in crate::scheduler) fn hold_unlisted(
+        &mut self,
+        taskruns: Vec<TaskRunRecord>,
+        unlisted: &[Platform],
+        out: &mut Vec<Action>,
+    ) -> Vec<TaskRunRecord> {
+        for platform in unlisted {
+            let p = self.platform_id(platform);
+            let ps = &mut self.platforms[p as usize];
+            // Only a platform the config lists: any other has no listing to wait for.
+            if matches!(ps.mode, Mode::Dynamic(_) | Mode::Pool(_)) {
+                ps.unlisted = true;
+            }
+        }
+        let mut rest = Vec::with_capacity(taskruns.len());
+        let mut held: Vec<u32> = vec![0; self.platforms.len()];
+        for rec in taskruns {
+            let p = Platform::parse(&rec.platform)
+                .ok()
+                .and_then(|pl| self.platform_ids.get(&pl).copied())
+                .filter(|&p| self.platforms[p as usize].unlisted);
+            match p {
+                Some(p) => {
+                    held[p as usize] += 1;
+                    self.held.insert(
+                        Uid::new(&rec.uid),
+                        Held {
+                            platform: p,
+                            record: rec,
+                            released: false,
+                            spec: None,
+                        },
+                    );
+                }
+                None => rest.push(rec),
+            }
+        }
+        for (p, ps) in self.platforms.iter().enumerate() {
+            if ps.unlisted {
+                out.push(Action::Notify {
+                    taskrun: None,
+                    warning: true,
+                    reason: "PlatformUnlisted",
+                    message: format!(
+                        "the cloud listing of {} failed at startup: its {} TaskRun(s) are held as \
+                         recorded and nothing is launched for it until a listing succeeds",
+                        ps.platform, held[p]
+                    ),
+                });
+            }
+        }
+        rest
     }
 }
 

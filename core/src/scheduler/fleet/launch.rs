@@ -1,60 +1,20 @@
 //! An instance's life in the cloud: launch with retries, probe until reachable, terminate with
 //! retries; and what happens to its TaskRuns when it fails, times out or disappears.
 
+use super::super::view::backoff;
+use super::super::{
+    Action, Extra, InstState, InstanceState, Mode, Op, OpId, Phase, ProbeResult, Scheduler, State,
+    Timer, messages,
+};
 use std::sync::Arc;
 
 use super::super::arena::Key;
 use super::super::ledger::Token;
-use super::super::lifecycle::backoff;
-use super::super::{
-    Action, Extra, InstState, InstanceState, LaunchId, LaunchOwner, Mode, Op, OpId, Phase,
-    ProbeResult, Scheduler, State, Timer, messages,
-};
 use super::warm::WARM_HOLD;
 
 impl Scheduler {
-    /// Sends (or re-sends) the launch request. Its identity is fixed by the first request, so
-    /// a retry after a cloud error cannot launch a second instance.
-    pub(super) fn launch(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get(inst) else {
-            return;
-        };
-        let launch = match &i.launch {
-            Some(l) => l.clone(),
-            None => {
-                let requester = i.owner.or_else(|| i.attached.first().copied());
-                let (created, index) = (i.created, inst.index);
-                let id = requester
-                    .and_then(|k| self.launch_id_for(k))
-                    .unwrap_or_else(|| LaunchId {
-                        // Unique rather than stable: see `LaunchOwner::Warm`.
-                        owner: LaunchOwner::Warm(
-                            format!("warm-{}-{index}", created.as_millis()).into(),
-                        ),
-                        retry: 0,
-                        attempt: 1,
-                    });
-                self.instances.get_mut(inst).expect("checked above").launch = Some(id.clone());
-                id
-            }
-        };
-        let op = self.ops.insert(Op::Launch { inst });
-        let i = self.instances.get_mut(inst).expect("checked above");
-        i.state = InstState::Launching(op);
-        i.launches += 1;
-        let template = i.template.clone();
-        let p = i.platform();
-        out.push(Action::Launch {
-            op,
-            platform: self.platforms[p as usize].platform.clone(),
-            template,
-            launch,
-            additional_tags: self.additional_tags.clone(),
-        });
-    }
-
     /// The instance a launch result is for, when the core still waits for it.
-    pub(super) fn take_launch(&mut self, op: OpId) -> Option<Key> {
+    pub(in crate::scheduler) fn take_launch(&mut self, op: OpId) -> Option<Key> {
         let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
             return None;
         };
@@ -97,11 +57,11 @@ impl Scheduler {
                 };
                 self.instances.set_id(inst, id);
                 let first = self.now + first_probe;
-                self.arm(first, Timer::Probe(inst, 0));
+                self.timers.arm(first, Timer::Probe(inst, 0));
                 if let Some(pool) = &pool
                     && self.policy.pool_idle_timeout.is_some()
                 {
-                    self.arm(created + pool.max_age, Timer::MaxAge(inst));
+                    self.timers.arm(created + pool.max_age, Timer::MaxAge(inst));
                 }
                 if overdue {
                     self.timed_out(inst, out);
@@ -150,7 +110,7 @@ impl Scheduler {
                     i.state = InstState::LaunchWait;
                     let n = i.launches;
                     let at = self.now + backoff(self.policy.launch_backoff, n - 1);
-                    self.arm(at, Timer::LaunchRetry(inst, n));
+                    self.timers.arm(at, Timer::LaunchRetry(inst, n));
                     return;
                 }
                 let p = i.platform();
@@ -159,7 +119,7 @@ impl Scheduler {
                 if users.is_empty() {
                     self.platforms[p as usize].warm_hold = self.now + WARM_HOLD;
                     let at = self.now + WARM_HOLD;
-                    self.arm(at, Timer::Warm(p));
+                    self.timers.arm(at, Timer::Warm(p));
                 }
                 let msg = messages::launch_failed(
                     &self.platforms[p as usize].platform,
@@ -178,7 +138,12 @@ impl Scheduler {
     /// A launch returned an instance we already track (the cloud deduplicated a client token):
     /// keep one entry. An unowned dynamic instance goes to the TaskRun that asked; otherwise the
     /// requesters go back to the queue, first in line.
-    pub(super) fn launched_known(&mut self, inst: Key, other: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn launched_known(
+        &mut self,
+        inst: Key,
+        other: Key,
+        out: &mut Vec<Action>,
+    ) {
         let Some(i) = self.instances.get_mut(inst) else {
             return;
         };
@@ -213,7 +178,7 @@ impl Scheduler {
             self.record_instance(owner, other, out);
             if booting {
                 let now = self.now;
-                self.arm(now, Timer::Probe(other, n));
+                self.timers.arm(now, Timer::Probe(other, n));
             } else {
                 self.start_provision(owner, other, out);
             }
@@ -352,7 +317,7 @@ impl Scheduler {
                 };
                 let n = i.probes;
                 let at = self.now + every;
-                self.arm(at, Timer::Probe(inst, n));
+                self.timers.arm(at, Timer::Probe(inst, n));
             }
             ProbeResult::Reachable { address } => {
                 i.address = Some(address.into());
@@ -369,7 +334,7 @@ impl Scheduler {
     }
 
     /// The instance answers SSH: provision whoever waits for it.
-    pub(super) fn became_ready(&mut self, inst: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn became_ready(&mut self, inst: Key, out: &mut Vec<Action>) {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
@@ -401,39 +366,6 @@ impl Scheduler {
         }
         self.settle(inst, out);
         self.capacity_freed(p, out);
-    }
-
-    /// Asks for termination (once the id is known; a launching instance is terminated when its
-    /// launch result arrives).
-    pub(in crate::scheduler) fn terminate(
-        &mut self,
-        inst: Key,
-        reason: &'static str,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(i) = self.instances.get_mut(inst) else {
-            return;
-        };
-        let Some(id) = i.id().cloned() else {
-            if i.state == InstState::LaunchWait {
-                self.drop_instance(inst, out);
-            }
-            return;
-        };
-        if matches!(i.state, InstState::Terminating(_)) {
-            return;
-        }
-        let op = self.ops.insert(Op::Terminate { inst });
-        i.state = InstState::Terminating(op);
-        i.probe_op = None;
-        let (template, legacy) = (i.template.clone(), i.legacy);
-        out.push(Action::Terminate {
-            op,
-            instance_id: id,
-            template,
-            legacy,
-            reason,
-        });
     }
 
     pub(in crate::scheduler) fn on_terminated(
@@ -479,7 +411,7 @@ impl Scheduler {
         } else {
             None
         };
-        self.arm(at, Timer::TerminateRetry(inst, n));
+        self.timers.arm(at, Timer::TerminateRetry(inst, n));
         if give_up {
             let ps = &self.platforms[p as usize];
             out.push(Action::Observe(super::super::Observation::CleanupFailed(
@@ -522,36 +454,6 @@ impl Scheduler {
         }
     }
 
-    /// Forgets an instance that no longer exists; frees its count. TaskRuns still waiting for
-    /// it go back to the queue, first in line.
-    pub(in crate::scheduler) fn drop_instance(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get(inst) else {
-            return;
-        };
-        let p = i.platform();
-        let cleanup_for = i.cleanup_for();
-        let stranded: Vec<Key> = i
-            .owner
-            .into_iter()
-            .chain(i.attached.iter().copied())
-            .filter(|k| {
-                matches!(
-                    self.taskruns.get(*k).map(|t| &t.state),
-                    Some(State::OnInstance { inst: x, phase: Phase::Reserved | Phase::Provisioning(_) }) if *x == inst
-                )
-            })
-            .collect();
-        self.instances.remove(inst);
-        if let Some(tr) = cleanup_for {
-            self.cleanup_done(tr, out);
-        }
-        for k in stranded {
-            self.enqueue(k, true, out);
-        }
-        self.capacity_freed(p, out);
-        self.ensure_warm(p, out);
-    }
-
     /// The instance will not serve: its waiting TaskRuns go back to the queue (counting a
     /// failure); it is terminated (or forgotten when already gone).
     pub(in crate::scheduler) fn instance_failed(
@@ -583,16 +485,9 @@ impl Scheduler {
         self.capacity_freed(p, out);
     }
 
-    pub(super) fn instance_name(&self, inst: Key) -> Arc<str> {
-        self.instances
-            .get(inst)
-            .and_then(|i| i.id().cloned())
-            .unwrap_or_else(|| "instance".into())
-    }
-
     /// Takes an instance out of service: its TaskRuns not running yet go back to the queue,
     /// first in line, with the instance counted as failed for them. Returns the running ones.
-    pub(super) fn requeue_waiting(
+    pub(in crate::scheduler) fn requeue_waiting(
         &mut self,
         inst: Key,
         reason: &str,
@@ -665,7 +560,7 @@ impl Scheduler {
 
     /// Not reachable within `allocation-timeout`: a dynamic TaskRun gets an error secret (as
     /// with the Go controller); a pool instance is replaced.
-    pub(super) fn timed_out(&mut self, inst: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn timed_out(&mut self, inst: Key, out: &mut Vec<Action>) {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
@@ -710,5 +605,81 @@ impl Scheduler {
                 out,
             ),
         }
+    }
+
+    /// A booted pool instance failed a probe: it takes no new work and its waiting TaskRuns go
+    /// back to the queue (counting a failure), but builds running on it keep it until they
+    /// finish; it is terminated once idle. Terminating it now would kill them, and one failed
+    /// SSH connection does not prove it is gone (a listing or a termination seen outside tells).
+    pub(in crate::scheduler) fn instance_unhealthy(
+        &mut self,
+        inst: Key,
+        reason: &str,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(i) = self.instances.get_mut(inst) else {
+            return;
+        };
+        // Probed no more: settled like a ready instance from now on.
+        i.state = InstState::Ready;
+        let p = i.platform();
+        let running = self.requeue_waiting(inst, reason, out);
+        let name = self.instance_name(inst);
+        out.push(Action::Notify {
+            taskrun: None,
+            warning: true,
+            reason: "InstanceUnhealthy",
+            message: format!(
+                "instance {name} failed a probe ({reason}): it takes no new builds and is \
+                 terminated once its {} running build(s) finish",
+                running.len()
+            ),
+        });
+        self.settle(inst, out);
+        self.capacity_freed(p, out);
+    }
+
+    pub(in crate::scheduler) fn idle_due(
+        &mut self,
+        inst: Key,
+        since: super::super::Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(i) = self.instances.get(inst) else {
+            return;
+        };
+        if i.idle_since != Some(since) || !i.attached.is_empty() || i.state != InstState::Ready {
+            return;
+        }
+        let p = i.platform();
+        let min = i.pool.as_ref().map_or(0, |pl| pl.min_instances);
+        if self.active_pool_instances(p) > min {
+            self.terminate(inst, "idle", out);
+        }
+    }
+
+    pub(in crate::scheduler) fn max_age_due(&mut self, inst: Key, out: &mut Vec<Action>) {
+        let Some(i) = self.instances.get_mut(inst) else {
+            return;
+        };
+        let Some(pool) = &i.pool else {
+            return;
+        };
+        if i.created + pool.max_age > self.now {
+            // max-age was raised since the timer was set.
+            let at = i.created + pool.max_age;
+            self.timers.arm(at, Timer::MaxAge(inst));
+            return;
+        }
+        if matches!(
+            i.state,
+            InstState::Terminating(_) | InstState::TerminateWait
+        ) {
+            return;
+        }
+        i.draining = true;
+        let p = i.platform();
+        self.settle(inst, out);
+        self.ensure_warm(p, out);
     }
 }
