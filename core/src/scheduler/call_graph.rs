@@ -353,6 +353,47 @@ fn scheduler_files_call_each_other_without_a_cycle() {
     }
 }
 
+/// Only `transition.rs` writes a TaskRun's state or what other owners hold about it (a host's
+/// load, a pool instance's attached TaskRuns, a dynamic instance's owner, the cleanups pending):
+/// a write anywhere else could move one without the other.
+#[test]
+fn only_the_transitions_write_a_taskruns_state_and_its_relations() {
+    const WRITES: &[&str] = &[
+        ".state = State::",
+        "&mut t.state",
+        "mut t.state,",
+        "hosts.add_load(",
+        "hosts.release(",
+        ".owner = ",
+        ".owner.take()",
+        ".attached.push(",
+        ".attached.retain(",
+        ".attached.clear(",
+        ".attached.drain(",
+        ".attached.remove(",
+        ".attached.insert(",
+        "State::Cleanup { pending } = &mut",
+    ];
+    let mut found = Vec::new();
+    for (file, code) in sources() {
+        if file == "transition.rs" {
+            continue;
+        }
+        for w in WRITES {
+            for (n, line) in code.lines().enumerate() {
+                if line.contains(w) {
+                    found.push(format!("{file}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "TaskRun state or a relation written outside transition.rs:\n{}",
+        found.join("\n")
+    );
+}
+
 /// The numbers docs/architecture.md quotes: `cargo test -p mpc-core --lib call_graph -- --ignored
 /// --nocapture`.
 #[test]

@@ -17,10 +17,10 @@ impl Scheduler {
     /// Writes the error secret; the TaskRun then runs and fails with the message.
     pub(in crate::scheduler) fn fail(&mut self, key: Key, message: String, out: &mut Vec<Action>) {
         self.clear_placement(key, out);
-        let Some(t) = self.taskruns.get_mut(key) else {
+        self.set_state(key, State::Failed);
+        let Some(t) = self.taskruns.get(key) else {
             return;
         };
-        t.state = State::Failed;
         let p = t.platform;
         if p != NO_PLATFORM && self.platforms[p as usize].mode != Mode::Unknown {
             out.push(Action::Observe(Observation::AllocationFailed(
@@ -392,16 +392,18 @@ impl Scheduler {
             (None, HostRef::Instance { id, address, .. }) => Some((id.clone(), address.clone())),
             _ => None,
         };
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnInstance {
+        self.set_state(
+            key,
+            State::OnInstance {
                 inst,
                 phase: Phase::Provisioning(op),
-            };
-        }
+            },
+        );
         self.emit_provision(key, op, host, annotations, out);
     }
 
-    /// Moves `key` onto static host `hid` (load already counted) and asks for provisioning.
+    /// Moves `key` onto static host `hid` (which counts it from now on) and asks for
+    /// provisioning.
     pub(in crate::scheduler) fn start_static_provisioning(
         &mut self,
         key: Key,
@@ -411,13 +413,14 @@ impl Scheduler {
     ) {
         let host = HostRef::Static(def.clone());
         let op = self.provision_op(key, &host);
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnHost {
+        self.set_state(
+            key,
+            State::OnHost {
                 host: hid,
                 def: Some(def),
                 phase: Phase::Provisioning(op),
-            };
-        }
+            },
+        );
         self.emit_provision(key, op, host, None, out);
     }
 

@@ -7,13 +7,27 @@
 use std::sync::Arc;
 
 use super::arena::Key;
-use super::instances::PoolSet;
 use super::queue::Entry;
-use super::users::Target;
 use super::{
-    Action, DynamicPlatform, DynamicPool, HostId, InstState, Mode, NO_PLATFORM, Op, Phase,
-    Placement, PlatformId, Release, Scheduler, SecretData, State, TaskRun, Timer, messages,
+    Action, HostId, InstState, Mode, NO_PLATFORM, Op, Phase, Placement, PlatformId, Release,
+    Scheduler, SecretData, State, StaticHost, TaskRun, Timer, messages,
 };
+
+/// A strategy's decision for one waiter (static hosts: [`Scheduler::choose_static`], dynamic:
+/// [`Scheduler::choose_dynamic`], dynamic pool: [`Scheduler::choose_pool`]). The strategies only
+/// read; [`Scheduler::place`] applies the decision through the transitions.
+pub(super) enum Choice {
+    /// No room for it now: it keeps waiting.
+    NoRoom,
+    /// It can go nowhere (every host, or too many instances, failed for it): its error secret.
+    Fail(String),
+    /// This static host, under its current definition.
+    Host(HostId, Arc<StaticHost>),
+    /// A pool instance with room: ready (provisioned now) or booting (provisioned once it is).
+    Join { inst: Key, ready: bool },
+    /// A new instance: the TaskRun's own (dynamic) or the pool's.
+    Launch,
+}
 
 /// Outcome of trying to place a waiter.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -36,10 +50,10 @@ impl Scheduler {
         }
         match self.platforms[p as usize].mode.clone() {
             Mode::Local => {
+                self.set_state(key, State::Local);
                 let Some(t) = self.taskruns.get_mut(key) else {
                     return;
                 };
-                t.state = State::Local;
                 // As the Go controller does: `assigned-host=localhost` once the secret exists.
                 // But labels of an earlier placement (waiting, or a host) go first: a crash
                 // between the two writes must not leave a secret under a waiting label, which
@@ -83,12 +97,13 @@ impl Scheduler {
         if retry && self.hopeless(p, key, out) {
             return;
         }
+        let ticket = self.next_ticket;
+        self.next_ticket = self.next_ticket.wrapping_add(1);
+        // Off whatever host or instance it held (its load or slot freed) as it starts waiting.
+        self.set_state(key, State::Waiting { ticket, retry });
         let Some(t) = self.taskruns.get_mut(key) else {
             return;
         };
-        let ticket = self.next_ticket;
-        self.next_ticket = self.next_ticket.wrapping_add(1);
-        t.state = State::Waiting { ticket, retry };
         t.queued = self.now;
         let ns = t.ns;
         let mut ahead = 0;
@@ -156,11 +171,7 @@ impl Scheduler {
             if self.place(p, entry.taskrun, out) == Placed::NoRoom {
                 // Every host with room holds a TaskRun with its build user's name: keep it
                 // served first, and serve the next waiter.
-                if let Some(State::Waiting { retry, .. }) =
-                    self.taskruns.get_mut(entry.taskrun).map(|t| &mut t.state)
-                {
-                    *retry = true;
-                }
+                self.mark_retry(entry.taskrun);
                 self.platforms[p as usize].retry.insert(kept, entry.taskrun);
                 kept += 1;
             }
@@ -191,27 +202,73 @@ impl Scheduler {
         key: Key,
         out: &mut Vec<Action>,
     ) -> Placed {
-        match self.platforms[p as usize].mode.clone() {
-            Mode::Static => self.place_static(p, key, out),
-            Mode::Dynamic(template) => self.place_dynamic(p, key, template, out),
-            Mode::Pool(pool) => self.place_pool(p, key, pool, out),
+        let mode = self.platforms[p as usize].mode.clone();
+        let choice = match &mode {
+            Mode::Static => self.choose_static(p, key),
+            Mode::Dynamic(template) => self.choose_dynamic(p, key, template),
+            Mode::Pool(pool) => {
+                // Go behaviour: traffic for a pool drains its past-max-age instances (unless the
+                // waiter has run out of instances to try: then it only gets its error).
+                if self.failures(key) < self.policy.instance_attempts
+                    && self.policy.pool_idle_timeout.is_none()
+                {
+                    self.pool_traffic(p, out);
+                }
+                self.choose_pool(p, key, pool)
+            }
             Mode::Local | Mode::Disabled(_) | Mode::Unknown => {
                 self.admit(key, false, out);
-                Placed::Done
+                return Placed::Done;
+            }
+        };
+        match choice {
+            Choice::NoRoom => return Placed::NoRoom,
+            Choice::Fail(message) => self.fail(key, message, out),
+            Choice::Host(hid, def) => {
+                self.observe_wait(key, out);
+                self.observe_allocated(key, None, out);
+                self.start_static_provisioning(key, hid, def, out);
+            }
+            Choice::Join { inst, ready } => {
+                self.observe_wait(key, out);
+                self.set_state(
+                    key,
+                    State::OnInstance {
+                        inst,
+                        phase: Phase::Reserved,
+                    },
+                );
+                if ready {
+                    self.start_provision(key, inst, out);
+                }
+            }
+            Choice::Launch => {
+                let (template, pool) = match mode {
+                    Mode::Dynamic(template) => (template, None),
+                    Mode::Pool(pool) => (Arc::new(pool.instance.clone()), Some(pool)),
+                    _ => unreachable!("only cloud strategies launch"),
+                };
+                self.observe_wait(key, out);
+                let deadline = self.now + template.allocation_timeout;
+                let inst = self.new_instance(p, template, pool);
+                self.set_state(
+                    key,
+                    State::OnInstance {
+                        inst,
+                        phase: Phase::Reserved,
+                    },
+                );
+                self.timers.arm(deadline, Timer::Deadline(inst));
+                self.launch(inst, out);
             }
         }
+        Placed::Done
     }
 
     /// One pending cleanup of a finished TaskRun completed.
     pub(in crate::scheduler) fn cleanup_done(&mut self, key: Key, out: &mut Vec<Action>) {
-        let Some(t) = self.taskruns.get_mut(key) else {
-            return;
-        };
-        if let State::Cleanup { pending } = &mut t.state {
-            *pending = pending.saturating_sub(1);
-            if *pending == 0 {
-                self.finalize(key, out);
-            }
+        if self.cleanup_one_done(key) {
+            self.finalize(key, out);
         }
     }
 
@@ -394,11 +451,7 @@ impl Scheduler {
         key: Key,
         out: &mut Vec<Action>,
     ) -> bool {
-        let hosts = self.hosts.of_platform(p);
-        let all_failed = !hosts.is_empty()
-            && hosts
-                .iter()
-                .all(|&h| self.failed_on(key, &self.hosts[h].name));
+        let all_failed = self.all_hosts_failed(p, key);
         if all_failed {
             let msg = messages::all_hosts_failed(
                 &self.platforms[p as usize].platform,
@@ -482,132 +535,5 @@ impl Scheduler {
             // Waiters of these are routed (secret written) by placement.
             Mode::Local | Mode::Disabled(_) | Mode::Unknown => true,
         }
-    }
-
-    pub(in crate::scheduler) fn place_static(
-        &mut self,
-        p: PlatformId,
-        key: Key,
-        out: &mut Vec<Action>,
-    ) -> Placed {
-        let guard = self.user_guard(key);
-        let mut chosen = None;
-        let mut kept_off = false;
-        for hid in self.hosts.with_room(p) {
-            if self.failed_on(key, &self.hosts[hid].name) {
-                continue;
-            }
-            if guard
-                .as_ref()
-                .is_some_and(|g| self.user_blocked(g, Target::Host(hid)))
-            {
-                kept_off = true;
-                continue;
-            }
-            chosen = Some(hid);
-            break;
-        }
-        let Some(hid) = chosen else {
-            if kept_off {
-                return Placed::NoRoom;
-            }
-            if self.fail_if_all_hosts_failed(p, key, out) {
-                return Placed::Done;
-            }
-            return Placed::NoRoom;
-        };
-        let def = self.hosts[hid]
-            .def
-            .clone()
-            .expect("only configured hosts are indexed");
-        self.hosts.add_load(hid);
-        self.observe_wait(key, out);
-        self.observe_allocated(key, None, out);
-        self.start_static_provisioning(key, hid, def, out);
-        Placed::Done
-    }
-
-    pub(in crate::scheduler) fn place_dynamic(
-        &mut self,
-        p: PlatformId,
-        key: Key,
-        template: Arc<DynamicPlatform>,
-        out: &mut Vec<Action>,
-    ) -> Placed {
-        if self.failures(key) >= self.policy.instance_attempts {
-            self.fail_instances(key, p, out);
-            return Placed::Done;
-        }
-        if self.occupied(p) >= template.max_instances {
-            return Placed::NoRoom;
-        }
-        self.observe_wait(key, out);
-        let deadline = self.now + template.allocation_timeout;
-        let inst = self.new_instance(p, template, None);
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.owner = Some(key);
-        }
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnInstance {
-                inst,
-                phase: Phase::Reserved,
-            };
-        }
-        self.timers.arm(deadline, Timer::Deadline(inst));
-        self.launch(inst, out);
-        Placed::Done
-    }
-
-    pub(in crate::scheduler) fn place_pool(
-        &mut self,
-        p: PlatformId,
-        key: Key,
-        pool: Arc<DynamicPool>,
-        out: &mut Vec<Action>,
-    ) -> Placed {
-        if self.failures(key) >= self.policy.instance_attempts {
-            self.fail_instances(key, p, out);
-            return Placed::Done;
-        }
-        if self.policy.pool_idle_timeout.is_none() {
-            self.pool_traffic(p, out);
-        }
-        // A ready instance with room (most loaded first, so idle ones can drain), else a
-        // booting one, else launch.
-        let guard = self.user_guard(key);
-        self.instances.flush();
-        let pick = |set: &PoolSet| {
-            set.iter().map(|e| e.2).find(|&k| {
-                let id = self.instances.get(k).and_then(|i| i.id().cloned());
-                !id.is_some_and(|id| self.failed_on(key, &id))
-                    && !guard
-                        .as_ref()
-                        .is_some_and(|g| self.user_blocked(g, Target::Instance(k)))
-            })
-        };
-        let (ready, booting) = self.instances.with_room(p);
-        let (ready, booting) = (pick(ready), pick(booting));
-        let full = self.occupied(p) >= pool.instance.max_instances;
-        if let Some(inst) = ready {
-            self.observe_wait(key, out);
-            self.attach(inst, key);
-            self.start_provision(key, inst, out);
-            return Placed::Done;
-        }
-        if let Some(inst) = booting {
-            self.observe_wait(key, out);
-            self.attach(inst, key);
-            return Placed::Done;
-        }
-        if full {
-            return Placed::NoRoom;
-        }
-        self.observe_wait(key, out);
-        let deadline = self.now + pool.instance.allocation_timeout;
-        let inst = self.new_instance(p, Arc::new(pool.instance.clone()), Some(pool.clone()));
-        self.attach(inst, key);
-        self.timers.arm(deadline, Timer::Deadline(inst));
-        self.launch(inst, out);
-        Placed::Done
     }
 }

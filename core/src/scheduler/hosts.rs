@@ -10,7 +10,10 @@
 //! re-provisioning, a back-off tripping or ending, a config change) can leave a full or
 //! backing-off host taking new work.
 
-use super::Scheduler;
+use super::arena::Key;
+use super::handoff::Choice;
+use super::users::Target;
+use super::{PlatformId, Scheduler, messages};
 
 pub(super) use table::Hosts;
 
@@ -365,6 +368,49 @@ mod table {
 }
 
 impl Scheduler {}
+
+impl Scheduler {
+    /// Where a waiter of static platform `p` goes: the least-loaded host with room that has not
+    /// failed for it and holds no TaskRun with its user name; its error once every host of the
+    /// platform failed for it; else it waits.
+    pub(in crate::scheduler) fn choose_static(&self, p: PlatformId, key: Key) -> Choice {
+        let guard = self.user_guard(key);
+        let mut kept_off = false;
+        for hid in self.hosts.with_room(p) {
+            if self.failed_on(key, &self.hosts[hid].name) {
+                continue;
+            }
+            if guard
+                .as_ref()
+                .is_some_and(|g| self.user_blocked(g, Target::Host(hid)))
+            {
+                kept_off = true;
+                continue;
+            }
+            let def = self.hosts[hid]
+                .def
+                .clone()
+                .expect("only configured hosts are indexed");
+            return Choice::Host(hid, def);
+        }
+        if !kept_off && self.all_hosts_failed(p, key) {
+            return Choice::Fail(messages::all_hosts_failed(
+                &self.platforms[p as usize].platform,
+                &self.failed_list(key),
+            ));
+        }
+        Choice::NoRoom
+    }
+
+    /// Every host of static platform `p` failed for `key`.
+    pub(in crate::scheduler) fn all_hosts_failed(&self, p: PlatformId, key: Key) -> bool {
+        let hosts = self.hosts.of_platform(p);
+        !hosts.is_empty()
+            && hosts
+                .iter()
+                .all(|&h| self.failed_on(key, &self.hosts[h].name))
+    }
+}
 
 #[cfg(test)]
 mod tests {

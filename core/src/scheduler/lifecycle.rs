@@ -210,7 +210,8 @@ impl Scheduler {
         match &t.state {
             State::OnHost { host, def, .. } => {
                 let (host, def) = (*host, def.clone());
-                self.hosts.release(host);
+                // Off the host now, so the slot is handed on below; its error secret follows.
+                self.set_state(key, State::Failed);
                 if let (Some(def), Some(r)) = (
                     def.or_else(|| self.hosts[host].def.clone()),
                     self.taskrun_ref(key),
@@ -318,20 +319,21 @@ impl Scheduler {
                 .push((name, why.to_owned()));
             let p = t.platform;
             self.delete_secret(key, out);
-            self.hosts.release(host);
+            // Requeued: it leaves the host (and its load) as it starts waiting.
             self.enqueue(key, true, out);
             self.capacity_freed(p, out);
             return;
         };
         let target = HostRef::Static(def.clone());
         let op = self.provision_op(key, &target);
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnHost {
+        self.set_state(
+            key,
+            State::OnHost {
                 host,
                 def: Some(def),
                 phase: Phase::Provisioning(op),
-            };
-        }
+            },
+        );
         self.emit_provision(key, op, target, None, out);
     }
 
@@ -375,12 +377,7 @@ impl Scheduler {
         match result {
             Ok(otp) => {
                 let since = t.since;
-                match &mut self.taskruns.get_mut(tr).expect("checked above").state {
-                    State::OnHost { phase, .. } | State::OnInstance { phase, .. } => {
-                        *phase = Phase::Ready(self.now);
-                    }
-                    _ => {}
-                }
+                self.set_phase(tr, Phase::Ready(self.now));
                 self.provision_ok_on(tr, out);
                 self.write_secret(tr, SecretData::Remote { otp, host }, out);
                 out.push(Action::Observe(Observation::ProvisionSucceeded(
@@ -410,17 +407,13 @@ impl Scheduler {
                 failed.push((name.clone(), error));
                 let tries = failed.iter().filter(|(n, _)| *n == name).count() as u32;
                 if rearm {
-                    if let State::OnHost { host: hid, def, .. } = &t.state
+                    if let State::OnHost { host: hid, .. } = &t.state
                         && tries < self.policy.rearm_attempts
                     {
                         // Keep the slot; the same host again shortly (the pod is pointed at it).
-                        let (hid, def) = (*hid, def.clone());
-                        t.state = State::OnHost {
-                            host: hid,
-                            def,
-                            phase: Phase::Reserved,
-                        };
+                        let hid = *hid;
                         t.token = Token::Rearm;
+                        self.set_phase(tr, Phase::Reserved);
                         if host_at_fault {
                             self.host_failed(hid, out);
                         }
@@ -440,7 +433,7 @@ impl Scheduler {
                         if host_at_fault {
                             self.host_failed(hid, out);
                         }
-                        self.hosts.release(hid);
+                        // Requeued: it leaves the host (and its load) as it starts waiting.
                         self.enqueue(tr, true, out);
                         self.capacity_freed(p, out);
                     }
@@ -562,11 +555,14 @@ impl Scheduler {
                 e.release = Release::Released;
             }
         }
-        let state = std::mem::replace(&mut t.state, State::Cleanup { pending: 0 });
+        // Off its host or instance as it enters cleanup (what it leaves there follows below).
+        let state = self
+            .set_state(key, State::Cleanup { pending: 0 })
+            .expect("indexed TaskRuns exist");
         let pending = match state {
             State::Cleanup { pending } => {
                 // Handled above; kept whole.
-                t.state = State::Cleanup { pending };
+                self.set_state(key, State::Cleanup { pending });
                 return;
             }
             State::Waiting { .. } => 0,
@@ -575,7 +571,6 @@ impl Scheduler {
                 0
             }
             State::OnHost { host, def, phase } => {
-                self.hosts.release(host);
                 let pending = match phase {
                     // Reserved on a host is a retry's re-provisioning waiting to try again: the
                     // first attempt's user is still there, so it is removed as after a build.

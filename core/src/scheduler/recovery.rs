@@ -214,9 +214,7 @@ impl Scheduler {
             match rec.secret {
                 Some(SecretKind::Error) => {}
                 Some(SecretKind::Localhost) => {
-                    if let Some(t) = self.taskruns.get_mut(key) {
-                        t.state = State::Local;
-                    }
+                    self.set_state(key, State::Local);
                 }
                 // Not allocated (a remote secret without an allocation is stale: replaced).
                 _ => {
@@ -422,7 +420,6 @@ impl Scheduler {
             i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
             i.created = rec_i.map_or(rec.since, |l| l.launched_at);
             i.launches = 1;
-            i.owner = Some(key);
             i.legacy = rec_i.is_none_or(|l| l.ownership != Ownership::Ours);
             i.used = ready;
             i.state = if ready {
@@ -431,9 +428,8 @@ impl Scheduler {
                 InstState::Booting
             };
             self.instances.set_id(inst, id);
-            if let Some(t) = self.taskruns.get_mut(key) {
-                t.state = State::OnInstance { inst, phase };
-            }
+            // Its owner from now on.
+            self.set_state(key, State::OnInstance { inst, phase });
             if !ready {
                 let now = self.now;
                 self.timers.arm(now, Timer::Probe(inst, 0));
@@ -459,14 +455,12 @@ impl Scheduler {
                 return false;
             }
             if let Some(i) = self.instances.get_mut(inst) {
-                i.attached.push(key);
                 i.used = true;
                 // A pool's `assigned-host` is written once the instance was reachable.
                 i.booted = true;
             }
-            if let Some(t) = self.taskruns.get_mut(key) {
-                t.state = State::OnInstance { inst, phase };
-            }
+            // Attached to it from now on.
+            self.set_state(key, State::OnInstance { inst, phase });
             // Not ready: provisioned once the probe finds the instance reachable.
             return true;
         }
@@ -499,17 +493,17 @@ impl Scheduler {
         }
         // A running build on a host the config dropped is still counted against it.
         let hid = known.unwrap_or_else(|| self.hosts.retired(host));
-        self.hosts.add_load(hid);
         match def {
             Some(def) if !ready => self.start_static_provisioning(key, hid, def, out),
             def => {
-                if let Some(t) = self.taskruns.get_mut(key) {
-                    t.state = State::OnHost {
+                self.set_state(
+                    key,
+                    State::OnHost {
                         host: hid,
                         def,
                         phase,
-                    };
-                }
+                    },
+                );
             }
         }
         true
@@ -565,9 +559,7 @@ impl Scheduler {
         (live_named, live_users): (&BTreeSet<String>, &BTreeSet<(String, String)>),
         out: &mut Vec<Action>,
     ) {
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::Cleanup { pending: 0 };
-        }
+        self.set_state(key, State::Cleanup { pending: 0 });
         // Unconditionally: recovery does not read a finished TaskRun's secret (`rec.secret` is
         // unknown then), and deleting one that is absent is a no-op.
         self.delete_secret(key, out);
@@ -630,9 +622,7 @@ impl Scheduler {
                 pending += 1;
             }
         }
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::Cleanup { pending };
-        }
+        self.set_state(key, State::Cleanup { pending });
         if pending == 0 {
             self.finalize(key, out);
         }

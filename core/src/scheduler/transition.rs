@@ -8,27 +8,96 @@
 use std::sync::Arc;
 
 use super::arena::Key;
-use super::{DynamicPlatform, DynamicPool, Instance, Phase, PlatformId, Scheduler, State};
+use super::{DynamicPlatform, DynamicPool, HostId, Instance, Phase, PlatformId, Scheduler, State};
+
+/// Where a state puts a TaskRun: the static host or the instance it holds a slot on.
+fn place_of(state: &State) -> (Option<HostId>, Option<Key>) {
+    match state {
+        State::OnHost { host, .. } => (Some(*host), None),
+        State::OnInstance { inst, .. } => (None, Some(*inst)),
+        _ => (None, None),
+    }
+}
 
 impl Scheduler {
-    /// A TaskRun reserves a slot of a pool instance.
-    pub(in crate::scheduler) fn attach(&mut self, inst: Key, key: Key) {
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.attached.push(key);
-            i.idle_since = None;
+    /// Moves TaskRun `key` to `to` and returns the state it left. What other owners hold about it
+    /// follows in the same call: a static host's load counts exactly the TaskRuns on it (taken
+    /// when it arrives, given back when it leaves); a pool instance's attached list holds exactly
+    /// the TaskRuns on it, in arrival order (an instance joined is not idle); a dynamic instance
+    /// arrived on is owned by it. Leaving a dynamic instance is [`Scheduler::abandon`] or
+    /// [`Scheduler::disown`]: its finalizer may wait for that instance's termination.
+    pub(in crate::scheduler) fn set_state(&mut self, key: Key, to: State) -> Option<State> {
+        let t = self.taskruns.get_mut(key)?;
+        let (host, inst) = place_of(&to);
+        let from = std::mem::replace(&mut t.state, to);
+        let (was_host, was_inst) = place_of(&from);
+        if was_host != host {
+            if let Some(h) = was_host {
+                self.hosts.release(h);
+            }
+            if let Some(h) = host {
+                self.hosts.add_load(h);
+            }
         }
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnInstance {
-                inst,
-                phase: Phase::Reserved,
-            };
+        if was_inst != inst {
+            if let Some(i) = was_inst.and_then(|i| self.instances.get_mut(i))
+                && i.pool.is_some()
+            {
+                i.attached.retain(|&k| k != key);
+            }
+            if let Some(i) = inst.and_then(|i| self.instances.get_mut(i)) {
+                if i.pool.is_some() {
+                    i.attached.push(key);
+                    i.idle_since = None;
+                } else {
+                    i.owner = Some(key);
+                }
+            }
+        }
+        Some(from)
+    }
+
+    /// The phase of a TaskRun on a host or instance moves on (nothing else changes).
+    pub(in crate::scheduler) fn set_phase(&mut self, key: Key, to: Phase) {
+        if let Some(t) = self.taskruns.get_mut(key)
+            && let State::OnHost { phase, .. } | State::OnInstance { phase, .. } = &mut t.state
+        {
+            *phase = to;
         }
     }
 
-    pub(in crate::scheduler) fn detach(&mut self, inst: Key, key: Key) {
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.attached.retain(|&k| k != key);
+    /// A waiter is served before the fair queue from now on (its lane is the caller's to change).
+    pub(in crate::scheduler) fn mark_retry(&mut self, key: Key) {
+        if let Some(t) = self.taskruns.get_mut(key)
+            && let State::Waiting { retry, .. } = &mut t.state
+        {
+            *retry = true;
         }
+    }
+
+    /// One cleanup a finished TaskRun waits for is over: true when none is left.
+    pub(in crate::scheduler) fn cleanup_one_done(&mut self, key: Key) -> bool {
+        if let Some(t) = self.taskruns.get_mut(key)
+            && let State::Cleanup { pending } = &mut t.state
+        {
+            *pending = pending.saturating_sub(1);
+            return *pending == 0;
+        }
+        false
+    }
+
+    /// A dynamic instance's TaskRun leaves it for good (it finished on it, or the instance is
+    /// about to be handed on or dropped): the instance has no owner, and its TaskRuns, owner and
+    /// attached, are returned for the caller to move on in this step.
+    pub(in crate::scheduler) fn disown(&mut self, inst: Key) -> Vec<Key> {
+        let Some(i) = self.instances.get_mut(inst) else {
+            return Vec::new();
+        };
+        i.owner
+            .take()
+            .into_iter()
+            .chain(i.attached.drain(..))
+            .collect()
     }
 
     /// A dynamic instance's TaskRun leaves it, to be terminated, without finishing (it failed, or

@@ -1,6 +1,28 @@
 //! Dynamic instances: one per TaskRun, launched when it is placed, terminated when it finishes
 //! (or handed, unused, to the next waiter of the same platform).
 
-use super::super::Scheduler;
+use super::super::arena::Key;
+use super::super::handoff::Choice;
+use super::super::{DynamicPlatform, PlatformId, Scheduler, messages};
 
-impl Scheduler {}
+impl Scheduler {
+    /// Where a waiter of dynamic platform `p` goes: its error once too many instances failed for
+    /// it, else a new instance while the platform has room.
+    pub(in crate::scheduler) fn choose_dynamic(
+        &self,
+        p: PlatformId,
+        key: Key,
+        template: &DynamicPlatform,
+    ) -> Choice {
+        if self.failures(key) >= self.policy.instance_attempts {
+            return Choice::Fail(messages::instances_failed(
+                &self.platforms[p as usize].platform,
+                &self.failed_list(key),
+            ));
+        }
+        if self.occupied(p) >= template.max_instances {
+            return Choice::NoRoom;
+        }
+        Choice::Launch
+    }
+}

@@ -144,12 +144,12 @@ impl Scheduler {
         other: Key,
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
-        let users: Vec<Key> = i.owner.into_iter().chain(i.attached.drain(..)).collect();
         let (platform, dynamic) = (i.platform(), i.pool.is_none());
-        i.owner = None;
+        // Its TaskRuns are moved on below (to the other entry, or back to the queue).
+        let users = self.disown(inst);
         self.drop_instance(inst, out);
         let reusable = self.instances.get(other).is_some_and(|o| {
             o.owner.is_none()
@@ -162,19 +162,19 @@ impl Scheduler {
         if reusable && users.len() == 1 && live(self, users[0]) {
             let owner = users[0];
             let o = self.instances.get_mut(other).expect("checked");
-            o.owner = Some(owner);
             if o.address.is_none() && o.state == InstState::Ready {
                 // Known only from a listing: probe before use.
                 o.state = InstState::Booting;
             }
             let booting = o.state == InstState::Booting;
             let n = o.probes;
-            if let Some(t) = self.taskruns.get_mut(owner) {
-                t.state = State::OnInstance {
+            self.set_state(
+                owner,
+                State::OnInstance {
                     inst: other,
                     phase: Phase::Reserved,
-                };
-            }
+                },
+            );
             self.record_instance(owner, other, out);
             if booting {
                 let now = self.now;
@@ -251,11 +251,8 @@ impl Scheduler {
             _ => 0,
         };
         if self.occupied(p) > cap {
-            let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
-            if let Some(i) = self.instances.get_mut(inst) {
-                i.owner = None;
-                i.attached.clear();
-            }
+            // Its TaskRuns go back to the queue below, once it is dropped.
+            let users = self.disown(inst);
             self.drop_instance(inst, out);
             for k in users {
                 if matches!(self.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst)
@@ -498,7 +495,6 @@ impl Scheduler {
         };
         let name = self.instance_name(inst);
         let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
-        let pool = i.pool.is_some();
         // Out of the index first, so the requeued TaskRuns cannot land on it again.
         if let Some(i) = self.instances.get_mut(inst) {
             i.draining = true;
@@ -531,9 +527,7 @@ impl Scheduler {
                         }
                         self.delete_secret(k, out);
                     }
-                    if pool {
-                        self.detach(inst, k);
-                    }
+                    // Requeued: it leaves the instance as it starts waiting.
                     self.enqueue(k, true, out);
                 }
                 Phase::Ready(_) => running.push(k),

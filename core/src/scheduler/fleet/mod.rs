@@ -50,8 +50,8 @@ impl Scheduler {
         if i.pool.is_none() {
             return self.leave_dynamic(key, inst, phase, out);
         }
+        // Detached already: it left the instance as it entered cleanup.
         let host = self.instance_host(inst);
-        self.detach(inst, key);
         let pending = match phase {
             Phase::Reserved => 0,
             Phase::Provisioning(op) => match self.ops.get_mut(op) {
@@ -122,7 +122,8 @@ impl Scheduler {
             self.terminate(inst, "its TaskRun's secret was refused", out);
             return;
         }
-        self.detach(inst, key);
+        // Off the instance now, so its slot is handed on below; its error secret follows.
+        self.set_state(key, State::Failed);
         if let (Some(host), Some(r)) = (host, self.taskrun_ref(key)) {
             self.deprovision(None, p, RemoteUser::Of(r), host, out);
         }
@@ -153,10 +154,10 @@ impl Scheduler {
         if i.provision_failures >= POOL_INSTANCE_FAILURES {
             i.draining = true;
         }
-        self.detach(inst, key);
         if let Some(r) = self.taskrun_ref(key) {
             self.deprovision(None, p, RemoteUser::Of(r), host, out);
         }
+        // Requeued: it leaves the instance (and its slot) as it starts waiting.
         self.enqueue(key, true, out);
         self.settle(inst, out);
         self.capacity_freed(p, out);
@@ -190,7 +191,6 @@ impl Scheduler {
         let Some(i) = self.instances.get_mut(inst) else {
             return false;
         };
-        i.owner = Some(w);
         // The waiter's identity from now on: a launch still in flight keeps the request's (its
         // result is matched by op), but listings and recovery find the instance under the new
         // owner once retagged.
@@ -199,12 +199,13 @@ impl Scheduler {
             i.retag = i.id().is_none();
         }
         let (id, state, template) = (i.id().cloned(), i.state, i.template.clone());
-        if let Some(t) = self.taskruns.get_mut(w) {
-            t.state = State::OnInstance {
+        self.set_state(
+            w,
+            State::OnInstance {
                 inst,
                 phase: Phase::Reserved,
-            };
-        }
+            },
+        );
         if let (Some(id), Some(launch)) = (id, launch) {
             out.push(Action::Retag {
                 instance_id: id.clone(),
@@ -229,9 +230,7 @@ impl Scheduler {
         phase: Phase,
         out: &mut Vec<Action>,
     ) -> u32 {
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.owner = None;
-        }
+        self.disown(inst);
         if phase == Phase::Reserved && self.adopt(inst, out) {
             return 0;
         }

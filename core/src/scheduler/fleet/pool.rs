@@ -1,9 +1,52 @@
 //! Dynamic pools: instances shared up to `concurrency`, most loaded first; idle and
 //! past-`max-age` instances drain and are terminated once empty.
 
-use super::super::Scheduler;
+use super::super::arena::Key;
+use super::super::handoff::Choice;
+use super::super::instances::PoolSet;
+use super::super::users::Target;
+use super::super::{DynamicPool, PlatformId, Scheduler, messages};
 
 /// Provisioning failures in a row after which a pool instance takes no new work.
 pub(super) const POOL_INSTANCE_FAILURES: u32 = 2;
 
-impl Scheduler {}
+impl Scheduler {
+    /// Where a waiter of pool platform `p` goes: its error once too many instances failed for
+    /// it, else a ready instance with room (most loaded first, so idle ones can drain), else a
+    /// booting one, else a new instance while the platform has room.
+    pub(in crate::scheduler) fn choose_pool(
+        &mut self,
+        p: PlatformId,
+        key: Key,
+        pool: &DynamicPool,
+    ) -> Choice {
+        if self.failures(key) >= self.policy.instance_attempts {
+            return Choice::Fail(messages::instances_failed(
+                &self.platforms[p as usize].platform,
+                &self.failed_list(key),
+            ));
+        }
+        let guard = self.user_guard(key);
+        self.instances.flush();
+        let pick = |set: &PoolSet| {
+            set.iter().map(|e| e.2).find(|&k| {
+                let id = self.instances.get(k).and_then(|i| i.id().cloned());
+                !id.is_some_and(|id| self.failed_on(key, &id))
+                    && !guard
+                        .as_ref()
+                        .is_some_and(|g| self.user_blocked(g, Target::Instance(k)))
+            })
+        };
+        let (ready, booting) = self.instances.with_room(p);
+        if let Some(inst) = pick(ready) {
+            return Choice::Join { inst, ready: true };
+        }
+        if let Some(inst) = pick(booting) {
+            return Choice::Join { inst, ready: false };
+        }
+        if self.occupied(p) >= pool.instance.max_instances {
+            return Choice::NoRoom;
+        }
+        Choice::Launch
+    }
+}
