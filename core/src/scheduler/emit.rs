@@ -344,16 +344,19 @@ impl Scheduler {
                         retry: 0,
                         attempt: 1,
                     });
-                self.instances.get_mut(inst).expect("checked above").launch = Some(id.clone());
+                self.instances.update(inst, |i| i.launch = Some(id.clone()));
                 id
             }
         };
         let op = self.ops.insert(Op::Launch { inst });
-        let i = self.instances.get_mut(inst).expect("checked above");
-        i.state = InstState::Launching(op);
-        i.launches += 1;
-        let template = i.template.clone();
-        let p = i.platform();
+        let (template, p) = self
+            .instances
+            .update(inst, |i| {
+                i.state = InstState::Launching(op);
+                i.launches += 1;
+                (i.template.clone(), i.platform())
+            })
+            .expect("checked above");
         out.push(Action::Launch {
             op,
             platform: self.platforms[p as usize].platform.clone(),
@@ -386,12 +389,18 @@ impl Scheduler {
             self.observe_allocated(key, launched, out);
         }
         let op = self.provision_op(key, &host);
-        let i = self.instances.get_mut(inst).expect("resolved above");
-        i.used = true;
-        let annotations = match (&i.pool, &host) {
-            (None, HostRef::Instance { id, address, .. }) => Some((id.clone(), address.clone())),
-            _ => None,
-        };
+        let annotations = self
+            .instances
+            .update(inst, |i| {
+                i.used = true;
+                match (&i.pool, &host) {
+                    (None, HostRef::Instance { id, address, .. }) => {
+                        Some((id.clone(), address.clone()))
+                    }
+                    _ => None,
+                }
+            })
+            .expect("resolved above");
         self.set_state(
             key,
             State::OnInstance {
@@ -451,10 +460,8 @@ impl Scheduler {
     pub(in crate::scheduler) fn provision_ok_on(&mut self, key: Key, _out: &mut Vec<Action>) {
         match self.taskruns.get(key).map(|t| &t.state) {
             Some(State::OnHost { host, .. }) => self.hosts.succeeded(*host),
-            Some(State::OnInstance { inst, .. }) => {
-                if let Some(i) = self.instances.get_mut(*inst) {
-                    i.provision_failures = 0;
-                }
+            Some(&State::OnInstance { inst, .. }) => {
+                self.instances.update(inst, |i| i.provision_failures = 0);
             }
             _ => {}
         }

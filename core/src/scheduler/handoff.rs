@@ -323,7 +323,7 @@ impl Scheduler {
         reason: &'static str,
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         let Some(id) = i.id().cloned() else {
@@ -336,9 +336,14 @@ impl Scheduler {
             return;
         }
         let op = self.ops.insert(Op::Terminate { inst });
-        i.state = InstState::Terminating(op);
-        i.probe_op = None;
-        let (template, legacy) = (i.template.clone(), i.legacy);
+        let (template, legacy) = self
+            .instances
+            .update(inst, |i| {
+                i.state = InstState::Terminating(op);
+                i.probe_op = None;
+                (i.template.clone(), i.legacy)
+            })
+            .expect("checked above");
         out.push(Action::Terminate {
             op,
             instance_id: id,
@@ -381,14 +386,14 @@ impl Scheduler {
     /// After a pool instance's load changed: terminate it when idle and draining, or start its
     /// idle timer.
     pub(in crate::scheduler) fn settle(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         if i.pool.is_none() || i.state != InstState::Ready {
             return;
         }
         if !i.attached.is_empty() {
-            i.idle_since = None;
+            self.instances.update(inst, |i| i.idle_since = None);
             return;
         }
         if i.draining {
@@ -398,10 +403,9 @@ impl Scheduler {
         if i.idle_since.is_none()
             && let Some(idle) = self.policy.pool_idle_timeout
         {
-            i.idle_since = Some(self.now);
-            let at = self.now + idle;
             let now = self.now;
-            self.timers.arm(at, Timer::Idle(inst, now));
+            self.instances.update(inst, |i| i.idle_since = Some(now));
+            self.timers.arm(now + idle, Timer::Idle(inst, now));
         }
     }
 
@@ -410,14 +414,14 @@ impl Scheduler {
     pub(in crate::scheduler) fn pool_traffic(&mut self, p: PlatformId, out: &mut Vec<Action>) {
         let members: Vec<Key> = self.instances.members(p).iter().copied().collect();
         for inst in members {
-            let Some(i) = self.instances.get_mut(inst) else {
+            let Some(i) = self.instances.get(inst) else {
                 continue;
             };
             let Some(pool) = &i.pool else {
                 continue;
             };
             if !i.draining && i.created + pool.max_age <= self.now {
-                i.draining = true;
+                self.instances.update(inst, |i| i.draining = true);
                 self.settle(inst, out);
             }
         }
@@ -520,8 +524,7 @@ impl Scheduler {
     }
 
     /// True when a waiter without failures could be placed now.
-    pub(in crate::scheduler) fn has_room(&mut self, p: PlatformId) -> bool {
-        self.instances.flush();
+    pub(in crate::scheduler) fn has_room(&self, p: PlatformId) -> bool {
         let ps = &self.platforms[p as usize];
         match &ps.mode {
             Mode::Static => self.hosts.has_room(p),

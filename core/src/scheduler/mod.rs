@@ -367,7 +367,6 @@ impl Scheduler {
         if let Some(event) = self.hold(event) {
             self.dispatch(event, out);
         }
-        self.instances.flush();
     }
 
     fn dispatch(&mut self, event: Event, out: &mut Vec<Action>) {

@@ -255,7 +255,6 @@ impl Scheduler {
             self.pump(p, out);
             self.ensure_warm(p, out);
         }
-        self.instances.flush();
     }
 
     /// A recovered TaskRun still gated although its secret stands (the crash came between the
@@ -309,9 +308,7 @@ impl Scheduler {
                 continue;
             }
             let inst = self.adopt_listed(p, rec, Arc::new(pool.instance.clone()), Some(pool));
-            if let Some(i) = self.instances.get_mut(inst) {
-                i.legacy = legacy;
-            }
+            self.instances.update(inst, |i| i.legacy = legacy);
             claimed.insert(rec.id.clone());
             members.insert(rec.id.clone(), inst);
         }
@@ -329,13 +326,14 @@ impl Scheduler {
         let timeout = template.allocation_timeout;
         let inst = self.new_instance(p, template, pool.clone());
         let id: Arc<str> = rec.id.as_str().into();
-        let i = self.instances.get_mut(inst).expect("just created");
-        i.address = rec.address.as_deref().map(Arc::from);
-        i.created = rec.launched_at;
-        i.launches = 1;
-        i.state = InstState::Booting;
-        // Recovered instances may have served builds: never hand them to a dynamic TaskRun.
-        i.used = true;
+        self.instances.update(inst, |i| {
+            i.address = rec.address.as_deref().map(Arc::from);
+            i.created = rec.launched_at;
+            i.launches = 1;
+            i.state = InstState::Booting;
+            // Recovered instances may have served builds: never hand them to a dynamic TaskRun.
+            i.used = true;
+        });
         if let Some(pool) = &pool
             && self.policy.pool_idle_timeout.is_some()
         {
@@ -415,18 +413,19 @@ impl Scheduler {
             };
             let rec_i = listed.get(id.as_str()).copied();
             let inst = self.new_instance(p, template.clone(), None);
-            let i = self.instances.get_mut(inst).expect("just created");
             let id: Arc<str> = id.as_str().into();
-            i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
-            i.created = rec_i.map_or(rec.since, |l| l.launched_at);
-            i.launches = 1;
-            i.legacy = rec_i.is_none_or(|l| l.ownership != Ownership::Ours);
-            i.used = ready;
-            i.state = if ready {
-                InstState::Ready
-            } else {
-                InstState::Booting
-            };
+            self.instances.update(inst, |i| {
+                i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
+                i.created = rec_i.map_or(rec.since, |l| l.launched_at);
+                i.launches = 1;
+                i.legacy = rec_i.is_none_or(|l| l.ownership != Ownership::Ours);
+                i.used = ready;
+                i.state = if ready {
+                    InstState::Ready
+                } else {
+                    InstState::Booting
+                };
+            });
             self.instances.set_id(inst, id);
             // Its owner from now on.
             self.set_state(key, State::OnInstance { inst, phase });
@@ -454,11 +453,11 @@ impl Scheduler {
             if !fits {
                 return false;
             }
-            if let Some(i) = self.instances.get_mut(inst) {
+            self.instances.update(inst, |i| {
                 i.used = true;
                 // A pool's `assigned-host` is written once the instance was reachable.
                 i.booted = true;
-            }
+            });
             // Attached to it from now on.
             self.set_state(key, State::OnInstance { inst, phase });
             // Not ready: provisioned once the probe finds the instance reachable.
@@ -587,11 +586,12 @@ impl Scheduler {
                     p
                 };
                 let inst = self.new_instance(ip, template, None);
-                let i = self.instances.get_mut(inst).expect("just created");
                 let id: Arc<str> = id.as_str().into();
-                i.state = InstState::Ready;
-                i.used = true;
-                i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
+                self.instances.update(inst, |i| {
+                    i.state = InstState::Ready;
+                    i.used = true;
+                    i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
+                });
                 self.instances.set_id(inst, id);
                 self.instances.await_termination(inst, key);
                 self.terminate(inst, "its TaskRun finished", out);

@@ -40,18 +40,22 @@ impl Scheduler {
             }
         }
         if was_inst != inst {
-            if let Some(i) = was_inst.and_then(|i| self.instances.get_mut(i))
-                && i.pool.is_some()
-            {
-                i.attached.retain(|&k| k != key);
+            if let Some(i) = was_inst {
+                self.instances.update(i, |i| {
+                    if i.pool.is_some() {
+                        i.attached.retain(|&k| k != key);
+                    }
+                });
             }
-            if let Some(i) = inst.and_then(|i| self.instances.get_mut(i)) {
-                if i.pool.is_some() {
-                    i.attached.push(key);
-                    i.idle_since = None;
-                } else {
-                    i.owner = Some(key);
-                }
+            if let Some(i) = inst {
+                self.instances.update(i, |i| {
+                    if i.pool.is_some() {
+                        i.attached.push(key);
+                        i.idle_since = None;
+                    } else {
+                        i.owner = Some(key);
+                    }
+                });
             }
         }
         Some(from)
@@ -90,14 +94,15 @@ impl Scheduler {
     /// about to be handed on or dropped): the instance has no owner, and its TaskRuns, owner and
     /// attached, are returned for the caller to move on in this step.
     pub(in crate::scheduler) fn disown(&mut self, inst: Key) -> Vec<Key> {
-        let Some(i) = self.instances.get_mut(inst) else {
-            return Vec::new();
-        };
-        i.owner
-            .take()
-            .into_iter()
-            .chain(i.attached.drain(..))
-            .collect()
+        self.instances
+            .update(inst, |i| {
+                i.owner
+                    .take()
+                    .into_iter()
+                    .chain(i.attached.drain(..))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// A dynamic instance's TaskRun leaves it, to be terminated, without finishing (it failed, or
@@ -105,7 +110,7 @@ impl Scheduler {
     /// was made for it goes before it does), until acknowledged, given up as leaked, or the
     /// instance is handed to another TaskRun. A pool instance has no owner: nothing changes.
     pub(in crate::scheduler) fn abandon(&mut self, inst: Key) {
-        let Some(owner) = self.instances.get_mut(inst).and_then(|i| i.owner.take()) else {
+        let Some(owner) = self.instances.update(inst, |i| i.owner.take()).flatten() else {
             return;
         };
         if self.taskruns.get(owner).is_some() {

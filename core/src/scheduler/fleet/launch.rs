@@ -42,12 +42,7 @@ impl Scheduler {
                     self.launched_known(inst, other, out);
                     return;
                 }
-                let i = self
-                    .instances
-                    .get_mut(inst)
-                    .expect("checked by take_launch");
-                i.state = InstState::Booting;
-                i.probes = 0;
+                let i = self.instances.get(inst).expect("checked by take_launch");
                 let (overdue, pool, created) = (i.overdue, i.pool.clone(), i.created);
                 let owner = i.owner;
                 let first_probe = if self.policy.first_probe_capped {
@@ -55,6 +50,10 @@ impl Scheduler {
                 } else {
                     self.policy.first_probe
                 };
+                self.instances.update(inst, |i| {
+                    i.state = InstState::Booting;
+                    i.probes = 0;
+                });
                 self.instances.set_id(inst, id);
                 let first = self.now + first_probe;
                 self.timers.arm(first, Timer::Probe(inst, 0));
@@ -72,16 +71,19 @@ impl Scheduler {
                         matches!(self.taskruns.get(o).map(|t| &t.state), Some(State::OnInstance { inst: k, .. }) if *k == inst)
                     });
                     if owned {
-                        let i = self.instances.get_mut(inst).expect("resolved above");
-                        if std::mem::take(&mut i.retag)
-                            && let Some(launch) = i.launch.clone()
-                        {
-                            out.push(Action::Retag {
-                                instance_id: i.id().cloned().expect("set above"),
-                                template: i.template.clone(),
-                                launch,
-                            });
-                        }
+                        let retag = self
+                            .instances
+                            .update(inst, |i| {
+                                let launch = i.launch.clone().filter(|_| i.retag);
+                                i.retag = false;
+                                launch.map(|launch| Action::Retag {
+                                    instance_id: i.id().cloned().expect("set above"),
+                                    template: i.template.clone(),
+                                    launch,
+                                })
+                            })
+                            .flatten();
+                        out.extend(retag);
                         self.record_instance(owner.expect("checked"), inst, out);
                     } else {
                         self.abandon(inst);
@@ -92,11 +94,9 @@ impl Scheduler {
                 }
             }
             Err((error, retryable)) => {
-                let i = self
-                    .instances
-                    .get_mut(inst)
-                    .expect("checked by take_launch");
-                i.last_error = Some(error.clone());
+                self.instances
+                    .update(inst, |i| i.last_error = Some(error.clone()));
+                let i = self.instances.get(inst).expect("checked by take_launch");
                 let wanted = if i.pool.is_some() {
                     true
                 } else {
@@ -107,8 +107,9 @@ impl Scheduler {
                     return;
                 }
                 if retryable && i.launches < self.policy.launch_attempts && !i.overdue {
-                    i.state = InstState::LaunchWait;
                     let n = i.launches;
+                    self.instances
+                        .update(inst, |i| i.state = InstState::LaunchWait);
                     let at = self.now + backoff(self.policy.launch_backoff, n - 1);
                     self.timers.arm(at, Timer::LaunchRetry(inst, n));
                     return;
@@ -161,13 +162,16 @@ impl Scheduler {
         let live = |s: &Self, k: Key| matches!(s.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst);
         if reusable && users.len() == 1 && live(self, users[0]) {
             let owner = users[0];
-            let o = self.instances.get_mut(other).expect("checked");
-            if o.address.is_none() && o.state == InstState::Ready {
-                // Known only from a listing: probe before use.
-                o.state = InstState::Booting;
-            }
-            let booting = o.state == InstState::Booting;
-            let n = o.probes;
+            let (booting, n) = self
+                .instances
+                .update(other, |o| {
+                    if o.address.is_none() && o.state == InstState::Ready {
+                        // Known only from a listing: probe before use.
+                        o.state = InstState::Booting;
+                    }
+                    (o.state == InstState::Booting, o.probes)
+                })
+                .expect("checked");
             self.set_state(
                 owner,
                 State::OnInstance {
@@ -276,7 +280,7 @@ impl Scheduler {
             return;
         };
         let op = self.ops.insert(Op::Probe { inst });
-        self.instances.get_mut(inst).expect("resolved").probe_op = Some(op);
+        self.instances.update(inst, |i| i.probe_op = Some(op));
         out.push(Action::Probe {
             op,
             instance_id: id,
@@ -293,35 +297,47 @@ impl Scheduler {
         let Some(Op::Probe { inst }) = self.take_op(op, |o| matches!(o, Op::Probe { .. })) else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         if i.state != InstState::Booting || i.probe_op != Some(op) {
             return;
         }
-        i.probe_op = None;
+        let booted = i.booted;
+        self.instances.update(inst, |i| i.probe_op = None);
         match result {
             ProbeResult::Pending | ProbeResult::Booting { .. } => {
                 let mut period = self.policy.probe_every;
-                if let ProbeResult::Booting { address } = result {
-                    i.address = Some(address.into());
+                let mut address = None;
+                if let ProbeResult::Booting { address: a } = result {
+                    address = Some(a.into());
                     period = self.policy.ssh_probe_every.or(period);
                 }
-                i.probes += 1;
-                let every = match period {
-                    Some(d) => d.min(i.template.check_interval),
-                    None => i.template.check_interval,
-                };
-                let n = i.probes;
+                let (every, n) = self
+                    .instances
+                    .update(inst, |i| {
+                        if address.is_some() {
+                            i.address = address;
+                        }
+                        i.probes += 1;
+                        let every = match period {
+                            Some(d) => d.min(i.template.check_interval),
+                            None => i.template.check_interval,
+                        };
+                        (every, i.probes)
+                    })
+                    .expect("checked above");
                 let at = self.now + every;
                 self.timers.arm(at, Timer::Probe(inst, n));
             }
             ProbeResult::Reachable { address } => {
-                i.address = Some(address.into());
-                i.state = InstState::Ready;
+                self.instances.update(inst, |i| {
+                    i.address = Some(address.into());
+                    i.state = InstState::Ready;
+                });
                 self.became_ready(inst, out);
             }
-            ProbeResult::Failed { reason } if i.booted => {
+            ProbeResult::Failed { reason } if booted => {
                 self.instance_unhealthy(inst, &reason, out);
             }
             ProbeResult::Failed { reason } => {
@@ -375,7 +391,7 @@ impl Scheduler {
         else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         if i.state != InstState::Terminating(op) {
@@ -389,9 +405,15 @@ impl Scheduler {
             self.drop_instance(inst, out);
             return;
         };
-        i.terminate_attempts += 1;
-        i.state = InstState::TerminateWait;
-        let n = i.terminate_attempts;
+        let n = self
+            .instances
+            .update(inst, |i| {
+                i.terminate_attempts += 1;
+                i.state = InstState::TerminateWait;
+                i.terminate_attempts
+            })
+            .expect("checked above");
+        let i = self.instances.get(inst).expect("checked above");
         let at = self.now + backoff(self.policy.cleanup_backoff, n - 1);
         let p = i.platform();
         let id = i.id().cloned().unwrap_or_else(|| "?".into());
@@ -496,9 +518,7 @@ impl Scheduler {
         let name = self.instance_name(inst);
         let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
         // Out of the index first, so the requeued TaskRuns cannot land on it again.
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.draining = true;
-        }
+        self.instances.update(inst, |i| i.draining = true);
         let mut running = Vec::new();
         for k in users {
             let Some(t) = self.taskruns.get_mut(k) else {
@@ -537,11 +557,13 @@ impl Scheduler {
     }
 
     pub(in crate::scheduler) fn deadline_due(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         match i.state {
-            InstState::Launching(_) => i.overdue = true,
+            InstState::Launching(_) => {
+                self.instances.update(inst, |i| i.overdue = true);
+            }
             // A recovered pool instance with recorded allocations served builds before: they
             // may still run on it, so it only stops taking work (as a failed probe does).
             InstState::Booting if i.booted => {
@@ -611,12 +633,13 @@ impl Scheduler {
         reason: &str,
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        // Probed no more: settled like a ready instance from now on.
+        let Some(p) = self.instances.update(inst, |i| {
+            i.state = InstState::Ready;
+            i.platform()
+        }) else {
             return;
         };
-        // Probed no more: settled like a ready instance from now on.
-        i.state = InstState::Ready;
-        let p = i.platform();
         let running = self.requeue_waiting(inst, reason, out);
         let name = self.instance_name(inst);
         out.push(Action::Notify {
@@ -653,7 +676,7 @@ impl Scheduler {
     }
 
     pub(in crate::scheduler) fn max_age_due(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         let Some(pool) = &i.pool else {
@@ -671,8 +694,8 @@ impl Scheduler {
         ) {
             return;
         }
-        i.draining = true;
         let p = i.platform();
+        self.instances.update(inst, |i| i.draining = true);
         self.settle(inst, out);
         self.ensure_warm(p, out);
     }

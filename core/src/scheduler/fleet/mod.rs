@@ -112,7 +112,7 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let host = self.instance_host(inst);
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         let p = i.platform();
@@ -138,7 +138,7 @@ impl Scheduler {
         host: HostRef,
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             self.enqueue(key, true, out);
             return;
         };
@@ -150,10 +150,12 @@ impl Scheduler {
             self.enqueue(key, true, out);
             return;
         }
-        i.provision_failures += 1;
-        if i.provision_failures >= POOL_INSTANCE_FAILURES {
-            i.draining = true;
-        }
+        self.instances.update(inst, |i| {
+            i.provision_failures += 1;
+            if i.provision_failures >= POOL_INSTANCE_FAILURES {
+                i.draining = true;
+            }
+        });
         if let Some(r) = self.taskrun_ref(key) {
             self.deprovision(None, p, RemoteUser::Of(r), host, out);
         }
@@ -188,17 +190,18 @@ impl Scheduler {
         };
         self.observe_wait(w, out);
         let launch = self.launch_id_for(w);
-        let Some(i) = self.instances.get_mut(inst) else {
-            return false;
-        };
         // The waiter's identity from now on: a launch still in flight keeps the request's (its
         // result is matched by op), but listings and recovery find the instance under the new
         // owner once retagged.
-        if launch.is_some() {
-            i.launch = launch.clone();
-            i.retag = i.id().is_none();
-        }
-        let (id, state, template) = (i.id().cloned(), i.state, i.template.clone());
+        let Some((id, state, template)) = self.instances.update(inst, |i| {
+            if launch.is_some() {
+                i.launch = launch.clone();
+                i.retag = i.id().is_none();
+            }
+            (i.id().cloned(), i.state, i.template.clone())
+        }) else {
+            return false;
+        };
         self.set_state(
             w,
             State::OnInstance {
@@ -234,7 +237,7 @@ impl Scheduler {
         if phase == Phase::Reserved && self.adopt(inst, out) {
             return 0;
         }
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return 0;
         };
         // Its finalizer waits for the termination: counted by the fleet, not returned.

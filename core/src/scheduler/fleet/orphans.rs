@@ -23,13 +23,13 @@ impl Scheduler {
     ) {
         let moved_on = self.owner_moved_on(p, rec);
         let inst = self.new_instance(p, template, None);
-        let i = self.instances.get_mut(inst).expect("just created");
-        let id: Arc<str> = rec.id.as_str().into();
-        i.created = rec.launched_at;
-        i.launches = 1;
-        i.state = InstState::Ready;
-        i.used = true;
-        self.instances.set_id(inst, id);
+        self.instances.update(inst, |i| {
+            i.created = rec.launched_at;
+            i.launches = 1;
+            i.state = InstState::Ready;
+            i.used = true;
+        });
+        self.instances.set_id(inst, rec.id.as_str().into());
         let at = rec.launched_at + self.policy.orphan_grace;
         if at <= self.now || moved_on {
             self.orphan_due(inst, out);

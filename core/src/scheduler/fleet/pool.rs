@@ -15,7 +15,7 @@ impl Scheduler {
     /// it, else a ready instance with room (most loaded first, so idle ones can drain), else a
     /// booting one, else a new instance while the platform has room.
     pub(in crate::scheduler) fn choose_pool(
-        &mut self,
+        &self,
         p: PlatformId,
         key: Key,
         pool: &DynamicPool,
@@ -27,7 +27,6 @@ impl Scheduler {
             ));
         }
         let guard = self.user_guard(key);
-        self.instances.flush();
         let pick = |set: &PoolSet| {
             set.iter().map(|e| e.2).find(|&k| {
                 let id = self.instances.get(k).and_then(|i| i.id().cloned());
