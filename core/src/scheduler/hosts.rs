@@ -1,4 +1,5 @@
-//! Static host pools: least-loaded placement, per-host load accounting and health back-off.
+//! Static host pools: the least-loaded placement strategy, per-host load accounting and health
+//! back-off. The load follows the TaskRuns on a host through the transitions (`transition.rs`).
 //!
 //! Hosts with room sit in an ordered set per platform keyed by (load / concurrency, rank by
 //! name), so the least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.

@@ -1,5 +1,6 @@
-//! TaskRun lifecycle: admission, queueing, hand-off, provisioning results, completion, retries,
-//! error secrets and finalizers. Strategy-specific placement lives in `hosts` and `fleet`.
+//! TaskRun events and timers: a TaskRun seen, done or released; provisioning and removal
+//! results; a refused secret; a Tekton retry's new attempt and its re-provisioning. Routing,
+//! queueing and placement are `handoff`'s; what is written out is `emit`'s.
 
 use super::handoff::Placed;
 use super::view::backoff;

@@ -64,6 +64,19 @@
 //! every index and every invariant across them ([`Invariant`]); the tests call it after every
 //! step.
 //!
+//! Behaviour, in layers that only call downwards (`call_graph.rs` fails on a call cycle between
+//! files): this file routes events and timers; `recovery`, `reconfig`, `sweep` and `unlisted`
+//! handle restarts, config changes and listings; `lifecycle` (TaskRun events) and
+//! `fleet::launch` (instance events) handle results; `handoff` routes, queues and places
+//! waiters and hands freed capacity on. The strategies (`hosts` for static hosts,
+//! `fleet::dynamic`, `fleet::pool`; local needs none) only read and return a decision, which
+//! `handoff` applies. Every change of a TaskRun's state goes through `transition`
+//! (`Scheduler::set_state` and its few siblings), which keeps what the other owners hold about
+//! the TaskRun in step in the same call: a static host's load, a pool instance's attached
+//! TaskRuns, a dynamic instance's owner, the cleanups a finished TaskRun awaits. No other code
+//! writes those (a source-text test checks it). `emit` writes the actions; `view` answers
+//! lookups.
+//!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
 //! and an operation id an index into a slab (those tables are never iterated where order could

@@ -1,5 +1,6 @@
-//! Dynamic instances: one per TaskRun, launched when it is placed, terminated when it finishes
-//! (or handed, unused, to the next waiter of the same platform).
+//! The dynamic strategy: one instance per TaskRun, launched when it is placed (within
+//! `max-instances`), terminated when it finishes or handed, unused, to the next waiter of the
+//! same platform (`fleet::adopt`).
 
 use super::super::arena::Key;
 use super::super::handoff::Choice;

@@ -1,5 +1,7 @@
-//! An instance's life in the cloud: launch with retries, probe until reachable, terminate with
-//! retries; and what happens to its TaskRuns when it fails, times out or disappears.
+//! Instance events and timers: launch results and retries, probes until reachable, termination
+//! results and retries, a pool instance's idle and max-age timers; and what happens to its
+//! TaskRuns when it fails, times out or disappears. The launch and termination requests
+//! themselves are `emit`'s and `handoff`'s.
 
 use super::super::view::backoff;
 use super::super::{

@@ -3,6 +3,11 @@
 //! `max-instances` ledger counts every instance from its launch request until its termination is
 //! acknowledged, so booting and terminating instances count too.
 //!
+//! This file holds what a TaskRun leaves on an instance (finished, given up, failed there, a new
+//! attempt) and the hand-over of an unused dynamic instance to a waiter; the strategies are
+//! `dynamic` and `pool`, the instance events `launch`, the warm launches `warm`, the listing's
+//! strangers `orphans`.
+//!
 //! A dynamic instance is made for one TaskRun, and that TaskRun's finalizer waits for its
 //! termination whether the TaskRun finished on it or left it earlier (timed out, its secret
 //! refused, the instance failed, moved on to another): until the termination is acknowledged, the

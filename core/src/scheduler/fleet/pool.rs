@@ -1,5 +1,6 @@
-//! Dynamic pools: instances shared up to `concurrency`, most loaded first; idle and
-//! past-`max-age` instances drain and are terminated once empty.
+//! The dynamic pool strategy: instances shared up to `concurrency`, most loaded first, then
+//! booting ones, then a launch. Idle and past-`max-age` instances drain and are terminated once
+//! empty (`handoff::settle`, and the timers in `launch`).
 
 use super::super::arena::Key;
 use super::super::handoff::Choice;
