@@ -141,3 +141,99 @@ impl Scheduler {
             .insert(Instance::new(p, template, pool, self.now))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{H, dynamic_pairs, launches, provisions, static_pairs};
+    use super::super::{Key, Phase, Platform, State, Uid};
+
+    fn key(h: &H, name: &str) -> Key {
+        h.s.taskruns
+            .find(&Uid::new(&format!("uid-ns-{name}")))
+            .expect("tracked")
+    }
+
+    fn waiting() -> State {
+        State::Waiting {
+            ticket: 999,
+            retry: false,
+        }
+    }
+
+    #[test]
+    fn a_static_hosts_load_follows_the_taskruns_on_it() {
+        let mut h = H::new(&static_pairs(&[("h1", 2)]));
+        assert_eq!(provisions(&h.submit("ns", "a", "linux/s390x")).len(), 1);
+        let a = key(&h, "a");
+        let hid = h.s.hosts.id("h1").expect("configured");
+        assert_eq!(h.s.hosts[hid].load(), 1);
+        h.s.set_state(a, waiting());
+        assert_eq!(h.s.hosts[hid].load(), 0, "left the host");
+        let def = h.s.hosts[hid].def.clone();
+        let on = |phase| State::OnHost {
+            host: hid,
+            def: def.clone(),
+            phase,
+        };
+        h.s.set_state(a, on(Phase::Reserved));
+        assert_eq!(h.s.hosts[hid].load(), 1, "arrived");
+        h.s.set_state(a, on(Phase::Ready(h.now)));
+        assert_eq!(h.s.hosts[hid].load(), 1, "a phase change moves nothing");
+        h.s.set_state(a, State::Cleanup { pending: 0 });
+        assert_eq!(h.s.hosts[hid].load(), 0, "left for cleanup");
+        h.s.check().expect("load matches the TaskRuns on the host");
+    }
+
+    #[test]
+    fn a_pool_instances_attached_list_follows_the_taskruns_on_it() {
+        let mut h = H::new(&dynamic_pairs(2, Some((3, 60))));
+        assert_eq!(launches(&h.submit("ns", "a", "linux/arm64")).len(), 1);
+        assert!(launches(&h.submit("ns", "b", "linux/arm64")).is_empty());
+        let (a, b) = (key(&h, "a"), key(&h, "b"));
+        let p = h.s.platform_ids[&Platform::parse("linux/arm64").unwrap()];
+        let inst = *h.s.instances.members(p).first().expect("launched");
+        assert_eq!(h.s.instances.get(inst).unwrap().attached, vec![a, b]);
+        h.s.set_state(a, State::Failed);
+        assert_eq!(h.s.instances.get(inst).unwrap().attached, vec![b]);
+        h.s.set_state(
+            a,
+            State::OnInstance {
+                inst,
+                phase: Phase::Reserved,
+            },
+        );
+        assert_eq!(
+            h.s.instances.get(inst).unwrap().attached,
+            vec![b, a],
+            "in arrival order"
+        );
+        h.s.check()
+            .expect("attached matches the TaskRuns on the instance");
+        // The pool index follows too: three slots, two taken.
+        let (_, booting) = h.s.instances.with_room(p);
+        assert_eq!(booting.iter().next().map(|e| e.0), Some(1));
+    }
+
+    #[test]
+    fn a_dynamic_instance_arrived_on_is_owned_and_disown_returns_its_taskrun() {
+        let mut h = H::new(&dynamic_pairs(2, None));
+        assert_eq!(launches(&h.submit("ns", "a", "linux/arm64")).len(), 1);
+        let a = key(&h, "a");
+        let p = h.s.platform_ids[&Platform::parse("linux/arm64").unwrap()];
+        let inst = *h.s.instances.members(p).first().expect("launched");
+        assert_eq!(h.s.instances.get(inst).unwrap().owner, Some(a));
+        assert_eq!(h.s.disown(inst), vec![a]);
+        assert_eq!(h.s.instances.get(inst).unwrap().owner, None);
+        // Leaving a dynamic instance is disown's or abandon's: the state alone keeps no owner.
+        h.s.set_state(a, State::Failed);
+        assert_eq!(h.s.instances.get(inst).unwrap().owner, None);
+        h.s.set_state(
+            a,
+            State::OnInstance {
+                inst,
+                phase: Phase::Reserved,
+            },
+        );
+        assert_eq!(h.s.instances.get(inst).unwrap().owner, Some(a));
+    }
+}
