@@ -433,10 +433,12 @@ fn print_call_graph() {
         }
     }
     let mut seen = BTreeSet::new();
-    for i in 0..nodes.len() {
-        let group: Vec<&str> = (0..nodes.len())
-            .filter(|&j| i == j && reach[i][i] || reach[i][j] && reach[j][i])
-            .map(|j| nodes[j].as_str())
+    for (i, row) in reach.iter().enumerate() {
+        let group: Vec<&str> = nodes
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| row[j] && reach[j][i])
+            .map(|(_, n)| n.as_str())
             .collect();
         if group.len() > 1 && seen.insert(group.clone()) {
             println!("files in one cycle ({}): {}", group.len(), group.join(" "));
