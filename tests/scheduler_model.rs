@@ -1117,9 +1117,7 @@ impl World {
                 uid,
                 ..
             } => Some(Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
+                taskrun: TaskRunRef::new(&namespace, &name, Uid::new(&uid)),
             }),
             Meaning::Ignore | Meaning::Undecided { .. } => None,
         }
@@ -1171,11 +1169,7 @@ impl World {
         if trace() {
             println!("lands: {:?}", w.action);
         }
-        let gone = |r: &TaskRunRef| Event::TaskRunDone {
-            namespace: r.namespace().to_owned(),
-            name: r.name().to_owned(),
-            uid: r.uid().to_string(),
-        };
+        let gone = |r: &TaskRunRef| Event::TaskRunDone { taskrun: r.clone() };
         match w.action {
             Action::Record { taskrun, placement } => {
                 let uid = taskrun.uid().to_string();
@@ -1537,9 +1531,7 @@ impl World {
             let r = t.reference();
             self.remove_object(uid);
             let e = Event::TaskRunDone {
-                namespace: r.namespace().to_owned(),
-                name: r.name().to_owned(),
-                uid: uid.to_owned(),
+                taskrun: TaskRunRef::new(r.namespace(), r.name(), Uid::new(uid)),
             };
             self.history.push(e.clone());
             self.send(e);

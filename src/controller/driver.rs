@@ -46,7 +46,7 @@ use super::sources::taskruns::{Found, TaskRunIndex};
 use super::sources::{self, Input, Intervals, now};
 use super::taskrun::TaskRun;
 use crate::config::HostConfig;
-use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRef, Time};
+use crate::scheduler::{Action, Event, Policy, Scheduler, Snapshot, TaskRunRef, Time, Uid};
 
 /// A finished job.
 pub struct Completion {
@@ -374,18 +374,11 @@ impl Driver {
                 return;
             }
         }
+        let taskrun = TaskRunRef::new(&namespace, &name, Uid::new(&uid));
         self.feed(if released {
-            Event::TaskRunReleased {
-                namespace,
-                name,
-                uid,
-            }
+            Event::TaskRunReleased { taskrun }
         } else {
-            Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
-            }
+            Event::TaskRunDone { taskrun }
         });
     }
 

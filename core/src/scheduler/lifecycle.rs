@@ -11,7 +11,7 @@ use super::ledger::Token;
 use super::{
     Action, Blame, Extra, HostId, HostRef, Mode, NO_PLATFORM, Observation, Op, OpId, Phase,
     PlatformId, Release, RemoteUser, Scheduler, SecretData, State, StaticHost, TaskRun, TaskRunRef,
-    TaskRunSpec, Timer, Uid, messages,
+    TaskRunSpec, Timer, messages,
 };
 use crate::platform::Platform;
 
@@ -506,29 +506,26 @@ impl Scheduler {
     /// ([`Event::TaskRunReleased`](super::Event::TaskRunReleased)).
     pub(in crate::scheduler) fn on_done(
         &mut self,
-        ns: &str,
-        name: &str,
-        uid: &str,
+        taskrun: &TaskRunRef,
         released: bool,
         out: &mut Vec<Action>,
     ) {
-        let uid = Uid::new(uid);
-        let Some(key) = self.taskruns.find(&uid) else {
-            if self.taskruns.finished(&uid) {
+        let uid = taskrun.uid();
+        let Some(key) = self.taskruns.find(uid) else {
+            if self.taskruns.finished(uid) {
                 return;
             }
             // Never seen (finished before we caught up, or released before it was decided):
             // nothing allocated, just let it go.
-            let taskrun = TaskRunRef::new(ns, name, uid.clone());
             out.push(Action::DeleteSecret {
                 taskrun: taskrun.clone(),
             });
             out.push(Action::RemoveFinalizer {
-                taskrun,
+                taskrun: taskrun.clone(),
                 revoke: !released,
             });
             if !released {
-                self.taskruns.bury(&uid);
+                self.taskruns.bury(uid);
             }
             return;
         };

@@ -385,16 +385,8 @@ impl Scheduler {
     fn dispatch(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::TaskRun(spec) => self.on_taskrun(spec, out),
-            Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
-            } => self.on_done(&namespace, &name, &uid, false, out),
-            Event::TaskRunReleased {
-                namespace,
-                name,
-                uid,
-            } => self.on_done(&namespace, &name, &uid, true, out),
+            Event::TaskRunDone { taskrun } => self.on_done(&taskrun, false, out),
+            Event::TaskRunReleased { taskrun } => self.on_done(&taskrun, true, out),
             Event::SecretRefused {
                 taskrun,
                 secret,

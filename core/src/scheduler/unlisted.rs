@@ -34,7 +34,9 @@ impl Scheduler {
         }
         let uid = match &event {
             Event::TaskRun(spec) => spec.uid(),
-            Event::TaskRunDone { uid, .. } | Event::TaskRunReleased { uid, .. } => Uid::new(uid),
+            Event::TaskRunDone { taskrun } | Event::TaskRunReleased { taskrun } => {
+                taskrun.uid().clone()
+            }
             _ => return Some(event),
         };
         let Some(h) = self.held.get_mut(&uid) else {
