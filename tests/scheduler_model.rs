@@ -1139,11 +1139,7 @@ impl World {
         let mut memo = MountMemo::default();
         match meaning::of(&t.parsed(), &mut memo) {
             Meaning::Active { spec, .. } => Some(Event::TaskRun(spec)),
-            Meaning::Done { taskrun, .. } => Some(Event::TaskRunDone {
-                namespace: taskrun.namespace().to_owned(),
-                name: taskrun.name().to_owned(),
-                uid: taskrun.uid().to_string(),
-            }),
+            Meaning::Done { taskrun, .. } => Some(Event::TaskRunDone { taskrun }),
             Meaning::Ignore | Meaning::Undecided { .. } => None,
         }
     }
@@ -1194,11 +1190,7 @@ impl World {
         if trace() {
             println!("lands: {:?}", w.action);
         }
-        let gone = |r: &TaskRunRef| Event::TaskRunDone {
-            namespace: r.namespace().to_owned(),
-            name: r.name().to_owned(),
-            uid: r.uid().to_string(),
-        };
+        let gone = |r: &TaskRunRef| Event::TaskRunDone { taskrun: r.clone() };
         match w.action {
             Action::Record { taskrun, placement } => {
                 let uid = taskrun.uid().to_string();
@@ -1569,9 +1561,7 @@ impl World {
             let r = t.reference();
             self.remove_object(uid);
             let e = Event::TaskRunDone {
-                namespace: r.namespace().to_owned(),
-                name: r.name().to_owned(),
-                uid: uid.to_owned(),
+                taskrun: TaskRunRef::new(r.namespace(), r.name(), Uid::new(uid)),
             };
             self.history.push(e.clone());
             self.send(e);

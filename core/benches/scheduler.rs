@@ -12,7 +12,9 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use mpc_core::config::ConfigData;
-use mpc_core::scheduler::{Action, Event, OpId, Policy, Scheduler, Snapshot, TaskRunSpec, Time};
+use mpc_core::scheduler::{
+    Action, Event, OpId, Policy, Scheduler, Snapshot, TaskRunRef, TaskRunSpec, Time, Uid,
+};
 
 const HOSTS: usize = 1000;
 const TASKRUNS: usize = 100_000;
@@ -59,9 +61,7 @@ struct Queued {
 fn done_event(i: usize) -> Event {
     let s = spec(i);
     Event::TaskRunDone {
-        namespace: s.namespace,
-        name: s.name,
-        uid: s.uid,
+        taskrun: TaskRunRef::new(&s.namespace, &s.name, Uid::new(&s.uid)),
     }
 }
 

@@ -173,24 +173,18 @@ impl Proc {
     }
 }
 
+/// A controller that found its scheduler's state broken (`--check-state`, on in every product
+/// test) fails the test when its process is dropped: the invariants are the scheduler's, whatever
+/// the test was about.
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// A controller that found its scheduler's state broken (`--check-state`) fails the test: the
-/// invariants are the scheduler's, whatever the test was about.
-impl Drop for Product {
-    fn drop(&mut self) {
         if std::thread::panicking() {
             return;
         }
-        for c in &self.controllers {
-            let log = c.log_text();
-            if let Some(line) = log.lines().find(|l| l.contains("scheduler state broken")) {
-                panic!("a controller's scheduler state broke: {line}");
-            }
+        let log = self.log_text();
+        if let Some(line) = log.lines().find(|l| l.contains("scheduler state broken")) {
+            panic!("{}: the scheduler's state broke: {line}", self.name);
         }
     }
 }
@@ -236,7 +230,7 @@ const TEST_TIMINGS: &[(&str, &str)] = &[
     ("--lease-retry-period", "300ms"),
     ("--adopt-interval", "2s"),
     // Every product test checks the scheduler's state after every event; a broken invariant
-    // fails the test when its product is dropped.
+    // fails the test when the controller's process is dropped.
     ("--check-state", "1"),
 ];
 

@@ -1449,9 +1449,7 @@ impl Ctl {
 
     async fn done(&mut self, now: Time, name: &str) -> Vec<Action> {
         let e = Event::TaskRunDone {
-            namespace: "tenant".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
+            taskrun: TaskRunRef::new("tenant", name, Uid::new(&format!("uid-{name}"))),
         };
         self.step(now, e).await
     }

@@ -339,17 +339,12 @@ impl<E: Executor, S: Sources> Driver<E, S> {
 
     /// Tells the scheduler a TaskRun is done, or only released (when it may hold something).
     fn done(&mut self, taskrun: &TaskRunRef, tracked_only: bool, released: bool) {
-        let (namespace, name, uid) = (
-            taskrun.namespace().to_owned(),
-            taskrun.name().to_owned(),
-            taskrun.uid().to_string(),
-        );
         if tracked_only {
             let tracked = match &self.term {
                 Some(Term {
                     phase: Phase::Running(s),
                     ..
-                }) => s.tracks(&uid),
+                }) => s.tracks(&taskrun.uid().to_string()),
                 // While recovering, the snapshot decides; a buffered event is harmless.
                 Some(Term {
                     phase: Phase::Recovering(_),
@@ -361,18 +356,11 @@ impl<E: Executor, S: Sources> Driver<E, S> {
                 return;
             }
         }
+        let taskrun = taskrun.clone();
         self.feed(if released {
-            Event::TaskRunReleased {
-                namespace,
-                name,
-                uid,
-            }
+            Event::TaskRunReleased { taskrun }
         } else {
-            Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
-            }
+            Event::TaskRunDone { taskrun }
         });
     }
 

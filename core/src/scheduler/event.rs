@@ -30,22 +30,14 @@ pub enum Event {
     /// reordered copies arriving after [`Event::TaskRunDone`] are ignored for an hour.
     TaskRun(TaskRunSpec),
     /// The TaskRun finished (`Succeeded` ≠ `Unknown` and not being retried) or was deleted.
-    TaskRunDone {
-        namespace: String,
-        name: String,
-        uid: String,
-    },
+    TaskRunDone { taskrun: TaskRunRef },
     /// The TaskRun needs no host after all, though it has not finished: its resolved Task does
     /// not mount the secret (a remembered answer for its Task was wrong), it became internal, or
     /// it lost its platform. What it holds is freed and the finalizer removed as for
     /// [`Event::TaskRunDone`], but its UID is not remembered as finished: when a later
     /// [`Event::TaskRun`] says it needs a host after all, it is served (and its finalizer, added
     /// again by the controller, removed when it is done).
-    TaskRunReleased {
-        namespace: String,
-        name: String,
-        uid: String,
-    },
+    TaskRunReleased { taskrun: TaskRunRef },
     /// [`Action::WriteSecret`](super::Action::WriteSecret) was refused for a reason retrying the
     /// request cannot fix (403: a quota, an admission policy), or did not land in time. The core
     /// writes it again after a back-off, [`Policy::secret_attempts`](super::Policy) times in

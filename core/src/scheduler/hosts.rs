@@ -1,4 +1,5 @@
-//! Static host pools: least-loaded placement, per-host load accounting and health back-off.
+//! Static host pools: the least-loaded placement strategy, per-host load accounting and health
+//! back-off. The load follows the TaskRuns on a host through the transitions (`transition.rs`).
 //!
 //! Hosts with room sit in an ordered set per platform keyed by (load / concurrency, rank by
 //! name), so the least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
@@ -10,13 +11,10 @@
 //! re-provisioning, a back-off tripping or ending, a config change) can leave a full or
 //! backing-off host taking new work.
 
-use std::sync::Arc;
-
 use super::arena::Key;
-use super::lifecycle::Placed;
+use super::handoff::Choice;
 use super::users::Target;
-use super::{Action, HostId, HostRef, Phase, PlatformId, Scheduler, State, Timer, messages};
-use crate::config::StaticHost;
+use super::{PlatformId, Scheduler, messages};
 
 pub(super) use table::Hosts;
 
@@ -376,15 +374,14 @@ mod table {
     }
 }
 
+impl Scheduler {}
+
 impl Scheduler {
-    pub(super) fn place_static(
-        &mut self,
-        p: PlatformId,
-        key: Key,
-        out: &mut Vec<Action>,
-    ) -> Placed {
+    /// Where a waiter of static platform `p` goes: the least-loaded host with room that has not
+    /// failed for it and holds no TaskRun with its user name; its error once every host of the
+    /// platform failed for it; else it waits.
+    pub(in crate::scheduler) fn choose_static(&self, p: PlatformId, key: Key) -> Choice {
         let guard = self.user_guard(key);
-        let mut chosen = None;
         let mut kept_off = false;
         for hid in self.hosts.with_room(p) {
             if self.failed_on(key, &self.hosts[hid].name) {
@@ -397,115 +394,28 @@ impl Scheduler {
                 kept_off = true;
                 continue;
             }
-            chosen = Some(hid);
-            break;
+            let def = self.hosts[hid]
+                .def
+                .clone()
+                .expect("only configured hosts are indexed");
+            return Choice::Host(hid, def);
         }
-        let Some(hid) = chosen else {
-            if kept_off {
-                return Placed::NoRoom;
-            }
-            if self.fail_if_all_hosts_failed(p, key, out) {
-                return Placed::Done;
-            }
-            return Placed::NoRoom;
-        };
-        let def = self.hosts[hid]
-            .def
-            .clone()
-            .expect("only configured hosts are indexed");
-        self.hosts.add_load(hid);
-        self.observe_wait(key, out);
-        self.observe_allocated(key, None, out);
-        self.start_static_provisioning(key, hid, def, out);
-        Placed::Done
-    }
-
-    /// Moves `key` onto static host `hid` (load already counted) and asks for provisioning.
-    pub(super) fn start_static_provisioning(
-        &mut self,
-        key: Key,
-        hid: HostId,
-        def: Arc<StaticHost>,
-        out: &mut Vec<Action>,
-    ) {
-        let host = HostRef::Static(def.clone());
-        let op = self.provision_op(key, &host);
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnHost {
-                host: hid,
-                def: Some(def),
-                phase: Phase::Provisioning(op),
-            };
-        }
-        self.emit_provision(key, op, host, None, out);
-    }
-
-    /// Gives `key` its error secret when every host of static platform `p` failed for it.
-    pub(super) fn fail_if_all_hosts_failed(
-        &mut self,
-        p: PlatformId,
-        key: Key,
-        out: &mut Vec<Action>,
-    ) -> bool {
-        let hosts = self.hosts.of_platform(p);
-        let all_failed = !hosts.is_empty()
-            && hosts
-                .iter()
-                .all(|&h| self.failed_on(key, &self.hosts[h].name));
-        if all_failed {
-            let msg = messages::all_hosts_failed(
+        if !kept_off && self.all_hosts_failed(p, key) {
+            return Choice::Fail(messages::all_hosts_failed(
                 &self.platforms[p as usize].platform,
                 &self.failed_list(key),
-            );
-            self.fail(key, msg, out);
+            ));
         }
-        all_failed
+        Choice::NoRoom
     }
 
-    /// Provisioning worked: the host is healthy.
-    pub(super) fn provision_ok_on(&mut self, key: Key, _out: &mut Vec<Action>) {
-        match self.taskruns.get(key).map(|t| &t.state) {
-            Some(State::OnHost { host, .. }) => self.hosts.succeeded(*host),
-            Some(State::OnInstance { inst, .. }) => {
-                if let Some(i) = self.instances.get_mut(*inst) {
-                    i.provision_failures = 0;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Provisioning failed: after repeated failures the host sits out a back-off period that
-    /// doubles each time it trips again without a success in between.
-    pub(super) fn host_failed(&mut self, hid: HostId, out: &mut Vec<Action>) {
-        let Some(b) = self.policy.host_backoff else {
-            return;
-        };
-        let Some(off) = self.hosts.failed(hid, b, self.now) else {
-            return;
-        };
-        let name = self.hosts[hid].name.clone();
-        self.arm(off.until, Timer::HostBack(hid, off.level));
-        out.push(Action::Notify {
-            taskrun: None,
-            warning: true,
-            reason: "HostBackedOff",
-            message: format!(
-                "host {name} failed provisioning {} times in a row; no new builds go to it for {} s",
-                b.after_failures,
-                off.period.as_secs()
-            ),
-        });
-    }
-
-    pub(super) fn host_back_due(&mut self, hid: HostId, level: u32, out: &mut Vec<Action>) {
-        let h = &self.hosts[hid];
-        if h.backoff_level != level || !h.backing_off() {
-            return;
-        }
-        let p = h.platform;
-        self.hosts.end_backoff(hid);
-        self.capacity_freed(p, out);
+    /// Every host of static platform `p` failed for `key`.
+    pub(in crate::scheduler) fn all_hosts_failed(&self, p: PlatformId, key: Key) -> bool {
+        let hosts = self.hosts.of_platform(p);
+        !hosts.is_empty()
+            && hosts
+                .iter()
+                .all(|&h| self.failed_on(key, &self.hosts[h].name))
     }
 }
 

@@ -5,10 +5,9 @@
 //! Nothing outside this module can change an instance's indexed facts without the index
 //! following: the facts the id index, the members and the count hang on (platform, id) are
 //! private and change only through [`Fleet`]'s methods (so is the TaskRun a termination is
-//! awaited for, behind the count of terminations each TaskRun awaits), and the instance a
-//! [`Fleet::get_mut`] handed out is re-indexed in its platform's pool sets before anything can
-//! read them (the next call on the fleet that changes or reads an index), so a caller never
-//! re-indexes by hand and cannot forget to.
+//! awaited for, behind the count of terminations each TaskRun awaits), and an instance is
+//! changed only inside [`Fleet::update`], which re-indexes it in its platform's pool sets in the
+//! same call: a caller never re-indexes by hand, and no index is ever read half-updated.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -170,8 +169,6 @@ pub(super) struct Fleet {
     ids: BTreeMap<Arc<str>, Key>,
     /// By platform id; platforms past the end have no instances.
     platforms: Vec<PerPlatform>,
-    /// The instance last handed out mutably: re-indexed before the next index change or read.
-    pending: Option<Key>,
     /// Ids of instances whose termination was acknowledged (no longer tracked), with their
     /// platform and when: a listing made before that, or a lagging one, may still show them
     /// running, and must neither count them nor terminate them again.
@@ -210,19 +207,12 @@ impl Fleet {
         self.instances.get(key)
     }
 
-    /// Mutable access; the instance is re-indexed before its index is next read or changed.
-    pub(super) fn get_mut(&mut self, key: Key) -> Option<&mut Instance> {
-        self.flush();
-        self.instances.get(key)?;
-        self.pending = Some(key);
-        self.instances.get_mut(key)
-    }
-
-    /// Re-indexes the instance last handed out mutably.
-    pub(super) fn flush(&mut self) {
-        if let Some(key) = self.pending.take() {
-            self.reindex(key);
-        }
+    /// Changes the instance with `f` and re-indexes it in the same call (`f` cannot reach the
+    /// fleet's indexes meanwhile); `None` when it is not tracked.
+    pub(super) fn update<R>(&mut self, key: Key, f: impl FnOnce(&mut Instance) -> R) -> Option<R> {
+        let r = f(self.instances.get_mut(key)?);
+        self.reindex(key);
+        Some(r)
     }
 
     /// Tracked instances in key order.
@@ -237,7 +227,6 @@ impl Fleet {
 
     /// Tracks an instance: it counts against its platform's `max-instances` from now on.
     pub(super) fn insert(&mut self, i: Instance) -> Key {
-        self.flush();
         let p = i.platform;
         let key = self.instances.insert(i);
         let pp = self.platform_mut(p);
@@ -249,7 +238,6 @@ impl Fleet {
 
     /// Forgets an instance: it no longer counts, and its id no longer resolves to it.
     pub(super) fn remove(&mut self, key: Key) -> Option<Instance> {
-        self.flush();
         let i = self.instances.remove(key)?;
         if let Some(id) = &i.id
             && self.ids.get(id) == Some(&key)
@@ -274,7 +262,6 @@ impl Fleet {
 
     /// The instance's cloud id is known: it resolves to it from now on.
     pub(super) fn set_id(&mut self, key: Key, id: Arc<str>) {
-        self.flush();
         if let Some(i) = self.instances.get_mut(key) {
             i.id = Some(id.clone());
             self.ids.insert(id, key);
@@ -284,7 +271,6 @@ impl Fleet {
     /// Names an instance that is about to be forgotten (for the failure record only): its id
     /// does not resolve to it.
     pub(super) fn name_only(&mut self, key: Key, id: Arc<str>) {
-        self.flush();
         if let Some(i) = self.instances.get_mut(key) {
             i.id = Some(id);
         }
@@ -294,7 +280,6 @@ impl Fleet {
     /// `max-instances`: a refusal that lasts must cost at most `max-instances` instances, not one
     /// per TaskRun.
     pub(super) fn leak(&mut self, key: Key) {
-        self.flush();
         if let Some(i) = self.instances.get_mut(key) {
             i.leaked = true;
         }
@@ -303,7 +288,6 @@ impl Fleet {
     /// `tr`'s finalizer waits for the instance's termination (unless it already does, or
     /// another TaskRun's does: then nothing changes). True when it now waits.
     pub(super) fn await_termination(&mut self, key: Key, tr: Key) -> bool {
-        self.flush();
         let Some(i) = self.instances.get_mut(key) else {
             return false;
         };
@@ -318,7 +302,6 @@ impl Fleet {
     /// Nobody waits for the instance's termination any more (done, given up, or handed to
     /// another TaskRun): the TaskRun that did, if any.
     pub(super) fn release_waiter(&mut self, key: Key) -> Option<Key> {
-        self.flush();
         let tr = self.instances.get_mut(key)?.cleanup_for.take()?;
         self.unawait(tr);
         Some(tr)
@@ -351,18 +334,8 @@ impl Fleet {
     }
 
     /// Pool instances of platform `p` with room, (ready, booting), each most loaded first,
-    /// then newest. Call [`Fleet::flush`] first: reading an index an instance handed out since
-    /// has not caught up with is a bug, and panics.
+    /// then newest.
     pub(super) fn with_room(&self, p: PlatformId) -> (&PoolSet, &PoolSet) {
-        assert!(
-            self.pending.is_none(),
-            "pool index read before {:?} was re-indexed",
-            self.pending
-        );
-        self.sets(p)
-    }
-
-    fn sets(&self, p: PlatformId) -> (&PoolSet, &PoolSet) {
         self.platforms
             .get(p as usize)
             .map_or((&NO_INSTANCES, &NO_INSTANCES), |pp| {
@@ -413,9 +386,6 @@ impl Fleet {
     /// and pool sets match its instances.
     pub(super) fn check(&self, platforms: usize) -> Result<(), StateError> {
         use Invariant::*;
-        ensure(self.pending.is_none(), PoolIndex, || {
-            format!("{:?} was changed and not re-indexed", self.pending)
-        })?;
         let n = self.platforms.len().max(platforms);
         let mut members = vec![BTreeSet::new(); n];
         let mut counted = vec![0u32; n];
@@ -474,7 +444,7 @@ impl Fleet {
                     counted[p]
                 )
             })?;
-            let (have_ready, have_booting) = self.sets(pid);
+            let (have_ready, have_booting) = self.with_room(pid);
             ensure(
                 *have_ready == ready[p] && *have_booting == booting[p],
                 PoolIndex,

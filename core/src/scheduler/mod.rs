@@ -64,6 +64,19 @@
 //! every index and every invariant across them ([`Invariant`]); the tests call it after every
 //! step, and the simulator (`--check`) and the controller (`--check-state`) sample it.
 //!
+//! Behaviour, in layers that only call downwards (`call_graph.rs` fails on a call cycle between
+//! files): this file routes events and timers; `recovery`, `reconfig`, `sweep` and `unlisted`
+//! handle restarts, config changes and listings; `lifecycle` (TaskRun events) and
+//! `fleet::launch` (instance events) handle results; `handoff` routes, queues and places
+//! waiters and hands freed capacity on. The strategies (`hosts` for static hosts,
+//! `fleet::dynamic`, `fleet::pool`; local needs none) only read and return a decision, which
+//! `handoff` applies. Every change of a TaskRun's state goes through `transition`
+//! (`Scheduler::set_state` and its few siblings), which keeps what the other owners hold about
+//! the TaskRun in step in the same call: a static host's load, a pool instance's attached
+//! TaskRuns, a dynamic instance's owner, the cleanups a finished TaskRun awaits. No other code
+//! writes those (a source-text test checks it). `emit` writes the actions; `view` answers
+//! lookups.
+//!
 //! Costs: placing a waiter is O(log hosts) (least-loaded hosts and free pool slots live in
 //! ordered sets; waiters in per-namespace queues found by hash); a UID is a hash-table lookup
 //! and an operation id an index into a slab (those tables are never iterated where order could
@@ -71,9 +84,13 @@
 
 mod action;
 mod arena;
+#[cfg(test)]
+mod call_graph;
 mod check;
+mod emit;
 mod event;
 mod fleet;
+mod handoff;
 mod hosts;
 mod ids;
 mod instances;
@@ -91,14 +108,16 @@ mod sweep;
 mod time;
 mod timers;
 mod tombstones;
+mod transition;
 mod uid_index;
 mod unlisted;
 mod users;
+mod view;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
@@ -361,22 +380,13 @@ impl Scheduler {
         if let Some(event) = self.hold(event) {
             self.dispatch(event, out);
         }
-        self.instances.flush();
     }
 
     fn dispatch(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
             Event::TaskRun(spec) => self.on_taskrun(spec, out),
-            Event::TaskRunDone {
-                namespace,
-                name,
-                uid,
-            } => self.on_done(&namespace, &name, &uid, false, out),
-            Event::TaskRunReleased {
-                namespace,
-                name,
-                uid,
-            } => self.on_done(&namespace, &name, &uid, true, out),
+            Event::TaskRunDone { taskrun } => self.on_done(&taskrun, false, out),
+            Event::TaskRunReleased { taskrun } => self.on_done(&taskrun, true, out),
             Event::SecretRefused {
                 taskrun,
                 secret,
@@ -453,33 +463,19 @@ impl Scheduler {
         }
     }
 
-    fn arm(&mut self, at: Time, timer: Timer) {
-        self.timers.arm(at, timer);
-    }
-
-    fn taskrun_ref(&self, key: Key) -> Option<TaskRunRef> {
-        Some(self.taskruns.get(key)?.reference())
-    }
-
-    /// The platform's id, creating its entry (resolved against the current config) if new.
-    fn platform_id(&mut self, platform: &Platform) -> PlatformId {
-        if let Some(&id) = self.platform_ids.get(platform) {
-            return id;
-        }
-        let id = self.platforms.len() as PlatformId;
-        let mode = mode_of(&self.config, platform);
-        self.platforms.push(PlatformState {
-            platform: Arc::new(platform.clone()),
-            label: platform.label_value().into(),
-            mode,
-            queue: FairQueue::default(),
-            retry: Vec::new(),
-            foreign: 0,
-            unlisted: false,
-            warm_hold: Time::ZERO,
-        });
-        self.platform_ids.insert(platform.clone(), id);
-        id
+    /// Loads a snapshot (call once, before any other event) and returns what must happen now:
+    /// missing secrets, re-provisioning, cleanup of finished TaskRuns, orphan termination, warm
+    /// pool launches, and placement of waiters.
+    pub fn recover(&mut self, now: Time, snapshot: Snapshot, out: &mut Vec<Action>) {
+        self.advance(now, out);
+        self.started = true;
+        let Snapshot {
+            taskruns,
+            instances,
+            unlisted,
+        } = snapshot;
+        let taskruns = self.hold_unlisted(taskruns, &unlisted, out);
+        self.rebuild(&taskruns, &instances, None, &BTreeSet::new(), out);
     }
 }
 

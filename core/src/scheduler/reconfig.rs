@@ -53,7 +53,7 @@ impl Scheduler {
     fn change_mode(&mut self, p: PlatformId, new: Mode, out: &mut Vec<Action>) {
         let members: Vec<_> = self.instances.members(p).iter().copied().collect();
         for inst in members {
-            let Some(i) = self.instances.get_mut(inst) else {
+            let Some(i) = self.instances.get(inst) else {
                 continue;
             };
             if i.pool.is_none() {
@@ -62,19 +62,19 @@ impl Scheduler {
             match &new {
                 Mode::Pool(pool) if pool.instance == *i.template => {
                     // Same machines: new concurrency, max-age and min-instances apply.
-                    i.pool = Some(pool.clone());
                     let at = i.created + pool.max_age;
                     let live = !matches!(
                         i.state,
                         InstState::Terminating(_) | InstState::TerminateWait
                     );
+                    self.instances.update(inst, |i| i.pool = Some(pool.clone()));
                     if live && self.policy.pool_idle_timeout.is_some() {
-                        self.arm(at, super::Timer::MaxAge(inst));
+                        self.timers.arm(at, super::Timer::MaxAge(inst));
                     }
                 }
                 _ => {
                     // Different machines (or no pool any more): drain the old ones.
-                    i.draining = true;
+                    self.instances.update(inst, |i| i.draining = true);
                     self.settle(inst, out);
                 }
             }

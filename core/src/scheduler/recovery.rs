@@ -33,39 +33,25 @@
 //!   re-armed;
 //! - `since` is never earlier than the creation time (see [`TaskRunRecord::since`]).
 
+use super::unlisted::Held;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::Key;
 use super::ledger::{Labels, Token};
-use super::snapshot::{InstanceRecord, Ownership, SecretKind, Snapshot, TaskRunRecord};
+use super::snapshot::{InstanceRecord, Ownership, SecretKind, TaskRunRecord};
 use super::{
     Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Phase, PlatformId, RemoteUser, Scheduler,
-    State, TaskRun, TaskRunRef, Time, Timer, Uid,
+    State, TaskRun, TaskRunRef, Timer, Uid,
 };
 use crate::config::{DynamicPlatform, DynamicPool};
 use crate::platform::Platform;
 
 impl Scheduler {
-    /// Loads a snapshot (call once, before any other event) and returns what must happen now:
-    /// missing secrets, re-provisioning, cleanup of finished TaskRuns, orphan termination, warm
-    /// pool launches, and placement of waiters.
-    pub fn recover(&mut self, now: Time, snapshot: Snapshot, out: &mut Vec<Action>) {
-        self.advance(now, out);
-        self.started = true;
-        let Snapshot {
-            taskruns,
-            instances,
-            unlisted,
-        } = snapshot;
-        let taskruns = self.hold_unlisted(taskruns, &unlisted, out);
-        self.rebuild(&taskruns, &instances, None, &BTreeSet::new(), out);
-    }
-
     /// Rebuilds the ledger from TaskRun records and the listings of every platform but the
     /// unlisted ones (or, with `only`, of that platform alone: its held TaskRuns, once its
     /// listing arrived; `released` are the finished ones that ended by a release).
-    pub(super) fn rebuild(
+    pub(in crate::scheduler) fn rebuild(
         &mut self,
         taskruns: &[TaskRunRecord],
         instances: &[InstanceRecord],
@@ -228,9 +214,7 @@ impl Scheduler {
             match rec.secret {
                 Some(SecretKind::Error) => {}
                 Some(SecretKind::Localhost) => {
-                    if let Some(t) = self.taskruns.get_mut(key) {
-                        t.state = State::Local;
-                    }
+                    self.set_state(key, State::Local);
                 }
                 // Not allocated (a remote secret without an allocation is stale: replaced).
                 _ => {
@@ -271,13 +255,12 @@ impl Scheduler {
             self.pump(p, out);
             self.ensure_warm(p, out);
         }
-        self.instances.flush();
     }
 
     /// A recovered TaskRun still gated although its secret stands (the crash came between the
     /// secret and the un-gating): un-gated now, or it would wait forever. One whose secret is
     /// being replaced is un-gated with the new secret.
-    fn ungate_served(&mut self, key: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn ungate_served(&mut self, key: Key, out: &mut Vec<Action>) {
         let Some(t) = self.taskruns.get_mut(key) else {
             return;
         };
@@ -297,7 +280,7 @@ impl Scheduler {
     /// Creates pool instance entries for listed live instances with a pool's tag: this cluster's
     /// instances of the pool, and untagged ones a TaskRun of the pool's platform names in its
     /// `assigned-host`.
-    fn recover_pool_instances(
+    pub(in crate::scheduler) fn recover_pool_instances(
         &mut self,
         listed: &[InstanceRecord],
         named: &BTreeMap<&str, Vec<Platform>>,
@@ -325,9 +308,7 @@ impl Scheduler {
                 continue;
             }
             let inst = self.adopt_listed(p, rec, Arc::new(pool.instance.clone()), Some(pool));
-            if let Some(i) = self.instances.get_mut(inst) {
-                i.legacy = legacy;
-            }
+            self.instances.update(inst, |i| i.legacy = legacy);
             claimed.insert(rec.id.clone());
             members.insert(rec.id.clone(), inst);
         }
@@ -335,7 +316,7 @@ impl Scheduler {
     }
 
     /// An entry for a listed running or pending instance, probed at once.
-    fn adopt_listed(
+    pub(in crate::scheduler) fn adopt_listed(
         &mut self,
         p: PlatformId,
         rec: &InstanceRecord,
@@ -345,31 +326,32 @@ impl Scheduler {
         let timeout = template.allocation_timeout;
         let inst = self.new_instance(p, template, pool.clone());
         let id: Arc<str> = rec.id.as_str().into();
-        let i = self.instances.get_mut(inst).expect("just created");
-        i.address = rec.address.as_deref().map(Arc::from);
-        i.created = rec.launched_at;
-        i.launches = 1;
-        i.state = InstState::Booting;
-        // Recovered instances may have served builds: never hand them to a dynamic TaskRun.
-        i.used = true;
+        self.instances.update(inst, |i| {
+            i.address = rec.address.as_deref().map(Arc::from);
+            i.created = rec.launched_at;
+            i.launches = 1;
+            i.state = InstState::Booting;
+            // Recovered instances may have served builds: never hand them to a dynamic TaskRun.
+            i.used = true;
+        });
         if let Some(pool) = &pool
             && self.policy.pool_idle_timeout.is_some()
         {
             let at = rec.launched_at + pool.max_age;
-            self.arm(at, Timer::MaxAge(inst));
+            self.timers.arm(at, Timer::MaxAge(inst));
         }
         self.instances.set_id(inst, id);
         let now = self.now;
-        self.arm(now, Timer::Probe(inst, 0));
+        self.timers.arm(now, Timer::Probe(inst, 0));
         // Counted from recovery: its launch time says nothing of when it last answered. Without
         // it, a probe answering "pending" forever would hold the slot forever.
-        self.arm(now + timeout, Timer::Deadline(inst));
+        self.timers.arm(now + timeout, Timer::Deadline(inst));
         inst
     }
 
     /// Rebuilds a live TaskRun's allocation from its evidence; false when it has none.
     #[allow(clippy::too_many_arguments)]
-    fn recover_allocation(
+    pub(in crate::scheduler) fn recover_allocation(
         &mut self,
         key: Key,
         p: PlatformId,
@@ -431,28 +413,27 @@ impl Scheduler {
             };
             let rec_i = listed.get(id.as_str()).copied();
             let inst = self.new_instance(p, template.clone(), None);
-            let i = self.instances.get_mut(inst).expect("just created");
             let id: Arc<str> = id.as_str().into();
-            i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
-            i.created = rec_i.map_or(rec.since, |l| l.launched_at);
-            i.launches = 1;
-            i.owner = Some(key);
-            i.legacy = rec_i.is_none_or(|l| l.ownership != Ownership::Ours);
-            i.used = ready;
-            i.state = if ready {
-                InstState::Ready
-            } else {
-                InstState::Booting
-            };
+            self.instances.update(inst, |i| {
+                i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
+                i.created = rec_i.map_or(rec.since, |l| l.launched_at);
+                i.launches = 1;
+                i.legacy = rec_i.is_none_or(|l| l.ownership != Ownership::Ours);
+                i.used = ready;
+                i.state = if ready {
+                    InstState::Ready
+                } else {
+                    InstState::Booting
+                };
+            });
             self.instances.set_id(inst, id);
-            if let Some(t) = self.taskruns.get_mut(key) {
-                t.state = State::OnInstance { inst, phase };
-            }
+            // Its owner from now on.
+            self.set_state(key, State::OnInstance { inst, phase });
             if !ready {
                 let now = self.now;
-                self.arm(now, Timer::Probe(inst, 0));
+                self.timers.arm(now, Timer::Probe(inst, 0));
                 let at = self.now + template.allocation_timeout;
-                self.arm(at, Timer::Deadline(inst));
+                self.timers.arm(at, Timer::Deadline(inst));
                 if rec.instance_id.as_deref() != Some(&*id_of(self, inst)) {
                     self.record_instance(key, inst, out);
                 }
@@ -472,15 +453,13 @@ impl Scheduler {
             if !fits {
                 return false;
             }
-            if let Some(i) = self.instances.get_mut(inst) {
-                i.attached.push(key);
+            self.instances.update(inst, |i| {
                 i.used = true;
                 // A pool's `assigned-host` is written once the instance was reachable.
                 i.booted = true;
-            }
-            if let Some(t) = self.taskruns.get_mut(key) {
-                t.state = State::OnInstance { inst, phase };
-            }
+            });
+            // Attached to it from now on.
+            self.set_state(key, State::OnInstance { inst, phase });
             // Not ready: provisioned once the probe finds the instance reachable.
             return true;
         }
@@ -513,17 +492,17 @@ impl Scheduler {
         }
         // A running build on a host the config dropped is still counted against it.
         let hid = known.unwrap_or_else(|| self.hosts.retired(host));
-        self.hosts.add_load(hid);
         match def {
             Some(def) if !ready => self.start_static_provisioning(key, hid, def, out),
             def => {
-                if let Some(t) = self.taskruns.get_mut(key) {
-                    t.state = State::OnHost {
+                self.set_state(
+                    key,
+                    State::OnHost {
                         host: hid,
                         def,
                         phase,
-                    };
-                }
+                    },
+                );
             }
         }
         true
@@ -532,7 +511,7 @@ impl Scheduler {
     /// The TaskRun's `cloud-instance-id`, when the listing shows the instance as this TaskRun's
     /// ([`InstanceRecord::belongs_to`]). One the listing shows as another's is never touched, and
     /// the TaskRun is told; one it does not show is gone (or unverifiable): not the TaskRun's.
-    fn annotated_instance(
+    pub(in crate::scheduler) fn annotated_instance(
         &self,
         key: Key,
         rec: &TaskRunRecord,
@@ -558,7 +537,10 @@ impl Scheduler {
         None
     }
 
-    fn dynamic_template(&mut self, platform: &Platform) -> Option<Arc<DynamicPlatform>> {
+    pub(in crate::scheduler) fn dynamic_template(
+        &mut self,
+        platform: &Platform,
+    ) -> Option<Arc<DynamicPlatform>> {
         let p = self.platform_id(platform);
         match &self.platforms[p as usize].mode {
             Mode::Dynamic(t) => Some(t.clone()),
@@ -568,7 +550,7 @@ impl Scheduler {
     }
 
     /// Cleanup for a TaskRun that finished while we were away.
-    fn recover_finished(
+    pub(in crate::scheduler) fn recover_finished(
         &mut self,
         key: Key,
         rec: &TaskRunRecord,
@@ -576,9 +558,7 @@ impl Scheduler {
         (live_named, live_users): (&BTreeSet<String>, &BTreeSet<(String, String)>),
         out: &mut Vec<Action>,
     ) {
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::Cleanup { pending: 0 };
-        }
+        self.set_state(key, State::Cleanup { pending: 0 });
         // Unconditionally: recovery does not read a finished TaskRun's secret (`rec.secret` is
         // unknown then), and deleting one that is absent is a no-op.
         self.delete_secret(key, out);
@@ -606,11 +586,12 @@ impl Scheduler {
                     p
                 };
                 let inst = self.new_instance(ip, template, None);
-                let i = self.instances.get_mut(inst).expect("just created");
                 let id: Arc<str> = id.as_str().into();
-                i.state = InstState::Ready;
-                i.used = true;
-                i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
+                self.instances.update(inst, |i| {
+                    i.state = InstState::Ready;
+                    i.used = true;
+                    i.legacy = l.is_none_or(|l| l.ownership != Ownership::Ours);
+                });
                 self.instances.set_id(inst, id);
                 self.instances.await_termination(inst, key);
                 self.terminate(inst, "its TaskRun finished", out);
@@ -641,9 +622,7 @@ impl Scheduler {
                 pending += 1;
             }
         }
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::Cleanup { pending };
-        }
+        self.set_state(key, State::Cleanup { pending });
         if pending == 0 {
             self.finalize(key, out);
         }
@@ -651,7 +630,7 @@ impl Scheduler {
 
     /// Listed instances of ours nothing claims: counted, and terminated after the grace period
     /// unless a TaskRun turns out to own them.
-    fn recover_orphans(
+    pub(in crate::scheduler) fn recover_orphans(
         &mut self,
         listed: &[InstanceRecord],
         claimed: &BTreeSet<String>,
@@ -678,6 +657,62 @@ impl Scheduler {
             }
             self.orphan(p, rec, template, out);
         }
+    }
+
+    /// Marks the snapshot's unlisted dynamic platforms and holds their TaskRuns; returns the
+    /// others.
+    pub(in crate::scheduler) fn hold_unlisted(
+        &mut self,
+        taskruns: Vec<TaskRunRecord>,
+        unlisted: &[Platform],
+        out: &mut Vec<Action>,
+    ) -> Vec<TaskRunRecord> {
+        for platform in unlisted {
+            let p = self.platform_id(platform);
+            let ps = &mut self.platforms[p as usize];
+            // Only a platform the config lists: any other has no listing to wait for.
+            if matches!(ps.mode, Mode::Dynamic(_) | Mode::Pool(_)) {
+                ps.unlisted = true;
+            }
+        }
+        let mut rest = Vec::with_capacity(taskruns.len());
+        let mut held: Vec<u32> = vec![0; self.platforms.len()];
+        for rec in taskruns {
+            let p = Platform::parse(&rec.platform)
+                .ok()
+                .and_then(|pl| self.platform_ids.get(&pl).copied())
+                .filter(|&p| self.platforms[p as usize].unlisted);
+            match p {
+                Some(p) => {
+                    held[p as usize] += 1;
+                    self.held.insert(
+                        Uid::new(&rec.uid),
+                        Held {
+                            platform: p,
+                            record: rec,
+                            released: false,
+                            spec: None,
+                        },
+                    );
+                }
+                None => rest.push(rec),
+            }
+        }
+        for (p, ps) in self.platforms.iter().enumerate() {
+            if ps.unlisted {
+                out.push(Action::Notify {
+                    taskrun: None,
+                    warning: true,
+                    reason: "PlatformUnlisted",
+                    message: format!(
+                        "the cloud listing of {} failed at startup: its {} TaskRun(s) are held as \
+                         recorded and nothing is launched for it until a listing succeeds",
+                        ps.platform, held[p]
+                    ),
+                });
+            }
+        }
+        rest
     }
 }
 

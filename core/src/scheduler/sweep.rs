@@ -4,10 +4,10 @@
 //! what is listed (and, for users, in tracked TaskRuns); they run every few minutes, not per
 //! decision.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::snapshot::{InstanceRecord, InstanceState};
-use super::{Action, HostRef, InstState, Mode, Op, PlatformId, RemoteUser, Scheduler, State};
+use super::{Action, HostRef, InstState, Mode, Op, RemoteUser, Scheduler, State};
 use crate::platform::Platform;
 
 impl Scheduler {
@@ -73,72 +73,6 @@ impl Scheduler {
             }
         }
         self.count_foreign(p, listed.iter(), out);
-    }
-
-    /// Sets the platform's foreign count from its listing: live instances the ledger does not
-    /// track as the platform's own (other clusters', the Go controller's, other platforms'
-    /// sharing the tag, and this cluster's own that nothing here tracks yet: ones younger than
-    /// the orphan grace, which the sweep leaves alone), except those a launch in flight may have
-    /// started (same owner tag; the ledger counts that launch already) and ours whose termination
-    /// the ledger saw acknowledged (the listing predates it or lags it). Serves waiters when it
-    /// dropped.
-    pub(super) fn count_foreign<'a>(
-        &mut self,
-        p: PlatformId,
-        listed: impl Iterator<Item = &'a InstanceRecord>,
-        out: &mut Vec<Action>,
-    ) {
-        let label = self.platforms[p as usize].label.clone();
-        let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
-        for i in self
-            .instances
-            .members(p)
-            .iter()
-            .filter_map(|k| self.instances.get(*k))
-        {
-            if i.id().is_none()
-                && let Some(l) = &i.launch
-            {
-                *in_flight.entry(l.owner_key()).or_default() += 1;
-            }
-        }
-        let mut seen = BTreeSet::new();
-        let mut n = 0u32;
-        for rec in listed {
-            if !rec.state.counts_toward_limit() || !seen.insert(rec.id.as_str()) {
-                continue;
-            }
-            let tracked = self
-                .instances
-                .find(rec.id.as_str())
-                .and_then(|k| self.instances.get(k))
-                .is_some_and(|i| i.platform() == p);
-            // Ours and terminated already: the listing predates the termination (or lags it).
-            // Counting it would hold the slot its termination freed until the next listing.
-            if tracked
-                || (rec.is_ours_for(&label) && self.instances.was_terminated(rec.id.as_str()))
-            {
-                continue;
-            }
-            if rec.is_ours_for(&label)
-                && let Some(left) = rec
-                    .owner
-                    .as_ref()
-                    .and_then(|o| in_flight.get_mut(o))
-                    .filter(|left| **left > 0)
-            {
-                *left -= 1;
-                continue;
-            }
-            n += 1;
-        }
-        let ps = &mut self.platforms[p as usize];
-        let dropped = n < ps.foreign;
-        ps.foreign = n;
-        if dropped {
-            self.capacity_freed(p, out);
-            self.ensure_warm(p, out);
-        }
     }
 
     pub(super) fn on_host_users(

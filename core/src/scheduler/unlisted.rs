@@ -12,78 +12,20 @@
 //! recovered at once without one, as a platform without instances.
 
 use super::snapshot::{InstanceRecord, TaskRunRecord};
-use super::{Action, Event, Mode, PlatformId, Scheduler, Uid};
-use crate::platform::Platform;
+use super::{Action, Event, Mode, PlatformId, Scheduler, TaskRunSpec, Uid};
 
 /// A TaskRun held until its platform is listed.
 pub(super) struct Held {
     pub(super) platform: PlatformId,
     /// As recorded, `finished` once the watch said so.
-    record: TaskRunRecord,
+    pub(super) record: TaskRunRecord,
     /// It ended by a release ([`Event::TaskRunReleased`]): not remembered as finished.
-    released: bool,
-    /// What the watch said of it since (or since it ended), in order; a repeat of the latest
-    /// kind replaces it.
-    events: Vec<Event>,
+    pub(super) released: bool,
+    /// The latest spec the watch sent of it since (none once it ended).
+    pub(super) spec: Option<TaskRunSpec>,
 }
 
 impl Scheduler {
-    /// Marks the snapshot's unlisted dynamic platforms and holds their TaskRuns; returns the
-    /// others.
-    pub(super) fn hold_unlisted(
-        &mut self,
-        taskruns: Vec<TaskRunRecord>,
-        unlisted: &[Platform],
-        out: &mut Vec<Action>,
-    ) -> Vec<TaskRunRecord> {
-        for platform in unlisted {
-            let p = self.platform_id(platform);
-            let ps = &mut self.platforms[p as usize];
-            // Only a platform the config lists: any other has no listing to wait for.
-            if matches!(ps.mode, Mode::Dynamic(_) | Mode::Pool(_)) {
-                ps.unlisted = true;
-            }
-        }
-        let mut rest = Vec::with_capacity(taskruns.len());
-        let mut held: Vec<u32> = vec![0; self.platforms.len()];
-        for rec in taskruns {
-            let p = Platform::parse(&rec.platform)
-                .ok()
-                .and_then(|pl| self.platform_ids.get(&pl).copied())
-                .filter(|&p| self.platforms[p as usize].unlisted);
-            match p {
-                Some(p) => {
-                    held[p as usize] += 1;
-                    self.held.insert(
-                        Uid::new(&rec.uid),
-                        Held {
-                            platform: p,
-                            record: rec,
-                            released: false,
-                            events: Vec::new(),
-                        },
-                    );
-                }
-                None => rest.push(rec),
-            }
-        }
-        for (p, ps) in self.platforms.iter().enumerate() {
-            if ps.unlisted {
-                out.push(Action::Notify {
-                    taskrun: None,
-                    warning: true,
-                    reason: "PlatformUnlisted",
-                    message: format!(
-                        "the cloud listing of {} failed at startup: its {} TaskRun(s) are held as \
-                         recorded and nothing is launched for it until a listing succeeds",
-                        ps.platform, held[p]
-                    ),
-                });
-            }
-        }
-        rest
-    }
-
     /// Keeps what the watch says of a held TaskRun for when its platform is recovered; any other
     /// event is returned to be handled.
     pub(super) fn hold(&mut self, event: Event) -> Option<Event> {
@@ -92,7 +34,9 @@ impl Scheduler {
         }
         let uid = match &event {
             Event::TaskRun(spec) => spec.uid(),
-            Event::TaskRunDone { uid, .. } | Event::TaskRunReleased { uid, .. } => Uid::new(uid),
+            Event::TaskRunDone { taskrun } | Event::TaskRunReleased { taskrun } => {
+                taskrun.uid().clone()
+            }
             _ => return Some(event),
         };
         let Some(h) = self.held.get_mut(&uid) else {
@@ -108,17 +52,12 @@ impl Scheduler {
         if let Some(released) = ended {
             h.released = released && (h.released || !h.record.finished);
             h.record.finished = true;
-            h.events.clear();
+            h.spec = None;
             return None;
         }
-        let same_kind = h
-            .events
-            .last()
-            .is_some_and(|last| std::mem::discriminant(last) == std::mem::discriminant(&event));
-        if same_kind {
-            h.events.pop();
+        if let Event::TaskRun(spec) = event {
+            h.spec = Some(spec);
         }
-        h.events.push(event);
         None
     }
 
@@ -141,14 +80,14 @@ impl Scheduler {
             .collect();
         let mut records = Vec::with_capacity(uids.len());
         let mut released = std::collections::BTreeSet::new();
-        let mut events = Vec::new();
+        let mut specs = Vec::new();
         for uid in uids {
             let h = self.held.remove(&uid).expect("listed above");
             if h.released {
                 released.insert(uid);
             }
             records.push(h.record);
-            events.extend(h.events);
+            specs.extend(h.spec);
         }
         // Still full while its TaskRuns are rebuilt: a TaskRun that finished frees nothing for a
         // waiter before the listing's count of others' instances is in.
@@ -156,8 +95,8 @@ impl Scheduler {
         self.platforms[p as usize].unlisted = false;
         self.pump(p, out);
         self.ensure_warm(p, out);
-        for e in events {
-            self.dispatch(e, out);
+        for spec in specs {
+            self.on_taskrun(spec, out);
         }
         true
     }

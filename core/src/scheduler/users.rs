@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::arena::Key;
-use super::{Action, HostId, NO_PLATFORM, PlatformId, Scheduler, State, TaskRun};
+use super::{HostId, Scheduler, State};
 
 /// A place a build user lives.
 #[derive(Clone, Copy)]
@@ -31,22 +31,8 @@ pub(super) struct UserGuard {
 }
 
 impl Scheduler {
-    /// A TaskRun (`t`, under `key`) is no longer tracked: TaskRuns it kept off a host may go
-    /// there now.
-    pub(super) fn user_left(&mut self, key: Key, t: &TaskRun, out: &mut Vec<Action>) {
-        let user = t.user();
-        let freed: Vec<_> = self
-            .taskruns
-            .same_user(&user, key)
-            .filter_map(|k| self.taskruns.get(k).map(|t| t.platform))
-            .collect();
-        for p in freed {
-            self.pump(p, out);
-        }
-    }
-
     /// What keeps `key`'s user name off some hosts, if anything.
-    pub(super) fn user_guard(&self, key: Key) -> Option<UserGuard> {
+    pub(in crate::scheduler) fn user_guard(&self, key: Key) -> Option<UserGuard> {
         let user = self.taskruns.get(key)?.user();
         let rivals: Vec<Key> = self.taskruns.same_user(&user, key).collect();
         let cleaning = self.cleaning.get(&user).cloned().unwrap_or_default();
@@ -54,7 +40,7 @@ impl Scheduler {
     }
 
     /// True when the guard keeps its TaskRun off `target`.
-    pub(super) fn user_blocked(&self, guard: &UserGuard, target: Target) -> bool {
+    pub(in crate::scheduler) fn user_blocked(&self, guard: &UserGuard, target: Target) -> bool {
         let name = match target {
             Target::Host(h) => Some(self.hosts[h].name.clone()),
             Target::Instance(i) => self.instances.get(i).and_then(|i| i.id().cloned()),
@@ -74,29 +60,7 @@ impl Scheduler {
     }
 
     /// A removal of `user` on `host` (a host name or instance id) was asked for.
-    pub(super) fn cleaning_started(&mut self, user: String, host: &str) {
+    pub(in crate::scheduler) fn cleaning_started(&mut self, user: String, host: &str) {
         self.cleaning.entry(user).or_default().push(host.into());
-    }
-
-    /// A removal of `user` on `host` finished (done or given up); TaskRuns with that user name
-    /// of platform `p` may go there now.
-    pub(super) fn cleaning_finished(
-        &mut self,
-        user: &str,
-        host: &str,
-        p: PlatformId,
-        out: &mut Vec<Action>,
-    ) {
-        if let Some(hosts) = self.cleaning.get_mut(user) {
-            if let Some(i) = hosts.iter().position(|h| &**h == host) {
-                hosts.swap_remove(i);
-            }
-            if hosts.is_empty() {
-                self.cleaning.remove(user);
-            }
-        }
-        if p != NO_PLATFORM {
-            self.pump(p, out);
-        }
     }
 }

@@ -15,7 +15,7 @@ use crate::config::{HostConfig, HostOs, Strategy};
 use crate::platform::Platform;
 use crate::scheduler::{
     Action, Blame, Event, HostRef, Policy, ProbeResult, Scheduler, SecretData, Snapshot,
-    StateError, TaskRunSpec, Time,
+    StateError, TaskRunRef, TaskRunSpec, Time, Uid,
 };
 
 /// Settings of one run.
@@ -381,9 +381,11 @@ impl Sim<'_> {
                     self.done += 1;
                     let j = &self.workload.jobs[i as usize];
                     let e = Event::TaskRunDone {
-                        namespace: j.namespace.clone(),
-                        name: format!("b{i}"),
-                        uid: format!("00000000-0000-4000-8000-{i:012x}"),
+                        taskrun: TaskRunRef::new(
+                            &j.namespace,
+                            &format!("b{i}"),
+                            Uid::new(&format!("00000000-0000-4000-8000-{i:012x}")),
+                        ),
                     };
                     self.deliver(e);
                 }

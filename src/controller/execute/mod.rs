@@ -353,9 +353,7 @@ pub async fn run(ctx: &Context, job: Job) -> Outcome {
 
 fn gone(tr: &TaskRunRef) -> Vec<Event> {
     vec![Event::TaskRunDone {
-        namespace: tr.namespace().to_owned(),
-        name: tr.name().to_owned(),
-        uid: tr.uid().to_string(),
+        taskrun: tr.clone(),
     }]
 }
 

@@ -1,60 +1,22 @@
-//! An instance's life in the cloud: launch with retries, probe until reachable, terminate with
-//! retries; and what happens to its TaskRuns when it fails, times out or disappears.
+//! Instance events and timers: launch results and retries, probes until reachable, termination
+//! results and retries, a pool instance's idle and max-age timers; and what happens to its
+//! TaskRuns when it fails, times out or disappears. The launch and termination requests
+//! themselves are `emit`'s and `handoff`'s.
 
+use super::super::view::backoff;
+use super::super::{
+    Action, Extra, InstState, InstanceState, Mode, Op, OpId, Phase, ProbeResult, Scheduler, State,
+    Timer, messages,
+};
 use std::sync::Arc;
 
 use super::super::arena::Key;
 use super::super::ledger::Token;
-use super::super::lifecycle::backoff;
-use super::super::{
-    Action, Extra, InstState, InstanceState, LaunchId, LaunchOwner, Mode, Op, OpId, Phase,
-    ProbeResult, Scheduler, State, Timer, messages,
-};
 use super::warm::WARM_HOLD;
 
 impl Scheduler {
-    /// Sends (or re-sends) the launch request. Its identity is fixed by the first request, so
-    /// a retry after a cloud error cannot launch a second instance.
-    pub(super) fn launch(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get(inst) else {
-            return;
-        };
-        let launch = match &i.launch {
-            Some(l) => l.clone(),
-            None => {
-                let requester = i.owner.or_else(|| i.attached.first().copied());
-                let (created, index) = (i.created, inst.index);
-                let id = requester
-                    .and_then(|k| self.launch_id_for(k))
-                    .unwrap_or_else(|| LaunchId {
-                        // Unique rather than stable: see `LaunchOwner::Warm`.
-                        owner: LaunchOwner::Warm(
-                            format!("warm-{}-{index}", created.as_millis()).into(),
-                        ),
-                        retry: 0,
-                        attempt: 1,
-                    });
-                self.instances.get_mut(inst).expect("checked above").launch = Some(id.clone());
-                id
-            }
-        };
-        let op = self.ops.insert(Op::Launch { inst });
-        let i = self.instances.get_mut(inst).expect("checked above");
-        i.state = InstState::Launching(op);
-        i.launches += 1;
-        let template = i.template.clone();
-        let p = i.platform();
-        out.push(Action::Launch {
-            op,
-            platform: self.platforms[p as usize].platform.clone(),
-            template,
-            launch,
-            additional_tags: self.additional_tags.clone(),
-        });
-    }
-
     /// The instance a launch result is for, when the core still waits for it.
-    pub(super) fn take_launch(&mut self, op: OpId) -> Option<Key> {
+    pub(in crate::scheduler) fn take_launch(&mut self, op: OpId) -> Option<Key> {
         let Some(Op::Launch { inst }) = self.take_op(op, |o| matches!(o, Op::Launch { .. })) else {
             return None;
         };
@@ -82,12 +44,7 @@ impl Scheduler {
                     self.launched_known(inst, other, out);
                     return;
                 }
-                let i = self
-                    .instances
-                    .get_mut(inst)
-                    .expect("checked by take_launch");
-                i.state = InstState::Booting;
-                i.probes = 0;
+                let i = self.instances.get(inst).expect("checked by take_launch");
                 let (overdue, pool, created) = (i.overdue, i.pool.clone(), i.created);
                 let owner = i.owner;
                 let first_probe = if self.policy.first_probe_capped {
@@ -95,13 +52,17 @@ impl Scheduler {
                 } else {
                     self.policy.first_probe
                 };
+                self.instances.update(inst, |i| {
+                    i.state = InstState::Booting;
+                    i.probes = 0;
+                });
                 self.instances.set_id(inst, id);
                 let first = self.now + first_probe;
-                self.arm(first, Timer::Probe(inst, 0));
+                self.timers.arm(first, Timer::Probe(inst, 0));
                 if let Some(pool) = &pool
                     && self.policy.pool_idle_timeout.is_some()
                 {
-                    self.arm(created + pool.max_age, Timer::MaxAge(inst));
+                    self.timers.arm(created + pool.max_age, Timer::MaxAge(inst));
                 }
                 if overdue {
                     self.timed_out(inst, out);
@@ -112,16 +73,19 @@ impl Scheduler {
                         matches!(self.taskruns.get(o).map(|t| &t.state), Some(State::OnInstance { inst: k, .. }) if *k == inst)
                     });
                     if owned {
-                        let i = self.instances.get_mut(inst).expect("resolved above");
-                        if std::mem::take(&mut i.retag)
-                            && let Some(launch) = i.launch.clone()
-                        {
-                            out.push(Action::Retag {
-                                instance_id: i.id().cloned().expect("set above"),
-                                template: i.template.clone(),
-                                launch,
-                            });
-                        }
+                        let retag = self
+                            .instances
+                            .update(inst, |i| {
+                                let launch = i.launch.clone().filter(|_| i.retag);
+                                i.retag = false;
+                                launch.map(|launch| Action::Retag {
+                                    instance_id: i.id().cloned().expect("set above"),
+                                    template: i.template.clone(),
+                                    launch,
+                                })
+                            })
+                            .flatten();
+                        out.extend(retag);
                         self.record_instance(owner.expect("checked"), inst, out);
                     } else {
                         self.abandon(inst);
@@ -132,11 +96,9 @@ impl Scheduler {
                 }
             }
             Err((error, retryable)) => {
-                let i = self
-                    .instances
-                    .get_mut(inst)
-                    .expect("checked by take_launch");
-                i.last_error = Some(error.clone());
+                self.instances
+                    .update(inst, |i| i.last_error = Some(error.clone()));
+                let i = self.instances.get(inst).expect("checked by take_launch");
                 let wanted = if i.pool.is_some() {
                     true
                 } else {
@@ -147,10 +109,11 @@ impl Scheduler {
                     return;
                 }
                 if retryable && i.launches < self.policy.launch_attempts && !i.overdue {
-                    i.state = InstState::LaunchWait;
                     let n = i.launches;
+                    self.instances
+                        .update(inst, |i| i.state = InstState::LaunchWait);
                     let at = self.now + backoff(self.policy.launch_backoff, n - 1);
-                    self.arm(at, Timer::LaunchRetry(inst, n));
+                    self.timers.arm(at, Timer::LaunchRetry(inst, n));
                     return;
                 }
                 let p = i.platform();
@@ -159,7 +122,7 @@ impl Scheduler {
                 if users.is_empty() {
                     self.platforms[p as usize].warm_hold = self.now + WARM_HOLD;
                     let at = self.now + WARM_HOLD;
-                    self.arm(at, Timer::Warm(p));
+                    self.timers.arm(at, Timer::Warm(p));
                 }
                 let msg = messages::launch_failed(
                     &self.platforms[p as usize].platform,
@@ -178,13 +141,18 @@ impl Scheduler {
     /// A launch returned an instance we already track (the cloud deduplicated a client token):
     /// keep one entry. An unowned dynamic instance goes to the TaskRun that asked; otherwise the
     /// requesters go back to the queue, first in line.
-    pub(super) fn launched_known(&mut self, inst: Key, other: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get_mut(inst) else {
+    pub(in crate::scheduler) fn launched_known(
+        &mut self,
+        inst: Key,
+        other: Key,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
-        let users: Vec<Key> = i.owner.into_iter().chain(i.attached.drain(..)).collect();
         let (platform, dynamic) = (i.platform(), i.pool.is_none());
-        i.owner = None;
+        // Its TaskRuns are moved on below (to the other entry, or back to the queue).
+        let users = self.disown(inst);
         self.drop_instance(inst, out);
         let reusable = self.instances.get(other).is_some_and(|o| {
             o.owner.is_none()
@@ -196,24 +164,27 @@ impl Scheduler {
         let live = |s: &Self, k: Key| matches!(s.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst);
         if reusable && users.len() == 1 && live(self, users[0]) {
             let owner = users[0];
-            let o = self.instances.get_mut(other).expect("checked");
-            o.owner = Some(owner);
-            if o.address.is_none() && o.state == InstState::Ready {
-                // Known only from a listing: probe before use.
-                o.state = InstState::Booting;
-            }
-            let booting = o.state == InstState::Booting;
-            let n = o.probes;
-            if let Some(t) = self.taskruns.get_mut(owner) {
-                t.state = State::OnInstance {
+            let (booting, n) = self
+                .instances
+                .update(other, |o| {
+                    if o.address.is_none() && o.state == InstState::Ready {
+                        // Known only from a listing: probe before use.
+                        o.state = InstState::Booting;
+                    }
+                    (o.state == InstState::Booting, o.probes)
+                })
+                .expect("checked");
+            self.set_state(
+                owner,
+                State::OnInstance {
                     inst: other,
                     phase: Phase::Reserved,
-                };
-            }
+                },
+            );
             self.record_instance(owner, other, out);
             if booting {
                 let now = self.now;
-                self.arm(now, Timer::Probe(other, n));
+                self.timers.arm(now, Timer::Probe(other, n));
             } else {
                 self.start_provision(owner, other, out);
             }
@@ -286,11 +257,8 @@ impl Scheduler {
             _ => 0,
         };
         if self.occupied(p) > cap {
-            let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
-            if let Some(i) = self.instances.get_mut(inst) {
-                i.owner = None;
-                i.attached.clear();
-            }
+            // Its TaskRuns go back to the queue below, once it is dropped.
+            let users = self.disown(inst);
             self.drop_instance(inst, out);
             for k in users {
                 if matches!(self.taskruns.get(k).map(|t| &t.state), Some(State::OnInstance { inst: x, .. }) if *x == inst)
@@ -314,7 +282,7 @@ impl Scheduler {
             return;
         };
         let op = self.ops.insert(Op::Probe { inst });
-        self.instances.get_mut(inst).expect("resolved").probe_op = Some(op);
+        self.instances.update(inst, |i| i.probe_op = Some(op));
         out.push(Action::Probe {
             op,
             instance_id: id,
@@ -331,35 +299,47 @@ impl Scheduler {
         let Some(Op::Probe { inst }) = self.take_op(op, |o| matches!(o, Op::Probe { .. })) else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         if i.state != InstState::Booting || i.probe_op != Some(op) {
             return;
         }
-        i.probe_op = None;
+        let booted = i.booted;
+        self.instances.update(inst, |i| i.probe_op = None);
         match result {
             ProbeResult::Pending | ProbeResult::Booting { .. } => {
                 let mut period = self.policy.probe_every;
-                if let ProbeResult::Booting { address } = result {
-                    i.address = Some(address.into());
+                let mut address = None;
+                if let ProbeResult::Booting { address: a } = result {
+                    address = Some(a.into());
                     period = self.policy.ssh_probe_every.or(period);
                 }
-                i.probes += 1;
-                let every = match period {
-                    Some(d) => d.min(i.template.check_interval),
-                    None => i.template.check_interval,
-                };
-                let n = i.probes;
+                let (every, n) = self
+                    .instances
+                    .update(inst, |i| {
+                        if address.is_some() {
+                            i.address = address;
+                        }
+                        i.probes += 1;
+                        let every = match period {
+                            Some(d) => d.min(i.template.check_interval),
+                            None => i.template.check_interval,
+                        };
+                        (every, i.probes)
+                    })
+                    .expect("checked above");
                 let at = self.now + every;
-                self.arm(at, Timer::Probe(inst, n));
+                self.timers.arm(at, Timer::Probe(inst, n));
             }
             ProbeResult::Reachable { address } => {
-                i.address = Some(address.into());
-                i.state = InstState::Ready;
+                self.instances.update(inst, |i| {
+                    i.address = Some(address.into());
+                    i.state = InstState::Ready;
+                });
                 self.became_ready(inst, out);
             }
-            ProbeResult::Failed { reason } if i.booted => {
+            ProbeResult::Failed { reason } if booted => {
                 self.instance_unhealthy(inst, &reason, out);
             }
             ProbeResult::Failed { reason } => {
@@ -369,7 +349,7 @@ impl Scheduler {
     }
 
     /// The instance answers SSH: provision whoever waits for it.
-    pub(super) fn became_ready(&mut self, inst: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn became_ready(&mut self, inst: Key, out: &mut Vec<Action>) {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
@@ -403,39 +383,6 @@ impl Scheduler {
         self.capacity_freed(p, out);
     }
 
-    /// Asks for termination (once the id is known; a launching instance is terminated when its
-    /// launch result arrives).
-    pub(in crate::scheduler) fn terminate(
-        &mut self,
-        inst: Key,
-        reason: &'static str,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(i) = self.instances.get_mut(inst) else {
-            return;
-        };
-        let Some(id) = i.id().cloned() else {
-            if i.state == InstState::LaunchWait {
-                self.drop_instance(inst, out);
-            }
-            return;
-        };
-        if matches!(i.state, InstState::Terminating(_)) {
-            return;
-        }
-        let op = self.ops.insert(Op::Terminate { inst });
-        i.state = InstState::Terminating(op);
-        i.probe_op = None;
-        let (template, legacy) = (i.template.clone(), i.legacy);
-        out.push(Action::Terminate {
-            op,
-            instance_id: id,
-            template,
-            legacy,
-            reason,
-        });
-    }
-
     pub(in crate::scheduler) fn on_terminated(
         &mut self,
         op: OpId,
@@ -446,7 +393,7 @@ impl Scheduler {
         else {
             return;
         };
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         if i.state != InstState::Terminating(op) {
@@ -460,9 +407,15 @@ impl Scheduler {
             self.drop_instance(inst, out);
             return;
         };
-        i.terminate_attempts += 1;
-        i.state = InstState::TerminateWait;
-        let n = i.terminate_attempts;
+        let n = self
+            .instances
+            .update(inst, |i| {
+                i.terminate_attempts += 1;
+                i.state = InstState::TerminateWait;
+                i.terminate_attempts
+            })
+            .expect("checked above");
+        let i = self.instances.get(inst).expect("checked above");
         let at = self.now + backoff(self.policy.cleanup_backoff, n - 1);
         let p = i.platform();
         let id = i.id().cloned().unwrap_or_else(|| "?".into());
@@ -479,7 +432,7 @@ impl Scheduler {
         } else {
             None
         };
-        self.arm(at, Timer::TerminateRetry(inst, n));
+        self.timers.arm(at, Timer::TerminateRetry(inst, n));
         if give_up {
             let ps = &self.platforms[p as usize];
             out.push(Action::Observe(super::super::Observation::CleanupFailed(
@@ -522,36 +475,6 @@ impl Scheduler {
         }
     }
 
-    /// Forgets an instance that no longer exists; frees its count. TaskRuns still waiting for
-    /// it go back to the queue, first in line.
-    pub(in crate::scheduler) fn drop_instance(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get(inst) else {
-            return;
-        };
-        let p = i.platform();
-        let cleanup_for = i.cleanup_for();
-        let stranded: Vec<Key> = i
-            .owner
-            .into_iter()
-            .chain(i.attached.iter().copied())
-            .filter(|k| {
-                matches!(
-                    self.taskruns.get(*k).map(|t| &t.state),
-                    Some(State::OnInstance { inst: x, phase: Phase::Reserved | Phase::Provisioning(_) }) if *x == inst
-                )
-            })
-            .collect();
-        self.instances.remove(inst);
-        if let Some(tr) = cleanup_for {
-            self.cleanup_done(tr, out);
-        }
-        for k in stranded {
-            self.enqueue(k, true, out);
-        }
-        self.capacity_freed(p, out);
-        self.ensure_warm(p, out);
-    }
-
     /// The instance will not serve: its waiting TaskRuns go back to the queue (counting a
     /// failure); it is terminated (or forgotten when already gone).
     pub(in crate::scheduler) fn instance_failed(
@@ -583,16 +506,9 @@ impl Scheduler {
         self.capacity_freed(p, out);
     }
 
-    pub(super) fn instance_name(&self, inst: Key) -> Arc<str> {
-        self.instances
-            .get(inst)
-            .and_then(|i| i.id().cloned())
-            .unwrap_or_else(|| "instance".into())
-    }
-
     /// Takes an instance out of service: its TaskRuns not running yet go back to the queue,
     /// first in line, with the instance counted as failed for them. Returns the running ones.
-    pub(super) fn requeue_waiting(
+    pub(in crate::scheduler) fn requeue_waiting(
         &mut self,
         inst: Key,
         reason: &str,
@@ -603,11 +519,8 @@ impl Scheduler {
         };
         let name = self.instance_name(inst);
         let users: Vec<Key> = i.owner.into_iter().chain(i.attached.clone()).collect();
-        let pool = i.pool.is_some();
         // Out of the index first, so the requeued TaskRuns cannot land on it again.
-        if let Some(i) = self.instances.get_mut(inst) {
-            i.draining = true;
-        }
+        self.instances.update(inst, |i| i.draining = true);
         let mut running = Vec::new();
         for k in users {
             let Some(t) = self.taskruns.get_mut(k) else {
@@ -636,9 +549,7 @@ impl Scheduler {
                         }
                         self.delete_secret(k, out);
                     }
-                    if pool {
-                        self.detach(inst, k);
-                    }
+                    // Requeued: it leaves the instance as it starts waiting.
                     self.enqueue(k, true, out);
                 }
                 Phase::Ready(_) => running.push(k),
@@ -648,11 +559,13 @@ impl Scheduler {
     }
 
     pub(in crate::scheduler) fn deadline_due(&mut self, inst: Key, out: &mut Vec<Action>) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         match i.state {
-            InstState::Launching(_) => i.overdue = true,
+            InstState::Launching(_) => {
+                self.instances.update(inst, |i| i.overdue = true);
+            }
             // A recovered pool instance with recorded allocations served builds before: they
             // may still run on it, so it only stops taking work (as a failed probe does).
             InstState::Booting if i.booted => {
@@ -665,7 +578,7 @@ impl Scheduler {
 
     /// Not reachable within `allocation-timeout`: a dynamic TaskRun gets an error secret (as
     /// with the Go controller); a pool instance is replaced.
-    pub(super) fn timed_out(&mut self, inst: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn timed_out(&mut self, inst: Key, out: &mut Vec<Action>) {
         let Some(i) = self.instances.get(inst) else {
             return;
         };
@@ -710,5 +623,82 @@ impl Scheduler {
                 out,
             ),
         }
+    }
+
+    /// A booted pool instance failed a probe: it takes no new work and its waiting TaskRuns go
+    /// back to the queue (counting a failure), but builds running on it keep it until they
+    /// finish; it is terminated once idle. Terminating it now would kill them, and one failed
+    /// SSH connection does not prove it is gone (a listing or a termination seen outside tells).
+    pub(in crate::scheduler) fn instance_unhealthy(
+        &mut self,
+        inst: Key,
+        reason: &str,
+        out: &mut Vec<Action>,
+    ) {
+        // Probed no more: settled like a ready instance from now on.
+        let Some(p) = self.instances.update(inst, |i| {
+            i.state = InstState::Ready;
+            i.platform()
+        }) else {
+            return;
+        };
+        let running = self.requeue_waiting(inst, reason, out);
+        let name = self.instance_name(inst);
+        out.push(Action::Notify {
+            taskrun: None,
+            warning: true,
+            reason: "InstanceUnhealthy",
+            message: format!(
+                "instance {name} failed a probe ({reason}): it takes no new builds and is \
+                 terminated once its {} running build(s) finish",
+                running.len()
+            ),
+        });
+        self.settle(inst, out);
+        self.capacity_freed(p, out);
+    }
+
+    pub(in crate::scheduler) fn idle_due(
+        &mut self,
+        inst: Key,
+        since: super::super::Time,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(i) = self.instances.get(inst) else {
+            return;
+        };
+        if i.idle_since != Some(since) || !i.attached.is_empty() || i.state != InstState::Ready {
+            return;
+        }
+        let p = i.platform();
+        let min = i.pool.as_ref().map_or(0, |pl| pl.min_instances);
+        if self.active_pool_instances(p) > min {
+            self.terminate(inst, "idle", out);
+        }
+    }
+
+    pub(in crate::scheduler) fn max_age_due(&mut self, inst: Key, out: &mut Vec<Action>) {
+        let Some(i) = self.instances.get(inst) else {
+            return;
+        };
+        let Some(pool) = &i.pool else {
+            return;
+        };
+        if i.created + pool.max_age > self.now {
+            // max-age was raised since the timer was set.
+            let at = i.created + pool.max_age;
+            self.timers.arm(at, Timer::MaxAge(inst));
+            return;
+        }
+        if matches!(
+            i.state,
+            InstState::Terminating(_) | InstState::TerminateWait
+        ) {
+            return;
+        }
+        let p = i.platform();
+        self.instances.update(inst, |i| i.draining = true);
+        self.settle(inst, out);
+        self.ensure_warm(p, out);
     }
 }

@@ -3,6 +3,11 @@
 //! `max-instances` ledger counts every instance from its launch request until its termination is
 //! acknowledged, so booting and terminating instances count too.
 //!
+//! This file holds what a TaskRun leaves on an instance (finished, given up, failed there, a new
+//! attempt) and the hand-over of an unused dynamic instance to a waiter; the strategies are
+//! `dynamic` and `pool`, the instance events `launch`, the warm launches `warm`, the listing's
+//! strangers `orphans`.
+//!
 //! A dynamic instance is made for one TaskRun, and that TaskRun's finalizer waits for its
 //! termination whether the TaskRun finished on it or left it earlier (timed out, its secret
 //! refused, the instance failed, moved on to another): until the termination is acknowledged, the
@@ -16,78 +21,19 @@ mod orphans;
 mod pool;
 mod warm;
 
-use std::sync::Arc;
+use super::{
+    Action, Extra, HostRef, InstState, Mode, NO_PLATFORM, Op, Phase, RemoteUser, Scheduler, State,
+};
 
 use super::arena::Key;
-use super::{
-    Action, DynamicPlatform, DynamicPool, Extra, HostRef, Instance, LaunchId, LaunchOwner,
-    NO_PLATFORM, Op, Phase, Placement, PlatformId, RemoteUser, Scheduler, State, messages,
-};
 
 use pool::POOL_INSTANCE_FAILURES;
 
 impl Scheduler {
-    /// Error secret after too many instances failed for this TaskRun.
-    pub(super) fn fail_instances(&mut self, key: Key, p: PlatformId, out: &mut Vec<Action>) {
-        let msg = messages::instances_failed(
-            &self.platforms[p as usize].platform,
-            &self.failed_list(key),
-        );
-        self.fail(key, msg, out);
-    }
-
-    /// A counted instance entry, not launched yet.
-    pub(super) fn new_instance(
-        &mut self,
-        p: PlatformId,
-        template: Arc<DynamicPlatform>,
-        pool: Option<Arc<DynamicPool>>,
-    ) -> Key {
-        self.instances
-            .insert(Instance::new(p, template, pool, self.now))
-    }
-
-    /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
-    /// ones the last listing showed. An unlisted platform's are unknown: it counts as full, so
-    /// nothing is launched for it (every launch decision compares this with the limit).
-    pub(super) fn occupied(&self, p: PlatformId) -> u32 {
-        let ps = &self.platforms[p as usize];
-        if ps.unlisted {
-            return u32::MAX;
-        }
-        self.instances.counted(p) + ps.foreign
-    }
-
-    /// The identity of a launch for a TaskRun: its UID, Tekton retry, and one more than the
-    /// instances that failed for it (all three survive a restart: the UID and retry count on the
-    /// TaskRun, the failures in its `failed-hosts` annotation).
-    pub(super) fn launch_id_for(&self, key: Key) -> Option<LaunchId> {
-        let taskrun = self.taskrun_ref(key)?;
-        let t = self.taskruns.get(key)?;
-        Some(LaunchId {
-            owner: LaunchOwner::TaskRun(taskrun),
-            retry: t.retries,
-            attempt: self.failures(key) + 1,
-        })
-    }
-
-    /// A dynamic instance's TaskRun leaves it, to be terminated, without finishing (it failed, or
-    /// moves on to another instance): its finalizer waits for that termination all the same (what
-    /// was made for it goes before it does), until acknowledged, given up as leaked, or the
-    /// instance is handed to another TaskRun. A pool instance has no owner: nothing changes.
-    pub(super) fn abandon(&mut self, inst: Key) {
-        let Some(owner) = self.instances.get_mut(inst).and_then(|i| i.owner.take()) else {
-            return;
-        };
-        if self.taskruns.get(owner).is_some() {
-            self.instances.await_termination(inst, owner);
-        }
-    }
-
     /// A finished TaskRun leaves its instance. Returns the cleanups its finalizer waits for
     /// besides instance terminations (those are counted by the fleet, see
     /// [`Scheduler::set_cleanup_pending`]).
-    pub(super) fn leave_instance(
+    pub(in crate::scheduler) fn leave_instance(
         &mut self,
         key: Key,
         inst: Key,
@@ -109,8 +55,8 @@ impl Scheduler {
         if i.pool.is_none() {
             return self.leave_dynamic(key, inst, phase, out);
         }
+        // Detached already: it left the instance as it entered cleanup.
         let host = self.instance_host(inst);
-        self.detach(inst, key);
         let pending = match phase {
             Phase::Reserved => 0,
             Phase::Provisioning(op) => match self.ops.get_mut(op) {
@@ -139,50 +85,13 @@ impl Scheduler {
         pending
     }
 
-    fn instance_host(&self, inst: Key) -> Option<HostRef> {
-        let i = self.instances.get(inst)?;
-        Some(HostRef::Instance {
-            id: i.id().cloned()?,
-            address: i.address.clone()?,
-            template: i.template.clone(),
-        })
-    }
-
-    /// Provisions a TaskRun on a reachable instance.
-    fn start_provision(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
-        let Some(host) = self.instance_host(inst) else {
-            return;
-        };
-        // A new attempt of a TaskRun that had its secret re-provisions: no new allocation.
-        let reprovision = matches!(
-            self.taskruns.get(key).map(|t| &t.state),
-            Some(State::OnInstance {
-                phase: Phase::Ready(_),
-                ..
-            })
-        );
-        if !reprovision {
-            let launched = self.instances.get(inst).map(|i| i.created);
-            self.observe_allocated(key, launched, out);
-        }
-        let op = self.provision_op(key, &host);
-        let i = self.instances.get_mut(inst).expect("resolved above");
-        i.used = true;
-        let annotations = match (&i.pool, &host) {
-            (None, HostRef::Instance { id, address, .. }) => Some((id.clone(), address.clone())),
-            _ => None,
-        };
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.state = State::OnInstance {
-                inst,
-                phase: Phase::Provisioning(op),
-            };
-        }
-        self.emit_provision(key, op, host, annotations, out);
-    }
-
     /// A Ready TaskRun starts a new attempt: provision a fresh key on the same instance.
-    pub(super) fn reprovision_on_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn reprovision_on_instance(
+        &mut self,
+        key: Key,
+        inst: Key,
+        out: &mut Vec<Action>,
+    ) {
         if self.instance_host(inst).is_some() {
             self.start_provision(key, inst, out);
             return;
@@ -201,9 +110,14 @@ impl Scheduler {
     /// dynamic instance is terminated (its finalizer waits for that, see [`Scheduler::abandon`]),
     /// a pool instance loses the TaskRun's user (nothing waits for that: the instance is not its
     /// own, and the host sweep removes a user left behind).
-    pub(super) fn give_up_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn give_up_instance(
+        &mut self,
+        key: Key,
+        inst: Key,
+        out: &mut Vec<Action>,
+    ) {
         let host = self.instance_host(inst);
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             return;
         };
         let p = i.platform();
@@ -213,7 +127,8 @@ impl Scheduler {
             self.terminate(inst, "its TaskRun's secret was refused", out);
             return;
         }
-        self.detach(inst, key);
+        // Off the instance now, so its slot is handed on below; its error secret follows.
+        self.set_state(key, State::Failed);
         if let (Some(host), Some(r)) = (host, self.taskrun_ref(key)) {
             self.deprovision(None, p, RemoteUser::Of(r), host, out);
         }
@@ -221,14 +136,14 @@ impl Scheduler {
         self.capacity_freed(p, out);
     }
 
-    pub(super) fn provision_failed_on_instance(
+    pub(in crate::scheduler) fn provision_failed_on_instance(
         &mut self,
         key: Key,
         inst: Key,
         host: HostRef,
         out: &mut Vec<Action>,
     ) {
-        let Some(i) = self.instances.get_mut(inst) else {
+        let Some(i) = self.instances.get(inst) else {
             self.enqueue(key, true, out);
             return;
         };
@@ -240,41 +155,112 @@ impl Scheduler {
             self.enqueue(key, true, out);
             return;
         }
-        i.provision_failures += 1;
-        if i.provision_failures >= POOL_INSTANCE_FAILURES {
-            i.draining = true;
-        }
-        self.detach(inst, key);
+        self.instances.update(inst, |i| {
+            i.provision_failures += 1;
+            if i.provision_failures >= POOL_INSTANCE_FAILURES {
+                i.draining = true;
+            }
+        });
         if let Some(r) = self.taskrun_ref(key) {
             self.deprovision(None, p, RemoteUser::Of(r), host, out);
         }
+        // Requeued: it leaves the instance (and its slot) as it starts waiting.
         self.enqueue(key, true, out);
         self.settle(inst, out);
         self.capacity_freed(p, out);
     }
 
-    /// Records a dynamic TaskRun's instance on it.
-    pub(super) fn record_instance(&mut self, key: Key, inst: Key, out: &mut Vec<Action>) {
-        let (Some(r), Some(i), Some(t)) = (
-            self.taskrun_ref(key),
-            self.instances.get(inst),
-            self.taskruns.get(key),
-        ) else {
-            return;
-        };
-        let placement = Placement {
-            assigned_host: i.id().cloned(),
-            waiting_for_platform: None,
-            failed_hosts: super::lifecycle::failed_hosts(t),
-            instance_id: i.id().cloned(),
-            instance_address: i.address.clone(),
-        };
-        if let Some(t) = self.taskruns.get_mut(key) {
-            t.labels.write();
+    /// Hands an unused dynamic instance whose TaskRun went away to the next waiter of the same
+    /// platform (same template): a finalizer waiting for its termination no longer does. True
+    /// when adopted.
+    pub(in crate::scheduler) fn adopt(&mut self, inst: Key, out: &mut Vec<Action>) -> bool {
+        if !self.policy.adopt_instances {
+            return false;
         }
-        out.push(Action::Record {
-            taskrun: r,
-            placement,
-        });
+        let Some(i) = self.instances.get(inst) else {
+            return false;
+        };
+        let p = i.platform();
+        let current =
+            matches!(&self.platforms[p as usize].mode, Mode::Dynamic(t) if **t == *i.template);
+        let usable = matches!(
+            i.state,
+            InstState::Launching(_) | InstState::Booting | InstState::Ready
+        );
+        if i.used || !usable || !current || i.overdue {
+            return false;
+        }
+        let Some(w) = self.take_waiter(p) else {
+            return false;
+        };
+        self.observe_wait(w, out);
+        let launch = self.launch_id_for(w);
+        // The waiter's identity from now on: a launch still in flight keeps the request's (its
+        // result is matched by op), but listings and recovery find the instance under the new
+        // owner once retagged.
+        let Some((id, state, template)) = self.instances.update(inst, |i| {
+            if launch.is_some() {
+                i.launch = launch.clone();
+                i.retag = i.id().is_none();
+            }
+            (i.id().cloned(), i.state, i.template.clone())
+        }) else {
+            return false;
+        };
+        self.set_state(
+            w,
+            State::OnInstance {
+                inst,
+                phase: Phase::Reserved,
+            },
+        );
+        if let (Some(id), Some(launch)) = (id, launch) {
+            out.push(Action::Retag {
+                instance_id: id.clone(),
+                template,
+                launch,
+            });
+            self.record_instance(w, inst, out);
+        }
+        if state == InstState::Ready {
+            self.start_provision(w, inst, out);
+        }
+        if let Some(tr) = self.instances.release_waiter(inst) {
+            self.cleanup_done(tr, out);
+        }
+        true
+    }
+
+    pub(in crate::scheduler) fn leave_dynamic(
+        &mut self,
+        key: Key,
+        inst: Key,
+        phase: Phase,
+        out: &mut Vec<Action>,
+    ) -> u32 {
+        self.disown(inst);
+        if phase == Phase::Reserved && self.adopt(inst, out) {
+            return 0;
+        }
+        let Some(i) = self.instances.get(inst) else {
+            return 0;
+        };
+        // Its finalizer waits for the termination: counted by the fleet, not returned.
+        match i.state {
+            InstState::LaunchWait => self.drop_instance(inst, out),
+            InstState::Launching(_) => {
+                // Terminated (or adopted) when the launch result arrives.
+                self.instances.await_termination(inst, key);
+            }
+            InstState::Booting | InstState::Ready => {
+                self.instances.await_termination(inst, key);
+                self.terminate(inst, "its TaskRun finished", out);
+            }
+            // Terminated for it already (it left the instance earlier): awaited already.
+            InstState::Terminating(_) | InstState::TerminateWait => {
+                self.instances.await_termination(inst, key);
+            }
+        }
+        0
     }
 }

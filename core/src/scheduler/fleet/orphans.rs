@@ -1,7 +1,10 @@
 //! Orphans: instances carrying this cluster's identity that no TaskRun owns (a leader died
 //! between its launch call and recording the result, or the TaskRun moved on). They are tracked
 //! and terminated once past the grace period, or at once when no result can still claim them.
+//! And the other side of a listing: live instances with the platform's tag that the ledger does
+//! not track count against `max-instances` as foreign.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::super::arena::Key;
@@ -20,18 +23,18 @@ impl Scheduler {
     ) {
         let moved_on = self.owner_moved_on(p, rec);
         let inst = self.new_instance(p, template, None);
-        let i = self.instances.get_mut(inst).expect("just created");
-        let id: Arc<str> = rec.id.as_str().into();
-        i.created = rec.launched_at;
-        i.launches = 1;
-        i.state = InstState::Ready;
-        i.used = true;
-        self.instances.set_id(inst, id);
+        self.instances.update(inst, |i| {
+            i.created = rec.launched_at;
+            i.launches = 1;
+            i.state = InstState::Ready;
+            i.used = true;
+        });
+        self.instances.set_id(inst, rec.id.as_str().into());
         let at = rec.launched_at + self.policy.orphan_grace;
         if at <= self.now || moved_on {
             self.orphan_due(inst, out);
         } else {
-            self.arm(at, Timer::Orphan(inst));
+            self.timers.arm(at, Timer::Orphan(inst));
         }
     }
 
@@ -76,5 +79,71 @@ impl Scheduler {
             ),
         });
         self.terminate(inst, "orphan: no TaskRun owns it", out);
+    }
+
+    /// Sets the platform's foreign count from its listing: live instances the ledger does not
+    /// track as the platform's own (other clusters', the Go controller's, other platforms'
+    /// sharing the tag, and this cluster's own that nothing here tracks yet: ones younger than
+    /// the orphan grace, which the sweep leaves alone), except those a launch in flight may have
+    /// started (same owner tag; the ledger counts that launch already) and ours whose termination
+    /// the ledger saw acknowledged (the listing predates it or lags it). Serves waiters when it
+    /// dropped.
+    pub(in crate::scheduler) fn count_foreign<'a>(
+        &mut self,
+        p: PlatformId,
+        listed: impl Iterator<Item = &'a InstanceRecord>,
+        out: &mut Vec<Action>,
+    ) {
+        let label = self.platforms[p as usize].label.clone();
+        let mut in_flight: BTreeMap<String, u32> = BTreeMap::new();
+        for i in self
+            .instances
+            .members(p)
+            .iter()
+            .filter_map(|k| self.instances.get(*k))
+        {
+            if i.id().is_none()
+                && let Some(l) = &i.launch
+            {
+                *in_flight.entry(l.owner_key()).or_default() += 1;
+            }
+        }
+        let mut seen = BTreeSet::new();
+        let mut n = 0u32;
+        for rec in listed {
+            if !rec.state.counts_toward_limit() || !seen.insert(rec.id.as_str()) {
+                continue;
+            }
+            let tracked = self
+                .instances
+                .find(rec.id.as_str())
+                .and_then(|k| self.instances.get(k))
+                .is_some_and(|i| i.platform() == p);
+            // Ours and terminated already: the listing predates the termination (or lags it).
+            // Counting it would hold the slot its termination freed until the next listing.
+            if tracked
+                || (rec.is_ours_for(&label) && self.instances.was_terminated(rec.id.as_str()))
+            {
+                continue;
+            }
+            if rec.is_ours_for(&label)
+                && let Some(left) = rec
+                    .owner
+                    .as_ref()
+                    .and_then(|o| in_flight.get_mut(o))
+                    .filter(|left| **left > 0)
+            {
+                *left -= 1;
+                continue;
+            }
+            n += 1;
+        }
+        let ps = &mut self.platforms[p as usize];
+        let dropped = n < ps.foreign;
+        ps.foreign = n;
+        if dropped {
+            self.capacity_freed(p, out);
+            self.ensure_warm(p, out);
+        }
     }
 }

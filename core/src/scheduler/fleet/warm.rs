@@ -24,7 +24,7 @@ impl Scheduler {
         while active < pool.min_instances && self.occupied(p) < pool.instance.max_instances {
             let deadline = self.now + pool.instance.allocation_timeout;
             let inst = self.new_instance(p, Arc::new(pool.instance.clone()), Some(pool.clone()));
-            self.arm(deadline, Timer::Deadline(inst));
+            self.timers.arm(deadline, Timer::Deadline(inst));
             self.launch(inst, out);
             active += 1;
         }

@@ -41,8 +41,7 @@ fn taskrun<'a>(h: &'a mut H, name: &str) -> &'a mut TaskRun {
 
 /// Changes an instance in place (then re-indexed, as the scheduler's own changes are).
 fn instance(h: &mut H, inst: Key, change: impl FnOnce(&mut Instance)) {
-    change(h.s.instances.get_mut(inst).unwrap());
-    h.s.instances.flush();
+    h.s.instances.update(inst, change).unwrap();
 }
 
 /// An operation id no operation ever had.

@@ -12,9 +12,7 @@ const ARM: &str = "linux/arm64";
 
 fn release(h: &mut H, ns: &str, name: &str) -> Vec<Action> {
     h.send(Event::TaskRunReleased {
-        namespace: ns.into(),
-        name: name.into(),
-        uid: format!("uid-{ns}-{name}"),
+        taskrun: TaskRunRef::new(ns, name, Uid::new(&format!("uid-{ns}-{name}"))),
     })
 }
 

@@ -154,9 +154,7 @@ impl H {
 
     pub fn done(&mut self, ns: &str, name: &str) -> Vec<Action> {
         self.send(Event::TaskRunDone {
-            namespace: ns.into(),
-            name: name.into(),
-            uid: format!("uid-{ns}-{name}"),
+            taskrun: TaskRunRef::new(ns, name, Uid::new(&format!("uid-{ns}-{name}"))),
         })
     }
 }
