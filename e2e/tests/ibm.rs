@@ -457,3 +457,357 @@ async fn vpc_listing_counts_exact_names_across_pages_and_survives_token_expiry()
         .count();
     assert!(pages >= 2, "the second page was read for each tag");
 }
+
+// ---- The provider (`mpc::cloud::ibm::IbmCloud`) against the emulator. ----
+
+mod provider {
+    use super::*;
+    use mpc::cloud::ibm::{IbmCloud, IbmOptions};
+    use mpc::cloud::metrics::CloudMetrics;
+    use mpc::cloud::retry::RetryPolicy;
+    use mpc::cloud::{
+        Cloud, ClusterId, Credentials, ErrorClass, IbmApiKey, LaunchOutcome, LaunchRequest, Scope,
+        Terminated,
+    };
+    use mpc::config::{self, ConfigData, DynamicPlatform};
+    use mpc::platform::Platform;
+    use mpc::scheduler::{InstanceState, LaunchId, LaunchOwner, Ownership, TaskRunRef, Uid};
+
+    pub const CLUSTER: &str = "e2e-ibm";
+
+    pub fn cloud(emu: &IbmEmulator, cluster: &str) -> IbmCloud {
+        mpc::tls::install_crypto_provider();
+        let mut o = IbmOptions::new(ClusterId::new(cluster).unwrap());
+        o.iam_url = emu.iam_url();
+        o.tagging_url = emu.tagging_url();
+        o.retry = RetryPolicy {
+            base_delay: Duration::from_millis(20),
+            max_delay: Duration::from_millis(100),
+            backoff_attempts: 4,
+            bounded_attempts: 3,
+        };
+        o.delete_check_delay = Duration::from_millis(50);
+        IbmCloud::new(o, CloudMetrics::unregistered().unwrap())
+    }
+
+    pub fn creds() -> Credentials {
+        Credentials::Ibm(IbmApiKey::new(ibm_emulator::API_KEY))
+    }
+
+    /// Parsed templates of `pairs` by platform.
+    pub fn templates(
+        pairs: Vec<(String, String)>,
+        platforms: &str,
+    ) -> std::collections::BTreeMap<Platform, std::sync::Arc<DynamicPlatform>> {
+        let mut d = ConfigData::new();
+        for (k, v) in pairs {
+            d.insert(k, v);
+        }
+        d.insert("dynamic-platforms".into(), platforms.into());
+        let parsed = config::parse(&d);
+        assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+        parsed
+            .config
+            .dynamic
+            .into_iter()
+            .map(|(k, v)| (k, std::sync::Arc::new(v)))
+            .collect()
+    }
+
+    pub fn taskrun(name: &str) -> LaunchId {
+        LaunchId {
+            owner: LaunchOwner::TaskRun(TaskRunRef::new(
+                "tenant",
+                name,
+                Uid::new(&format!("uid-{name}-5f0e")),
+            )),
+            retry: 0,
+            attempt: 1,
+        }
+    }
+
+    async fn launch(
+        c: &IbmCloud,
+        p: &DynamicPlatform,
+        creds: &Credentials,
+        l: &LaunchId,
+    ) -> LaunchOutcome {
+        let req = LaunchRequest {
+            scope: Scope {
+                platform: p,
+                credentials: creds,
+            },
+            launch: l,
+            additional_tags: &[("team".into(), "build".into())],
+        };
+        c.launch(&req).await.expect("launch")
+    }
+
+    fn p(s: &str) -> Platform {
+        Platform::parse(s).unwrap()
+    }
+
+    /// Launch (the request Go sends, ownership tags on the instance), idempotency per launch id,
+    /// exact-name counting of prefix-sharing tags across pages, foreign and Go instances,
+    /// retag, failed instances, terminate until `deleting`, and a 5xx and a token expiry on the
+    /// way.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn ibmz_launch_list_retag_terminate_with_go_rules_fixed() {
+        let emu = emulator(Behaviour {
+            delete_delay: Duration::from_secs(3),
+            ..Behaviour::default()
+        })
+        .await;
+        let mut pairs = emu.ibmz_config("linux-s390x", "e2e-s390x", 3, "cloud-user");
+        pairs.extend(emu.ibmz_config("linux-large-s390x", "e2e-s390x-large", 3, "cloud-user"));
+        let t = templates(pairs, "linux/s390x,linux-large/s390x");
+        let small = &t[&p("linux/s390x")];
+        let large = &t[&p("linux-large/s390x")];
+        let c = cloud(&emu, CLUSTER);
+        let creds = creds();
+        let scope = |p| Scope {
+            platform: p,
+            credentials: &creds,
+        };
+
+        // A 5xx on the create is retried without a second instance.
+        emu.inject(Fault {
+            method: http::Method::POST,
+            path: "/v1/instances".into(),
+            times: 1,
+            kind: FaultKind::Status(503),
+        });
+        let a = launch(&c, small, &creds, &taskrun("a")).await;
+        let LaunchOutcome::Launched(a) = a else {
+            panic!("{a:?}")
+        };
+        let again = launch(&c, small, &creds, &taskrun("a")).await;
+        assert!(
+            matches!(&again, LaunchOutcome::Adopted(i) if i.id == a.id),
+            "{again:?}"
+        );
+        let reqs = emu.vpc_create_requests();
+        assert_eq!(reqs.len(), 1, "{reqs:?}");
+        let (name, r) = reqs.iter().next().unwrap();
+        assert!(
+            mpc::config::ibm::is_instance_name_of("e2e-s390x", name),
+            "{name}"
+        );
+        assert_eq!(r["zone"]["name"], ibm_emulator::ZONE);
+        assert_eq!(r["resource_group"]["id"], "rg-emulated");
+        assert_eq!(r["vpc"]["id"], "r014-vpc-1");
+        assert_eq!(r["keys"][0]["id"], "key-1");
+        assert_eq!(r["availability_policy"]["host_failure"], "stop");
+        let bv = &r["boot_volume_attachment"];
+        assert_eq!(bv["delete_volume_on_instance_delete"], true);
+        assert_eq!(bv["volume"]["profile"]["name"], "general-purpose");
+        assert_eq!(bv["volume"]["capacity"], 100);
+        let vni = &r["primary_network_attachment"]["virtual_network_interface"];
+        assert_eq!(vni["auto_delete"], true);
+        assert_eq!(vni["subnet"]["id"], "subnet-1");
+        assert_eq!(vni["security_groups"][0]["id"], "sg-1");
+        // Ownership tags on the instance itself (IBM keeps them lower-case).
+        let crn = format!(
+            "crn:v1:bluemix:public:is:{}:a/0123456789abcdef::instance:{}",
+            ibm_emulator::ZONE,
+            a.id
+        );
+        let tags = emu.tags_of(&crn);
+        for want in [
+            "multi-platform-cluster:e2e-ibm",
+            "taskrunid:tenant:a",
+            "multi-platform-owner:uid-a-5f0e",
+            "multi-platform-instance:e2e-s390x",
+            "team:build",
+        ] {
+            assert!(tags.iter().any(|t| t == want), "{want} in {tags:?}");
+        }
+        assert_eq!(a.ownership, Ownership::Ours);
+
+        let b = launch(&c, large, &creds, &taskrun("b")).await;
+        // Another cluster's and the Go controller's instances with exact names of the small tag,
+        // and a manual one merely starting with it.
+        let foreign = emu.seed_vpc_instance(
+            &mpc::config::ibm::instance_name("e2e-s390x", 7).unwrap(),
+            &["multi-platform-cluster:other"],
+        );
+        let go = emu.seed_vpc_instance(
+            &mpc::config::ibm::instance_name("e2e-s390x", 8).unwrap(),
+            &[],
+        );
+        emu.seed_vpc_instance("e2e-s390x-manual", &[]);
+        // Enough instances for several pages.
+        for i in 0..60u64 {
+            emu.seed_vpc_instance(&format!("unrelated-{i}"), &[]);
+        }
+        emu.expire_tokens();
+        let listed = c.list(scope(small)).await.unwrap();
+        let mut owners: Vec<(String, Ownership)> =
+            listed.iter().map(|i| (i.id.clone(), i.ownership)).collect();
+        owners.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut want = vec![
+            (a.id.clone(), Ownership::Ours),
+            (foreign.clone(), Ownership::Foreign),
+            (go.clone(), Ownership::Untagged),
+        ];
+        want.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(owners, want, "the large tag's instance is never counted");
+        let listed_large = c.list(scope(large)).await.unwrap();
+        assert_eq!(listed_large.len(), 1);
+        assert_eq!(listed_large[0].id, b.instance().id);
+        let ours = listed.iter().find(|i| i.id == a.id).unwrap();
+        assert_eq!(ours.owner_key(), Some("uid-a-5f0e"));
+        assert_eq!(ours.taskrun_id(), Some("tenant:a"));
+
+        // Batched lookups by id.
+        let ids = vec![a.id.clone(), foreign.clone(), "unknown".to_owned()];
+        let d = c.describe(scope(small), &ids).await.unwrap();
+        assert_eq!(d.len(), 2);
+        let ready = d.iter().find(|i| i.id == a.id).unwrap();
+        assert!(ready.private_ip.as_deref().unwrap().starts_with("10.240."));
+        assert_eq!(ready.public_ip, None, "private addresses only");
+
+        // Only ours, or (legacy) the Go controller's, may be terminated.
+        let e = c.terminate(scope(small), &foreign, true).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::Refused, "{e}");
+        let e = c.terminate(scope(small), &go, false).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::Refused, "{e}");
+        assert_eq!(
+            c.terminate(scope(small), &go, true).await.unwrap(),
+            Terminated::Requested
+        );
+
+        // Retag moves the owner tags; another cluster's instance is refused.
+        c.retag(scope(small), &a.id, &taskrun("c")).await.unwrap();
+        let tags = emu.tags_of(&crn);
+        assert!(tags.iter().any(|t| t == "taskrunid:tenant:c"), "{tags:?}");
+        assert!(!tags.iter().any(|t| t == "taskrunid:tenant:a"), "{tags:?}");
+        let e = c
+            .retag(scope(small), &foreign, &taskrun("d"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.class, ErrorClass::Refused);
+
+        // A failed instance is gone (never capacity) but still listed, for cleanup.
+        emu.fail_vpc_instance(&b.instance().id);
+        let l = c.list(scope(large)).await.unwrap();
+        assert_eq!(l[0].state, InstanceState::Stopped);
+        assert!(!l[0].state.counts_toward_limit());
+
+        // Terminate: confirmed `deleting`, then gone; again is a no-op.
+        emu.inject(Fault {
+            method: http::Method::DELETE,
+            path: "/v1/instances/".into(),
+            times: 1,
+            kind: FaultKind::Status(500),
+        });
+        assert_eq!(
+            c.terminate(scope(small), &a.id, false).await.unwrap(),
+            Terminated::Requested
+        );
+        assert_eq!(
+            c.terminate(scope(small), &a.id, false).await.unwrap(),
+            Terminated::AlreadyGone
+        );
+        c.terminate(scope(large), &b.instance().id, false)
+            .await
+            .unwrap();
+        // A spent launch id is never adopted.
+        let spent = launch(&c, small, &creds, &taskrun("a")).await;
+        assert!(
+            matches!(&spent, LaunchOutcome::Spent(_))
+                || matches!(&spent, LaunchOutcome::Launched(_)),
+            "{spent:?}"
+        );
+        if let LaunchOutcome::Launched(i) = &spent {
+            panic!("a second instance for the same launch id: {i:?}");
+        }
+        assert_eq!(
+            emu.token_requests(),
+            2,
+            "one token, one refetch after expiry"
+        );
+    }
+
+    /// Power VS: the create answer is an array, the request carries Go's fields, the boot volume
+    /// is resized through conflicts at readiness, ERROR with CRITICAL health is failed, and the
+    /// delete removes the data volumes.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn ibmp_launch_resize_through_conflicts_failed_state_and_delete() {
+        let emu = emulator(Behaviour {
+            resize_conflicts: 2,
+            boot_delay: Duration::from_millis(100),
+            ..Behaviour::default()
+        })
+        .await;
+        let t = templates(
+            emu.ibmp_config("linux-ppc64le", "e2e-ppc64le", 2, "root"),
+            "linux/ppc64le",
+        );
+        let pw = &t[&p("linux/ppc64le")];
+        let c = cloud(&emu, CLUSTER);
+        let creds = creds();
+        let scope = Scope {
+            platform: pw,
+            credentials: &creds,
+        };
+        let LaunchOutcome::Launched(i) = launch(&c, pw, &creds, &taskrun("p")).await else {
+            panic!()
+        };
+        let reqs = emu.power_create_requests();
+        let r = reqs.values().next().unwrap();
+        assert_eq!(
+            r["imageID"],
+            ibm_emulator::POWER_IMAGE_ID,
+            "the name is resolved"
+        );
+        assert_eq!(r["processors"], 0.5);
+        assert_eq!(r["memory"], 4.0);
+        assert_eq!(r["procType"], "shared");
+        assert_eq!(r["sysType"], "e980");
+        assert_eq!(
+            r["networks"][0]["networkID"],
+            ibm_emulator::POWER_NETWORK_ID
+        );
+        assert!(
+            r["userTags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t == "taskRunID:tenant:p"),
+            "{r}"
+        );
+        // Ready (an address) only once the boot volume has the configured size.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut probes = 0;
+        loop {
+            probes += 1;
+            let d = c
+                .describe(scope, std::slice::from_ref(&i.id))
+                .await
+                .unwrap();
+            if d[0].state == InstanceState::Running && d[0].private_ip.is_some() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never resized");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(probes >= 2, "booting, then resized");
+        let puts = emu
+            .requests()
+            .iter()
+            .filter(|(m, p)| m == http::Method::PUT && p.contains("/volumes/"))
+            .count();
+        assert_eq!(puts, 3, "two conflicts, then the resize");
+        // ERROR + CRITICAL: failed (gone, cleaned up).
+        emu.fail_power_instance(&i.id);
+        let l = c.list(scope).await.unwrap();
+        assert_eq!(l[0].state, InstanceState::Stopped);
+        assert_eq!(
+            c.terminate(scope, &i.id, false).await.unwrap(),
+            Terminated::Requested
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(emu.live_instances(), 0);
+    }
+}
