@@ -261,6 +261,16 @@ impl IbmEmulator {
             v.failed = true;
         }
     }
+    /// Instances that hold capacity: existing, neither deleting nor failed (both APIs).
+    pub fn capacity_instances(&self) -> usize {
+        self.live_instances();
+        let s = self.lock();
+        s.vpc_vms
+            .values()
+            .chain(s.power_vms.values())
+            .filter(|v| v.deleted.is_none() && !v.failed)
+            .count()
+    }
     /// Names of the instances that still exist (deleting ones included), VPC then Power VS.
     pub fn instance_names(&self) -> Vec<String> {
         self.live_instances();

@@ -363,8 +363,20 @@ impl SshdHost {
         write_mode(&keys_file, format!("{}\n", admin.public).as_bytes(), 0o600)?;
         if admin_user != "root" {
             ensure_user(&admin_user)?;
-            // sshd reads the keys file as the user.
-            chown(&keys_file, &admin_user)?;
+            // sshd reads keys as the user, who cannot reach this directory: the key goes to the
+            // user's own authorized_keys (appended: parallel tests share the login).
+            let ssh_dir = PathBuf::from(format!("/home/{admin_user}/.ssh"));
+            fs::create_dir_all(&ssh_dir)?;
+            fs::set_permissions(&ssh_dir, fs::Permissions::from_mode(0o700))?;
+            let keys = ssh_dir.join("authorized_keys");
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&keys)?;
+            writeln!(f, "{}", admin.public)?;
+            fs::set_permissions(&keys, fs::Permissions::from_mode(0o600))?;
+            chown(&ssh_dir, &admin_user)?;
+            chown(&keys, &admin_user)?;
             let sudoers = format!("/etc/sudoers.d/mpc-e2e-{admin_user}");
             write_mode(
                 Path::new(&sudoers),

@@ -811,3 +811,334 @@ mod provider {
         assert_eq!(emu.live_instances(), 0);
     }
 }
+
+// ---- A TaskRun through the real binaries (webhook, controller, OTP server) on the emulator,
+// provisioned over loopback sshd hosts standing for the instances. ----
+
+mod product {
+    use super::*;
+    use e2e::product::{ConfigPairs, NS, Product};
+    use e2e::sshd::{AdminKey, HostSetup, SshdHost};
+    use mpc::contract;
+    use std::net::Ipv4Addr;
+
+    const T: Duration = Duration::from_secs(120);
+
+    /// The product on the emulator: `platform`'s host-config (`pairs`), its API key and SSH
+    /// Secrets, one sshd host per address (admin `user`, root refused unless it is root).
+    async fn start(
+        emu: &IbmEmulator,
+        platform: &str,
+        pairs: Vec<(String, String)>,
+        addresses: &[Ipv4Addr],
+        user: &str,
+        admin: &AdminKey,
+    ) -> (Product, Vec<SshdHost>) {
+        let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
+        let hosts: Vec<SshdHost> = addresses
+            .iter()
+            .map(|a| {
+                SshdHost::start_with(HostSetup {
+                    address: Some(*a),
+                    port: Some(22),
+                    admin_key: Some(admin.clone()),
+                    admin_user: (user != "root").then(|| user.to_owned()),
+                    ..Default::default()
+                })
+                .unwrap()
+            })
+            .collect();
+        p.put_secret(
+            NS,
+            "ibm-api-key",
+            &[("api-key", ibm_emulator::API_KEY.as_bytes())],
+        )
+        .await
+        .unwrap();
+        let ssh = format!(
+            "ibm-{}-ssh-key",
+            platform.rsplit('/').next().unwrap_or_default()
+        );
+        p.put_secret(NS, &ssh, &[("id_rsa", admin.private().as_slice())])
+            .await
+            .unwrap();
+        let mut cfg: ConfigPairs = p.base_config();
+        cfg.extend(pairs);
+        cfg.push(("dynamic-platforms".into(), platform.into()));
+        p.set_config(&cfg).await.unwrap();
+        p.controller_flags = vec![
+            "--ibm-iam-url".into(),
+            emu.iam_url(),
+            "--ibm-tagging-url".into(),
+            emu.tagging_url(),
+            "--instance-list-interval".into(),
+            "2s".into(),
+        ];
+        p.start_controller("c1").await.unwrap();
+        (p, hosts)
+    }
+
+    async fn served(
+        p: &Product,
+        ns: &str,
+        name: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        let s = p
+            .wait(T, &format!("{ns}/{name}'s secret"), || async {
+                p.secret(ns, name)
+                    .await
+                    .filter(|s| s.contains_key("otp") || s.contains_key("error"))
+            })
+            .await;
+        assert!(s.contains_key("otp"), "{s:?}\n{}", p.logs());
+        s
+    }
+
+    async fn emptied(p: &Product, emu: &IbmEmulator) {
+        p.wait(T, "no instance left in the emulator", || async {
+            (emu.live_instances() == 0).then_some(())
+        })
+        .await;
+        p.wait(T, "an empty OTP store", || async {
+            (p.otp_entries().await == Some(0)).then_some(())
+        })
+        .await;
+    }
+
+    /// ibmz end to end as `cloud-user` (root is refused on the host, as on new IBM images), with
+    /// every token expired mid-flight and 5xx answers to the probe lookups and the delete.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ibmz_taskrun_end_to_end_as_cloud_user_through_token_expiry_and_5xx() {
+        let a = Ipv4Addr::new(127, 0, 36, 4);
+        let emu = emulator(Behaviour {
+            addresses: vec![a],
+            boot_delay: Duration::from_secs(1),
+            ..Behaviour::default()
+        })
+        .await;
+        let admin = AdminKey::generate().unwrap();
+        let (p, hosts) = start(
+            &emu,
+            "linux/s390x",
+            emu.ibmz_config("linux-s390x", "e2e-s390x", 1, "cloud-user"),
+            &[a],
+            "cloud-user",
+            &admin,
+        )
+        .await;
+        let user = contract::remote_user_name("z-1", "tenant-a");
+        hosts[0].track_user(&user);
+        emu.inject(Fault {
+            method: http::Method::GET,
+            path: "/v1/instances/".into(),
+            times: 2,
+            kind: FaultKind::Status(502),
+        });
+        p.create_taskrun("tenant-a", "z-1", "linux/s390x", json!({}))
+            .await
+            .unwrap();
+        let s = served(&p, "tenant-a", "z-1").await;
+        assert_eq!(s["host"], format!("{user}@{a}"));
+        let reqs = emu.vpc_create_requests();
+        assert_eq!(reqs.len(), 1);
+        let (name, r) = reqs.iter().next().unwrap();
+        assert!(
+            mpc::config::ibm::is_instance_name_of("e2e-s390x", name),
+            "{name}"
+        );
+        assert_eq!(r["availability_policy"]["host_failure"], "stop");
+        assert_eq!(
+            r["primary_network_attachment"]["virtual_network_interface"]["auto_delete"],
+            true
+        );
+        let tr = p.taskrun("tenant-a", "z-1").await.unwrap();
+        let id = tr["metadata"]["annotations"][contract::CLOUD_INSTANCE_ID_ANNOTATION]
+            .as_str()
+            .expect("instance annotation")
+            .to_owned();
+        let crn = format!(
+            "crn:v1:bluemix:public:is:{}:a/0123456789abcdef::instance:{id}",
+            ibm_emulator::ZONE
+        );
+        let tags = emu.tags_of(&crn);
+        assert!(
+            tags.iter().any(|t| t == "taskrunid:tenant-a:z-1"),
+            "{tags:?}"
+        );
+        assert!(
+            tags.iter()
+                .any(|t| t == "multi-platform-cluster:e2e-cluster"),
+            "{tags:?}"
+        );
+        // Root never logged in: the host refuses it, so provisioning went through cloud-user.
+        assert!(
+            !hosts[0].log().contains("Accepted publickey for root"),
+            "{}",
+            hosts[0].log()
+        );
+        assert!(hosts[0].log().contains("Accepted publickey for cloud-user"));
+
+        let tokens = emu.token_requests();
+        emu.expire_tokens();
+        emu.inject(Fault {
+            method: http::Method::DELETE,
+            path: "/v1/instances/".into(),
+            times: 1,
+            kind: FaultKind::Status(503),
+        });
+        p.build("tenant-a", "z-1").await;
+        p.cleaned_up("tenant-a", "z-1").await;
+        emptied(&p, &emu).await;
+        assert!(
+            emu.token_requests() > tokens,
+            "a fresh token after the expiry"
+        );
+        let deletes = emu
+            .requests()
+            .iter()
+            .filter(|(m, _)| m == http::Method::DELETE)
+            .count();
+        assert!(deletes >= 2, "the 503 was retried");
+    }
+
+    /// ibmp end to end as root: the boot volume resize answers conflicts before it sticks, and
+    /// the delete is slow.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ibmp_taskrun_end_to_end_through_resize_conflicts_and_a_slow_delete() {
+        let a = Ipv4Addr::new(127, 0, 37, 4);
+        let emu = emulator(Behaviour {
+            addresses: vec![a],
+            resize_conflicts: 2,
+            boot_delay: Duration::from_secs(1),
+            delete_delay: Duration::from_secs(3),
+            ..Behaviour::default()
+        })
+        .await;
+        emu.inject(Fault {
+            method: http::Method::DELETE,
+            path: "/pvm-instances/".into(),
+            times: 1,
+            kind: FaultKind::Delay(Duration::from_secs(3)),
+        });
+        let admin = AdminKey::generate().unwrap();
+        let (p, hosts) = start(
+            &emu,
+            "linux/ppc64le",
+            emu.ibmp_config("linux-ppc64le", "e2e-ppc64le", 1, "root"),
+            &[a],
+            "root",
+            &admin,
+        )
+        .await;
+        let user = contract::remote_user_name("p-1", "tenant-a");
+        hosts[0].track_user(&user);
+        p.create_taskrun("tenant-a", "p-1", "linux/ppc64le", json!({}))
+            .await
+            .unwrap();
+        let s = served(&p, "tenant-a", "p-1").await;
+        assert_eq!(s["host"], format!("{user}@{a}"));
+        let reqs = emu.power_create_requests();
+        assert_eq!(reqs.len(), 1);
+        let r = reqs.values().next().unwrap();
+        assert_eq!(r["imageID"], ibm_emulator::POWER_IMAGE_ID);
+        assert_eq!(r["sysType"], "e980");
+        let puts = emu
+            .requests()
+            .iter()
+            .filter(|(m, p)| m == http::Method::PUT && p.contains("/volumes/"))
+            .count();
+        assert_eq!(puts, 3, "two conflicts, then the resize, before the secret");
+        p.build("tenant-a", "p-1").await;
+        p.cleaned_up("tenant-a", "p-1").await;
+        emptied(&p, &emu).await;
+        assert!(
+            emu.requests()
+                .iter()
+                .any(|(m, q)| m == http::Method::DELETE && q.contains("delete_data_volumes=true"))
+        );
+    }
+
+    /// Five TaskRuns at once on an ibmz platform of `max-instances: 2`: never more than two
+    /// instances hold capacity, and every TaskRun is served in turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ibmz_max_instances_holds_under_concurrency() {
+        let addrs = [Ipv4Addr::new(127, 0, 38, 4), Ipv4Addr::new(127, 0, 38, 5)];
+        let emu = std::sync::Arc::new(
+            emulator(Behaviour {
+                addresses: addrs.to_vec(),
+                boot_delay: Duration::from_millis(500),
+                ..Behaviour::default()
+            })
+            .await,
+        );
+        let admin = AdminKey::generate().unwrap();
+        let (p, hosts) = start(
+            &emu,
+            "linux/s390x",
+            emu.ibmz_config("linux-s390x", "e2e-s390x", 2, "cloud-user"),
+            &addrs,
+            "cloud-user",
+            &admin,
+        )
+        .await;
+        let names: Vec<String> = (0..5).map(|i| format!("c-{i}")).collect();
+        for n in &names {
+            let user = contract::remote_user_name(n, "tenant-a");
+            for h in &hosts {
+                h.track_user(&user);
+            }
+        }
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let watch = {
+            let (emu, peak) = (emu.clone(), peak.clone());
+            tokio::spawn(async move {
+                loop {
+                    peak.fetch_max(
+                        emu.capacity_instances(),
+                        std::sync::atomic::Ordering::SeqCst,
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        for n in &names {
+            p.create_taskrun("tenant-a", n, "linux/s390x", json!({}))
+                .await
+                .unwrap();
+        }
+        let mut done = std::collections::BTreeSet::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+        while done.len() < names.len() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{done:?}\n{}",
+                p.logs()
+            );
+            for n in &names {
+                if done.contains(n) {
+                    continue;
+                }
+                if let Some(s) = p.secret("tenant-a", n).await {
+                    assert!(s.contains_key("otp"), "{n}: {s:?}");
+                    p.build("tenant-a", n).await;
+                    done.insert(n.clone());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for n in &names {
+            p.cleaned_up("tenant-a", n).await;
+        }
+        emptied(&p, &emu).await;
+        watch.abort();
+        let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(peak <= 2, "{peak} instances held capacity at once");
+        assert_eq!(peak, 2, "both slots were used");
+        let creates = emu
+            .requests()
+            .iter()
+            .filter(|(m, q)| m == http::Method::POST && q.starts_with("/v1/instances"))
+            .count();
+        assert_eq!(creates, 5, "one instance per TaskRun");
+    }
+}
