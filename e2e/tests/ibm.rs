@@ -37,7 +37,7 @@ async fn ibm_vpc_sdk_drives_the_emulator() {
     let python = venv_python();
     assert!(
         python.exists(),
-        "{} is missing: run e2e/setup.sh (it installs ibm-vpc into the venv)",
+        "{} is missing: run e2e/setup.sh (it installs ibm-vpc and ibm-platform-services into the venv)",
         python.display()
     );
     let (vpc, iam) = (emu.vpc_url(), emu.iam_url());
@@ -66,6 +66,16 @@ async fn ibm_vpc_sdk_drives_the_emulator() {
     assert_eq!(facts["deleting_status"], "deleting");
     assert_eq!(facts["gone"], true);
     assert_eq!(facts["left"], 0);
+    assert_eq!(facts["attach_errors"], json!([false]));
+    assert_eq!(
+        facts["tags"],
+        json!(["multi-platform-cluster:sdk", "taskrunid:tenant:build-1"]),
+        "stored lower-case, as IBM compares tags"
+    );
+    assert_eq!(
+        facts["tags_after_detach"],
+        json!(["multi-platform-cluster:sdk"])
+    );
     assert_eq!(emu.live_instances(), 0);
     // One token for the whole run: the SDK caches it, as the provider must.
     assert_eq!(emu.token_requests(), 1);
