@@ -103,6 +103,13 @@ fn clean_ibm_platforms_parse_with_go_defaults_and_are_served() {
     assert!(matches!(&z.ibm, Some(IbmService::Vpc(v)) if v.zone == "us-east-1"));
     let pw = &parsed.config.dynamic[&p("linux/ppc64le")];
     assert!(matches!(&pw.ibm, Some(IbmService::Power(_))));
+    // Probe lookups batch per endpoint and workspace: one endpoint serves many workspaces.
+    assert!(
+        pw.region
+            .ends_with("/pcloud/v1/cloud-instances/4e9dc638-7a78-4e7c-b432-e83b7010c531"),
+        "{}",
+        pw.region
+    );
     assert_eq!(pw.disk_gb, 100);
     // No errors, and no key is unknown.
     let errs: Vec<_> = parsed.of(Severity::Error).collect();

@@ -1025,8 +1025,9 @@ async fn list_tags(
     .into_response()
 }
 
-fn tag_request(body: &[u8]) -> Result<(Vec<String>, Vec<String>), Response> {
-    let r: Value = serde_json::from_slice(body).map_err(|_| bad_request("body is not JSON"))?;
+/// The resources and tag names of an attach or detach, or why the request is bad.
+fn tag_request(body: &[u8]) -> Result<(Vec<String>, Vec<String>), String> {
+    let r: Value = serde_json::from_slice(body).map_err(|_| "body is not JSON".to_owned())?;
     let resources: Vec<String> = r["resources"]
         .as_array()
         .into_iter()
@@ -1041,7 +1042,7 @@ fn tag_request(body: &[u8]) -> Result<(Vec<String>, Vec<String>), Response> {
         .map(str::to_ascii_lowercase)
         .collect();
     if resources.is_empty() || names.is_empty() {
-        return Err(bad_request("resources and tag_names are required"));
+        return Err("resources and tag_names are required".into());
     }
     if let Some(bad) = names.iter().find(|n| {
         n.len() > 128
@@ -1049,7 +1050,7 @@ fn tag_request(body: &[u8]) -> Result<(Vec<String>, Vec<String>), Response> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'_' | b'-' | b'.' | b':'))
     }) {
-        return Err(bad_request(&format!("invalid tag name {bad:?}")));
+        return Err(format!("invalid tag name {bad:?}"));
     }
     Ok((resources, names))
 }
@@ -1066,7 +1067,7 @@ fn tag_results(resources: &[String]) -> Response {
 async fn attach_tags(State(state): State<Shared>, body: Bytes) -> Response {
     let (resources, names) = match tag_request(&body) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return bad_request(&e),
     };
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
     for r in &resources {
@@ -1084,7 +1085,7 @@ async fn attach_tags(State(state): State<Shared>, body: Bytes) -> Response {
 async fn detach_tags(State(state): State<Shared>, body: Bytes) -> Response {
     let (resources, names) = match tag_request(&body) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return bad_request(&e),
     };
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
     for r in &resources {

@@ -189,6 +189,18 @@ impl IbmService {
             Self::Power(_) => IbmKind::Power,
         }
     }
+    /// What instance lookups are batched by (with the API key): the VPC endpoint, or the Power
+    /// VS endpoint and workspace (one endpoint serves many workspaces).
+    pub fn scope(&self) -> String {
+        match self {
+            Self::Vpc(v) => v.url.clone(),
+            Self::Power(p) => format!(
+                "{}/pcloud/v1/cloud-instances/{}",
+                p.url.trim_end_matches('/'),
+                p.crn.cloud_instance_id()
+            ),
+        }
+    }
     /// The API endpoint (`url`).
     pub fn url(&self) -> &str {
         match self {
@@ -200,7 +212,7 @@ impl IbmService {
 
 impl IbmPlatform {
     /// The common dynamic template: the EC2-shaped fields carry what they can (`region` the
-    /// endpoint, `ami` the image, `instance_type` the profile or system, `aws_secret` the API key
+    /// endpoint, with the workspace for Power VS: [`IbmService::scope`], `ami` the image, `instance_type` the profile or system, `aws_secret` the API key
     /// Secret), and [`DynamicPlatform::ibm`](super::DynamicPlatform::ibm) the service itself.
     pub(super) fn into_dynamic(
         self,
@@ -232,7 +244,7 @@ impl IbmPlatform {
             os: super::HostOs::of(&self.platform),
             platform: self.platform,
             cloud: super::CloudKind::Ibm,
-            region: self.service.url().to_owned(),
+            region: self.service.scope(),
             ami,
             instance_type,
             key_name: Some(key),

@@ -345,7 +345,7 @@ impl IbmCloud {
             e.config_key = Some(format!("dynamic.{}.{field}", p.platform.label_value()));
             e.config_value = match field {
                 "secret" => Some(p.aws_secret.clone()),
-                "url" => Some(p.region.clone()),
+                "url" => p.ibm.as_ref().map(|s| s.url().to_owned()),
                 "image" | "image-id" => Some(p.ami.clone()),
                 "key" => p.key_name.clone(),
                 _ => match &p.ibm {
@@ -404,7 +404,12 @@ impl IbmCloud {
         }
     }
 
-    fn account(&self, p: &DynamicPlatform, c: &Credentials) -> Result<Arc<Account>, CloudError> {
+    // Async only so the large error stays in the future (no boxing).
+    async fn account(
+        &self,
+        p: &DynamicPlatform,
+        c: &Credentials,
+    ) -> Result<Arc<Account>, CloudError> {
         let Some(key) = c.ibm() else {
             return Err(self.error(
                 p,
@@ -451,12 +456,15 @@ impl IbmCloud {
         Ok(account)
     }
 
-    fn vpc(&self, p: &DynamicPlatform, a: &Account) -> Result<VpcClient, CloudError> {
-        VpcClient::with_http(&p.region, a.iam.clone(), self.http.clone())
+    async fn vpc(&self, p: &DynamicPlatform, a: &Account) -> Result<VpcClient, CloudError> {
+        let Some(IbmService::Vpc(cfg)) = &p.ibm else {
+            return Err(self.refused(p, Operation::DescribeInstances, "not a VPC platform".into()));
+        };
+        VpcClient::with_http(&cfg.url, a.iam.clone(), self.http.clone())
             .map_err(|e| self.error(p, Operation::DescribeInstances, e.into(), 1))
     }
 
-    fn power(&self, p: &DynamicPlatform, a: &Account) -> Result<PowerClient, CloudError> {
+    async fn power(&self, p: &DynamicPlatform, a: &Account) -> Result<PowerClient, CloudError> {
         let Some(IbmService::Power(cfg)) = &p.ibm else {
             return Err(self.refused(
                 p,
@@ -563,7 +571,7 @@ impl IbmCloud {
     async fn seen_of_tag(&self, p: &DynamicPlatform, a: &Account) -> Result<Vec<Seen>, CloudError> {
         Ok(match &p.ibm {
             Some(IbmService::Vpc(_)) => {
-                let vpc = self.vpc(p, a)?;
+                let vpc = self.vpc(p, a).await?;
                 self.call(p, Operation::DescribeInstances, || {
                     vpc.instances_of(&p.instance_tag)
                 })
@@ -573,7 +581,7 @@ impl IbmCloud {
                 .collect()
             }
             Some(IbmService::Power(_)) => {
-                let pw = self.power(p, a)?;
+                let pw = self.power(p, a).await?;
                 self.call(p, Operation::DescribeInstances, || pw.instances())
                     .await?
                     .iter()
@@ -600,14 +608,14 @@ impl IbmCloud {
     ) -> Result<Option<Seen>, CloudError> {
         Ok(match &p.ibm {
             Some(IbmService::Vpc(_)) => {
-                let vpc = self.vpc(p, a)?;
+                let vpc = self.vpc(p, a).await?;
                 self.call(p, Operation::DescribeInstances, || vpc.instance(id))
                     .await?
                     .as_ref()
                     .map(Seen::vpc)
             }
             Some(IbmService::Power(_)) => {
-                let pw = self.power(p, a)?;
+                let pw = self.power(p, a).await?;
                 self.call(p, Operation::DescribeInstances, || pw.instance(id))
                     .await?
                     .as_ref()
@@ -660,7 +668,7 @@ impl IbmCloud {
         let Some(IbmService::Vpc(cfg)) = &p.ibm else {
             return Err(self.refused(p, Operation::RunInstances, "not a VPC platform".into()));
         };
-        let vpc = self.vpc(p, a)?;
+        let vpc = self.vpc(p, a).await?;
         let op = Operation::RunInstances;
         let network = self
             .call(p, op, || vpc.named("vpcs", &cfg.vpc, "vpc"))
@@ -738,7 +746,7 @@ impl IbmCloud {
 
     async fn launch_inner(&self, request: &LaunchRequest<'_>) -> Result<LaunchOutcome, CloudError> {
         let p = request.scope.platform;
-        let a = self.account(p, request.scope.credentials)?;
+        let a = self.account(p, request.scope.credentials).await?;
         let name = instance_name(
             &p.instance_tag,
             name_bits(&self.options.cluster, request.launch),
@@ -757,7 +765,7 @@ impl IbmCloud {
         // An earlier try of this launch: adopted when alive, spent when gone.
         let earlier = match &p.ibm {
             Some(IbmService::Vpc(_)) => {
-                let vpc = self.vpc(p, &a)?;
+                let vpc = self.vpc(p, &a).await?;
                 self.call(p, Operation::DescribeInstances, || {
                     vpc.instance_named(&name)
                 })
@@ -766,7 +774,7 @@ impl IbmCloud {
                 .map(Seen::vpc)
             }
             Some(IbmService::Power(_)) => {
-                let pw = self.power(p, &a)?;
+                let pw = self.power(p, &a).await?;
                 self.call(p, Operation::DescribeInstances, || pw.instance_named(&name))
                     .await?
                     .as_ref()
@@ -829,7 +837,7 @@ impl IbmCloud {
         tags: &[String],
     ) -> Result<Seen, CloudError> {
         let p = request.scope.platform;
-        let pw = self.power(p, a)?;
+        let pw = self.power(p, a).await?;
         let Some(IbmService::Power(cfg)) = &p.ibm else {
             return Err(self.refused(p, Operation::RunInstances, "not a Power VS platform".into()));
         };
@@ -875,11 +883,11 @@ impl IbmCloud {
         let op = Operation::TerminateInstances;
         match &p.ibm {
             Some(IbmService::Vpc(_)) => {
-                let vpc = self.vpc(p, a)?;
+                let vpc = self.vpc(p, a).await?;
                 self.call(p, op, || vpc.delete(id)).await
             }
             Some(IbmService::Power(_)) => {
-                let pw = self.power(p, a)?;
+                let pw = self.power(p, a).await?;
                 self.call(p, op, || pw.delete(id)).await
             }
             None => Err(self.refused(p, op, "not an IBM platform".into())),
@@ -900,7 +908,7 @@ impl IbmCloud {
     ) -> Result<Terminated, CloudError> {
         let p = scope.platform;
         let op = Operation::TerminateInstances;
-        let a = self.account(p, scope.credentials)?;
+        let a = self.account(p, scope.credentials).await?;
         let Some(s) = self.seen(p, &a, id).await? else {
             return Ok(Terminated::AlreadyGone);
         };
@@ -969,7 +977,7 @@ impl IbmCloud {
     ) -> Result<(), CloudError> {
         let p = scope.platform;
         let op = Operation::CreateTags;
-        let a = self.account(p, scope.credentials)?;
+        let a = self.account(p, scope.credentials).await?;
         let Some(s) = self.seen(p, &a, id).await? else {
             return Err(self.error(
                 p,
@@ -1017,14 +1025,14 @@ impl IbmCloud {
         ids: &[String],
     ) -> Result<Vec<Instance>, CloudError> {
         let p = scope.platform;
-        let a = self.account(p, scope.credentials)?;
+        let a = self.account(p, scope.credentials).await?;
         let seen: Vec<Seen> = if ids.len() == 1 {
             self.seen(p, &a, &ids[0]).await?.into_iter().collect()
         } else {
             // One listing answers a whole batch of probes.
             let all: Vec<Seen> = match &p.ibm {
                 Some(IbmService::Vpc(_)) => {
-                    let vpc = self.vpc(p, &a)?;
+                    let vpc = self.vpc(p, &a).await?;
                     self.call(p, Operation::DescribeInstances, || vpc.all_instances())
                         .await?
                         .iter()
@@ -1032,7 +1040,7 @@ impl IbmCloud {
                         .collect()
                 }
                 Some(IbmService::Power(_)) => {
-                    let pw = self.power(p, &a)?;
+                    let pw = self.power(p, &a).await?;
                     self.call(p, Operation::DescribeInstances, || pw.instances())
                         .await?
                         .iter()
@@ -1048,7 +1056,7 @@ impl IbmCloud {
         // allocation timeout.
         let mut seen = seen;
         if let Some(IbmService::Power(cfg)) = &p.ibm {
-            let pw = self.power(p, &a)?;
+            let pw = self.power(p, &a).await?;
             for s in seen.iter_mut() {
                 if s.state == InstanceState::Running
                     && let Err(e) = self.ensure_disk(p, &pw, cfg.disk_gb, &s.id).await
@@ -1109,7 +1117,7 @@ impl Cloud for IbmCloud {
     fn list<'a>(&'a self, scope: Scope<'a>) -> BoxFuture<'a, Result<Vec<Instance>, CloudError>> {
         Box::pin(async move {
             let p = scope.platform;
-            let a = self.account(p, scope.credentials)?;
+            let a = self.account(p, scope.credentials).await?;
             let seen = self.seen_of_tag(p, &a).await?;
             let listed: Vec<Instance> = self
                 .with_tags(p, &a, seen)
