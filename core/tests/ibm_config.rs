@@ -111,6 +111,18 @@ fn clean_ibm_platforms_parse_with_go_defaults_and_are_served() {
         pw.region
     );
     assert_eq!(pw.disk_gb, 100);
+    // check-config says how the instances are reached.
+    let rows = parsed.config.summaries();
+    let row = rows
+        .iter()
+        .find(|r| r.platform == p("linux/s390x"))
+        .expect("a report row");
+    assert!(
+        row.capacity.contains("private addresses only")
+            && row.capacity.contains("login cloud-user"),
+        "{}",
+        row.capacity
+    );
     // No errors, and no key is unknown.
     let errs: Vec<_> = parsed.of(Severity::Error).collect();
     assert!(errs.is_empty(), "{errs:#?}");
