@@ -1151,4 +1151,52 @@ mod product {
             .count();
         assert_eq!(creates, 5, "one instance per TaskRun");
     }
+
+    /// The controller is killed while an ibmz instance boots: the restarted one finds the
+    /// instance by its ownership tags (no second launch), serves the TaskRun and cleans up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ibmz_restart_mid_launch_recovers_the_instance_by_its_tags() {
+        let a = Ipv4Addr::new(127, 0, 39, 4);
+        let emu = emulator(Behaviour {
+            addresses: vec![a],
+            boot_delay: Duration::from_secs(6),
+            ..Behaviour::default()
+        })
+        .await;
+        let admin = AdminKey::generate().unwrap();
+        let (p, hosts) = start(
+            &emu,
+            "linux/s390x",
+            emu.ibmz_config("linux-s390x", "e2e-s390x", 1, "cloud-user"),
+            &[a],
+            "cloud-user",
+            &admin,
+        )
+        .await;
+        let user = contract::remote_user_name("r-1", "tenant-a");
+        hosts[0].track_user(&user);
+        p.create_taskrun("tenant-a", "r-1", "linux/s390x", json!({}))
+            .await
+            .unwrap();
+        p.wait(T, "the instance created", || async {
+            (!emu.vpc_create_requests().is_empty()).then_some(())
+        })
+        .await;
+        p.controllers[0].kill();
+        p.controllers[0].restart().unwrap();
+        let s = served(&p, "tenant-a", "r-1").await;
+        assert_eq!(s["host"], format!("{user}@{a}"));
+        let creates = emu
+            .requests()
+            .iter()
+            .filter(|(m, q)| m == http::Method::POST && q.starts_with("/v1/instances"))
+            .count();
+        assert_eq!(
+            creates, 1,
+            "the restarted controller adopted the booting instance"
+        );
+        p.build("tenant-a", "r-1").await;
+        p.cleaned_up("tenant-a", "r-1").await;
+        emptied(&p, &emu).await;
+    }
 }
