@@ -794,12 +794,11 @@ impl IbmCloud {
                 None => Vec::new(),
             };
             let i = self.instance(p, &s, &t);
+            if i.state.is_gone() {
+                return Ok(LaunchOutcome::Spent(i));
+            }
             self.metrics.launched(p.platform.as_str(), true);
-            return Ok(if i.state.is_gone() {
-                LaunchOutcome::Spent(i)
-            } else {
-                LaunchOutcome::Adopted(i)
-            });
+            return Ok(LaunchOutcome::Adopted(i));
         }
         let s = match &p.ibm {
             Some(IbmService::Vpc(_)) => self.launch_vpc(request, &a, &name, &tags).await?,
@@ -1077,7 +1076,7 @@ impl IbmCloud {
         gb: u32,
         id: &str,
     ) -> Result<(), CloudError> {
-        let op = Operation::CreateTags;
+        let op = Operation::ResizeVolume;
         let Some(i) = self
             .call(p, Operation::DescribeInstances, || pw.instance(id))
             .await?
