@@ -1199,4 +1199,71 @@ mod product {
         p.cleaned_up("tenant-a", "r-1").await;
         emptied(&p, &emu).await;
     }
+
+    /// `user: root` (Go's default) on an image that puts no key on root, as IBM Cloud VPC images
+    /// since 2026-01-19: the TaskRun gets an error naming the refused root login, and every
+    /// instance tried is deleted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ibmz_root_login_refused_by_a_new_image_is_an_error_secret_and_no_leak() {
+        let a = Ipv4Addr::new(127, 0, 40, 4);
+        let emu = emulator(Behaviour {
+            addresses: vec![a],
+            ..Behaviour::default()
+        })
+        .await;
+        let admin = AdminKey::generate().unwrap();
+        // The host's admin is cloud-user; root is refused.
+        let mut p = Product::start(e2e::mpc_binary!(), &[]).await.unwrap();
+        let _host = SshdHost::start_with(HostSetup {
+            address: Some(a),
+            port: Some(22),
+            admin_key: Some(admin.clone()),
+            admin_user: Some("cloud-user".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        p.put_secret(
+            NS,
+            "ibm-api-key",
+            &[("api-key", ibm_emulator::API_KEY.as_bytes())],
+        )
+        .await
+        .unwrap();
+        p.put_secret(
+            NS,
+            "ibm-s390x-ssh-key",
+            &[("id_rsa", admin.private().as_slice())],
+        )
+        .await
+        .unwrap();
+        let mut cfg: ConfigPairs = p.base_config();
+        cfg.extend(emu.ibmz_config("linux-s390x", "e2e-s390x", 1, "root"));
+        cfg.push(("dynamic-platforms".into(), "linux/s390x".into()));
+        p.set_config(&cfg).await.unwrap();
+        p.controller_flags = vec![
+            "--ibm-iam-url".into(),
+            emu.iam_url(),
+            "--ibm-tagging-url".into(),
+            emu.tagging_url(),
+        ];
+        p.start_controller("c1").await.unwrap();
+        p.create_taskrun("tenant-a", "root-1", "linux/s390x", json!({}))
+            .await
+            .unwrap();
+        let s = p
+            .wait(Duration::from_secs(240), "an error secret", || async {
+                p.secret("tenant-a", "root-1")
+                    .await
+                    .filter(|s| s.contains_key("error") || s.contains_key("otp"))
+            })
+            .await;
+        let error = s.get("error").unwrap_or_else(|| panic!("{s:?}"));
+        assert!(error.contains("root@127.0.40.4"), "{error}");
+        p.delete_taskrun("tenant-a", "root-1").await;
+        p.cleaned_up("tenant-a", "root-1").await;
+        p.wait(T, "no instance left in the emulator", || async {
+            (emu.live_instances() == 0).then_some(())
+        })
+        .await;
+    }
 }
