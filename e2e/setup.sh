@@ -12,7 +12,8 @@
 #   - at and cron (a build user's at jobs and crontab must not survive its cleanup)
 #   - cargo-deny (licence, ban and source checks of the dependency graph), built with
 #     `cargo install --locked` when missing
-#   - a Python venv with moto[server] (the EC2 emulator) and IBM's ibm-vpc and ibm-cloud-sdk-core SDKs
+#   - a Python venv with moto[server] (the EC2 emulator) and IBM's ibm-vpc, ibm-platform-services
+#     and ibm-cloud-sdk-core SDKs
 #     (they check the IBM emulator)
 # Fails, naming what is missing, when a tool is still missing or too old afterwards.
 # Prints the moto venv path at the end. Honours MPC_E2E_HOME (default ~/.cache/mpc-e2e).
@@ -69,9 +70,9 @@ if ! "$venv/bin/python" -c 'import moto, flask' >/dev/null 2>&1; then
   "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
 fi
 # IBM's own SDKs keep the IBM emulator's wire shapes honest (e2e/tests/ibm.rs).
-if ! "$venv/bin/python" -c 'import ibm_vpc, ibm_cloud_sdk_core' >/dev/null 2>&1; then
-  echo "setup: adding ibm-vpc and ibm-cloud-sdk-core to $venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "ibm-vpc==0.36.*" "ibm-cloud-sdk-core==3.*"
+if ! "$venv/bin/python" -c 'import ibm_vpc, ibm_platform_services, ibm_cloud_sdk_core' >/dev/null 2>&1; then
+  echo "setup: adding ibm-vpc, ibm-platform-services and ibm-cloud-sdk-core to $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "ibm-vpc==0.36.*" "ibm-platform-services==0.77.*" "ibm-cloud-sdk-core==3.*"
 fi
 
 if ! cargo deny --version >/dev/null 2>&1; then
@@ -86,7 +87,7 @@ for tool in ssh curl rsync promtool visudo kubectl podman runc debootstrap ip at
   command -v "$tool" >/dev/null 2>&1 || problems+=("$tool")
 done
 [ -x "$venv/bin/moto_server" ] || problems+=("moto_server in $venv")
-"$venv/bin/python" -c 'import ibm_vpc, ibm_cloud_sdk_core' >/dev/null 2>&1 || problems+=("ibm-vpc and ibm-cloud-sdk-core in $venv")
+"$venv/bin/python" -c 'import ibm_vpc, ibm_platform_services, ibm_cloud_sdk_core' >/dev/null 2>&1 || problems+=("ibm-vpc, ibm-platform-services and ibm-cloud-sdk-core in $venv")
 cargo deny --version >/dev/null 2>&1 || problems+=("cargo-deny (cargo install --locked cargo-deny)")
 if command -v kubectl >/dev/null 2>&1; then
   minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)

@@ -84,21 +84,48 @@ fn clean() -> Vec<(&'static str, &'static str)> {
 }
 
 #[test]
-fn clean_ibm_platforms_parse_with_go_defaults_but_stay_disabled_with_a_specific_reason() {
+fn clean_ibm_platforms_parse_with_go_defaults_and_are_served() {
     let d = data(&clean());
     let parsed = parse(&d);
     for platform in ["linux/s390x", "linux/ppc64le"] {
-        let reason = &parsed.config.disabled[&p(platform)];
         assert!(
-            reason.contains("IBM Cloud provider not yet available in this build"),
-            "{reason}"
+            !parsed.config.disabled.contains_key(&p(platform)),
+            "{:#?}",
+            parsed.config.disabled
         );
-        assert!(!reason.contains("unsupported cloud type"), "{reason}");
-        assert!(!parsed.config.dynamic.contains_key(&p(platform)));
+        let t = &parsed.config.dynamic[&p(platform)];
+        assert_eq!(t.cloud, mpc_core::config::CloudKind::Ibm);
+        assert_eq!(t.aws_secret, "ibm-api-key", "the API key Secret");
     }
-    // The only errors are the unavailability ones; no key is unknown.
+    let z = &parsed.config.dynamic[&p("linux/s390x")];
+    assert_eq!(z.user, "cloud-user");
+    assert_eq!(z.instance_tag, "stage-s390x");
+    assert!(matches!(&z.ibm, Some(IbmService::Vpc(v)) if v.zone == "us-east-1"));
+    let pw = &parsed.config.dynamic[&p("linux/ppc64le")];
+    assert!(matches!(&pw.ibm, Some(IbmService::Power(_))));
+    // Probe lookups batch per endpoint and workspace: one endpoint serves many workspaces.
+    assert!(
+        pw.region
+            .ends_with("/pcloud/v1/cloud-instances/4e9dc638-7a78-4e7c-b432-e83b7010c531"),
+        "{}",
+        pw.region
+    );
+    assert_eq!(pw.disk_gb, 100);
+    // check-config says how the instances are reached.
+    let rows = parsed.config.summaries();
+    let row = rows
+        .iter()
+        .find(|r| r.platform == p("linux/s390x"))
+        .expect("a report row");
+    assert!(
+        row.capacity.contains("private addresses only")
+            && row.capacity.contains("login cloud-user"),
+        "{}",
+        row.capacity
+    );
+    // No errors, and no key is unknown.
     let errs: Vec<_> = parsed.of(Severity::Error).collect();
-    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert!(errs.is_empty(), "{errs:#?}");
     assert!(
         parsed
             .diagnostics
@@ -312,7 +339,7 @@ fn ibm_tag_length_limits_and_user_and_floating_ip_warnings() {
     assert_eq!(e.len(), 1, "{:#?}", parsed.diagnostics);
     assert!(e[0].message.contains("(max 29)"), "{}", e[0].message);
     assert!(parsed.config.disabled[&p("linux/ppc64le")].contains("max 29"));
-    assert!(parsed.config.disabled[&p("linux/s390x")].contains("not yet available"));
+    assert!(parsed.config.dynamic.contains_key(&p("linux/s390x")));
     let w = warnings(&parsed, "dynamic.linux-s390x.user");
     assert!(w[0].message.contains("2026-01-19"), "{w:#?}");
     let w = warnings(&parsed, "dynamic.linux-s390x.private-ip");
@@ -382,8 +409,14 @@ fn historic_infra_deployments_ibm_configs_fail_as_go_fails_them() {
     let parsed = parse(&fixed);
     assert_eq!(
         parsed.of(Severity::Error).count(),
-        3,
+        0,
         "{:#?}",
         parsed.diagnostics
     );
+    for platform in ["linux/s390x", "linux/ppc64le", "linux-large/s390x"] {
+        assert!(
+            parsed.config.dynamic.contains_key(&p(platform)),
+            "{platform}"
+        );
+    }
 }

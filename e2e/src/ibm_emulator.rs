@@ -1,12 +1,13 @@
 //! A hand-written IBM Cloud emulator on loopback: IAM tokens, the VPC API (`/v1/...`, what `ibmz`
-//! uses) and the Power Virtual Server API (`/pcloud/v1/...`, what `ibmp` uses), in one HTTP
-//! server.
+//! uses), the Power Virtual Server API (`/pcloud/v1/...`, what `ibmp` uses) and the Global
+//! Tagging API (`/v3/tags...`, where instances' user tags live), in one HTTP server.
 //!
 //! No IBM emulator exists, so the wire shapes are kept honest from outside: IBM's own Python SDKs
 //! (`ibm-vpc`, `ibm-cloud-sdk-core` from PyPI) drive the VPC and IAM parts in `e2e/tests/ibm.rs`
 //! and parse every answer with their models. IBM publishes no Python SDK for Power VS; its field
 //! names here follow the published `power-go-client` models (`PVMInstance`, `PVMInstanceCreate`,
-//! `VolumeReference`).
+//! `VolumeReference`). The Global Tagging part is driven by IBM's `ibm-platform-services` SDK
+//! (`GlobalTaggingV1`). Tags are stored lower-case, as IBM compares them case-insensitively.
 //!
 //! Behaviour: tokens expire (and can be expired on demand), every API call needs a live bearer
 //! token (else 401), instances boot (`pending` → `running`) and delete (`deleting` → gone) after
@@ -74,6 +75,8 @@ pub struct Behaviour {
     pub delete_delay: Duration,
     /// Power VS volume resizes answered 409 before one succeeds (per volume).
     pub resize_conflicts: u32,
+    /// Addresses given to new instances in turn (both APIs); empty: `10.240.x.y`.
+    pub addresses: Vec<std::net::Ipv4Addr>,
 }
 
 impl Default for Behaviour {
@@ -83,6 +86,7 @@ impl Default for Behaviour {
             boot_delay: Duration::from_millis(200),
             delete_delay: Duration::from_millis(200),
             resize_conflicts: 0,
+            addresses: Vec::new(),
         }
     }
 }
@@ -100,6 +104,7 @@ struct Vm {
     boot_volume: String,
     disk_gb: f64,
     conflicts_left: u32,
+    failed: bool,
 }
 
 #[derive(Default)]
@@ -112,6 +117,10 @@ struct Inner {
     requests: Vec<(Method, String)>,
     counter: u64,
     token_requests: u32,
+    /// User tags by resource CRN.
+    tags: BTreeMap<String, Vec<String>>,
+    /// Instances created so far (both APIs).
+    created: usize,
 }
 
 /// A running emulator. Dropping it stops the server.
@@ -189,6 +198,13 @@ impl IbmEmulator {
                 "/pcloud/v1/cloud-instances/{cloud}/volumes/{id}",
                 put(resize_volume),
             )
+            .route(
+                "/pcloud/v1/cloud-instances/{cloud}/images",
+                get(power_images),
+            )
+            .route("/v3/tags", get(list_tags))
+            .route("/v3/tags/attach", post(attach_tags))
+            .route("/v3/tags/detach", post(detach_tags))
             .layer(axum::middleware::from_fn_with_state(state.clone(), gate))
             .with_state(state.clone());
         let task = tokio::spawn(async move {
@@ -211,6 +227,128 @@ impl IbmEmulator {
     /// Power VS regional endpoint, as in `dynamic.<p>.url` of ibmp.
     pub fn power_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+    /// Global Tagging endpoint (the same server as IAM).
+    pub fn tagging_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    /// The user tags attached to `crn`.
+    pub fn tags_of(&self, crn: &str) -> Vec<String> {
+        self.lock().tags.get(crn).cloned().unwrap_or_default()
+    }
+    /// Creates a VPC instance directly (another cluster's, or the Go controller's), with `tags`.
+    pub fn seed_vpc_instance(&self, name: &str, tags: &[&str]) -> String {
+        let mut s = self.lock();
+        let request = json!({"name": name, "zone": {"name": ZONE}, "profile": {"name": "bz2-1x4"}});
+        let vm = new_vm(&mut s, name.to_owned(), request, 100.0);
+        let id = vm.id.clone();
+        s.tags.insert(
+            crn("instance", &id),
+            tags.iter().map(|t| t.to_ascii_lowercase()).collect(),
+        );
+        s.vpc_vms.insert(id.clone(), vm);
+        id
+    }
+    /// Marks VPC instance `id` failed.
+    pub fn fail_vpc_instance(&self, id: &str) {
+        if let Some(v) = self.lock().vpc_vms.get_mut(id) {
+            v.failed = true;
+        }
+    }
+    /// Marks Power VS instance `id` failed (`ERROR`, health `CRITICAL`).
+    pub fn fail_power_instance(&self, id: &str) {
+        if let Some(v) = self.lock().power_vms.get_mut(id) {
+            v.failed = true;
+        }
+    }
+    /// Instances that hold capacity: existing, neither deleting nor failed (both APIs).
+    pub fn capacity_instances(&self) -> usize {
+        self.live_instances();
+        let s = self.lock();
+        s.vpc_vms
+            .values()
+            .chain(s.power_vms.values())
+            .filter(|v| v.deleted.is_none() && !v.failed)
+            .count()
+    }
+    /// Names of the instances that still exist (deleting ones included), VPC then Power VS.
+    pub fn instance_names(&self) -> Vec<String> {
+        self.live_instances();
+        let s = self.lock();
+        s.vpc_vms
+            .values()
+            .chain(s.power_vms.values())
+            .map(|v| v.name.clone())
+            .collect()
+    }
+    /// Create request bodies of Power VS instances, by name.
+    pub fn power_create_requests(&self) -> BTreeMap<String, Value> {
+        let s = self.lock();
+        s.power_vms
+            .values()
+            .map(|v| (v.name.clone(), v.request.clone()))
+            .collect()
+    }
+    /// Host-config entries (without `dynamic-platforms`) of an `ibmz` platform `label`
+    /// (`linux-s390x`) on this emulator: API key Secret `ibm-api-key`, SSH Secret
+    /// `ibm-s390x-ssh-key`.
+    pub fn ibmz_config(
+        &self,
+        label: &str,
+        tag: &str,
+        max: u32,
+        user: &str,
+    ) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = [
+            ("type", "ibmz"),
+            ("url", self.vpc_url().as_str()),
+            ("region", ZONE),
+            ("vpc", VPC_NAME),
+            ("subnet", SUBNET_NAME),
+            ("key", KEY_NAME),
+            ("image-id", IMAGE_ID),
+            ("profile", "bz2-1x4"),
+            ("private-ip", "true"),
+            ("secret", "ibm-api-key"),
+            ("ssh-secret", "ibm-s390x-ssh-key"),
+            ("user", user),
+            ("instance-tag", tag),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("dynamic.{label}.{k}"), v.to_owned()))
+        .collect();
+        out.push((format!("dynamic.{label}.max-instances"), max.to_string()));
+        out
+    }
+    /// Host-config entries of an `ibmp` platform `label` (`linux-ppc64le`) on this emulator.
+    pub fn ibmp_config(
+        &self,
+        label: &str,
+        tag: &str,
+        max: u32,
+        user: &str,
+    ) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = [
+            ("type", "ibmp"),
+            ("url", self.power_url().as_str()),
+            ("crn", POWER_CRN),
+            ("key", KEY_NAME),
+            ("image", POWER_IMAGE_NAME),
+            ("network", POWER_NETWORK_ID),
+            ("system", "e980"),
+            ("cores", "0.5"),
+            ("memory", "4"),
+            ("disk", "120"),
+            ("secret", "ibm-api-key"),
+            ("ssh-secret", "ibm-ppc64le-ssh-key"),
+            ("user", user),
+            ("instance-tag", tag),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("dynamic.{label}.{k}"), v.to_owned()))
+        .collect();
+        out.push((format!("dynamic.{label}.max-instances"), max.to_string()));
+        out
     }
     /// Adds a fault.
     pub fn inject(&self, fault: Fault) {
@@ -456,6 +594,8 @@ async fn keys(headers: HeaderMap) -> Response {
 fn vpc_status(vm: &Vm, b: &Behaviour) -> &'static str {
     if vm.deleted.is_some() {
         "deleting"
+    } else if vm.failed {
+        "failed"
     } else if vm.created.elapsed() < b.boot_delay {
         "pending"
     } else {
@@ -514,6 +654,13 @@ fn boot_ref(base: &str, vm: &Vm) -> Value {
 fn new_vm(s: &mut Inner, name: String, request: Value, disk_gb: f64) -> Vm {
     s.counter += 1;
     let n = s.counter;
+    s.created += 1;
+    let pool = &s.behaviour.addresses;
+    let address = if pool.is_empty() {
+        format!("10.240.{}.{}", (n / 250) % 250, n % 250 + 2)
+    } else {
+        pool[(s.created - 1) % pool.len()].to_string()
+    };
     Vm {
         id: format!("0757_{n:08x}-0000-4000-8000-{n:012x}"),
         name,
@@ -521,10 +668,11 @@ fn new_vm(s: &mut Inner, name: String, request: Value, disk_gb: f64) -> Vm {
         created_at: now_rfc3339(),
         deleted: None,
         request,
-        address: format!("10.240.{}.{}", (n / 250) % 250, n % 250 + 2),
+        address,
         boot_volume: format!("r014-vol-{n:08x}"),
         disk_gb,
         conflicts_left: s.behaviour.resize_conflicts,
+        failed: false,
     }
 }
 
@@ -639,9 +787,17 @@ async fn delete_instance(State(state): State<Shared>, Path(id): Path<String>) ->
     }
 }
 
-fn pvm_json(vm: &Vm, b: &Behaviour) -> Value {
+fn power_crn(id: &str) -> String {
+    format!(
+        "crn:v1:bluemix:public:power-iaas:wdc06:a/0123456789abcdef0123456789abcdef:{POWER_CLOUD_ID}:pvm-instance:{id}"
+    )
+}
+
+fn pvm_json(vm: &Vm, b: &Behaviour, tags: &BTreeMap<String, Vec<String>>) -> Value {
     let (status, health) = if vm.deleted.is_some() {
         ("DELETING", "WARNING")
+    } else if vm.failed {
+        ("ERROR", "CRITICAL")
     } else if vm.created.elapsed() < b.boot_delay {
         ("BUILD", "PENDING")
     } else {
@@ -651,6 +807,11 @@ fn pvm_json(vm: &Vm, b: &Behaviour) -> Value {
     json!({
         "pvmInstanceID": vm.id,
         "serverName": vm.name,
+        "crn": power_crn(&vm.id),
+        "userTags": tags.get(&power_crn(&vm.id)).cloned().unwrap_or_default(),
+        "osType": "rhel",
+        "storageType": "tier3",
+        "networkIDs": [POWER_NETWORK_ID],
         "status": status,
         "health": {"status": health, "lastUpdate": now_rfc3339()},
         "imageID": POWER_IMAGE_ID,
@@ -695,8 +856,19 @@ async fn create_pvm(
         return bad_request("serverName longer than 47 characters");
     }
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    if s.power_vms.values().any(|v| v.name == name) {
+        return bad_request("serverName already in use");
+    }
+    let tags: Vec<String> = r["userTags"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_ascii_lowercase)
+        .collect();
     let vm = new_vm(&mut s, name, r, 20.0);
-    let answer = json!([pvm_json(&vm, &s.behaviour)]);
+    s.tags.insert(power_crn(&vm.id), tags);
+    let answer = json!([pvm_json(&vm, &s.behaviour, &s.tags)]);
     s.power_vms.insert(vm.id.clone(), vm);
     (StatusCode::CREATED, axum::Json(answer)).into_response()
 }
@@ -706,10 +878,14 @@ async fn list_pvms(State(state): State<Shared>) -> Response {
     let Inner {
         behaviour,
         power_vms,
+        tags,
         ..
     } = &mut *s;
     reap(power_vms, behaviour.delete_delay);
-    let all: Vec<Value> = power_vms.values().map(|v| pvm_json(v, behaviour)).collect();
+    let all: Vec<Value> = power_vms
+        .values()
+        .map(|v| pvm_json(v, behaviour, tags))
+        .collect();
     axum::Json(json!({"pvmInstances": all})).into_response()
 }
 
@@ -718,11 +894,12 @@ async fn get_pvm(State(state): State<Shared>, Path((_c, id)): Path<(String, Stri
     let Inner {
         behaviour,
         power_vms,
+        tags,
         ..
     } = &mut *s;
     reap(power_vms, behaviour.delete_delay);
     match power_vms.get(&id) {
-        Some(v) => axum::Json(pvm_json(v, behaviour)).into_response(),
+        Some(v) => axum::Json(pvm_json(v, behaviour, tags)).into_response(),
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"description": "pvm-instance not found", "error": "not found"})),
@@ -792,4 +969,129 @@ async fn resize_volume(
     }
     vm.disk_gb = size;
     axum::Json(json!({"volumeID": id, "name": format!("{}-boot", vm.name), "size": size, "state": "in-use", "bootable": true})).into_response()
+}
+
+async fn power_images(Path(cloud): Path<String>) -> Response {
+    if cloud != POWER_CLOUD_ID {
+        return ibm_error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "cloud instance not found",
+        );
+    }
+    axum::Json(json!({"images": [{
+        "imageID": POWER_IMAGE_ID, "name": POWER_IMAGE_NAME, "state": "active",
+        "href": format!("/pcloud/v1/cloud-instances/{POWER_CLOUD_ID}/images/{POWER_IMAGE_ID}"),
+        "storageType": "tier3", "storagePool": "Tier3-Flash-1",
+        "specifications": {"operatingSystem": "rhel", "architecture": "ppc64"},
+    }]}))
+    .into_response()
+}
+
+/// `GET /v3/tags?attached_to=<crn>&tag_type=user` (`TagList`).
+async fn list_tags(
+    State(state): State<Shared>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if q.get("tag_type").is_some_and(|t| t != "user") {
+        return axum::Json(json!({"total_count": 0, "offset": 0, "limit": 100, "items": []}))
+            .into_response();
+    }
+    let s = state.lock().unwrap_or_else(|e| e.into_inner());
+    let names: Vec<String> = match q.get("attached_to") {
+        Some(crn) => s.tags.get(crn).cloned().unwrap_or_default(),
+        None => {
+            let mut all: Vec<String> = s.tags.values().flatten().cloned().collect();
+            all.sort();
+            all.dedup();
+            all
+        }
+    };
+    let offset: usize = q.get("offset").and_then(|o| o.parse().ok()).unwrap_or(0);
+    let limit: usize = q
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(100)
+        .clamp(1, 1000);
+    let items: Vec<Value> = names
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|n| json!({"name": n}))
+        .collect();
+    axum::Json(
+        json!({"total_count": names.len(), "offset": offset, "limit": limit, "items": items}),
+    )
+    .into_response()
+}
+
+/// The resources and tag names of an attach or detach, or why the request is bad.
+fn tag_request(body: &[u8]) -> Result<(Vec<String>, Vec<String>), String> {
+    let r: Value = serde_json::from_slice(body).map_err(|_| "body is not JSON".to_owned())?;
+    let resources: Vec<String> = r["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x["resource_id"].as_str().map(str::to_owned))
+        .collect();
+    let names: Vec<String> = r["tag_names"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if resources.is_empty() || names.is_empty() {
+        return Err("resources and tag_names are required".into());
+    }
+    if let Some(bad) = names.iter().find(|n| {
+        n.len() > 128
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'_' | b'-' | b'.' | b':'))
+    }) {
+        return Err(format!("invalid tag name {bad:?}"));
+    }
+    Ok((resources, names))
+}
+
+fn tag_results(resources: &[String]) -> Response {
+    let results: Vec<Value> = resources
+        .iter()
+        .map(|r| json!({"resource_id": r, "is_error": false}))
+        .collect();
+    axum::Json(json!({"results": results})).into_response()
+}
+
+/// `POST /v3/tags/attach` (`TagResults`).
+async fn attach_tags(State(state): State<Shared>, body: Bytes) -> Response {
+    let (resources, names) = match tag_request(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&e),
+    };
+    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    for r in &resources {
+        let t = s.tags.entry(r.clone()).or_default();
+        for n in &names {
+            if !t.contains(n) {
+                t.push(n.clone());
+            }
+        }
+    }
+    tag_results(&resources)
+}
+
+/// `POST /v3/tags/detach` (`TagResults`).
+async fn detach_tags(State(state): State<Shared>, body: Bytes) -> Response {
+    let (resources, names) = match tag_request(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&e),
+    };
+    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    for r in &resources {
+        if let Some(t) = s.tags.get_mut(r) {
+            t.retain(|x| !names.contains(x));
+        }
+    }
+    tag_results(&resources)
 }

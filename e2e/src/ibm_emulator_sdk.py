@@ -1,5 +1,6 @@
-"""Drives the IBM emulator with IBM's own Python SDKs (ibm-vpc, ibm-cloud-sdk-core) and parses
-every answer with the SDK's models, so the emulator's wire shapes stay IBM's.
+"""Drives the IBM emulator with IBM's own Python SDKs (ibm-vpc, ibm-platform-services,
+ibm-cloud-sdk-core) and parses every answer with the SDK's models, so the emulator's wire shapes
+stay IBM's.
 
 Usage: python ibm_emulator_sdk.py VPC_URL IAM_URL API_KEY. Prints one JSON line of facts; any
 SDK or model error is an exception (non-zero exit)."""
@@ -9,6 +10,8 @@ import time
 
 from ibm_cloud_sdk_core import ApiException, get_query_param
 from ibm_cloud_sdk_core.authenticators import IAMAuthenticator
+from ibm_platform_services import GlobalTaggingV1
+from ibm_platform_services.global_tagging_v1 import Resource, TagList, TagResults
 from ibm_vpc import VpcV1
 from ibm_vpc.vpc_v1 import (
     Instance,
@@ -37,6 +40,8 @@ facts["key"] = key.name
 
 # The request the ibmz provider sends (Go's shape): a network attachment on the VPC's default
 # security group, a general-purpose boot volume deleted with the instance, host_failure stop.
+# The instance prototype has no user_tags (ibm-vpc 0.36 models): instance tags go through the
+# Global Tagging API below.
 names = []
 for i in range(5):
     name = "sdk-s390x-%016xx" % i
@@ -49,7 +54,6 @@ for i in range(5):
         "profile": {"name": "bz2-1x4"},
         "keys": [{"id": key.id}],
         "availability_policy": {"host_failure": "stop"},
-        "user_tags": ["mpc-cluster:sdk"],
         "boot_volume_attachment": {
             "delete_volume_on_instance_delete": True,
             "volume": {"name": name + "-boot", "capacity": 100, "profile": {"name": "general-purpose"}, "user_tags": ["mpc-cluster:sdk"]},
@@ -90,6 +94,22 @@ time.sleep(0.5)
 one = Instance.from_dict(svc.get_instance(created.id).get_result())
 facts["booted_status"] = one.status
 facts["address"] = one.primary_network_attachment.primary_ip.address
+
+# User tags on an instance's CRN, as the provider keeps ownership: attach, list, detach.
+tagging = GlobalTaggingV1(authenticator=auth)
+tagging.set_service_url(iam_url)
+res = TagResults.from_dict(tagging.attach_tag(
+    resources=[Resource(resource_id=created.crn)],
+    tag_names=["multi-platform-cluster:sdk", "taskRunID:tenant:build-1"],
+    tag_type="user").get_result())
+facts["attach_errors"] = [r.is_error for r in res.results]
+listed_tags = TagList.from_dict(tagging.list_tags(attached_to=created.crn, tag_type="user").get_result())
+facts["tags"] = sorted(t.name for t in listed_tags.items)
+TagResults.from_dict(tagging.detach_tag(
+    resources=[Resource(resource_id=created.crn)],
+    tag_names=["taskRunID:tenant:build-1"], tag_type="user").get_result())
+facts["tags_after_detach"] = sorted(
+    t.name for t in TagList.from_dict(tagging.list_tags(attached_to=created.crn, tag_type="user").get_result()).items)
 
 for i in InstanceCollection.from_dict(svc.list_instances(limit=100).get_result()).instances:
     svc.delete_instance(i.id)

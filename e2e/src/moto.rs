@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{BehaviorVersion, Region};
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
-use mpc::cloud::Credentials;
+use mpc::cloud::{AwsCredentials, Credentials};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -98,11 +98,11 @@ pub fn moto_server_path() -> PathBuf {
 
 /// Credentials for the controller under test.
 pub fn test_credentials() -> Credentials {
-    Credentials {
+    Credentials::Aws(AwsCredentials {
         access_key_id: ACCESS_KEY_ID.into(),
         secret_access_key: SECRET_ACCESS_KEY.into(),
         session_token: None,
-    }
+    })
 }
 
 /// Runs moto's server (`moto.server.main`, as `moto_server` does) in a Python process whose

@@ -195,6 +195,10 @@ pub struct HostSetup {
     pub admin_key: Option<AdminKey>,
     /// sshd_config lines appended at the end (`Match` blocks: a `ForceCommand` per user).
     pub extra_config: String,
+    /// The admin login instead of root: a local user of this machine (created when missing)
+    /// with passwordless sudo, and root logins refused, as on cloud images that no longer put
+    /// keys on root (IBM Cloud VPC since 2026-01-19).
+    pub admin_user: Option<String>,
 }
 
 /// An admin (root) key pair: the private half in OpenSSH format, the public half as an
@@ -354,11 +358,32 @@ impl SshdHost {
             Some(k) => k.clone(),
             None => AdminKey::generate()?,
         };
-        write_mode(
-            &dir.path().join("admin_keys/root"),
-            format!("{}\n", admin.public).as_bytes(),
-            0o600,
-        )?;
+        let admin_user = setup.admin_user.clone().unwrap_or_else(|| "root".into());
+        let keys_file = dir.path().join(format!("admin_keys/{admin_user}"));
+        write_mode(&keys_file, format!("{}\n", admin.public).as_bytes(), 0o600)?;
+        if admin_user != "root" {
+            ensure_user(&admin_user)?;
+            // sshd reads keys as the user, who cannot reach this directory: the key goes to the
+            // user's own authorized_keys (appended: parallel tests share the login).
+            let ssh_dir = PathBuf::from(format!("/home/{admin_user}/.ssh"));
+            fs::create_dir_all(&ssh_dir)?;
+            fs::set_permissions(&ssh_dir, fs::Permissions::from_mode(0o700))?;
+            let keys = ssh_dir.join("authorized_keys");
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&keys)?;
+            writeln!(f, "{}", admin.public)?;
+            fs::set_permissions(&keys, fs::Permissions::from_mode(0o600))?;
+            chown(&ssh_dir, &admin_user)?;
+            chown(&keys, &admin_user)?;
+            let sudoers = format!("/etc/sudoers.d/mpc-e2e-{admin_user}");
+            write_mode(
+                Path::new(&sudoers),
+                format!("{admin_user} ALL=(ALL) NOPASSWD: ALL\n").as_bytes(),
+                0o440,
+            )?;
+        }
         let random = || Ipv4Addr::new(127, 0, 0, 2 + (random_u64() % 250) as u8);
         let (address, port) = match (setup.address, setup.port) {
             (Some(a), Some(p)) => (a, p),
@@ -390,7 +415,14 @@ impl SshdHost {
             env.push(("PATH".into(), tools.path().display().to_string()));
             host.tools = Some(tools);
         }
-        host.write_config(&env, &setup.extra_config)?;
+        let extra = match &setup.admin_user {
+            Some(u) if u != "root" => format!(
+                "Match User {u}\n  SetEnv HOME=/home/{u}\nMatch all\nDenyUsers root\n{}",
+                setup.extra_config
+            ),
+            _ => setup.extra_config.clone(),
+        };
+        host.write_config(&env, &extra)?;
         host.spawn()?;
         Ok(host)
     }

@@ -1325,10 +1325,10 @@ async fn probe_lookups_coalesce_per_account_and_fan_out() {
     assert_eq!(sizes, [52, 200]);
 
     // Other credentials are another account: their lookups are not mixed in.
-    let other = Credentials {
+    let other = Credentials::Aws(mpc::cloud::AwsCredentials {
         access_key_id: "AKIAOTHERACCOUNT".into(),
-        ..test_credentials()
-    };
+        ..test_credentials().aws().clone()
+    });
     let other_scope = Scope {
         platform: p,
         credentials: &other,

@@ -33,7 +33,7 @@ use crate::cloud::launch::{
 use crate::cloud::metrics::CloudMetrics;
 use crate::cloud::retry::RetryPolicy;
 use crate::cloud::{
-    Cloud, CloudError, Credentials, ErrorClass, Instance, LaunchRequest, Operation, Scope,
+    AwsCredentials, Cloud, CloudError, ErrorClass, Instance, LaunchRequest, Operation, Scope,
     Terminated,
 };
 use crate::config::{DynamicPlatform, HostOs};
@@ -214,7 +214,7 @@ impl AwsCloud {
     /// The cached client for the scope's region and credentials. Rotated credentials (same key
     /// id, new secret) replace the old client instead of piling up.
     fn client(&self, scope: Scope<'_>) -> Client {
-        let c: &Credentials = scope.credentials;
+        let c: &AwsCredentials = scope.credentials.aws();
         let key = ClientKey {
             region: scope.platform.region.clone(),
             access_key_id: c.access_key_id.clone(),
@@ -873,12 +873,12 @@ mod tests {
         assert_eq!(ssm_root_device(&p), Some(Some("/dev/sda1")));
     }
 
-    fn creds(id: &str, secret: &str) -> Credentials {
-        Credentials {
+    fn creds(id: &str, secret: &str) -> crate::cloud::Credentials {
+        crate::cloud::Credentials::Aws(crate::cloud::AwsCredentials {
             access_key_id: id.into(),
             secret_access_key: secret.into(),
             session_token: None,
-        }
+        })
     }
 
     #[tokio::test]

@@ -119,7 +119,7 @@ impl ProbeBatcher {
         let c: &Credentials = scope.credentials;
         let key = Key {
             region: scope.platform.region.clone(),
-            access_key_id: c.access_key_id.clone(),
+            access_key_id: c.key_id().to_owned(),
             fingerprint: c.fingerprint(),
         };
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,4 +1,5 @@
-//! Cloud credentials as plain data, read by the caller from the Secret named by `aws-secret`.
+//! Cloud credentials as plain data, read by the caller from the Secret named by `aws-secret`
+//! (AWS) or `secret` (IBM Cloud: its `api-key`).
 //!
 //! Pure: no Kubernetes types; the caller hands over the Secret's `data` map.
 
@@ -11,10 +12,12 @@ pub const ACCESS_KEY_ID: &str = "access-key-id";
 pub const SECRET_ACCESS_KEY: &str = "secret-access-key";
 /// Optional secret key holding a session token.
 pub const SESSION_TOKEN: &str = "session-token";
+/// Secret key holding an IBM Cloud API key (Go's name).
+pub const IBM_API_KEY: &str = "api-key";
 
 /// Static cloud credentials. `Debug` never prints the secret parts.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Credentials {
+pub struct AwsCredentials {
     /// Access key id (not secret; appears in logs).
     pub access_key_id: String,
     pub secret_access_key: String,
@@ -22,9 +25,9 @@ pub struct Credentials {
     pub session_token: Option<String>,
 }
 
-impl fmt::Debug for Credentials {
+impl fmt::Debug for AwsCredentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
+        f.debug_struct("AwsCredentials")
             .field("access_key_id", &self.access_key_id)
             .field("secret_access_key", &"<redacted>")
             .field(
@@ -56,7 +59,122 @@ pub enum CredentialsError {
     },
 }
 
+/// An IBM Cloud API key. `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IbmApiKey(String);
+
+impl fmt::Debug for IbmApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IbmApiKey(<redacted>)")
+    }
+}
+
+impl IbmApiKey {
+    /// A key (surrounding whitespace dropped).
+    pub fn new(key: &str) -> Self {
+        Self(key.trim().to_owned())
+    }
+    /// The key, to exchange for a token.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The credentials of one platform's cloud account, by provider.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Credentials {
+    Aws(AwsCredentials),
+    Ibm(IbmApiKey),
+}
+
+/// Shared by every caller that gets non-AWS credentials for an AWS call: it fails as unauthorised.
+static NO_AWS_CREDENTIALS: std::sync::LazyLock<AwsCredentials> =
+    std::sync::LazyLock::new(|| AwsCredentials {
+        access_key_id: String::new(),
+        secret_access_key: String::new(),
+        session_token: None,
+    });
+
 impl Credentials {
+    /// Reads the credentials of `cloud` from a Secret's data.
+    pub fn from_secret_data(
+        cloud: crate::config::CloudKind,
+        secret: &str,
+        data: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<Self, CredentialsError> {
+        match cloud {
+            crate::config::CloudKind::Aws => {
+                AwsCredentials::from_secret_data(secret, data).map(Self::Aws)
+            }
+            crate::config::CloudKind::Ibm => {
+                let bytes = data
+                    .get(IBM_API_KEY)
+                    .ok_or_else(|| CredentialsError::Missing {
+                        secret: secret.to_owned(),
+                        key: IBM_API_KEY,
+                    })?;
+                let key = std::str::from_utf8(bytes).map_err(|_| CredentialsError::NotText {
+                    secret: secret.to_owned(),
+                    key: IBM_API_KEY,
+                })?;
+                if key.trim().is_empty() {
+                    return Err(CredentialsError::Missing {
+                        secret: secret.to_owned(),
+                        key: IBM_API_KEY,
+                    });
+                }
+                Ok(Self::Ibm(IbmApiKey::new(key)))
+            }
+        }
+    }
+
+    /// The AWS credentials; for any other provider an empty set, which AWS rejects as
+    /// unauthorised (the provider dispatch never hands them to the EC2 provider).
+    pub fn aws(&self) -> &AwsCredentials {
+        match self {
+            Self::Aws(c) => c,
+            Self::Ibm(_) => &NO_AWS_CREDENTIALS,
+        }
+    }
+
+    /// The IBM API key, if these are IBM credentials.
+    pub fn ibm(&self) -> Option<&IbmApiKey> {
+        match self {
+            Self::Ibm(k) => Some(k),
+            Self::Aws(_) => None,
+        }
+    }
+
+    /// A name for the account that may be logged (the access key id; nothing of an API key).
+    pub fn key_id(&self) -> &str {
+        match self {
+            Self::Aws(c) => &c.access_key_id,
+            Self::Ibm(_) => "ibm-api-key",
+        }
+    }
+
+    /// A digest that tells credential sets apart without keeping the secret in cache keys.
+    pub(crate) fn fingerprint(&self) -> String {
+        match self {
+            Self::Aws(c) => c.fingerprint(),
+            Self::Ibm(k) => {
+                use md5::{Digest, Md5};
+                let mut h = Md5::new();
+                h.update(b"ibm\0");
+                h.update(k.0.as_bytes());
+                hex::encode(h.finalize())
+            }
+        }
+    }
+}
+
+impl From<AwsCredentials> for Credentials {
+    fn from(c: AwsCredentials) -> Self {
+        Self::Aws(c)
+    }
+}
+
+impl AwsCredentials {
     /// Reads credentials from a Secret's data. Surrounding whitespace (a trailing newline from
     /// `echo` into `kubectl create secret`) is ignored; an empty `session-token` counts as absent.
     pub fn from_secret_data(
@@ -118,7 +236,7 @@ mod tests {
 
     #[test]
     fn reads_and_trims_values() {
-        let c = Credentials::from_secret_data(
+        let c = AwsCredentials::from_secret_data(
             "aws",
             &data(&[
                 (ACCESS_KEY_ID, b"AKIA1\n"),
@@ -134,13 +252,13 @@ mod tests {
 
     #[test]
     fn names_the_missing_key_and_secret() {
-        let e = Credentials::from_secret_data("aws-prod", &data(&[(ACCESS_KEY_ID, b"AKIA1")]))
+        let e = AwsCredentials::from_secret_data("aws-prod", &data(&[(ACCESS_KEY_ID, b"AKIA1")]))
             .unwrap_err();
         assert_eq!(
             e.to_string(),
             "secret aws-prod: key secret-access-key is missing or empty"
         );
-        let e = Credentials::from_secret_data(
+        let e = AwsCredentials::from_secret_data(
             "aws-prod",
             &data(&[(ACCESS_KEY_ID, b"\xff"), (SECRET_ACCESS_KEY, b"x")]),
         )
@@ -156,7 +274,7 @@ mod tests {
 
     #[test]
     fn debug_redacts_secrets() {
-        let c = Credentials {
+        let c = AwsCredentials {
             access_key_id: "AKIA1".into(),
             secret_access_key: "topsecret".into(),
             session_token: Some("tok3n".into()),
@@ -168,12 +286,12 @@ mod tests {
 
     #[test]
     fn fingerprint_separates_credential_sets() {
-        let a = Credentials {
+        let a = AwsCredentials {
             access_key_id: "a".into(),
             secret_access_key: "bc".into(),
             session_token: None,
         };
-        let b = Credentials {
+        let b = AwsCredentials {
             access_key_id: "ab".into(),
             secret_access_key: "c".into(),
             session_token: None,

@@ -16,16 +16,19 @@ pub enum Operation {
     TerminateInstances,
     /// Set tags on an instance.
     CreateTags,
+    /// Resize a boot volume (IBM Power VS).
+    ResizeVolume,
 }
 
 impl Operation {
     /// Every operation, for metrics.
-    pub const ALL: [Operation; 5] = [
+    pub const ALL: [Operation; 6] = [
         Self::RunInstances,
         Self::DescribeInstances,
         Self::DescribeImages,
         Self::TerminateInstances,
         Self::CreateTags,
+        Self::ResizeVolume,
     ];
 
     /// The API name.
@@ -36,6 +39,7 @@ impl Operation {
             Self::DescribeImages => "DescribeImages",
             Self::TerminateInstances => "TerminateInstances",
             Self::CreateTags => "CreateTags",
+            Self::ResizeVolume => "ResizeVolume",
         }
     }
 }
@@ -363,12 +367,16 @@ impl fmt::Display for CloudError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.platform;
         match (self.class, &self.config_key) {
-            (ErrorClass::Config, Some(key)) if key.ends_with(".aws-secret") => write!(
-                f,
-                "dynamic platform {p}: the cloud rejected the credentials of the Secret named by {key}{} ({}); fix that Secret",
-                quoted(&self.config_value),
-                self.cause()
-            ),
+            (ErrorClass::Config, Some(key))
+                if key.ends_with(".aws-secret") || key.ends_with(".secret") =>
+            {
+                write!(
+                    f,
+                    "dynamic platform {p}: the cloud rejected the credentials of the Secret named by {key}{} ({}); fix that Secret",
+                    quoted(&self.config_value),
+                    self.cause()
+                )
+            }
             (ErrorClass::Config, Some(key)) => write!(
                 f,
                 "dynamic platform {p}: the cloud rejected {key}{} ({}); fix the host-config ConfigMap",

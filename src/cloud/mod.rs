@@ -2,16 +2,17 @@
 //! with the Go controller" and "What the scheduler guarantees").
 //!
 //! The scheduler core decides; this module executes its cloud actions and reports what the
-//! cloud says, as scheduler events. [`Cloud`] is the provider interface (an IBM provider can
-//! implement it later); [`aws::AwsCloud`] is the EC2 implementation, the only module that
-//! touches the AWS SDK.
+//! cloud says, as scheduler events. [`Cloud`] is the provider interface; [`aws::AwsCloud`] is the
+//! EC2 implementation, the only module that touches the AWS SDK, and [`ibm::IbmCloud`] the IBM
+//! Cloud one (VPC and Power VS). [`ByProvider`] routes each call by the platform's `type`.
 //!
 //! How the controller uses it (one path): build one [`Runner`] over the provider at start-up.
 //! For every [`Action::Launch`](crate::scheduler::Action::Launch),
 //! [`Action::Probe`](crate::scheduler::Action::Probe),
 //! [`Action::Terminate`](crate::scheduler::Action::Terminate) and
 //! [`Action::Retag`](crate::scheduler::Action::Retag), call [`Runner::run`] with the credentials
-//! of the template's `aws-secret` ([`Credentials::from_secret_data`]) and feed the returned event
+//! of the template's `aws-secret` or IBM `secret` ([`Credentials::from_secret_data`]) and feed
+//! the returned event
 //! to the scheduler. For listings (the recovery [`Snapshot`](crate::scheduler::Snapshot) and the
 //! periodic [`Event::InstancesListed`](crate::scheduler::Event::InstancesListed)) call
 //! [`Runner::list`] per dynamic platform. Probes of one account and region coalesce into one
@@ -48,7 +49,7 @@ use crate::config::DynamicPlatform;
 use crate::scheduler::LaunchId;
 
 pub use batch::{BatchOptions, ProbeBatcher};
-pub use credentials::{Credentials, CredentialsError};
+pub use credentials::{AwsCredentials, Credentials, CredentialsError, IbmApiKey};
 pub use error::{CloudError, ErrorClass, Operation};
 pub use instance::Instance;
 pub use launch::{ClusterId, ClusterIdError, LaunchOutcome, LaunchRequest};
@@ -59,7 +60,7 @@ pub use runner::Runner;
 pub struct Scope<'a> {
     /// The platform's instance template (region, instance tag, launch keys).
     pub platform: &'a DynamicPlatform,
-    /// Credentials read from the platform's `aws-secret`.
+    /// Credentials read from the platform's `aws-secret` (IBM: `secret`).
     pub credentials: &'a Credentials,
 }
 
@@ -112,6 +113,56 @@ pub trait Cloud: Send + Sync {
         id: &'a str,
         launch: &'a LaunchId,
     ) -> BoxFuture<'a, Result<(), CloudError>>;
+}
+
+/// Routes every call to the provider of the scope's platform (`type`).
+pub struct ByProvider {
+    pub aws: std::sync::Arc<dyn Cloud>,
+    pub ibm: std::sync::Arc<dyn Cloud>,
+}
+
+impl ByProvider {
+    fn of(&self, p: &DynamicPlatform) -> &dyn Cloud {
+        match p.cloud {
+            crate::config::CloudKind::Aws => &*self.aws,
+            crate::config::CloudKind::Ibm => &*self.ibm,
+        }
+    }
+}
+
+impl Cloud for ByProvider {
+    fn launch<'a>(
+        &'a self,
+        request: &'a LaunchRequest<'a>,
+    ) -> BoxFuture<'a, Result<LaunchOutcome, CloudError>> {
+        self.of(request.scope.platform).launch(request)
+    }
+    fn list<'a>(&'a self, scope: Scope<'a>) -> BoxFuture<'a, Result<Vec<Instance>, CloudError>> {
+        self.of(scope.platform).list(scope)
+    }
+    fn describe<'a>(
+        &'a self,
+        scope: Scope<'a>,
+        ids: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Instance>, CloudError>> {
+        self.of(scope.platform).describe(scope, ids)
+    }
+    fn terminate<'a>(
+        &'a self,
+        scope: Scope<'a>,
+        id: &'a str,
+        legacy: bool,
+    ) -> BoxFuture<'a, Result<Terminated, CloudError>> {
+        self.of(scope.platform).terminate(scope, id, legacy)
+    }
+    fn retag<'a>(
+        &'a self,
+        scope: Scope<'a>,
+        id: &'a str,
+        launch: &'a LaunchId,
+    ) -> BoxFuture<'a, Result<(), CloudError>> {
+        self.of(scope.platform).retag(scope, id, launch)
+    }
 }
 
 #[cfg(test)]

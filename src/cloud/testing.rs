@@ -37,6 +37,7 @@ pub(crate) fn platform() -> DynamicPlatform {
         imds: crate::config::ImdsOptions::default(),
         os: crate::config::HostOs::Linux,
         dedicated_host: None,
+        ibm: None,
     }
 }
 

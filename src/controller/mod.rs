@@ -169,6 +169,14 @@ pub struct ControllerArgs {
     /// EC2 endpoint override (an EC2-compatible cloud).
     #[arg(long, env = "MPC_EC2_ENDPOINT")]
     pub ec2_endpoint: Option<String>,
+    /// IBM Cloud IAM endpoint override (default https://iam.cloud.ibm.com), for `ibmz` and
+    /// `ibmp` platforms. Plain http only on loopback.
+    #[arg(long, env = "MPC_IBM_IAM_URL")]
+    pub ibm_iam_url: Option<String>,
+    /// IBM Cloud Global Tagging endpoint override (default
+    /// https://tags.global-search-tagging.cloud.ibm.com), where IBM instances' ownership tags live.
+    #[arg(long, env = "MPC_IBM_TAGGING_URL")]
+    pub ibm_tagging_url: Option<String>,
     /// API requests the leader's executor has in flight at once (TaskRun and secret writes and
     /// the reads they need). More drains a burst of creations sooner; each one is load on the
     /// API server and its priority-and-fairness queue.
@@ -485,9 +493,13 @@ impl Controller {
                 args.known_hosts_config_map.clone(),
             )),
             config: config.clone(),
-            cloud: Arc::new(execute::cloud::CloudExec::new(
+            cloud: Arc::new(execute::cloud::CloudExec::with_ibm(
                 cluster_id_checked.clone(),
                 args.ec2_endpoint.clone(),
+                execute::cloud::IbmEndpoints {
+                    iam_url: args.ibm_iam_url.clone(),
+                    tagging_url: args.ibm_tagging_url.clone(),
+                },
                 crate::cloud::metrics::CloudMetrics::new(&registry_for_cloud)?,
             )),
             events: events::EventSink::start(

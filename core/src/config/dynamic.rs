@@ -84,12 +84,9 @@ pub(super) fn parse_dynamic(
         .get("type")
         .and_then(|t| super::ibm::IbmKind::from_type(t))
     {
-        // IBM keys are not EC2's; a clean group is still disabled while the provider is missing.
-        if super::ibm::parse_ibm(platform, prefix, f, kind, ibm, global_tag, sink).is_some() {
-            let t = f.get("type").copied();
-            sink.error(&format!("{prefix}.type"), t, super::ibm::IBM_UNAVAILABLE);
-        }
-        return None;
+        // IBM keys are not EC2's: parsed with Go's rules, then carried in the common template.
+        return super::ibm::parse_ibm(platform, prefix, f, kind, ibm, global_tag, sink)
+            .map(super::ibm::IbmPlatform::into_dynamic);
     }
     let mut ok = true;
     let key = |field: &str| format!("{prefix}.{field}");
@@ -500,6 +497,7 @@ pub(super) fn parse_dynamic(
             imds,
             os,
             dedicated_host,
+            ibm: None,
         },
         pool,
         build_user.ok()?,

@@ -28,8 +28,6 @@ pub const DEFAULT_IBMP_CORES: f64 = 0.25;
 pub const DEFAULT_IBMP_MEMORY_GB: f64 = 2.0;
 /// Login user on IBM instances unless `user` says otherwise (Go logs in as root).
 pub const DEFAULT_IBM_USER: &str = "root";
-/// Why an IBM platform that parses cleanly is still disabled: the provider is not in this build.
-pub const IBM_UNAVAILABLE: &str = "IBM Cloud provider not yet available in this build: the configuration parses, but TaskRuns for this platform get an error secret";
 
 /// Which IBM service a platform uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +103,7 @@ const IBMP_FIELDS: [&str; 7] = [
 const POOL_ONLY_FIELDS: [&str; 3] = ["concurrency", "max-age", "min-instances"];
 
 /// A parsed `ibmz` platform.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IbmVpcPlatform {
     /// VPC API endpoint (`url`), e.g. `https://us-east.iaas.cloud.ibm.com/v1`.
     pub url: String,
@@ -150,15 +148,18 @@ pub struct IbmPowerPlatform {
     pub user_data: Option<String>,
 }
 
+// `cores` and `memory` are parsed finite and positive, so equality is reflexive.
+impl Eq for IbmPowerPlatform {}
+
 /// The service-specific part of an IBM platform.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IbmService {
     Vpc(IbmVpcPlatform),
     Power(IbmPowerPlatform),
 }
 
 /// A parsed IBM dynamic platform or pool template.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IbmPlatform {
     pub platform: Platform,
     pub service: IbmService,
@@ -176,6 +177,103 @@ pub struct IbmPlatform {
     pub sudo_commands: Vec<String>,
     /// `(concurrency, max-age minutes, min-instances)` of a pool.
     pub pool: Option<(u32, u32, u32)>,
+    /// Build-user keys and slice.
+    pub build_user: super::BuildUserSettings,
+}
+
+impl IbmService {
+    /// The kind of service.
+    pub fn kind(&self) -> IbmKind {
+        match self {
+            Self::Vpc(_) => IbmKind::Vpc,
+            Self::Power(_) => IbmKind::Power,
+        }
+    }
+    /// What instance lookups are batched by (with the API key): the VPC endpoint, or the Power
+    /// VS endpoint and workspace (one endpoint serves many workspaces).
+    pub fn scope(&self) -> String {
+        match self {
+            Self::Vpc(v) => v.url.clone(),
+            Self::Power(p) => format!(
+                "{}/pcloud/v1/cloud-instances/{}",
+                p.url.trim_end_matches('/'),
+                p.crn.cloud_instance_id()
+            ),
+        }
+    }
+    /// The API endpoint (`url`).
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Vpc(v) => &v.url,
+            Self::Power(p) => &p.url,
+        }
+    }
+}
+
+impl IbmPlatform {
+    /// The common dynamic template: the EC2-shaped fields carry what they can (`region` the
+    /// endpoint, with the workspace for Power VS: [`IbmService::scope`], `ami` the image, `instance_type` the profile or system, `aws_secret` the API key
+    /// Secret), and [`DynamicPlatform::ibm`](super::DynamicPlatform::ibm) the service itself.
+    pub(super) fn into_dynamic(
+        self,
+    ) -> (
+        super::DynamicPlatform,
+        Option<super::dynamic::PoolFields>,
+        super::BuildUserSettings,
+    ) {
+        let (ami, instance_type, key, disk_gb, user_data) = match &self.service {
+            IbmService::Vpc(v) => (
+                v.image_id.clone(),
+                v.profile.clone(),
+                v.key.clone(),
+                v.disk_gb,
+                None,
+            ),
+            IbmService::Power(p) => (
+                p.image.clone(),
+                p.system.clone(),
+                p.key.clone(),
+                p.disk_gb,
+                p.user_data.clone(),
+            ),
+        };
+        let pool = self
+            .pool
+            .map(|(c, age, min)| (c, std::time::Duration::from_secs(u64::from(age) * 60), min));
+        let d = super::DynamicPlatform {
+            os: super::HostOs::of(&self.platform),
+            platform: self.platform,
+            cloud: super::CloudKind::Ibm,
+            region: self.service.scope(),
+            ami,
+            instance_type,
+            key_name: Some(key),
+            aws_secret: self.api_key_secret,
+            ssh_secret: self.ssh_secret,
+            user: self.user,
+            security_group: None,
+            security_group_id: None,
+            subnet_id: None,
+            instance_profile_name: None,
+            instance_profile_arn: None,
+            strict_public_address: false,
+            disk_gb,
+            iops: None,
+            throughput: None,
+            user_data,
+            max_instances: self.max_instances,
+            instance_tag: self.instance_tag,
+            allocation_timeout: std::time::Duration::from_secs(self.allocation_timeout_secs.into()),
+            check_interval: std::time::Duration::from_secs(self.check_interval_secs.into()),
+            sudo_commands: self.sudo_commands,
+            spot: false,
+            host_key_policy: super::HostKeyPolicy::TrustOnFirstUse,
+            imds: super::ImdsOptions::default(),
+            dedicated_host: None,
+            ibm: Some(self.service),
+        };
+        (d, pool, self.build_user)
+    }
 }
 
 /// A Power VS workspace CRN: `crn:v1:<cloud>:<type>:power-iaas:<location>:a/<account>:<instance>::`.
@@ -783,6 +881,7 @@ pub(super) fn parse_ibm(
         check_interval_secs,
         sudo_commands,
         pool,
+        build_user: build_user.ok()?,
     })
 }
 

@@ -34,17 +34,18 @@ impl HostConfig {
                     Strategy::Dynamic(d) => (
                         "dynamic",
                         format!(
-                            "max-instances {} ({} in {}, 1 TaskRun per instance){}",
+                            "max-instances {} ({} in {}, 1 TaskRun per instance){}{}",
                             d.max_instances,
                             d.instance_type,
                             d.region,
-                            os_note(d)
+                            os_note(d),
+                            ibm_note(d)
                         ),
                     ),
                     Strategy::DynamicPool(pool) => (
                         "dynamic-pool",
                         format!(
-                            "max-instances {} × concurrency {} = {} slots ({} in {}, max-age {} min{})",
+                            "max-instances {} × concurrency {} = {} slots ({} in {}, max-age {} min{}){}",
                             pool.instance.max_instances,
                             pool.concurrency,
                             pool.instance.max_instances * pool.concurrency,
@@ -55,7 +56,8 @@ impl HostConfig {
                                 format!(", {} warm", pool.min_instances)
                             } else {
                                 String::new()
-                            }
+                            },
+                            ibm_note(&pool.instance)
                         ),
                     ),
                     Strategy::Static(s) => {
@@ -78,6 +80,22 @@ impl HostConfig {
                 }
             })
             .collect()
+    }
+}
+
+/// How an IBM Cloud platform's instances are reached and named, for its report row.
+fn ibm_note(d: &DynamicPlatform) -> String {
+    match &d.ibm {
+        None => String::new(),
+        Some(s) => format!(
+            "; IBM Cloud {}: private addresses only (no floating IPs), login {}, instances named {}-<16 hex>x",
+            match s.kind() {
+                super::ibm::IbmKind::Vpc => "VPC",
+                super::ibm::IbmKind::Power => "Power VS",
+            },
+            d.user,
+            d.instance_tag
+        ),
     }
 }
 

@@ -81,6 +81,9 @@ impl fmt::Display for Diagnostic {
 pub enum CloudKind {
     /// Amazon EC2 (or an EC2-compatible endpoint).
     Aws,
+    /// IBM Cloud: VPC (`type: ibmz`) or Power Virtual Server (`type: ibmp`); the service and its
+    /// keys are in [`DynamicPlatform::ibm`].
+    Ibm,
 }
 
 /// How SSH host keys of dynamic instances are trusted.
@@ -185,14 +188,16 @@ pub struct DynamicPlatform {
     pub platform: Platform,
     /// Cloud provider (`type`).
     pub cloud: CloudKind,
-    /// Cloud region.
+    /// Cloud region. IBM: the API endpoint (`url`), which names the region: instance lookups of
+    /// one endpoint and API key are batched together.
     pub region: String,
     /// Machine image.
     pub ami: String,
     pub instance_type: String,
     /// Cloud key pair whose private half is in `ssh_secret`.
     pub key_name: Option<String>,
-    /// Secret with `access-key-id`, `secret-access-key`, optional `session-token`.
+    /// Secret with the cloud credentials: AWS `access-key-id`, `secret-access-key`, optional
+    /// `session-token`; IBM `api-key` (the platform's `secret` key).
     pub aws_secret: String,
     /// Secret with `id_rsa` to log in to instances.
     pub ssh_secret: String,
@@ -236,6 +241,9 @@ pub struct DynamicPlatform {
     pub os: HostOs,
     /// Dedicated-host placement (macOS only).
     pub dedicated_host: Option<DedicatedHost>,
+    /// The IBM service and its keys, for [`CloudKind::Ibm`] (the EC2 fields above then carry
+    /// what they can: image, profile or system, key, disk, user-data).
+    pub ibm: Option<super::ibm::IbmService>,
 }
 
 /// A dynamic pool: instances shared by up to `concurrency` TaskRuns each.

@@ -1,4 +1,5 @@
-//! IBM Cloud VPC API reads the `ibmz` provider needs first: instances of one tag, every page.
+//! The IBM Cloud VPC API calls of the `ibmz` provider: instances (create, list every page, get,
+//! delete) and the VPC, subnet and key a platform names.
 //!
 //! Counting is by exact name shape (`<tag>-<16 hex>x`), not by prefix as in Go, so `prod-s390x`
 //! never counts `prod-s390x-large` instances. Missing or odd fields in an answer make an instance
@@ -7,14 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::Method;
 use mpc_core::config::ibm::is_instance_name_of;
 use serde_json::Value;
 
+use super::http::{CallError, Http, encode, endpoint_ok};
 use super::iam::{Iam, IamError};
 
 /// The VPC API version this client speaks (`version=` of every call).
@@ -31,18 +29,40 @@ pub enum VpcError {
     Iam(#[from] IamError),
     #[error("VPC API URL {0:?} is not https (plain http is allowed on loopback only)")]
     InvalidUrl(String),
-    #[error("VPC API request failed: {0}")]
-    Transport(String),
-    #[error("VPC API {path}: HTTP {status}: {body}")]
-    Http {
+    #[error("VPC API {path}: {source}")]
+    Call {
         path: String,
-        status: u16,
-        body: String,
+        #[source]
+        source: CallError,
     },
-    #[error("VPC API {path}: answer is not JSON: {reason}")]
+    #[error("VPC API {path}: answer is not what the API documents: {reason}")]
     BadAnswer { path: String, reason: String },
     #[error("VPC API instance list did not end after {0} pages")]
     TooManyPages(usize),
+    #[error("VPC API: no {kind} named {name:?} (dynamic.<platform>.{field})")]
+    NoSuchName {
+        kind: &'static str,
+        name: String,
+        field: &'static str,
+    },
+}
+
+impl VpcError {
+    /// IBM's error code and the HTTP status, when the API answered with one.
+    pub fn code_and_status(&self) -> (Option<&str>, Option<u16>) {
+        match self {
+            Self::Call {
+                source: CallError::Http { status, code, .. },
+                ..
+            } => (code.as_deref(), Some(*status)),
+            Self::Call {
+                source: CallError::Iam(IamError::Refused { status, .. }),
+                ..
+            }
+            | Self::Iam(IamError::Refused { status, .. }) => (None, Some(*status)),
+            _ => (None, None),
+        }
+    }
 }
 
 /// One instance as the provider sees it.
@@ -50,10 +70,16 @@ pub enum VpcError {
 pub struct VpcInstance {
     pub id: String,
     pub name: String,
+    /// The instance's CRN (what user tags are attached to).
+    pub crn: Option<String>,
     /// `pending`, `running`, `deleting`, `failed`, ...
     pub status: String,
     /// Private address of the primary network attachment, once it has one.
     pub address: Option<String>,
+    /// Profile name.
+    pub profile: Option<String>,
+    /// RFC 3339 creation time.
+    pub created_at: Option<String>,
 }
 
 impl VpcInstance {
@@ -63,8 +89,9 @@ impl VpcInstance {
         !matches!(self.status.as_str(), "deleting" | "failed")
     }
 
-    fn from_json(v: &Value) -> Option<Self> {
-        let s = |v: &Value| v.as_str().map(str::to_owned);
+    /// The instance in an answer; `None` when it lacks an id or name (never a panic, Go #985).
+    pub fn from_json(v: &Value) -> Option<Self> {
+        let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
         let address = v
             .pointer("/primary_network_attachment/primary_ip/address")
             .or_else(|| v.pointer("/primary_network_interface/primary_ip/address"))
@@ -75,118 +102,86 @@ impl VpcInstance {
             })
             .map(str::to_owned);
         Some(Self {
-            id: s(v.get("id")?)?,
-            name: s(v.get("name")?)?,
-            status: s(v.get("status")?).unwrap_or_default(),
+            id: s(v.get("id")).filter(|i| !i.is_empty())?,
+            name: s(v.get("name"))?,
+            crn: s(v.get("crn")),
+            status: s(v.get("status")).unwrap_or_default(),
             address,
+            profile: s(v.pointer("/profile/name")),
+            created_at: s(v.get("created_at")),
         })
     }
 }
-
-type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// A VPC API client for one endpoint (`dynamic.<p>.url`).
 pub struct VpcClient {
     base: String,
     iam: Arc<Iam>,
-    client: Client<Https, Full<Bytes>>,
-    timeout: Duration,
+    http: Http,
 }
 
 impl VpcClient {
     /// A client for `url` (e.g. `https://us-east.iaas.cloud.ibm.com/v1`), with tokens from `iam`.
     pub fn new(url: &str, iam: Arc<Iam>, tls: rustls::ClientConfig) -> Result<Self, VpcError> {
-        let base = url.trim_end_matches('/').to_owned();
-        let loopback = base
-            .strip_prefix("http://")
-            .and_then(|r| r.split('/').next())
-            .and_then(|h| h.parse::<std::net::SocketAddr>().ok())
-            .is_some_and(|a| a.ip().is_loopback());
-        if !(base.starts_with("https://") || loopback) {
-            return Err(VpcError::InvalidUrl(url.to_owned()));
-        }
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        Ok(Self {
-            base,
-            iam,
-            client: Client::builder(TokioExecutor::new()).build(https),
-            timeout: Duration::from_secs(30),
-        })
+        Self::with_http(url, iam, Http::new(tls, Duration::from_secs(30)))
     }
 
-    /// GET `path_query` (relative to the base, with `version` added), retried once with a fresh
-    /// token when the first answer is 401.
-    async fn get(&self, path_query: &str) -> Result<Value, VpcError> {
+    /// A client over a shared [`Http`].
+    pub fn with_http(url: &str, iam: Arc<Iam>, http: Http) -> Result<Self, VpcError> {
+        let base = url.trim_end_matches('/').to_owned();
+        if !endpoint_ok(&base) {
+            return Err(VpcError::InvalidUrl(url.to_owned()));
+        }
+        Ok(Self { base, iam, http })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path_query: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, VpcError> {
         let sep = if path_query.contains('?') { '&' } else { '?' };
         let url = format!(
             "{}{path_query}{sep}version={API_VERSION}&generation=2",
             self.base
         );
-        for attempt in 0..2 {
-            let token = self.iam.token().await?;
-            let req = http::Request::get(url.as_str())
-                .header("authorization", format!("Bearer {}", token.as_str()))
-                .header("accept", "application/json")
-                .body(Full::new(Bytes::new()))
-                .map_err(|e| VpcError::Transport(e.to_string()))?;
-            let resp = tokio::time::timeout(self.timeout, self.client.request(req))
-                .await
-                .map_err(|_| VpcError::Transport("timed out".into()))?
-                .map_err(|e| VpcError::Transport(e.to_string()))?;
-            let status = resp.status().as_u16();
-            let bytes = tokio::time::timeout(self.timeout, resp.into_body().collect())
-                .await
-                .map_err(|_| VpcError::Transport("timed out reading the answer".into()))?
-                .map_err(|e| VpcError::Transport(e.to_string()))?
-                .to_bytes();
-            if status == 401 && attempt == 0 {
-                self.iam.invalidate(token.as_str()).await;
-                continue;
-            }
-            if !(200..300).contains(&status) {
-                return Err(VpcError::Http {
+        self.http
+            .call(&self.iam, method, &url, &[], body)
+            .await
+            .map_err(|source| match source {
+                CallError::Iam(e) => VpcError::Iam(e),
+                source => VpcError::Call {
                     path: path_query.to_owned(),
-                    status,
-                    body: String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned(),
-                });
-            }
-            return serde_json::from_slice(&bytes).map_err(|e| VpcError::BadAnswer {
-                path: path_query.to_owned(),
-                reason: e.to_string(),
-            });
-        }
-        unreachable!("the second attempt returns")
+                    source,
+                },
+            })
     }
 
-    /// Every instance named `<tag>-<16 hex>x`, across all pages. The `start` token of each
-    /// `next.href` is taken, never the link itself, so answers cannot point the client (and its
-    /// token) at another host.
-    pub async fn instances_of(&self, tag: &str) -> Result<Vec<VpcInstance>, VpcError> {
+    /// Every item of a collection (`vpcs`, `subnets`, `keys`, `instances`), across all pages,
+    /// with `query` (e.g. `name=...`). The `start` token of each `next.href` is taken, never the
+    /// link itself, so answers cannot point the client (and its token) at another host.
+    async fn collect(&self, kind: &str, query: &str) -> Result<Vec<Value>, VpcError> {
         let mut out = Vec::new();
         let mut start: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let path = match &start {
-                None => format!("/instances?limit={PAGE}"),
-                Some(s) => format!("/instances?limit={PAGE}&start={}", encode(s)),
-            };
-            let page = self.get(&path).await?;
-            let items = page
-                .get("instances")
-                .and_then(Value::as_array)
-                .ok_or_else(|| VpcError::BadAnswer {
-                    path: path.clone(),
-                    reason: "no instances array".into(),
-                })?;
-            out.extend(
-                items
-                    .iter()
-                    .filter_map(VpcInstance::from_json)
-                    .filter(|i| is_instance_name_of(tag, &i.name)),
-            );
+            let mut path = format!("/{kind}?limit={PAGE}");
+            if !query.is_empty() {
+                path.push('&');
+                path.push_str(query);
+            }
+            if let Some(s) = &start {
+                path.push_str(&format!("&start={}", encode(s)));
+            }
+            let page = self.call(Method::GET, &path, None).await?;
+            let items =
+                page.get(kind)
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| VpcError::BadAnswer {
+                        path: path.clone(),
+                        reason: format!("no {kind} array"),
+                    })?;
+            out.extend(items.iter().cloned());
             start = page
                 .pointer("/next/href")
                 .and_then(Value::as_str)
@@ -197,18 +192,91 @@ impl VpcClient {
         }
         Err(VpcError::TooManyPages(MAX_PAGES))
     }
-}
 
-fn encode(v: &str) -> String {
-    v.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
+    /// Every instance named `<tag>-<16 hex>x`, across all pages.
+    pub async fn instances_of(&self, tag: &str) -> Result<Vec<VpcInstance>, VpcError> {
+        Ok(self
+            .collect("instances", "")
+            .await?
+            .iter()
+            .filter_map(VpcInstance::from_json)
+            .filter(|i| is_instance_name_of(tag, &i.name))
+            .collect())
+    }
+
+    /// Every instance, across all pages.
+    pub async fn all_instances(&self) -> Result<Vec<VpcInstance>, VpcError> {
+        Ok(self
+            .collect("instances", "")
+            .await?
+            .iter()
+            .filter_map(VpcInstance::from_json)
+            .collect())
+    }
+
+    /// The instance named `name` (names are unique per region).
+    pub async fn instance_named(&self, name: &str) -> Result<Option<VpcInstance>, VpcError> {
+        Ok(self
+            .collect("instances", &format!("name={}", encode(name)))
+            .await?
+            .iter()
+            .filter_map(VpcInstance::from_json)
+            .find(|i| i.name == name))
+    }
+
+    /// One instance by id; `None` when the API does not know it.
+    pub async fn instance(&self, id: &str) -> Result<Option<VpcInstance>, VpcError> {
+        match self
+            .call(Method::GET, &format!("/instances/{}", encode(id)), None)
+            .await
+        {
+            Ok(v) => Ok(VpcInstance::from_json(&v)),
+            Err(e) if e.code_and_status().1 == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The VPC, subnet or key (`kind`: `vpcs`, `subnets`, `keys`) named `name`, as the API
+    /// describes it.
+    pub async fn named(
+        &self,
+        kind: &'static str,
+        name: &str,
+        field: &'static str,
+    ) -> Result<Value, VpcError> {
+        self.collect(kind, "")
+            .await?
+            .into_iter()
+            .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
+            .ok_or_else(|| VpcError::NoSuchName {
+                kind,
+                name: name.to_owned(),
+                field,
+            })
+    }
+
+    /// `POST /instances`; the created instance.
+    pub async fn create(&self, prototype: &Value) -> Result<VpcInstance, VpcError> {
+        let v = self
+            .call(Method::POST, "/instances", Some(prototype))
+            .await?;
+        VpcInstance::from_json(&v).ok_or_else(|| VpcError::BadAnswer {
+            path: "/instances".into(),
+            reason: "the created instance has no id or name".into(),
         })
-        .collect()
+    }
+
+    /// `DELETE /instances/{id}`; false when the API does not know it.
+    pub async fn delete(&self, id: &str) -> Result<bool, VpcError> {
+        match self
+            .call(Method::DELETE, &format!("/instances/{}", encode(id)), None)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.code_and_status().1 == Some(404) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// The `start` query parameter of a `next.href`, percent-decoded.

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use super::{Context, kube as k8s};
+use crate::cloud::ByProvider;
 use crate::cloud::aws::{AwsCloud, AwsOptions};
+use crate::cloud::ibm::{IbmCloud, IbmOptions};
 use crate::cloud::metrics::CloudMetrics;
 use crate::cloud::reach::Direct;
 use crate::cloud::runner::{Runner, RunnerOptions};
@@ -21,15 +23,43 @@ pub struct CloudExec {
     runner: Runner,
 }
 
+/// Endpoint overrides of the IBM provider (an emulator, or another IBM Cloud environment).
+#[derive(Debug, Clone, Default)]
+pub struct IbmEndpoints {
+    pub iam_url: Option<String>,
+    pub tagging_url: Option<String>,
+}
+
 impl CloudExec {
-    /// EC2 (or an EC2-compatible `endpoint`) tagging launches with `cluster`.
+    /// EC2 (or an EC2-compatible `endpoint`) tagging launches with `cluster`, and IBM Cloud.
     pub fn new(cluster: ClusterId, endpoint: Option<String>, metrics: CloudMetrics) -> Self {
+        Self::with_ibm(cluster, endpoint, IbmEndpoints::default(), metrics)
+    }
+
+    /// As [`CloudExec::new`], with IBM endpoint overrides.
+    pub fn with_ibm(
+        cluster: ClusterId,
+        endpoint: Option<String>,
+        ibm: IbmEndpoints,
+        metrics: CloudMetrics,
+    ) -> Self {
+        let mut ibm_options = IbmOptions::new(cluster.clone());
+        if let Some(u) = ibm.iam_url {
+            ibm_options.iam_url = u;
+        }
+        if let Some(u) = ibm.tagging_url {
+            ibm_options.tagging_url = u;
+        }
         let mut options = AwsOptions::new(cluster);
         options.endpoint = endpoint;
         let aws = AwsCloud::new(options, metrics.clone());
+        let ibm = IbmCloud::new(ibm_options, metrics.clone());
         CloudExec {
             runner: Runner::new(
-                Arc::new(aws),
+                Arc::new(ByProvider {
+                    aws: Arc::new(aws),
+                    ibm: Arc::new(ibm),
+                }),
                 Arc::new(Direct::default()),
                 metrics,
                 RunnerOptions::default(),
@@ -63,13 +93,14 @@ pub enum CredentialsError {
     },
 }
 
-/// Credentials from the platform's `aws-secret` in the controller namespace; errors name it.
+/// Credentials from the platform's `aws-secret` (IBM: `secret`) in the controller namespace;
+/// errors name it.
 async fn credentials(
     ctx: &Context,
     template: &DynamicPlatform,
 ) -> Result<Credentials, CredentialsError> {
     let data = k8s::controller_secret(ctx, &template.aws_secret).await?;
-    Credentials::from_secret_data(&template.aws_secret, &data).map_err(|source| {
+    Credentials::from_secret_data(template.cloud, &template.aws_secret, &data).map_err(|source| {
         CredentialsError::Invalid {
             platform: template.platform.to_string(),
             namespace: ctx.namespace.clone(),
