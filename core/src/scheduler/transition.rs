@@ -181,7 +181,12 @@ mod tests {
         assert_eq!(h.s.hosts[hid].load(), 1, "a phase change moves nothing");
         h.s.set_state(a, State::Cleanup { pending: 0 });
         assert_eq!(h.s.hosts[hid].load(), 0, "left for cleanup");
-        h.s.check().expect("load matches the TaskRuns on the host");
+        // Only the relation under test: the provisioning this test cut short is left in flight.
+        let broken: Vec<_> = h.s.violations().into_iter().map(|e| e.invariant).collect();
+        assert!(
+            !broken.contains(&crate::scheduler::Invariant::HostLoad),
+            "load matches the TaskRuns on the host: {broken:?}"
+        );
     }
 
     #[test]
