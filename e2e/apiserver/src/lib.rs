@@ -12,6 +12,7 @@ mod controllers;
 pub mod faults;
 mod http;
 mod jsonpath;
+pub mod kubectl;
 pub mod meta;
 mod openapi;
 mod ops;
@@ -196,7 +197,7 @@ pub const KUBECONFIG_USER: &str = "e2e-test-token";
 pub const HARNESS_USER: &str = "e2e-harness";
 
 /// The built-in Tekton CRDs (`tekton.dev` TaskRun and Task, `v1` stored, `v1beta1` served).
-pub const TEKTON_CRDS: &str = include_str!("../../crds/tekton.yaml");
+pub const TEKTON_CRDS: &str = include_str!("../crds/tekton.yaml");
 
 /// Parses a multi-document YAML (or a single JSON document) into objects, skipping empty ones.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>, Error> {

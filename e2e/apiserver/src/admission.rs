@@ -490,7 +490,7 @@ async fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::Registry;
+    use crate::resources::Registry;
 
     #[test]
     fn rules_match_resources_and_subresources() {

@@ -899,7 +899,7 @@ mod tests {
     use super::*;
 
     fn tekton_crd() -> Value {
-        crate::apiserver::parse_documents(crate::apiserver::TEKTON_CRDS)
+        crate::parse_documents(crate::TEKTON_CRDS)
             .unwrap()
             .remove(0)
     }

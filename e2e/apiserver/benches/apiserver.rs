@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use e2e::apiserver::store::Store;
-use e2e::apiserver::{ApiServer, Options};
+use e2e_apiserver::store::Store;
+use e2e_apiserver::{ApiServer, Options};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};

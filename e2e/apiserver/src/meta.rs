@@ -641,7 +641,7 @@ fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::Registry;
+    use crate::resources::Registry;
 
     #[test]
     fn uids_and_names() {

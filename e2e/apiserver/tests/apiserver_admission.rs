@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use e2e::apiserver::testing::TestWebhook;
-use e2e::apiserver::{ApiServer, Options, TEKTON_CRDS, WebhookRule};
+use e2e_apiserver::testing::TestWebhook;
+use e2e_apiserver::{ApiServer, Options, TEKTON_CRDS, WebhookRule};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
