@@ -6,23 +6,25 @@
 
 mod admission;
 pub mod audit;
-pub mod auth;
-pub mod cel;
+mod auth;
+mod cel;
 mod controllers;
 pub mod faults;
 mod http;
 mod jsonpath;
 pub mod kubectl;
-pub mod meta;
+mod meta;
 mod openapi;
 mod ops;
-pub mod patch;
+mod patch;
 mod policy;
-pub mod protobuf;
+mod protobuf;
 mod render;
-pub mod resources;
-pub mod selector;
-pub mod status;
+mod resources;
+mod selector;
+mod status;
+// Public only for the raw-store benchmark (benches/apiserver.rs).
+#[doc(hidden)]
 pub mod store;
 pub mod testing;
 mod watch;

@@ -27,14 +27,6 @@ pub fn timestamp(t: time::OffsetDateTime) -> String {
         .unwrap_or_default()
 }
 
-/// RFC 3339 UTC timestamp with microseconds (`metav1.MicroTime`).
-pub fn micro_timestamp(t: time::OffsetDateTime) -> String {
-    let f = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
-    );
-    t.format(&f).unwrap_or_default()
-}
-
 /// A random version-4 UUID.
 pub fn new_uid() -> String {
     let b: [u8; 16] = rand::thread_rng().r#gen();

@@ -513,7 +513,7 @@ async fn describe_watch_delete_and_events_of_taskruns() {
     .expect("the new TaskRun appears in the watch");
     assert!(line.starts_with("build-1 "), "{line}");
 
-    let now = e2e_apiserver::meta::timestamp(time::OffsetDateTime::now_utc());
+    let now = e2e_apiserver::testing::timestamp(time::OffsetDateTime::now_utc());
     k.server
         .create(json!({"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": "build-1.provisioned", "namespace": "default"},
