@@ -591,7 +591,7 @@ fn validate_webhooks(obj: &Value, errs: &mut Vec<Cause>) {
             .enumerate()
         {
             let expr = mc["expression"].as_str().unwrap_or_default();
-            if let Err(e) = super::cel::parse(expr) {
+            if let Err(e) = super::cel::compile(expr) {
                 errs.push((
                     format!("webhooks[{i}].matchConditions[{j}].expression"),
                     format!("Invalid value: {expr:?}: {e}"),
@@ -601,8 +601,8 @@ fn validate_webhooks(obj: &Value, errs: &mut Vec<Cause>) {
     }
 }
 
-/// Every CEL expression of a ValidatingAdmissionPolicy must compile (here: be in the subset the
-/// evaluator supports), as kube-apiserver refuses a policy that does not.
+/// Every CEL expression of a ValidatingAdmissionPolicy must compile (parse, and name only declared
+/// variables and functions), as kube-apiserver refuses a policy that does not.
 fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
     for (list, fields) in [
         ("matchConditions", &["expression"][..]),
@@ -619,7 +619,7 @@ fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
                 let Some(expr) = item[*field].as_str() else {
                     continue;
                 };
-                if let Err(e) = super::cel::parse(expr) {
+                if let Err(e) = super::cel::compile(expr) {
                     errs.push((
                         format!("spec.{list}[{i}].{field}"),
                         format!("Invalid value: {expr:?}: compilation failed: {e}"),
