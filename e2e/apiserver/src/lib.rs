@@ -8,6 +8,7 @@ mod admission;
 pub mod audit;
 mod auth;
 mod cel;
+mod conformance;
 mod controllers;
 pub mod faults;
 mod http;
@@ -88,6 +89,11 @@ pub struct Options {
     /// Authorize every request with the RBAC objects in the store ([`auth`]). Off by default:
     /// most tests' users have no bindings. [`ApiServer::set_rbac`] switches it later.
     pub rbac: bool,
+    /// Check every JSON response (objects, lists, Statuses, watch events) against Kubernetes'
+    /// published schemas; what does not conform is recorded
+    /// ([`ApiServer::nonconforming_responses`]) and fails the test when the server is dropped.
+    /// On by default; benchmarks turn it off.
+    pub check_responses: bool,
 }
 
 impl Default for Options {
@@ -102,6 +108,7 @@ impl Default for Options {
             max_body_bytes: 3 * 1024 * 1024,
             resource_version_wait: Duration::from_secs(3),
             rbac: false,
+            check_responses: true,
         }
     }
 }
@@ -117,6 +124,8 @@ pub(crate) struct Shared {
     pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
     /// RBAC authorization on ([`Options::rbac`]).
     pub(crate) rbac: std::sync::atomic::AtomicBool,
+    /// Responses that did not conform to the schemas ([`Options::check_responses`]).
+    pub(crate) nonconforming: Mutex<Vec<String>>,
     pub(crate) opts: Options,
     pub(crate) address: SocketAddr,
 }
@@ -157,6 +166,20 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Records what a response to `request` got wrong.
+    pub(crate) fn nonconforming(&self, request: &str, problems: Vec<String>) {
+        if problems.is_empty() {
+            return;
+        }
+        for p in &problems {
+            tracing::error!(request, problem = %p, "response does not conform to the Kubernetes API schemas");
+        }
+        self.nonconforming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(problems.into_iter().map(|p| format!("{request}: {p}")));
     }
 
     pub(crate) fn watch_token(&self) -> CancellationToken {
@@ -249,6 +272,7 @@ impl ApiServer {
             watch_kill: Mutex::new(CancellationToken::new()),
             services: Mutex::new(HashMap::new()),
             rbac: std::sync::atomic::AtomicBool::new(opts.rbac),
+            nonconforming: Mutex::new(Vec::new()),
             opts,
             address: https,
         });
@@ -369,6 +393,19 @@ impl ApiServer {
     /// Every distinct resource request served so far (with its count), by user.
     pub fn requests(&self) -> &audit::RequestLog {
         &self.shared.requests
+    }
+
+    /// Takes what responses so far got wrong against Kubernetes' schemas
+    /// ([`Options::check_responses`]); a test that expects some takes them, so the drop check
+    /// passes.
+    pub fn nonconforming_responses(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .nonconforming
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// Fault injection rules.
@@ -595,6 +632,15 @@ impl Drop for ApiServer {
             && let Some(s) = s.take()
         {
             s.cancel.cancel();
+        }
+        let bad = self.nonconforming_responses();
+        // A test already failing says why itself; a second panic would abort.
+        if !bad.is_empty() && !std::thread::panicking() {
+            panic!(
+                "the test API server sent {} response(s) kube-apiserver never would:\n{}",
+                bad.len(),
+                bad.join("\n")
+            );
         }
     }
 }
