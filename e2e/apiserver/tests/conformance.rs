@@ -2,7 +2,8 @@
 //! would never send is recorded when it goes out, and fails the test when the server is dropped.
 
 use e2e_apiserver::{ApiServer, Options};
-use kube::api::{Api, DynamicObject, ListParams};
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 use serde_json::json;
 
 #[tokio::test]
