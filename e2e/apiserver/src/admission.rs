@@ -229,7 +229,7 @@ async fn call_if_matching(
         )));
     }
     // The object as the matched version sees it.
-    let convert = |o: &Value| target.from_storage(req.def.to_storage(o.clone()));
+    let convert = |o: &Value| target.to_version(req.def.to_storage(o.clone()));
     let object = convert(obj);
     let old_object = req.old.map(convert);
     // The identity the review below reports (the harness does not pass the caller's here).
@@ -369,7 +369,7 @@ async fn call_if_matching(
         )));
     }
     // Back to the version of the request.
-    Ok(Some(req.def.from_storage(target.to_storage(mutated))))
+    Ok(Some(req.def.to_version(target.to_storage(mutated))))
 }
 
 fn request_object(review: &Value) -> Value {

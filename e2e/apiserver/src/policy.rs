@@ -152,7 +152,7 @@ pub(crate) fn validate(shared: &Shared, a: &Attempt<'_>) -> Result<(), ApiError>
                 names.policy
             )));
         }
-        let view = |o: &Value| target.from_storage(o.clone());
+        let view = |o: &Value| target.to_version(o.clone());
         let request = admission_request(&target, a.def, a);
         let mut vars = cel::Bindings::default()
             .json("object", &a.object.map(view).unwrap_or(Value::Null))

@@ -39,6 +39,17 @@ async fn a_response_kube_apiserver_would_never_send_is_recorded() {
         ),
         "{bad:#?}"
     );
+    // Watch events are checked one by one as they stream.
+    let mut events = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let first = events.next().await.unwrap().unwrap();
+    assert!(matches!(first, WatchEvent::Added(_)));
+    let bad = s.nonconforming_responses();
+    assert_eq!(bad.len(), 1, "{bad:#?}");
+    assert!(bad[0].contains("at object: "), "{bad:#?}");
 }
 
 #[tokio::test]
