@@ -3,7 +3,8 @@
 //!
 //! Test infrastructure only; never used in production.
 
-pub mod apiserver;
+/// The test API server, its own crate ([`e2e_apiserver`]).
+pub use e2e_apiserver as apiserver;
 pub mod ec2_proxy;
 pub mod ibm_emulator;
 pub mod kubectl;

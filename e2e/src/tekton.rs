@@ -101,7 +101,7 @@ fn now() -> String {
 }
 
 fn mpc_e2e_timestamp(t: time::OffsetDateTime) -> String {
-    crate::apiserver::meta::timestamp(t)
+    crate::apiserver::testing::timestamp(t)
 }
 
 fn succeeded(tr: &Value) -> Option<&Value> {

@@ -879,14 +879,14 @@ async fn the_controller_account_writes_only_its_own_secrets() {
 }
 
 #[tokio::test]
-async fn a_policy_outside_the_evaluated_cel_subset_is_refused_when_written() {
+async fn a_policy_naming_an_undeclared_cel_function_is_refused_when_written() {
     let s = ApiServer::start(Options::default()).await.unwrap();
     let e = s
         .create(json!({"apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy", "metadata": {"name": "p"},
             "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                         "operations": ["CREATE"], "resources": ["configmaps"]}]},
-                     "validations": [{"expression": "object.metadata.name.lowerAscii() == 'a'"}]}}))
+                     "validations": [{"expression": "object.metadata.name.noSuchFunction() == 'a'"}]}}))
         .await
         .unwrap_err();
     assert!(

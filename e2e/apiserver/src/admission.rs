@@ -12,10 +12,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
+use super::auth::{self, UserInfo};
 use super::resources::ResourceDef;
 use super::selector::LabelSelector;
 use super::status::ApiError;
-use super::{Shared, cel, meta};
+use super::{Shared, cel, meta, policy};
 
 /// One webhook of a configuration, in call order.
 struct Hook {
@@ -228,33 +229,51 @@ async fn call_if_matching(
         )));
     }
     // The object as the matched version sees it.
-    let convert = |o: &Value| target.from_storage(req.def.to_storage(o.clone()));
+    let convert = |o: &Value| target.to_version(req.def.to_storage(o.clone()));
     let object = convert(obj);
     let old_object = req.old.map(convert);
-    let request = json!({"operation": req.op, "name": object["metadata"]["name"], "namespace": req.ns,
-        "userInfo": {"username": "e2e"}});
+    // The identity the review below reports (the harness does not pass the caller's here).
+    let user = UserInfo {
+        username: "e2e".to_owned(),
+        groups: vec![auth::MASTERS.to_owned(), "system:authenticated".to_owned()],
+    };
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let attempt = policy::Attempt {
+        def: req.def,
+        sub: req.sub,
+        ns: req.ns,
+        name,
+        op: req.op,
+        object: Some(&object),
+        old: old_object.as_ref(),
+        user: &user,
+        dry_run: req.dry_run,
+    };
+    let vars = cel::Bindings::default()
+        .json("object", &object)
+        .json("oldObject", old_object.as_ref().unwrap_or(&Value::Null))
+        .json(
+            "request",
+            &policy::admission_request(&target, req.def, &attempt),
+        );
+    // kube-apiserver's matcher: any condition false skips the webhook, whatever errors the
+    // others had; otherwise an error is judged by failurePolicy.
+    let mut errors = Vec::new();
     for mc in spec["matchConditions"].as_array().into_iter().flatten() {
         let expr = mc["expression"].as_str().unwrap_or_default();
-        let r = cel::parse(expr).and_then(|e| {
-            cel::eval_bool(
-                &e,
-                &[
-                    ("object", object.clone()),
-                    ("oldObject", old_object.clone().unwrap_or(Value::Null)),
-                    ("request", request.clone()),
-                ],
-            )
-        });
-        match r {
+        match cel::compile(expr).and_then(|e| e.eval_bool(&vars)) {
             Ok(true) => {}
             Ok(false) => return Ok(None),
-            Err(e) => {
-                return failed(format!(
-                    "failed to evaluate match condition {:?}: {e}",
-                    mc["name"].as_str().unwrap_or_default()
-                ));
-            }
+            Err(e) => errors.push(format!(
+                "failed to evaluate match condition {:?}: {e}",
+                mc["name"].as_str().unwrap_or_default()
+            )),
         }
+    }
+    match errors.len() {
+        0 => {}
+        1 => return failed(errors.remove(0)),
+        _ => return failed(format!("[{}]", errors.join(", "))),
     }
     let uid = meta::new_uid();
     let gvk = |d: &ResourceDef| json!({"group": d.group, "version": d.version, "kind": d.kind});
@@ -350,7 +369,7 @@ async fn call_if_matching(
         )));
     }
     // Back to the version of the request.
-    Ok(Some(req.def.from_storage(target.to_storage(mutated))))
+    Ok(Some(req.def.to_version(target.to_storage(mutated))))
 }
 
 fn request_object(review: &Value) -> Value {
@@ -490,7 +509,7 @@ async fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::Registry;
+    use crate::resources::Registry;
 
     #[test]
     fn rules_match_resources_and_subresources() {

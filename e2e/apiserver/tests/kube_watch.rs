@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use e2e::apiserver::testing::eventually;
-use e2e::apiserver::{ApiServer, Options};
+use e2e_apiserver::testing::eventually;
+use e2e_apiserver::{ApiServer, Options};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

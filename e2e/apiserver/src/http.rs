@@ -17,11 +17,11 @@ use super::openapi;
 use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
 use super::protobuf;
-use super::render;
 use super::resources::ResourceDef;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::watch::{self, WatchParams};
+use super::{conformance, render};
 
 pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new().fallback(handle).with_state(shared)
@@ -43,10 +43,55 @@ fn ok(v: &Value) -> Response {
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let r = route(shared, req).await;
+    let watch = Query::parse(req.uri().query()).flag("watch") == Some(true)
+        || path.split('/').any(|s| s == "watch");
+    let r = route(Arc::clone(&shared), req).await;
     let resp = r.unwrap_or_else(IntoResponse::into_response);
     tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
-    resp
+    if shared.opts.check_responses {
+        checked(shared, format!("{method} {path}"), watch, resp).await
+    } else {
+        resp
+    }
+}
+
+/// The response, its JSON body checked against Kubernetes' schemas ([`conformance`]) on the way
+/// out; what does not conform is recorded ([`Shared::nonconforming`]), not altered.
+async fn checked(shared: Arc<Shared>, request: String, watch: bool, resp: Response) -> Response {
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    if watch {
+        use futures::StreamExt;
+        // One event per chunk, as the watch writes them.
+        let stream = body.into_data_stream().map(move |chunk| {
+            if let Ok(bytes) = &chunk {
+                for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                    let problems = match serde_json::from_slice::<Value>(line) {
+                        Ok(event) => conformance::check_event(&event),
+                        Err(e) => vec![format!("watch event is not JSON: {e}")],
+                    };
+                    shared.nonconforming(&request, problems);
+                }
+            }
+            chunk
+        });
+        return Response::from_parts(parts, axum::body::Body::from_stream(stream));
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return Response::from_parts(parts, axum::body::Body::empty());
+    };
+    let problems = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(v) => conformance::check(&v),
+        Err(e) => vec![format!("body is not JSON: {e}")],
+    };
+    shared.nonconforming(&request, problems);
+    Response::from_parts(parts, axum::body::Body::from(bytes))
 }
 
 struct Query(HashMap<String, String>);

@@ -27,14 +27,6 @@ pub fn timestamp(t: time::OffsetDateTime) -> String {
         .unwrap_or_default()
 }
 
-/// RFC 3339 UTC timestamp with microseconds (`metav1.MicroTime`).
-pub fn micro_timestamp(t: time::OffsetDateTime) -> String {
-    let f = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
-    );
-    t.format(&f).unwrap_or_default()
-}
-
 /// A random version-4 UUID.
 pub fn new_uid() -> String {
     let b: [u8; 16] = rand::thread_rng().r#gen();
@@ -599,7 +591,7 @@ fn validate_webhooks(obj: &Value, errs: &mut Vec<Cause>) {
             .enumerate()
         {
             let expr = mc["expression"].as_str().unwrap_or_default();
-            if let Err(e) = super::cel::parse(expr) {
+            if let Err(e) = super::cel::compile(expr) {
                 errs.push((
                     format!("webhooks[{i}].matchConditions[{j}].expression"),
                     format!("Invalid value: {expr:?}: {e}"),
@@ -609,8 +601,8 @@ fn validate_webhooks(obj: &Value, errs: &mut Vec<Cause>) {
     }
 }
 
-/// Every CEL expression of a ValidatingAdmissionPolicy must compile (here: be in the subset the
-/// evaluator supports), as kube-apiserver refuses a policy that does not.
+/// Every CEL expression of a ValidatingAdmissionPolicy must compile (parse, and name only declared
+/// variables and functions), as kube-apiserver refuses a policy that does not.
 fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
     for (list, fields) in [
         ("matchConditions", &["expression"][..]),
@@ -627,7 +619,7 @@ fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
                 let Some(expr) = item[*field].as_str() else {
                     continue;
                 };
-                if let Err(e) = super::cel::parse(expr) {
+                if let Err(e) = super::cel::compile(expr) {
                     errs.push((
                         format!("spec.{list}[{i}].{field}"),
                         format!("Invalid value: {expr:?}: compilation failed: {e}"),
@@ -641,7 +633,7 @@ fn validate_policy_expressions(obj: &Value, errs: &mut Vec<Cause>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::Registry;
+    use crate::resources::Registry;
 
     #[test]
     fn uids_and_names() {

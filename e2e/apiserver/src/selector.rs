@@ -445,14 +445,6 @@ impl FieldSelector {
             (v == t.value) != t.negated
         })
     }
-
-    /// The value required by an `=` term on `field`, if any (lets a watch narrow to one object).
-    pub fn required(&self, field: &str) -> Option<&str> {
-        self.terms
-            .iter()
-            .find(|t| t.field == field && !t.negated)
-            .map(|t| t.value.as_str())
-    }
 }
 
 fn split_unescaped(s: &str, sep: char) -> Vec<String> {
@@ -563,7 +555,6 @@ mod tests {
         };
         assert!(f.matches(get("default")));
         assert!(!f.matches(get("kube-system")));
-        assert_eq!(f.required("metadata.name"), Some("foo"));
         let e = FieldSelector::parse(r"metadata.name=a\,b").unwrap();
         assert_eq!(e.terms[0].value, "a,b");
         assert!(FieldSelector::parse("nonsense").is_err());

@@ -6,22 +6,26 @@
 
 mod admission;
 pub mod audit;
-pub mod auth;
-pub mod cel;
+mod auth;
+mod cel;
+mod conformance;
 mod controllers;
 pub mod faults;
 mod http;
 mod jsonpath;
-pub mod meta;
+pub mod kubectl;
+mod meta;
 mod openapi;
 mod ops;
-pub mod patch;
+mod patch;
 mod policy;
-pub mod protobuf;
+mod protobuf;
 mod render;
-pub mod resources;
-pub mod selector;
-pub mod status;
+mod resources;
+mod selector;
+mod status;
+// Public only for the raw-store benchmark (benches/apiserver.rs).
+#[doc(hidden)]
 pub mod store;
 pub mod testing;
 mod watch;
@@ -85,6 +89,11 @@ pub struct Options {
     /// Authorize every request with the RBAC objects in the store ([`auth`]). Off by default:
     /// most tests' users have no bindings. [`ApiServer::set_rbac`] switches it later.
     pub rbac: bool,
+    /// Check every JSON response (objects, lists, Statuses, watch events) against Kubernetes'
+    /// published schemas; what does not conform is recorded
+    /// ([`ApiServer::nonconforming_responses`]) and fails the test when the server is dropped.
+    /// On by default; benchmarks turn it off.
+    pub check_responses: bool,
 }
 
 impl Default for Options {
@@ -99,6 +108,7 @@ impl Default for Options {
             max_body_bytes: 3 * 1024 * 1024,
             resource_version_wait: Duration::from_secs(3),
             rbac: false,
+            check_responses: true,
         }
     }
 }
@@ -114,6 +124,8 @@ pub(crate) struct Shared {
     pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
     /// RBAC authorization on ([`Options::rbac`]).
     pub(crate) rbac: std::sync::atomic::AtomicBool,
+    /// Responses that did not conform to the schemas ([`Options::check_responses`]).
+    pub(crate) nonconforming: Mutex<Vec<String>>,
     pub(crate) opts: Options,
     pub(crate) address: SocketAddr,
 }
@@ -156,6 +168,20 @@ impl Shared {
         }
     }
 
+    /// Records what a response to `request` got wrong.
+    pub(crate) fn nonconforming(&self, request: &str, problems: Vec<String>) {
+        if problems.is_empty() {
+            return;
+        }
+        for p in &problems {
+            tracing::error!(request, problem = %p, "response does not conform to the Kubernetes API schemas");
+        }
+        self.nonconforming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(problems.into_iter().map(|p| format!("{request}: {p}")));
+    }
+
     pub(crate) fn watch_token(&self) -> CancellationToken {
         self.watch_kill
             .lock()
@@ -196,7 +222,7 @@ pub const KUBECONFIG_USER: &str = "e2e-test-token";
 pub const HARNESS_USER: &str = "e2e-harness";
 
 /// The built-in Tekton CRDs (`tekton.dev` TaskRun and Task, `v1` stored, `v1beta1` served).
-pub const TEKTON_CRDS: &str = include_str!("../../crds/tekton.yaml");
+pub const TEKTON_CRDS: &str = include_str!("../crds/tekton.yaml");
 
 /// Parses a multi-document YAML (or a single JSON document) into objects, skipping empty ones.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>, Error> {
@@ -246,6 +272,7 @@ impl ApiServer {
             watch_kill: Mutex::new(CancellationToken::new()),
             services: Mutex::new(HashMap::new()),
             rbac: std::sync::atomic::AtomicBool::new(opts.rbac),
+            nonconforming: Mutex::new(Vec::new()),
             opts,
             address: https,
         });
@@ -366,6 +393,19 @@ impl ApiServer {
     /// Every distinct resource request served so far (with its count), by user.
     pub fn requests(&self) -> &audit::RequestLog {
         &self.shared.requests
+    }
+
+    /// Takes what responses so far got wrong against Kubernetes' schemas
+    /// ([`Options::check_responses`]); a test that expects some takes them, so the drop check
+    /// passes.
+    pub fn nonconforming_responses(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .nonconforming
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// Fault injection rules.
@@ -592,6 +632,15 @@ impl Drop for ApiServer {
             && let Some(s) = s.take()
         {
             s.cancel.cancel();
+        }
+        let bad = self.nonconforming_responses();
+        // A test already failing says why itself; a second panic would abort.
+        if !bad.is_empty() && !std::thread::panicking() {
+            panic!(
+                "the test API server sent {} response(s) kube-apiserver never would:\n{}",
+                bad.len(),
+                bad.join("\n")
+            );
         }
     }
 }

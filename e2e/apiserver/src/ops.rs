@@ -224,7 +224,7 @@ impl Shared {
             .lock()
             .get_encoded(&def.storage, &key(ns, name))
             .ok_or_else(|| ApiError::not_found(def, name))?;
-        Ok(def.from_storage(obj.decode()))
+        Ok(def.to_version(obj.decode()))
     }
 
     /// Lists objects: `(items in def's version, list resourceVersion, continue, remaining)`.
@@ -295,7 +295,7 @@ impl Shared {
         drop(store);
         let items = page
             .into_iter()
-            .map(|o| def.from_storage(o.decode()))
+            .map(|o| def.to_version(o.decode()))
             .collect();
         Ok(match more {
             Some((token, remaining)) => (items, at, Some(token), remaining),
@@ -318,7 +318,7 @@ impl Shared {
         drop(store);
         self.after_write(def, Some(&obj));
         self.notify(rv);
-        Ok(def.from_storage((*obj).clone()))
+        Ok(def.to_version((*obj).clone()))
     }
 
     /// Creates an object (`obj` in `def`'s version) in `ns`.
@@ -400,7 +400,7 @@ impl Shared {
             if self.lock().contains(&def.storage, &key(ns, &name)) {
                 return Err(ApiError::already_exists(def, &name));
             }
-            return Ok(def.from_storage(stored));
+            return Ok(def.to_version(stored));
         }
         self.commit_create(def, key(ns, &name), stored)
     }
@@ -513,7 +513,7 @@ impl Shared {
                 .ok_or_else(|| ApiError::not_found(def, name))?;
             let old_rv = old.rv();
             let old = Arc::new(old.decode());
-            let old_view = def.from_storage((*old).clone());
+            let old_view = def.to_version((*old).clone());
             let mut new_view = compute(&old_view)?;
             check_type(def, &new_view)?;
             let precondition = match new_view["metadata"]["resourceVersion"].as_str() {
@@ -551,7 +551,7 @@ impl Shared {
                 (def, sub, ns, name, "UPDATE", Some(&prepared), Some(&old)),
             )?;
             if opts.dry_run {
-                return Ok(def.from_storage(prepared));
+                return Ok(def.to_version(prepared));
             }
             let finished = meta::is_deleting(&prepared)
                 && meta::finalizers(&prepared).is_empty()
@@ -571,7 +571,7 @@ impl Shared {
                         self.unregister_crd(&obj);
                     }
                     self.notify(rv);
-                    return Ok(def.from_storage((*obj).clone()));
+                    return Ok(def.to_version((*obj).clone()));
                 }
                 // Re-run `compute` on the new state: an explicit resourceVersion then fails the
                 // precondition above; otherwise the write is retried, as the apiserver does.
@@ -645,7 +645,7 @@ impl Shared {
                 ));
             }
             if meta::is_deleting(&old) {
-                return Ok(Deleted::Pending(def.from_storage((*old).clone())));
+                return Ok(Deleted::Pending(def.to_version((*old).clone())));
             }
             opts.validate(self, (def, None, ns, name, "DELETE", None, Some(&old)))?;
             let mut fins = meta::finalizers(&old);
@@ -663,7 +663,7 @@ impl Shared {
             let mut store = self.lock();
             if fins.is_empty() && !is_ns {
                 if opts.dry_run {
-                    return Ok(Deleted::Now(def.from_storage((*old).clone())));
+                    return Ok(Deleted::Now(def.to_version((*old).clone())));
                 }
                 match store.delete(&def.storage, &k, None, Some(old_rv)) {
                     Ok(obj) => {
@@ -674,7 +674,7 @@ impl Shared {
                             self.unregister_crd(&obj);
                         }
                         self.notify(rv);
-                        return Ok(Deleted::Now(def.from_storage((*obj).clone())));
+                        return Ok(Deleted::Now(def.to_version((*obj).clone())));
                     }
                     Err(StoreError::Conflict) => continue,
                     Err(_) => return Err(ApiError::not_found(def, name)),
@@ -699,14 +699,14 @@ impl Shared {
                 crd_terminating(&mut new, now);
             }
             if opts.dry_run {
-                return Ok(Deleted::Pending(def.from_storage(new)));
+                return Ok(Deleted::Pending(def.to_version(new)));
             }
             match store.update(&def.storage, &k, new, Some(old_rv)) {
                 Ok(obj) => {
                     let rv = store.current_rv();
                     drop(store);
                     self.notify(rv);
-                    return Ok(Deleted::Pending(def.from_storage((*obj).clone())));
+                    return Ok(Deleted::Pending(def.to_version((*obj).clone())));
                 }
                 Err(StoreError::Conflict) => continue,
                 Err(_) => return Err(ApiError::not_found(def, name)),

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use e2e::apiserver::testing::eventually;
-use e2e::apiserver::{ApiServer, Options, RequestMatch, TEKTON_CRDS, Verb};
+use e2e_apiserver::testing::eventually;
+use e2e_apiserver::{ApiServer, Options, RequestMatch, TEKTON_CRDS, Verb};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, PropagationPolicy,

@@ -10,6 +10,9 @@ use axum::extract::State;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+/// RFC 3339 with seconds, as the API server writes timestamps.
+pub use crate::meta::timestamp;
+
 /// Decides a webhook's answer from the AdmissionReview `request`: returns the `response` fields
 /// other than `uid` (e.g. `{"allowed": true, "patch": [..JSON patch..]}`; a `patch` given as a
 /// JSON array is base64-encoded for you).

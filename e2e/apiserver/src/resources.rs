@@ -99,7 +99,7 @@ impl ResourceDef {
     }
 
     /// Converts a stored object into this version's form.
-    pub fn from_storage(&self, mut obj: Value) -> Value {
+    pub fn to_version(&self, mut obj: Value) -> Value {
         match self.conversion {
             Conversion::None => {
                 obj["apiVersion"] = json!(self.api_version());
@@ -907,7 +907,7 @@ mod tests {
     use super::*;
 
     fn tekton_crd() -> Value {
-        crate::apiserver::parse_documents(crate::apiserver::TEKTON_CRDS)
+        crate::parse_documents(crate::TEKTON_CRDS)
             .unwrap()
             .remove(0)
     }
@@ -951,7 +951,7 @@ mod tests {
         let reg = Registry::with_builtins();
         let v1 = reg.get("events.k8s.io", "v1", "events").unwrap();
         let core = json!({"apiVersion": "v1", "kind": "Event", "involvedObject": {"name": "x"}, "message": "m", "count": 2});
-        let e = v1.from_storage(core.clone());
+        let e = v1.to_version(core.clone());
         assert_eq!(e["regarding"]["name"], "x");
         assert_eq!(e["note"], "m");
         assert_eq!(e["deprecatedCount"], 2);

@@ -262,7 +262,7 @@ pub fn success(details: Option<Value>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::resources::Registry;
+    use crate::resources::Registry;
 
     #[test]
     fn messages_match_the_apiserver() {

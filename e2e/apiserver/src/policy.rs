@@ -152,30 +152,60 @@ pub(crate) fn validate(shared: &Shared, a: &Attempt<'_>) -> Result<(), ApiError>
                 names.policy
             )));
         }
-        let view = |o: &Value| target.from_storage(o.clone());
-        let request = json!({
-            "kind": {"group": target.group, "version": target.version, "kind": target.kind},
-            "resource": {"group": target.group, "version": target.version, "resource": target.plural},
-            "subResource": a.sub,
-            "name": a.name,
-            "namespace": a.ns,
-            "operation": a.op,
-            "userInfo": a.user.to_json(),
-            "dryRun": a.dry_run,
-        });
-        let mut vars = vec![
-            ("object", a.object.map(view).unwrap_or(Value::Null)),
-            ("oldObject", a.old.map(view).unwrap_or(Value::Null)),
-            ("request", request),
-            (
+        let view = |o: &Value| target.to_version(o.clone());
+        let request = admission_request(&target, a.def, a);
+        let mut vars = cel::Bindings::default()
+            .json("object", &a.object.map(view).unwrap_or(Value::Null))
+            .json("oldObject", &a.old.map(view).unwrap_or(Value::Null))
+            .json("request", &request)
+            .json(
                 "namespaceObject",
-                ns_object.as_deref().cloned().unwrap_or(Value::Null),
-            ),
-            ("params", Value::Null),
-        ];
+                ns_object.as_deref().unwrap_or(&Value::Null),
+            )
+            .json("params", &Value::Null);
         evaluate(shared, a, pspec, &names, &mut vars)?;
     }
     Ok(())
+}
+
+/// `request` of admission CEL: the AdmissionRequest kube-apiserver builds
+/// (`CreateAdmissionRequest`), converted as Go's JSON encoding does, so empty optional strings
+/// (`subResource`, `name`, `namespace`, ...) are absent rather than null. `kind`/`resource` are the
+/// version the policy matched, `requestKind`/`requestResource` the one the client used.
+pub(crate) fn admission_request(
+    matched: &ResourceDef,
+    requested: &ResourceDef,
+    a: &Attempt<'_>,
+) -> Value {
+    let gvk = |d: &ResourceDef| json!({"group": d.group, "version": d.version, "kind": d.kind});
+    let gvr =
+        |d: &ResourceDef| json!({"group": d.group, "version": d.version, "resource": d.plural});
+    let mut user = json!({"username": a.user.username});
+    if !a.user.groups.is_empty() {
+        user["groups"] = json!(a.user.groups);
+    }
+    let mut r = json!({
+        "uid": "",
+        "kind": gvk(matched),
+        "resource": gvr(matched),
+        "requestKind": gvk(requested),
+        "requestResource": gvr(requested),
+        "operation": a.op,
+        "userInfo": user,
+        "dryRun": a.dry_run,
+    });
+    let optional = [
+        ("subResource", a.sub),
+        ("requestSubResource", a.sub),
+        ("name", Some(a.name)),
+        ("namespace", a.ns),
+    ];
+    for (key, v) in optional {
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
+            r[key] = json!(v);
+        }
+    }
+    r
 }
 
 struct Names<'a> {
@@ -183,12 +213,19 @@ struct Names<'a> {
     binding: &'a str,
 }
 
+/// The longest message a messageExpression may produce (`MaxEvaluatedMessageExpressionSizeBytes`).
+const MAX_MESSAGE_BYTES: usize = 5 * 1024;
+
+/// One policy's matchConditions and validations, as kube-apiserver's validator weighs them:
+/// any matchCondition `false` skips the policy whatever errors the others had; an error is
+/// judged by `failurePolicy` (Ignore admits that one expression, and the next ones still run);
+/// the first denial wins.
 fn evaluate(
     shared: &Shared,
     a: &Attempt<'_>,
     spec: &Value,
     names: &Names<'_>,
-    vars: &mut Vec<(&'static str, Value)>,
+    vars: &mut cel::Bindings,
 ) -> Result<(), ApiError> {
     let fail_closed = spec["failurePolicy"].as_str() != Some("Ignore");
     let deny = |message: String, reason: &str| -> Result<(), ApiError> {
@@ -202,77 +239,90 @@ fn evaluate(
             Ok(())
         }
     };
-    let authorize = |c: &cel::Check| {
-        let attributes = Attributes {
-            verb: &c.verb,
-            group: &c.group,
-            resource: &c.resource,
-            subresource: c.subresource.as_deref(),
-            namespace: c.namespace.as_deref(),
-            name: c.name.as_deref(),
-        };
-        auth::allowed(&shared.lock(), a.user, &attributes)
-    };
-    let eval =
-        |expr: &cel::Expr, vars: &[(&str, Value)]| cel::eval_with(expr, vars, Some(&authorize));
-    let eval_bool = |expr: &cel::Expr, vars: &[(&str, Value)]| {
-        eval(expr, vars).and_then(|v| {
-            v.as_bool()
-                .ok_or_else(|| format!("no such overload: expected bool, got {v}"))
-        })
-    };
     let compile = |src: &str| {
-        cel::parse(src).map_err(|e| {
+        cel::compile(src).map_err(|e| {
             ApiError::internal(format!(
                 "ValidatingAdmissionPolicy '{}': compilation failed for {src:?}: {e}",
                 names.policy
             ))
         })
     };
+    let resulted =
+        |src: &str, e: cel::CelError| format!("expression '{src}' resulted in error: {e}");
+    let mut errors = Vec::new();
     for mc in spec["matchConditions"].as_array().into_iter().flatten() {
-        let expr = compile(mc["expression"].as_str().unwrap_or_default())?;
-        match eval_bool(&expr, vars) {
+        let src = mc["expression"].as_str().unwrap_or_default();
+        match compile(src)?.eval_bool(vars) {
             Ok(true) => {}
             Ok(false) => return Ok(()),
-            Err(e) => {
-                return failed(format!(
-                    "failed to evaluate match condition {:?}: {e}",
-                    mc["name"].as_str().unwrap_or_default()
-                ));
-            }
+            Err(e) => errors.push(resulted(src, e)),
         }
     }
+    match errors.len() {
+        0 => {}
+        1 => return failed(errors.remove(0)),
+        _ => return failed(format!("[{}]", errors.join(", "))),
+    }
+    // Authorizer checks see the RBAC objects as they are now, read once.
+    let grants = {
+        let store = shared.lock();
+        let namespaces: std::collections::BTreeSet<String> = store
+            .list("rbac.authorization.k8s.io/rolebindings", None)
+            .into_iter()
+            .map(|((ns, _), _)| ns)
+            .collect();
+        let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+        auth::Grants::of(&store, a.user, &namespaces)
+    };
+    let authorizer: cel::Authorizer = Arc::new(move |c: &cel::Check| {
+        grants.allow(&Attributes {
+            verb: &c.verb,
+            group: &c.group,
+            resource: &c.resource,
+            subresource: c.subresource.as_deref(),
+            namespace: c.namespace.as_deref(),
+            name: c.name.as_deref(),
+        })
+    });
+    // messageExpressions get no authorizer, as in kube-apiserver.
+    let mut plain = vars.clone();
+    vars.set_authorizer(authorizer);
     // Each variable sees the ones before it. One that fails is left out, so an expression that
     // uses it fails with it (kube-apiserver evaluates variables lazily, with the same effect).
-    let mut variables = serde_json::Map::new();
+    let mut variables = Vec::new();
     for v in spec["variables"].as_array().into_iter().flatten() {
         let expr = compile(v["expression"].as_str().unwrap_or_default())?;
-        vars.retain(|(n, _)| *n != "variables");
-        vars.push(("variables", Value::Object(variables.clone())));
-        if let Ok(value) = eval(&expr, vars) {
-            variables.insert(v["name"].as_str().unwrap_or_default().to_owned(), value);
+        vars.set("variables", cel::map_of(variables.clone()));
+        if let Ok(value) = expr.eval(vars) {
+            variables.push((v["name"].as_str().unwrap_or_default().to_owned(), value));
         }
     }
-    vars.retain(|(n, _)| *n != "variables");
-    vars.push(("variables", Value::Object(variables)));
+    let variables = cel::map_of(variables);
+    vars.set("variables", variables.clone());
+    plain.set("variables", variables);
     for v in spec["validations"].as_array().into_iter().flatten() {
         let src = v["expression"].as_str().unwrap_or_default();
         let expr = compile(src)?;
-        let reason = v["reason"].as_str().unwrap_or_default();
-        match eval_bool(&expr, vars) {
+        match expr.eval_bool(vars) {
             Ok(true) => {}
             Ok(false) => {
-                let message = match (v["messageExpression"].as_str(), v["message"].as_str()) {
-                    (Some(me), _) => match eval(&compile(me)?, vars) {
-                        Ok(Value::String(m)) if !m.trim().is_empty() => m,
-                        _ => format!("failed expression: {src}"),
+                let evaluated = match v["messageExpression"].as_str() {
+                    Some(me) => match compile(me)?.eval(&plain) {
+                        Ok(cel::CelValue::String(m)) => Some(m.trim().to_owned()),
+                        _ => None,
                     },
-                    (None, Some(m)) if !m.is_empty() => m.to_owned(),
-                    _ => format!("failed expression: {src}"),
+                    None => None,
                 };
-                return deny(message, reason);
+                let message = evaluated
+                    .filter(|m| !m.is_empty() && m.len() <= MAX_MESSAGE_BYTES && !m.contains('\n'))
+                    .or_else(|| {
+                        let m = v["message"].as_str().unwrap_or_default().trim();
+                        (!m.is_empty()).then(|| m.to_owned())
+                    })
+                    .unwrap_or_else(|| format!("failed expression: {}", src.trim()));
+                return deny(message, v["reason"].as_str().unwrap_or_default());
             }
-            Err(e) => return failed(format!("expression '{src}' resulted in error: {e}")),
+            Err(e) => failed(resulted(src, e))?,
         }
     }
     Ok(())

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use e2e::apiserver::testing::eventually;
-use e2e::apiserver::{ApiServer, Options};
-use e2e::kubectl::Out;
+use e2e_apiserver::kubectl::Out;
+use e2e_apiserver::testing::eventually;
+use e2e_apiserver::{ApiServer, Options};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -18,13 +18,13 @@ const T: Duration = Duration::from_secs(20);
 
 struct Kubectl {
     server: ApiServer,
-    cli: e2e::kubectl::Kubectl,
+    cli: e2e_apiserver::kubectl::Kubectl,
 }
 
 impl Kubectl {
     async fn start() -> Self {
         let server = ApiServer::start(Options::default()).await.unwrap();
-        let cli = e2e::kubectl::Kubectl::new(&server.kubeconfig_path());
+        let cli = e2e_apiserver::kubectl::Kubectl::new(&server.kubeconfig_path());
         Self { server, cli }
     }
 
@@ -380,7 +380,7 @@ const TASKRUN: &str = "apiVersion: tekton.dev/v1\nkind: TaskRun\nmetadata:\n  na
 async fn apply_and_create_with_validation() {
     let k = Kubectl::start().await;
     k.server
-        .create_yaml(e2e::apiserver::TEKTON_CRDS)
+        .create_yaml(e2e_apiserver::TEKTON_CRDS)
         .await
         .unwrap();
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  finalizers: [e2e.io/a]\ndata:\n  k: v\n";
@@ -486,7 +486,7 @@ async fn typed_generators_create_namespaces_configmaps_secrets() {
 async fn describe_watch_delete_and_events_of_taskruns() {
     let k = Kubectl::start().await;
     k.server
-        .create_yaml(e2e::apiserver::TEKTON_CRDS)
+        .create_yaml(e2e_apiserver::TEKTON_CRDS)
         .await
         .unwrap();
     let mut watch = k.command(&["get", "taskruns", "-w"]);
@@ -513,7 +513,7 @@ async fn describe_watch_delete_and_events_of_taskruns() {
     .expect("the new TaskRun appears in the watch");
     assert!(line.starts_with("build-1 "), "{line}");
 
-    let now = e2e::apiserver::meta::timestamp(time::OffsetDateTime::now_utc());
+    let now = e2e_apiserver::testing::timestamp(time::OffsetDateTime::now_utc());
     k.server
         .create(json!({"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": "build-1.provisioned", "namespace": "default"},

@@ -134,7 +134,7 @@ pub(crate) fn start(
             if !selected_encoded(&def, &o, &p.labels, &p.fields) {
                 continue;
             }
-            if !w.send(EventType::Added, def.from_storage(o.decode())).await {
+            if !w.send(EventType::Added, def.to_version(o.decode())).await {
                 return;
             }
         }
@@ -225,7 +225,7 @@ impl Watcher<'_> {
                             (_, false, false) => continue,
                         };
                         if !self
-                            .send(kind, self.def.from_storage(ev.object.decode()))
+                            .send(kind, self.def.to_version(ev.object.decode()))
                             .await
                         {
                             return;

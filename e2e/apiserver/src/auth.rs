@@ -72,11 +72,6 @@ impl UserInfo {
     pub fn is_admin(&self) -> bool {
         self.groups.iter().any(|g| g == MASTERS)
     }
-
-    /// `request.userInfo` of an AdmissionReview and of admission CEL.
-    pub fn to_json(&self) -> Value {
-        json!({"username": self.username, "groups": self.groups})
-    }
 }
 
 /// What is asked, as the RBAC authorizer reads a resource request.
@@ -129,52 +124,85 @@ fn rule_allows(rule: &Value, a: &Attributes<'_>) -> bool {
 
 /// Whether RBAC objects in `store` allow `user` the request.
 pub fn allowed(store: &Store, user: &UserInfo, a: &Attributes<'_>) -> bool {
-    if user.is_admin() {
-        return true;
-    }
-    let role_rules = |kind: &str, ns: Option<&str>, name: &str| -> Vec<Value> {
-        let (storage, key_ns) = match kind {
-            "ClusterRole" => ("rbac.authorization.k8s.io/clusterroles", String::new()),
-            "Role" => match ns {
-                Some(ns) => ("rbac.authorization.k8s.io/roles", ns.to_owned()),
-                None => return Vec::new(),
-            },
-            _ => return Vec::new(),
-        };
-        store
-            .get(storage, &(key_ns, name.to_owned()))
-            .and_then(|r| r["rules"].as_array().cloned())
-            .unwrap_or_default()
-    };
-    let binds = |b: &Value| {
-        b["subjects"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|s| subject_matches(s, user))
-    };
-    let mut rules = Vec::new();
-    for (_, b) in store.list("rbac.authorization.k8s.io/clusterrolebindings", None) {
-        if binds(&b) && b["roleRef"]["kind"] == "ClusterRole" {
-            rules.extend(role_rules(
-                "ClusterRole",
-                None,
-                b["roleRef"]["name"].as_str().unwrap_or_default(),
-            ));
+    Grants::of(store, user, a.namespace.as_slice()).allow(a)
+}
+
+/// The RBAC rules that grant `user` anything, read out of the store once: what the CEL
+/// `authorizer` asks, after the store's lock is released.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    admin: bool,
+    cluster: Vec<Value>,
+    /// (namespace, rules of a RoleBinding there).
+    namespaced: Vec<(String, Vec<Value>)>,
+}
+
+impl Grants {
+    /// `user`'s rules from every ClusterRoleBinding and from the RoleBindings in `namespaces`.
+    pub fn of(store: &Store, user: &UserInfo, namespaces: &[&str]) -> Self {
+        if user.is_admin() {
+            return Self {
+                admin: true,
+                ..Self::default()
+            };
         }
-    }
-    if let Some(ns) = a.namespace {
-        for (_, b) in store.list("rbac.authorization.k8s.io/rolebindings", Some(ns)) {
-            if binds(&b) {
-                rules.extend(role_rules(
-                    b["roleRef"]["kind"].as_str().unwrap_or_default(),
-                    Some(ns),
+        let role_rules = |kind: &str, ns: Option<&str>, name: &str| -> Vec<Value> {
+            let (storage, key_ns) = match kind {
+                "ClusterRole" => ("rbac.authorization.k8s.io/clusterroles", String::new()),
+                "Role" => match ns {
+                    Some(ns) => ("rbac.authorization.k8s.io/roles", ns.to_owned()),
+                    None => return Vec::new(),
+                },
+                _ => return Vec::new(),
+            };
+            store
+                .get(storage, &(key_ns, name.to_owned()))
+                .and_then(|r| r["rules"].as_array().cloned())
+                .unwrap_or_default()
+        };
+        let binds = |b: &Value| {
+            b["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| subject_matches(s, user))
+        };
+        let mut grants = Self::default();
+        for (_, b) in store.list("rbac.authorization.k8s.io/clusterrolebindings", None) {
+            if binds(&b) && b["roleRef"]["kind"] == "ClusterRole" {
+                grants.cluster.extend(role_rules(
+                    "ClusterRole",
+                    None,
                     b["roleRef"]["name"].as_str().unwrap_or_default(),
                 ));
             }
         }
+        let bindings = namespaces
+            .iter()
+            .flat_map(|ns| store.list("rbac.authorization.k8s.io/rolebindings", Some(ns)));
+        for ((ns, _), b) in bindings {
+            if binds(&b) {
+                let rules = role_rules(
+                    b["roleRef"]["kind"].as_str().unwrap_or_default(),
+                    Some(&ns),
+                    b["roleRef"]["name"].as_str().unwrap_or_default(),
+                );
+                grants.namespaced.push((ns, rules));
+            }
+        }
+        grants
     }
-    rules.iter().any(|r| rule_allows(r, a))
+
+    /// Whether these rules allow the request (a RoleBinding's only in its own namespace).
+    pub fn allow(&self, a: &Attributes<'_>) -> bool {
+        self.admin
+            || self.cluster.iter().any(|r| rule_allows(r, a))
+            || self
+                .namespaced
+                .iter()
+                .filter(|(ns, _)| Some(ns.as_str()) == a.namespace)
+                .any(|(_, rules)| rules.iter().any(|r| rule_allows(r, a)))
+    }
 }
 
 /// `Ok` when allowed, else kube-apiserver's 403 for the request.
