@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::build_user;
-use super::entry::{DynKind, Sink};
+use super::entry::{DynKind, PoolFields, Sink};
 use super::{
     BuildUserSettings, CloudKind, DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_CHECK_INTERVAL,
     DEFAULT_DISK_GB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER, DEFAULT_MAX_AGE, DedicatedHost,
@@ -69,8 +69,6 @@ pub(super) const PARTIAL_DEDICATED_HOST: &str =
 /// Keys that only shape Linux build users: windows and macOS hosts get none.
 const BUILD_USER_ONLY_FIELDS: [&str; 2] = ["user", "sudo-commands"];
 
-pub(super) type PoolFields = (u32, Duration, u32);
-
 /// Parses one `dynamic.<label>.*` group. `None` when an error disables the platform.
 pub(super) fn parse_dynamic(
     platform: &Platform,
@@ -82,7 +80,7 @@ pub(super) fn parse_dynamic(
 ) -> Option<(DynamicPlatform, Option<PoolFields>, BuildUserSettings)> {
     if let Some(ibm) = f
         .get("type")
-        .and_then(|t| super::ibm::IbmKind::from_type(t))
+        .and_then(|t| super::ibm_service::IbmKind::from_type(t))
     {
         // IBM keys are not EC2's: parsed with Go's rules, then carried in the common template.
         return super::ibm::parse_ibm(platform, prefix, f, kind, ibm, global_tag, sink)

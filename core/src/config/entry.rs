@@ -6,6 +6,9 @@ use std::fmt;
 
 use super::{Diagnostic, Severity};
 
+/// A dynamic pool's `(concurrency, max-age, min-instances)`, as the entry parsers return it.
+pub(super) type PoolFields = (u32, std::time::Duration, u32);
+
 /// Collects diagnostics while parsing.
 #[derive(Default)]
 pub(super) struct Sink(pub(super) Vec<Diagnostic>);

@@ -14,6 +14,7 @@ mod configmap;
 mod dynamic;
 mod entry;
 pub mod ibm;
+mod ibm_service;
 mod last_good;
 mod parse;
 mod report;

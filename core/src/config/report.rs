@@ -90,8 +90,8 @@ fn ibm_note(d: &DynamicPlatform) -> String {
         Some(s) => format!(
             "; IBM Cloud {}: private addresses only (no floating IPs), login {}, instances named {}-<16 hex>x",
             match s.kind() {
-                super::ibm::IbmKind::Vpc => "VPC",
-                super::ibm::IbmKind::Power => "Power VS",
+                super::ibm_service::IbmKind::Vpc => "VPC",
+                super::ibm_service::IbmKind::Power => "Power VS",
             },
             d.user,
             d.instance_tag

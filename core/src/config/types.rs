@@ -243,7 +243,7 @@ pub struct DynamicPlatform {
     pub dedicated_host: Option<DedicatedHost>,
     /// The IBM service and its keys, for [`CloudKind::Ibm`] (the EC2 fields above then carry
     /// what they can: image, profile or system, key, disk, user-data).
-    pub ibm: Option<super::ibm::IbmService>,
+    pub ibm: Option<super::ibm_service::IbmService>,
 }
 
 /// A dynamic pool: instances shared by up to `concurrency` TaskRuns each.

@@ -22,7 +22,7 @@ mod table {
     use std::collections::{BTreeMap, BTreeSet};
     use std::sync::Arc;
 
-    use super::super::check::{Invariant, StateError, ensure};
+    use super::super::invariant::{Invariant, StateError, ensure};
     use super::super::{HostBackoff, HostId, NO_PLATFORM, PlatformId, Time};
     use crate::config::StaticHost;
 

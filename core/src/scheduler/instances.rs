@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::{Arena, Key};
-use super::check::{Invariant, StateError, ensure};
+use super::invariant::{Invariant, StateError, ensure};
 use super::{DynamicPlatform, DynamicPool, InstState, LaunchId, OpId, PlatformId, Time};
 
 /// A pool's set of instances with room: (free slots, newest first, key).

@@ -15,7 +15,7 @@ use std::time::Duration;
 use foldhash::quality::FixedState;
 
 use super::arena::{Arena, Key};
-use super::check::{Invariant, StateError, ensure};
+use super::invariant::{Invariant, StateError, ensure};
 use super::queue::NsId;
 use super::tombstones::Tombstones;
 use super::uid_index::{HasUid, UidIndex};

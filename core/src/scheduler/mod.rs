@@ -94,6 +94,7 @@ mod handoff;
 mod hosts;
 mod ids;
 mod instances;
+mod invariant;
 mod ledger;
 mod lifecycle;
 mod messages;
@@ -121,9 +122,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 pub use action::{Action, HostRef, Observation, Placement, RemoteUser, SecretData};
-pub use check::{Invariant, StateError};
 pub use event::{Blame, Event, HostUser, ProbeResult, TaskRunSpec};
 pub use ids::{LaunchId, LaunchOwner, OpId, TaskRunRef, Uid};
+pub use invariant::{Invariant, StateError};
 pub use policy::{Handoff, HostBackoff, Policy};
 pub use snapshot::{
     InstanceRecord, InstanceState, Ownership, ProofTag, SecretKind, SecretProbe, Snapshot,

@@ -3,7 +3,7 @@
 //! result for an operation that already finished carries a serial its slot no longer holds and
 //! finds nothing.
 
-use super::check::{Invariant, StateError, ensure};
+use super::invariant::{Invariant, StateError, ensure};
 use super::{Op, OpId};
 
 struct Slot {

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use foldhash::quality::FixedState;
 
 use super::arena::Key;
-use super::check::{Invariant, StateError, ensure};
+use super::invariant::{Invariant, StateError, ensure};
 
 /// Namespace id (interned).
 pub(crate) type NsId = u32;

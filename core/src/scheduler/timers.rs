@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::check::{Invariant, StateError, ensure};
+use super::invariant::{Invariant, StateError, ensure};
 use super::{Op, Time, Timer};
 
 #[derive(Default)]

@@ -116,7 +116,7 @@ impl Scheduler {
     /// platform tracks no instance (none was recovered or launched for it).
     pub(super) fn check_unlisted(&self) -> Result<(), super::StateError> {
         use super::Invariant::Unlisted;
-        use super::check::ensure;
+        use super::invariant::ensure;
         for (uid, h) in &self.held {
             ensure(
                 self.platforms

@@ -22,6 +22,7 @@ mod policy;
 mod protobuf;
 mod render;
 mod resources;
+mod rules;
 mod selector;
 mod status;
 // Public only for the raw-store benchmark (benches/apiserver.rs).

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::admission::matched_def;
 use super::auth::{self, Attributes, UserInfo};
 use super::resources::ResourceDef;
+use super::rules::matched_def;
 use super::selector::LabelSelector;
 use super::status::ApiError;
 use super::{Shared, cel};
