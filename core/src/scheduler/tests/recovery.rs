@@ -810,8 +810,13 @@ fn only_a_proven_hand_over_of_our_instance_overrides_its_owner_tag() {
         },
     );
     assert!(
-        out.iter()
-            .any(|a| matches!(a, Action::Notify { reason: "ForeignInstance", .. })),
+        out.iter().any(|a| matches!(
+            a,
+            Action::Notify {
+                reason: "ForeignInstance",
+                ..
+            }
+        )),
         "{out:#?}"
     );
     let later = h.wait(10 * 60 + 1);
