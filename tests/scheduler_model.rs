@@ -526,7 +526,7 @@ struct World {
     /// Every instance launched for each TaskRun that this process saw launched (or, after a
     /// restart, the one the TaskRun names): its finalizer waits for each one's termination,
     /// whether the TaskRun finished on it or left it (timed out, failed, moved on), unless it was
-    /// handed to another TaskRun (retagged). A new process knows only the instance a TaskRun
+    /// handed to another TaskRun (a retag issued). A new process knows only the instance a TaskRun
     /// names; others are terminated as orphans without holding the finalizer.
     made_for: BTreeMap<String, BTreeSet<String>>,
     /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
@@ -796,7 +796,9 @@ impl World {
             } => {
                 let uid = taskrun.uid().to_string();
                 // A dynamic instance recovery gives a TaskRun is one the cloud shows launched for
-                // it (its owner tag): never another TaskRun's, whatever the labels claim.
+                // it (its owner tag): never another TaskRun's, whatever the labels claim. (A
+                // proven hand-over whose retag was lost is kept without a new record: its
+                // allocation and secret stand.)
                 if self.recovering
                     && let Some(id) = placement.instance_id.as_deref()
                     && let Some(i) = self.instances.get(id)

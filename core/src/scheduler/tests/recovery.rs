@@ -823,3 +823,27 @@ fn only_a_proven_hand_over_of_our_instance_overrides_its_owner_tag() {
     assert!(terminates(&out).is_empty() && terminates(&later).is_empty());
     assert!(terminates(&h.done("ns", "b")).is_empty());
 }
+
+/// The previous owner still live and naming the instance (its tag-based claim stands, as the
+/// retag was lost) does not take it from the proven new owner, which is rebuilt first: one
+/// instance, one owner. It starts over.
+#[test]
+fn a_live_previous_owner_does_not_take_a_proven_hand_over() {
+    let mut first = rec("a", "linux/arm64");
+    first.instance_id = Some("i-1".into());
+    first.assigned_host = Some("i-1".into());
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![first, on_instance("b", "i-1", true)],
+            instances: vec![instance("i-1", Some("uid-ns-a"), START - 60)],
+            ..Default::default()
+        },
+    );
+    assert!(terminates(&out).is_empty(), "{out:#?}");
+    let relaunched = launches(&out);
+    assert_eq!(relaunched.len(), 1, "{out:#?}");
+    assert_eq!(relaunched[0].1.as_deref(), Some("ns:a"));
+    assert!(terminates(&h.done("ns", "a")).iter().all(|t| t.1 != "i-1"));
+    assert_eq!(terminates(&h.done("ns", "b"))[0].1, "i-1");
+}
