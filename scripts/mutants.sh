@@ -68,6 +68,8 @@ MUTANTS=(
     "recovery-room|core/src/scheduler/recovery.rs|core,model|recovery puts one TaskRun more on a host than its concurrency"
     "recovery-owner|core/src/scheduler/recovery.rs|core,model|recovery adopts an unannotated launch whose owner tag names another TaskRun"
     "recovery-annotated|core/src/scheduler/recovery.rs|core,model|recovery trusts a cloud-instance-id whose instance was launched for another TaskRun"
+    "recovery-handover|core/src/scheduler/snapshot.rs|core,model|recovery takes an unproven cloud-instance-id over the instance's owner tag as a hand-over"
+    "recovery-handover-host|core/src/scheduler/snapshot.rs|core,model|recovery takes a cloud-instance-id as a hand-over with a proof for another host"
     "secret-refused|core/src/scheduler/mod.rs|core,model|a refused secret is not handed back to the scheduler (the host stays taken)"
     "pool-shared-user|core/src/scheduler/users.rs|core,model|two TaskRuns with one user name share a pool instance"
     "lease-cancel|src/controller/sources/lease.rs|lease|the elector does not cancel the term's token when its claim runs out"
@@ -138,8 +140,14 @@ mutant_strings() {
         OLD=$'l.is_ours_for(&label)\n                        && l.owner.as_deref() == Some(rec.uid.as_str())'
         NEW='l.is_ours_for(&label)' ;;
     recovery-annotated)
-        OLD='if l.belongs_to(rec) {'
+        OLD='if l.claimed_by(rec) {'
         NEW='if l.ownership != Ownership::Foreign {' ;;
+    recovery-handover)
+        OLD=$'taskrun.secret_proven\n            && taskrun.secret == Some(SecretKind::Remote)'
+        NEW='taskrun.secret == Some(SecretKind::Remote)' ;;
+    recovery-handover-host)
+        OLD=$'\n            && taskrun.assigned_host.as_deref() == Some(self.id.as_str())'
+        NEW='' ;;
     secret-refused)
         OLD='} => self.on_secret_refused(&taskrun, secret, &error, out),'
         NEW='} => { let _ = (taskrun, secret, error); }' ;;

@@ -502,11 +502,10 @@ struct World {
     /// A TaskRun being created: its waiting record, if any, starts its fairness tracking.
     creating: Option<String>,
     mutant: Option<Mutant>,
-    /// Runs each `Retag` in its instance's lane as the controller does ([`lanes::lane_of`]),
-    /// instead of at once. Off by default until the scheduler waits for a retag to land before
-    /// it removes the previous owner's finalizer (see
-    /// `a_handed_over_instance_is_retagged_before_its_first_owners_finalizer_goes`).
-    retag_in_lane: bool,
+    /// The owner each instance was last handed to (a `Retag` issued), whether or not the retag
+    /// landed: it runs in the instance's lane, apart from the previous owner's finalizer
+    /// removal, and may fail (it has no result). Its previous owner's cleanup leaves it alone.
+    handed: BTreeMap<String, String>,
     next: u64,
     /// Other clusters' live instances (id to platform and launch time), tagged like ours:
     /// counted against `max-instances`, never ours to act on, however old.
@@ -527,7 +526,7 @@ struct World {
     /// Every instance launched for each TaskRun that this process saw launched (or, after a
     /// restart, the one the TaskRun names): its finalizer waits for each one's termination,
     /// whether the TaskRun finished on it or left it (timed out, failed, moved on), unless it was
-    /// handed to another TaskRun (retagged). A new process knows only the instance a TaskRun
+    /// handed to another TaskRun (a retag issued). A new process knows only the instance a TaskRun
     /// names; others are terminated as orphans without holding the finalizer.
     made_for: BTreeMap<String, BTreeSet<String>>,
     /// TaskRuns whose cleanup the scheduler gave up on (a `CleanupFailed` event names them):
@@ -607,7 +606,7 @@ impl World {
             fair: fair.then(Fairness::default),
             creating: None,
             mutant,
-            retag_in_lane: false,
+            handed: BTreeMap::new(),
             next: 0,
             foreign: BTreeMap::new(),
             foreign_listed: BTreeMap::new(),
@@ -744,7 +743,8 @@ impl World {
             return Some(format!("user {user} is still on {h}"));
         }
         // A pool instance outlives its TaskRuns; a dynamic one is its TaskRun's own, also after
-        // it failed and the TaskRun moved on (unless it was handed to another, which retags it).
+        // it failed and the TaskRun moved on (unless it was handed to another: a retag issued,
+        // landed or not).
         for id in self
             .launched_for
             .get(&uid)
@@ -753,7 +753,7 @@ impl World {
         {
             if let Some(i) = self.instances.get(id)
                 && i.alive
-                && i.owner == uid
+                && self.handed.get(id).unwrap_or(&i.owner) == &uid
                 && self.pool_slots(&i.platform).is_none()
             {
                 return Some(format!("its instance {id} is still alive"));
@@ -796,7 +796,9 @@ impl World {
             } => {
                 let uid = taskrun.uid().to_string();
                 // A dynamic instance recovery gives a TaskRun is one the cloud shows launched for
-                // it (its owner tag): never another TaskRun's, whatever the labels claim.
+                // it (its owner tag): never another TaskRun's, whatever the labels claim. (A
+                // proven hand-over whose retag was lost is kept without a new record: its
+                // allocation and secret stand.)
                 if self.recovering
                     && let Some(id) = placement.instance_id.as_deref()
                     && let Some(i) = self.instances.get(id)
@@ -1034,18 +1036,13 @@ impl World {
                     !self.foreign.contains_key(&*instance_id),
                     "retagged another cluster's instance {instance_id}"
                 );
+                self.handed
+                    .insert(instance_id.to_string(), launch.owner_key());
                 let retag = Pending::Retag {
                     id: instance_id.to_string(),
                     owner: launch.owner_key(),
                 };
-                if self.retag_in_lane {
-                    self.pending.push((lane.clone(), retag));
-                } else {
-                    // The one place the model departs from the controller's lane rule: the tag
-                    // changes at once, although the controller runs the call in the instance's
-                    // lane, concurrently with the previous owner's finalizer removal.
-                    self.execute(retag, true);
-                }
+                self.pending.push((lane.clone(), retag));
             }
             Action::Observe(Observation::Waited {
                 platform, taskrun, ..
@@ -1480,7 +1477,8 @@ impl World {
                 }
             }
             Pending::Retag { id, owner } => {
-                if let Some(i) = self.instances.get_mut(&id) {
+                // A failed CreateTags leaves the tag as it was; nothing retries it.
+                if ok && let Some(i) = self.instances.get_mut(&id) {
                     i.owner = owner;
                 }
                 return None;
@@ -2809,16 +2807,14 @@ fn an_instance_handed_over_survives_its_first_owners_cleanup_after_a_restart() {
 
 /// Found when the model took the controller's lane rule: a `Retag` runs in its instance's lane
 /// (and may fail: it has no result), but the scheduler removes the previous owner's finalizer in
-/// the same step, in that TaskRun's lane. Should the removal land and the retag not (a crash in
-/// between, or a failed CreateTags, which nothing retries), the instance's owner tag names a
-/// TaskRun that is gone: the next recovery refuses the new owner's `cloud-instance-id` (the
-/// listing does not show the instance as its) and terminates the instance as an orphan, under
-/// the new owner's build. The fix belongs in the scheduler (a retag with an op and a result,
-/// retried until it lands, and the previous owner's finalizer kept until then); this test then
-/// passes and `World::retag_in_lane` goes.
+/// the same step, in that TaskRun's lane. Here the removal lands and the retag fails (a crash
+/// in between does the same), so the instance's owner tag names a TaskRun that is gone; the next
+/// recovery refused the new owner's `cloud-instance-id` (the listing did not show the instance
+/// as its) and terminated the instance as an orphan, under the new owner's build. The new
+/// owner's allocation is proven (the controller's proof for it and that instance, its secret
+/// stands), so recovery keeps the instance for it whatever the tag says, and tags it again.
 #[test]
-#[ignore = "scheduler finding: the previous owner's finalizer goes before the retag lands"]
-fn a_handed_over_instance_is_retagged_before_its_first_owners_finalizer_goes() {
+fn a_handed_over_instance_whose_retag_failed_stays_its_new_owners_across_a_restart() {
     use Cmd::*;
     let cmds = vec![
         Create { platform: 1, ns: 1 },
@@ -2830,10 +2826,39 @@ fn a_handed_over_instance_is_retagged_before_its_first_owners_finalizer_goes() {
         Finish(1),
     ];
     let mut w = World::new(Policy::mpc());
-    w.retag_in_lane = true;
     for c in &cmds {
         w.run(c);
     }
+    let retag = w
+        .pending
+        .iter()
+        .position(|(_, p)| matches!(p, Pending::Retag { .. }))
+        .expect("the hand-over's retag is in flight");
+    let (_, retag) = w.pending.remove(retag);
+    assert!(w.execute(retag, false).is_none());
+    // The rest lands (tr-2's finalizer removal among it), and the new owner is served.
+    let served = |w: &World| {
+        w.taskruns
+            .get("uid-3")
+            .is_some_and(|t| !t.done && t.mounted())
+    };
+    for _ in 0..20 {
+        w.drain();
+        if served(&w) {
+            break;
+        }
+        w.run(&Advance(30));
+    }
+    assert!(served(&w), "the new owner's build runs");
+    assert!(!w.taskruns.contains_key("uid-2"), "the first owner is gone");
+    w.run(&Restart { flush: true });
+    // Past the orphan grace period with the build still running: its instance stays up.
+    for _ in 0..12 {
+        w.run(&Advance(60));
+        w.drain();
+        w.check_secrets();
+    }
+    assert!(served(&w));
     w.quiesce();
 }
 

@@ -124,8 +124,9 @@ pub enum Action {
     },
     /// Set the ownership tags (`taskRunID`, owner, attempt, `Name`) of an instance handed to
     /// another TaskRun, so listings and recovery find it under its new owner. Only instances
-    /// carrying our cluster identity are retagged. No result: a failure is logged (the TaskRun's
-    /// `cloud-instance-id` annotation still names the instance).
+    /// carrying our cluster identity are retagged. No result: a failure is logged. While the
+    /// scheduler runs it tracks the instance, and no listing orphans a tracked one; after a
+    /// restart the new owner's proven allocation still names it (see `recovery`).
     Retag {
         instance_id: Arc<str>,
         /// Region and credentials.

@@ -89,7 +89,7 @@ impl Scheduler {
         let confirmed = |r: &TaskRunRecord| {
             r.instance_id
                 .clone()
-                .filter(|id| listed.get(id.as_str()).is_some_and(|l| l.belongs_to(r)))
+                .filter(|id| listed.get(id.as_str()).is_some_and(|l| l.claimed_by(r)))
         };
         // Claim instances by annotation first, so tag-based adoption cannot take one that a
         // TaskRun names.
@@ -382,7 +382,11 @@ impl Scheduler {
                 .max_by_key(|l| (l.launched_at, &l.id))
                 .map(|l| l.id.clone())
         };
-        let annotated = self.annotated_instance(key, rec, listed, out);
+        // Not one a TaskRun rebuilt earlier took: a proven hand-over (rebuilt first) wins over
+        // the owner tag its lost retag left naming the previous owner.
+        let annotated = self
+            .annotated_instance(key, rec, listed, out)
+            .filter(|id| self.instances.find(id).is_none());
         // The annotated instance unless the listing says it is gone and another one carries
         // this TaskRun's tag (relaunched just before the crash).
         let annotated_alive = annotated
@@ -426,9 +430,20 @@ impl Scheduler {
                     InstState::Booting
                 };
             });
-            self.instances.set_id(inst, id);
+            self.instances.set_id(inst, id.clone());
             // Its owner from now on.
             self.set_state(key, State::OnInstance { inst, phase });
+            // Handed over, and the retag was lost: tagged again, so listings (and sweeps) find
+            // it under its owner. Should this one fail too, the proof still holds.
+            if rec_i.is_some_and(|l| !l.belongs_to(rec) && l.handed_to(rec))
+                && let Some(launch) = self.launch_id_for(key)
+            {
+                out.push(Action::Retag {
+                    instance_id: id.clone(),
+                    template: template.clone(),
+                    launch,
+                });
+            }
             if !ready {
                 let now = self.now;
                 self.timers.arm(now, Timer::Probe(inst, 0));
@@ -509,7 +524,7 @@ impl Scheduler {
     }
 
     /// The TaskRun's `cloud-instance-id`, when the listing shows the instance as this TaskRun's
-    /// ([`InstanceRecord::belongs_to`]). One the listing shows as another's is never touched, and
+    /// or the TaskRun's proven allocation names it ([`InstanceRecord::claimed_by`]). One the listing shows as another's is never touched, and
     /// the TaskRun is told; one it does not show is gone (or unverifiable): not the TaskRun's.
     pub(in crate::scheduler) fn annotated_instance(
         &self,
@@ -520,7 +535,7 @@ impl Scheduler {
     ) -> Option<String> {
         let id = rec.instance_id.as_deref()?;
         let l = listed.get(id)?;
-        if l.belongs_to(rec) {
+        if l.claimed_by(rec) {
             return Some(id.to_owned());
         }
         let (reason, whose) = if l.ownership == Ownership::Foreign {

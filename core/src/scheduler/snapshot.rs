@@ -231,7 +231,8 @@ impl InstanceRecord {
     /// The listing shows it as this TaskRun's: this cluster's instance carrying the TaskRun's
     /// UID as owner tag, or one without a cluster tag (the Go controller's) carrying its
     /// `taskRunID`. Never another cluster's. A `cloud-instance-id` annotation alone proves
-    /// nothing: tenants can write it.
+    /// nothing: tenants can write it. (A proven one can stand against the owner tag:
+    /// [`handed_to`](Self::handed_to).)
     pub fn belongs_to(&self, taskrun: &TaskRunRecord) -> bool {
         match self.ownership {
             Ownership::Ours => self.owner.as_deref() == Some(taskrun.uid.as_str()),
@@ -241,6 +242,27 @@ impl InstanceRecord {
             }
             Ownership::Foreign => false,
         }
+    }
+
+    /// This cluster's instance of the TaskRun's platform, which the TaskRun's proven allocation
+    /// ([`TaskRunRecord::secret_proven`]) names as its host: the controller placed the TaskRun
+    /// on it, whatever the owner tag says. A hand-over retags the instance, but the retag has no
+    /// result and runs apart from the previous owner's cleanup, so the tag may still name that
+    /// owner (or its successor's retag may have failed). Unlike the annotation, the proof cannot
+    /// come from a tenant: it is the controller's HMAC over the TaskRun's namespace, name, UID
+    /// and `assigned-host`. Never another cluster's instance, nor the Go controller's.
+    pub fn handed_to(&self, taskrun: &TaskRunRecord) -> bool {
+        taskrun.secret_proven
+            && taskrun.secret == Some(SecretKind::Remote)
+            && taskrun.assigned_host.as_deref() == Some(self.id.as_str())
+            && taskrun.instance_id.as_deref() == Some(self.id.as_str())
+            && Platform::parse(&taskrun.platform).is_ok_and(|p| self.is_ours_for(&p.label_value()))
+    }
+
+    /// [`belongs_to`](Self::belongs_to) or [`handed_to`](Self::handed_to): the TaskRun's
+    /// `cloud-instance-id` is confirmed.
+    pub fn claimed_by(&self, taskrun: &TaskRunRecord) -> bool {
+        self.belongs_to(taskrun) || self.handed_to(taskrun)
     }
 
     /// Launched by this cluster for the platform with this label value.

@@ -720,3 +720,130 @@ fn an_unannotated_taskrun_never_takes_an_instance_tagged_for_another() {
     );
     assert_eq!(launches(&out).len(), 1, "b launches its own: {out:#?}");
 }
+
+/// Recovers `b`, served on instance i-1 whose owner tag still names `a` (the hand-over's retag
+/// never landed), with `a` still recorded (`first_recorded`: finished, its finalizer kept) or
+/// gone: `true` when recovery gave i-1 to `b` (nothing terminates it until `b` finishes).
+fn handed_over_kept(b: TaskRunRecord, listed: InstanceRecord, first_recorded: bool) -> bool {
+    let mut first = rec("a", "linux/arm64");
+    first.finished = true;
+    first.instance_id = Some("i-1".into());
+    first.assigned_host = Some("i-1".into());
+    let mut taskruns = vec![b];
+    if first_recorded {
+        taskruns.insert(0, first);
+    }
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns,
+            instances: vec![listed],
+            ..Default::default()
+        },
+    );
+    let ends_i1 = |acts: &[Action]| terminates(acts).iter().any(|t| t.1 == "i-1");
+    // Past the orphan grace period: an instance nothing claims is gone by then.
+    let later = h.wait(10 * 60 + 1);
+    let spared = !ends_i1(&out) && !ends_i1(&later);
+    if first_recorded && spared {
+        // Handed over: nothing of i-1 is a's to clean up.
+        assert_eq!(finalized(&out), vec!["a"], "{out:#?}");
+    }
+    // b's cleanup terminates i-1 only if recovery gave it to b.
+    spared && ends_i1(&h.done("ns", "b"))
+}
+
+/// Found by the model test: a hand-over emits `Retag(i-1 -> b)` and `a`'s finalizer removal in
+/// different lanes, and a retag has no result. Should the removal land and the retag not (a
+/// crash, or a failed CreateTags), i-1's owner tag names `a`, which is gone: recovery refused
+/// b's `cloud-instance-id` and terminated i-1 as an orphan under b's running build. b's
+/// allocation is proven (the controller's proof for b and host i-1, and its secret exists), so
+/// its claim holds for this cluster's instance of its platform whatever the owner tag says; `a`,
+/// if still recorded, does not terminate it as its own.
+#[test]
+fn a_proven_hand_over_keeps_its_instance_though_the_retag_was_lost() {
+    for first_recorded in [false, true] {
+        assert!(
+            handed_over_kept(
+                on_instance("b", "i-1", true),
+                instance("i-1", Some("uid-ns-a"), START - 60),
+                first_recorded
+            ),
+            "a recorded: {first_recorded}"
+        );
+    }
+}
+
+/// What a proven hand-over accepts and nothing more: an unproven claim (Go's, or a tenant's
+/// forged labels), one proven for another host, and another cluster's instance or another
+/// platform's are refused as before.
+#[test]
+fn only_a_proven_hand_over_of_our_instance_overrides_its_owner_tag() {
+    let ours = || instance("i-1", Some("uid-ns-a"), START - 60);
+    let mut other_host = on_instance("b", "i-1", true);
+    other_host.assigned_host = Some("i-2".into());
+    let mut amd64 = ours();
+    amd64.platform_label = Some("linux-amd64".into());
+    for (what, b, listed) in [
+        ("unproven", on_instance("b", "i-1", false), ours()),
+        ("proven for another host", other_host, ours()),
+        ("another platform's", on_instance("b", "i-1", true), amd64),
+    ] {
+        for first_recorded in [false, true] {
+            assert!(
+                !handed_over_kept(b.clone(), listed.clone(), first_recorded),
+                "{what}, a recorded: {first_recorded}"
+            );
+        }
+    }
+    // Another cluster's instance is never ours to keep or terminate.
+    let foreign = InstanceRecord {
+        ownership: Ownership::Foreign,
+        ..ours()
+    };
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![on_instance("b", "i-1", true)],
+            instances: vec![foreign],
+            ..Default::default()
+        },
+    );
+    assert!(
+        out.iter().any(|a| matches!(
+            a,
+            Action::Notify {
+                reason: "ForeignInstance",
+                ..
+            }
+        )),
+        "{out:#?}"
+    );
+    let later = h.wait(10 * 60 + 1);
+    assert!(terminates(&out).is_empty() && terminates(&later).is_empty());
+    assert!(terminates(&h.done("ns", "b")).is_empty());
+}
+
+/// The previous owner still live and naming the instance (its tag-based claim stands, as the
+/// retag was lost) does not take it from the proven new owner, which is rebuilt first: one
+/// instance, one owner. It starts over.
+#[test]
+fn a_live_previous_owner_does_not_take_a_proven_hand_over() {
+    let mut first = rec("a", "linux/arm64");
+    first.instance_id = Some("i-1".into());
+    first.assigned_host = Some("i-1".into());
+    let (mut h, out) = start(
+        &dynamic_pairs(2, None),
+        Snapshot {
+            taskruns: vec![first, on_instance("b", "i-1", true)],
+            instances: vec![instance("i-1", Some("uid-ns-a"), START - 60)],
+            ..Default::default()
+        },
+    );
+    assert!(terminates(&out).is_empty(), "{out:#?}");
+    let relaunched = launches(&out);
+    assert_eq!(relaunched.len(), 1, "{out:#?}");
+    assert_eq!(relaunched[0].1.as_deref(), Some("ns:a"));
+    assert!(terminates(&h.done("ns", "a")).iter().all(|t| t.1 != "i-1"));
+    assert_eq!(terminates(&h.done("ns", "b"))[0].1, "i-1");
+}
