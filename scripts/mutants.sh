@@ -50,7 +50,7 @@ MUTANTS=(
     "uid-test|src/controller/patch.rs|patch,model|TaskRun patches lose their leading test of /metadata/uid"
     "backoff-index|core/src/scheduler/hosts.rs|core,model|a host whose back-off starts stays in the free-host index"
     "newest-first|core/src/scheduler/queue.rs|core,model|waiters of a namespace are served newest first"
-    "foreign-ignored|core/src/scheduler/fleet/mod.rs|core,model|max-instances ignores other clusters' instances"
+    "foreign-ignored|core/src/scheduler/view.rs|core,model|max-instances ignores other clusters' instances"
     "finalizer-early|core/src/scheduler/lifecycle.rs|core,model|the finalizer goes before the build user's removal finished"
     "host-over|core/src/scheduler/hosts.rs|core,model|a full static host stays in the free-host index"
     "max-instances|core/src/scheduler/fleet/dynamic.rs|core,model|a dynamic platform launches one instance over max-instances"
@@ -80,8 +80,8 @@ MUTANTS=(
 mutant_strings() {
     case "$1" in
     uid-test)
-        OLD='Self(vec![test_uid(uid)])'
-        NEW='Self(Vec::new())' ;;
+        OLD='p.test("/metadata/uid", json!(uid));'
+        NEW='let _ = uid;' ;;
     backoff-index)
         OLD=$'let level = h.backoff_level;\n            self.reindex(hid);'
         NEW='let level = h.backoff_level;' ;;
