@@ -224,6 +224,18 @@ async fn dashboard_and_alerts_read_only_exported_metrics_and_labels() {
         "dynamic.linux-riscv64.ami".into(),
         "ami-0000000000000dead".into(),
     ));
+    // A cloud platform whose account cannot be read (its aws-secret is missing): its listing
+    // fails at recovery, so it is held unlisted.
+    cfg.extend(
+        p.moto_platform(&fx, "linux/mips64le", b"unused", "e2e-mips64le")
+            .await
+            .unwrap(),
+    );
+    cfg.retain(|(k, _)| k != "dynamic.linux-mips64le.aws-secret");
+    cfg.push((
+        "dynamic.linux-mips64le.aws-secret".into(),
+        "no-such-aws-account".into(),
+    ));
     let platforms: Vec<String> = cfg
         .iter()
         .filter(|(k, _)| k == "dynamic-platforms")
