@@ -116,6 +116,32 @@ pub fn keep_last_good(
         }
     }
 
+    // A capacity group whose new keys have errors keeps its previous definition (a limit that
+    // held must not vanish through a typo), with the previous members the update still serves.
+    for d in &errors {
+        let Some((name, _field)) = d
+            .key
+            .strip_prefix("capacity-group.")
+            .and_then(|rest| rest.rsplit_once('.'))
+        else {
+            continue;
+        };
+        if next.capacity_groups.contains_key(name) {
+            continue;
+        }
+        let Some(prev) = previous.capacity_groups.get(name) else {
+            continue;
+        };
+        let mut group = prev.clone();
+        group
+            .members
+            .retain(|p| next.dynamic.contains_key(p) || next.pools.contains_key(p));
+        next.capacity_groups.insert(name.to_owned(), group);
+        kept.push(format!(
+            "capacity group {name} keeps its previous definition (its new keys have errors: {d})"
+        ));
+    }
+
     for d in &errors {
         let restored = match d.key.as_str() {
             "gate-pending" => {

@@ -10,6 +10,7 @@
 //! calls, `entry` what it hands them (the diagnostic sink).
 
 mod build_user;
+mod capacity_group;
 mod configmap;
 mod dynamic;
 mod entry;
@@ -23,6 +24,7 @@ mod types;
 pub mod values;
 
 pub use build_user::{BuildUserSettings, BuildUsers, CpuQuota, KeyType, MemoryMax};
+pub use capacity_group::{CapacityGroup, GroupScope, MAX_GROUP_LIMIT};
 pub use configmap::{ConfigMapError, read_configmap_yaml};
 pub use last_good::{Merged, keep_last_good};
 pub use parse::parse;

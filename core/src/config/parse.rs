@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::capacity_group::{self, GroupKeys};
 use super::dynamic::parse_dynamic;
 use super::entry::{DynKind, Sink};
 use super::static_host::parse_host;
@@ -32,9 +33,14 @@ pub fn parse(data: &ConfigData) -> Parsed {
     // Group keys by section.
     let mut dyn_groups: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
     let mut host_groups: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
+    let mut capacity_keys: GroupKeys = BTreeMap::new();
+    let mut memberships: Vec<(&str, &str, &str)> = Vec::new();
     for (key, value) in data {
         if let Some(rest) = key.strip_prefix("dynamic.") {
             match rest.split_once('.') {
+                Some((p, capacity_group::MEMBER_FIELD)) if !p.is_empty() => {
+                    memberships.push((p, key, value));
+                }
                 Some((p, field)) if !p.is_empty() && !field.is_empty() => {
                     dyn_groups.entry(p).or_default().insert(field, value);
                 }
@@ -47,10 +53,24 @@ pub fn parse(data: &ConfigData) -> Parsed {
         } else if let Some(rest) = key.strip_prefix("host.") {
             // Host names may contain dots: the field is the last component.
             match rest.rsplit_once('.') {
+                Some((name, capacity_group::MEMBER_FIELD)) if !name.is_empty() => {
+                    capacity_group::static_member(key, value, &mut sink);
+                }
                 Some((name, field)) if !name.is_empty() && !field.is_empty() => {
                     host_groups.entry(name).or_default().insert(field, value);
                 }
                 _ => sink.warn(key, None, "unknown key (expected host.<name>.<field>)"),
+            }
+        } else if let Some(rest) = key.strip_prefix("capacity-group.") {
+            match rest.rsplit_once('.') {
+                Some((name, field)) if !name.is_empty() && !field.is_empty() => {
+                    capacity_keys.entry(name).or_default().insert(field, value);
+                }
+                _ => sink.warn(
+                    key,
+                    None,
+                    "unknown key (expected capacity-group.<name>.<field>)",
+                ),
             }
         } else if !GLOBAL_KEYS.contains(&key.as_str()) {
             sink.warn(key, None, "unknown key, ignored by this version");
@@ -239,6 +259,31 @@ pub fn parse(data: &ConfigData) -> Parsed {
             );
         }
     }
+
+    // Capacity groups and their dynamic members.
+    let mut groups = capacity_group::parse_groups(&capacity_keys, &mut sink);
+    for (label, key, value) in memberships {
+        let served = cfg
+            .dynamic
+            .keys()
+            .chain(cfg.pools.keys())
+            .find(|p| label_value(p.as_str()) == label)
+            .cloned();
+        match served {
+            Some(p) => capacity_group::join(&mut groups, &capacity_keys, &p, key, value, &mut sink),
+            None if used_groups.contains(label) => {} // disabled: reported at its own keys
+            None => sink.warn(
+                key,
+                Some(value),
+                format!(
+                    "unused: no platform with label value {label} is listed in dynamic-platforms \
+                     or dynamic-pool-platforms"
+                ),
+            ),
+        }
+    }
+    capacity_group::warn_empty(&groups, &mut sink);
+    cfg.capacity_groups = groups;
 
     // Static hosts.
     let mut by_platform: BTreeMap<Platform, Vec<StaticHost>> = BTreeMap::new();

@@ -995,3 +995,124 @@ fn amis_pass_through_unchanged() {
     assert!(parsed.diagnostics.is_empty(), "{:#?}", parsed.diagnostics);
     assert_eq!(parsed.config.dynamic[&p("windows/amd64")].ami, ssm);
 }
+
+fn two_dynamic(extra: &[(&str, &str)]) -> ConfigData {
+    let mut base = dynamic_keys("linux-arm64");
+    base.extend(dynamic_keys("linux-amd64"));
+    base.push(("dynamic-platforms".into(), "linux/arm64,linux/amd64".into()));
+    base.push(("instance-tag".into(), "test".into()));
+    with(base, extra)
+}
+
+fn warnings_for<'a>(parsed: &'a Parsed, key: &str) -> Vec<&'a Diagnostic> {
+    parsed
+        .of(Severity::Warning)
+        .filter(|d| d.key == key)
+        .collect()
+}
+
+#[test]
+fn capacity_group_members_and_scope() {
+    let parsed = parse(&two_dynamic(&[
+        ("capacity-group.aws-ip.max", "250"),
+        ("capacity-group.gpu.max", "4"),
+        ("capacity-group.gpu.scope", "account"),
+        ("dynamic.linux-arm64.capacity-group", "aws-ip,gpu"),
+        ("dynamic.linux-amd64.capacity-group", "aws-ip"),
+    ]));
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    let g = &parsed.config.capacity_groups;
+    assert_eq!(g["aws-ip"].max, 250);
+    assert_eq!(g["aws-ip"].scope, GroupScope::Cluster);
+    assert_eq!(
+        g["aws-ip"].members,
+        [p("linux/amd64"), p("linux/arm64")].into()
+    );
+    assert_eq!(g["gpu"].scope, GroupScope::Account);
+    assert_eq!(g["gpu"].members, [p("linux/arm64")].into());
+    let arm = p("linux/arm64");
+    let of: Vec<_> = parsed
+        .config
+        .groups_of(&arm)
+        .map(|g| g.name.as_str())
+        .collect();
+    assert_eq!(of, ["aws-ip", "gpu"]);
+    // The member key is not a template field: the platform parses as without it.
+    assert_eq!(parsed.config.dynamic[&arm].max_instances, 3);
+}
+
+#[test]
+fn capacity_group_errors_are_diagnostics_not_panics() {
+    let parsed = parse(&two_dynamic(&[
+        ("capacity-group.zero.max", "0"),
+        ("capacity-group.word.max", "lots"),
+        ("capacity-group.nomax.scope", "account"),
+        ("capacity-group.Bad_Name.max", "3"),
+        ("capacity-group.ok.max", "3"),
+        ("capacity-group.ok.scope", "planet"),
+        ("capacity-group.ok.colour", "red"),
+        ("dynamic.linux-arm64.capacity-group", "ok,undefined,zero"),
+        ("dynamic.linux-amd64.capacity-group", ""),
+        ("dynamic.linux-s390x.capacity-group", "ok"),
+        ("host.h1.capacity-group", "ok"),
+    ]));
+    assert_eq!(errors_for(&parsed, "capacity-group.zero.max").len(), 1);
+    assert_eq!(errors_for(&parsed, "capacity-group.word.max").len(), 1);
+    let missing = errors_for(&parsed, "capacity-group.nomax.max");
+    assert!(missing[0].message.contains("missing"), "{missing:?}");
+    assert_eq!(errors_for(&parsed, "capacity-group.Bad_Name.max").len(), 1);
+    assert_eq!(errors_for(&parsed, "capacity-group.ok.scope").len(), 1);
+    assert_eq!(warnings_for(&parsed, "capacity-group.ok.colour").len(), 1);
+    // Only the undefined group is reported at the member key: `zero` has its own error.
+    let member = errors_for(&parsed, "dynamic.linux-arm64.capacity-group");
+    assert_eq!(member.len(), 1, "{member:?}");
+    assert_eq!(member[0].value.as_deref(), Some("undefined"));
+    assert_eq!(
+        warnings_for(&parsed, "dynamic.linux-amd64.capacity-group").len(),
+        1
+    );
+    assert_eq!(
+        warnings_for(&parsed, "dynamic.linux-s390x.capacity-group").len(),
+        1
+    );
+    let host = warnings_for(&parsed, "host.h1.capacity-group");
+    assert!(host[0].message.contains("static hosts are not members"));
+    // Bad groups are left out, the good one keeps its members; no platform is disabled.
+    let g = &parsed.config.capacity_groups;
+    assert_eq!(g.keys().collect::<Vec<_>>(), ["ok"]);
+    assert_eq!(g["ok"].scope, GroupScope::Cluster);
+    assert_eq!(g["ok"].members, [p("linux/arm64")].into());
+    assert!(
+        parsed.config.disabled.is_empty(),
+        "{:?}",
+        parsed.config.disabled
+    );
+}
+
+#[test]
+fn a_capacity_group_without_members_is_a_warning() {
+    let parsed = parse(&two_dynamic(&[("capacity-group.aws-ip.max", "5")]));
+    assert!(!parsed.has_errors());
+    assert_eq!(warnings_for(&parsed, "capacity-group.aws-ip.max").len(), 1);
+}
+
+#[test]
+fn a_broken_capacity_group_keeps_its_last_good_definition() {
+    let good = parse(&two_dynamic(&[
+        ("capacity-group.aws-ip.max", "5"),
+        ("dynamic.linux-arm64.capacity-group", "aws-ip"),
+    ]));
+    let bad = parse(&two_dynamic(&[
+        ("capacity-group.aws-ip.max", "five"),
+        ("dynamic.linux-arm64.capacity-group", "aws-ip"),
+    ]));
+    assert!(bad.config.capacity_groups.is_empty());
+    let merged = keep_last_good(&good.config, bad.config, &bad.diagnostics);
+    assert_eq!(merged.config.capacity_groups, good.config.capacity_groups);
+    assert!(
+        merged
+            .kept
+            .iter()
+            .any(|k| k.contains("capacity group aws-ip"))
+    );
+}

@@ -336,6 +336,8 @@ pub struct HostConfig {
     pub otp_server_url: Option<String>,
     /// How build users are set up (key type, slice caps) per static host and dynamic platform.
     pub build_users: BuildUsers,
+    /// Limits shared by several dynamic platforms and pools, by name (`capacity-group.<g>.*`).
+    pub capacity_groups: BTreeMap<String, super::CapacityGroup>,
 }
 
 impl HostConfig {
@@ -369,6 +371,16 @@ impl HostConfig {
             .chain(self.static_pools.keys())
             .chain(self.disabled.keys())
             .collect()
+    }
+
+    /// The capacity groups `platform` is a member of, by name.
+    pub fn groups_of<'a>(
+        &'a self,
+        platform: &'a Platform,
+    ) -> impl Iterator<Item = &'a super::CapacityGroup> + 'a {
+        self.capacity_groups
+            .values()
+            .filter(move |g| g.members.contains(platform))
     }
 
     /// Concurrent TaskRuns a platform can serve (`platform_pool_size`); `None` for local/unknown.

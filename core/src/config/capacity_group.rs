@@ -1,0 +1,226 @@
+//! Capacity groups: a limit shared by several platforms (first of all a subnet's addresses,
+//! Konflux's `aws-ip`).
+//!
+//! Keys (ours; the Go controller reads neither: it looks up `dynamic.<label>.<field>` by name and
+//! walks only `host.*` keys):
+//! - `capacity-group.<g>.max: N` (1..=100000, required) defines group `g`;
+//! - `capacity-group.<g>.scope: cluster | account` (default `cluster`): what counts against it;
+//! - `dynamic.<label>.capacity-group: g1,g2` makes a dynamic platform or dynamic pool a member
+//!   (a platform may be in several groups; it launches only while every one has room).
+//!
+//! The unit is what a member's own `max-instances` counts: one cloud instance, from its launch
+//! request until its termination is acknowledged (leaked ones included: they still hold their
+//! address). A pool instance is one unit however many TaskRuns share it. A group has room while
+//! the sum over its members is below `max`; with `scope: account` the members' foreign instances
+//! (other clusters' with the same tag, in the same account and region, as the members' last
+//! listings showed: the `max-instances` bill guard's count) are added, so clusters sharing a
+//! subnet share the limit. Only launches are held back: a TaskRun joining a pool instance with
+//! room takes no unit.
+//!
+//! Static hosts are not members, and `host.<h>.capacity-group` is ignored with a warning: a static
+//! host holds its address (and whatever else it is) whether or not it builds, so a build on it
+//! takes nothing a group limits. This is exactly what Kueue gets wrong today: its `aws-ip` CEL
+//! charges every platform not on a hand-kept exception list, so static `linux/riscv64`,
+//! `linux-large/s390x` and `linux/ppc64be` builds consume subnet addresses they never use. (A
+//! `host.<h>.*` key for a host the Go controller cannot parse would also make Go reject every
+//! static platform of the cluster.)
+//!
+//! A group with a bad or missing `max` or a bad name is left out (an error; its members are then
+//! limited only by their own `max-instances`) and the last good config keeps its previous
+//! definition; membership of a group that is not defined is an error and is ignored; a group
+//! no platform names is a warning (it limits nothing).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::entry::Sink;
+use super::values;
+use crate::platform::Platform;
+
+/// Largest accepted `max`.
+pub const MAX_GROUP_LIMIT: u32 = 100_000;
+
+/// The member field of a `dynamic.<label>.*` group.
+pub(super) const MEMBER_FIELD: &str = "capacity-group";
+
+/// What counts against a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupScope {
+    /// This cluster's instances of the members.
+    #[default]
+    Cluster,
+    /// Also the members' foreign instances in their accounts (the `max-instances` bill guard's
+    /// count), so clusters sharing an account and subnet share the limit.
+    Account,
+}
+
+impl GroupScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupScope::Cluster => "cluster",
+            GroupScope::Account => "account",
+        }
+    }
+}
+
+/// A capacity group (`capacity-group.<name>.*`) and the platforms that name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityGroup {
+    /// Also its Kueue resource name.
+    pub name: String,
+    /// Units (instances) its members may hold together.
+    pub max: u32,
+    pub scope: GroupScope,
+    /// Dynamic platforms and pools in it (served ones only).
+    pub members: BTreeSet<Platform>,
+}
+
+/// `capacity-group.<g>.<field>` keys, grouped by group name.
+pub(super) type GroupKeys<'a> = BTreeMap<&'a str, BTreeMap<&'a str, &'a str>>;
+
+/// A group name: a DNS label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63), so it is a valid
+/// Kueue resource and metric label value as it stands.
+fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// Parses the group definitions (no members yet).
+pub(super) fn parse_groups(keys: &GroupKeys, sink: &mut Sink) -> BTreeMap<String, CapacityGroup> {
+    let mut groups = BTreeMap::new();
+    for (name, fields) in keys {
+        let key = |field: &str| format!("capacity-group.{name}.{field}");
+        if !valid_name(name) {
+            let first = fields.keys().next().copied().unwrap_or("max");
+            sink.error(
+                &key(first),
+                None,
+                format!(
+                    "group name {name:?} is not a DNS label (lowercase letters, digits and '-', at \
+                     most 63); the group is left out"
+                ),
+            );
+            continue;
+        }
+        for (field, value) in fields {
+            if !["max", "scope"].contains(field) {
+                sink.warn(
+                    &key(field),
+                    Some(value),
+                    "unknown field, ignored by this version (expected max or scope)",
+                );
+            }
+        }
+        let max = match fields.get("max") {
+            None => {
+                sink.error(
+                    &key("max"),
+                    None,
+                    format!(
+                        "missing: group {name} is left out (its members are limited only by their \
+                         own max-instances)"
+                    ),
+                );
+                continue;
+            }
+            Some(v) => match values::parse_u32_in(v, 1, MAX_GROUP_LIMIT) {
+                Ok(n) => n,
+                Err(e) => {
+                    sink.error(
+                        &key("max"),
+                        Some(v),
+                        format!(
+                            "{e}; group {name} is left out (its members are limited only by their \
+                             own max-instances)"
+                        ),
+                    );
+                    continue;
+                }
+            },
+        };
+        let scope = match fields.get("scope").map(|v| v.trim()) {
+            None | Some("cluster") => GroupScope::Cluster,
+            Some("account") => GroupScope::Account,
+            Some(v) => {
+                sink.error(
+                    &key("scope"),
+                    Some(v),
+                    "expected \"cluster\" or \"account\"; using cluster",
+                );
+                GroupScope::Cluster
+            }
+        };
+        groups.insert(
+            (*name).to_owned(),
+            CapacityGroup {
+                name: (*name).to_owned(),
+                max,
+                scope,
+                members: BTreeSet::new(),
+            },
+        );
+    }
+    groups
+}
+
+/// Adds `platform` (served, dynamic or pool) to the groups its `capacity-group` value names.
+pub(super) fn join(
+    groups: &mut BTreeMap<String, CapacityGroup>,
+    defined: &GroupKeys,
+    platform: &Platform,
+    key: &str,
+    value: &str,
+    sink: &mut Sink,
+) {
+    let mut any = false;
+    for g in values::split_list(value) {
+        any = true;
+        if let Some(group) = groups.get_mut(g) {
+            if !group.members.insert(platform.clone()) {
+                sink.warn(key, Some(g), "named twice");
+            }
+        } else if !defined.contains_key(g) {
+            sink.error(
+                key,
+                Some(g),
+                format!(
+                    "no group {g} is defined (capacity-group.{g}.max); {platform} is not limited \
+                     by it"
+                ),
+            );
+        }
+        // A defined group with errors was reported at its own keys.
+    }
+    if !any {
+        sink.warn(key, Some(value), "names no group");
+    }
+}
+
+/// Warns about groups no platform names.
+pub(super) fn warn_empty(groups: &BTreeMap<String, CapacityGroup>, sink: &mut Sink) {
+    for g in groups.values().filter(|g| g.members.is_empty()) {
+        sink.warn(
+            &format!("capacity-group.{}.max", g.name),
+            None,
+            format!(
+                "no served dynamic platform or pool names group {} (dynamic.<label>.capacity-group); \
+                 it limits nothing",
+                g.name
+            ),
+        );
+    }
+}
+
+/// The warning for `host.<h>.capacity-group`.
+pub(super) fn static_member(key: &str, value: &str, sink: &mut Sink) {
+    sink.warn(
+        key,
+        Some(value),
+        "ignored: static hosts are not members of capacity groups (a static host holds its \
+         address whether or not it builds, so its builds take nothing a group limits)",
+    );
+}
