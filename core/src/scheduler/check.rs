@@ -61,7 +61,14 @@ impl Scheduler {
             Scheduler::check_user_guard,
             |s| s.timers.check(),
         ];
-        CHECKS.iter().filter_map(|c| c(self).err()).collect()
+        let mut found: Vec<StateError> = CHECKS.iter().filter_map(|c| c(self).err()).collect();
+        let want = self.group_defs();
+        found.extend(
+            self.instances
+                .groups()
+                .check(&want, |p| self.instances.counted(p)),
+        );
+        found
     }
 
     /// Platform ids and platforms map to each other; every TaskRun's platform resolves.

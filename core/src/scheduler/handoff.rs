@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::arena::Key;
+use super::groups::GroupId;
 use super::queue::Entry;
 use super::{
     Action, HostId, InstState, Mode, NO_PLATFORM, Op, Phase, Placement, PlatformId, Release,
@@ -146,25 +147,35 @@ impl Scheduler {
 
     /// Serves waiters while the platform has room (immediate hand-off only).
     pub(in crate::scheduler) fn pump(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+        self.pump_up_to(p, u32::MAX, out);
+    }
+
+    /// Serves at most `limit` waiters while the platform has room (immediate hand-off only):
+    /// how many were placed (or routed to their error).
+    fn pump_up_to(&mut self, p: PlatformId, limit: u32, out: &mut Vec<Action>) -> u32 {
         if self.policy.handoff != super::Handoff::Immediate || p == NO_PLATFORM {
-            return;
+            return 0;
         }
+        let mut placed = 0;
         // Waiters that failed somewhere first: they have waited longest.
         let mut i = 0;
-        while i < self.platforms[p as usize].retry.len() && self.has_room(p) {
+        while placed < limit && i < self.platforms[p as usize].retry.len() && self.has_room(p) {
             let key = self.platforms[p as usize].retry[i];
             let live = matches!(
                 self.taskruns.get(key).map(|t| &t.state),
                 Some(State::Waiting { retry: true, .. })
             ) && self.taskruns.get(key).map(|t| t.platform) == Some(p);
-            if !live || self.place(p, key, out) == Placed::Done {
+            if !live {
                 self.platforms[p as usize].retry.remove(i);
+            } else if self.place(p, key, out) == Placed::Done {
+                self.platforms[p as usize].retry.remove(i);
+                placed += 1;
             } else {
                 i += 1;
             }
         }
         let mut kept = 0;
-        while self.has_room(p) {
+        while placed < limit && self.has_room(p) {
             let Some(entry) = self.pop_waiter(p) else {
                 break;
             };
@@ -174,7 +185,44 @@ impl Scheduler {
                 self.mark_retry(entry.taskrun);
                 self.platforms[p as usize].retry.insert(kept, entry.taskrun);
                 kept += 1;
+            } else {
+                placed += 1;
             }
+        }
+        placed
+    }
+
+    /// Hands a capacity group's room on, round-robin across its member platforms with waiters:
+    /// one placement per member per round, starting after the member served last, while the group
+    /// has room (immediate hand-off only; polling waiters find room on their own).
+    pub(in crate::scheduler) fn serve_group(&mut self, g: GroupId, out: &mut Vec<Action>) {
+        let def = self.instances.groups().get(g).def();
+        let (members, max) = (def.members.clone(), def.max);
+        let n = members.len();
+        loop {
+            let mut any = false;
+            let start = self.instances.groups().get(g).turn();
+            for step in 0..n {
+                if self.group_in_use(g) >= max {
+                    return;
+                }
+                let idx = (start + step) % n;
+                if self.pump_up_to(members[idx], 1, out) > 0 {
+                    self.instances.group_served(g, idx);
+                    any = true;
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    /// Serves the capacity groups platform `p` is in (see [`Scheduler::serve_group`]).
+    fn serve_groups_of(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+        let groups = self.instances.groups().of(p).to_vec();
+        for g in groups {
+            self.serve_group(g, out);
         }
     }
 
@@ -184,7 +232,12 @@ impl Scheduler {
             return;
         }
         match self.policy.handoff {
-            super::Handoff::Immediate => self.pump(p, out),
+            super::Handoff::Immediate => {
+                // A group's unit goes round the members first: the platform whose instance
+                // freed it is not served before the others.
+                self.serve_groups_of(p, out);
+                self.pump(p, out);
+            }
             super::Handoff::Poll { .. } => {
                 if self.has_room(p)
                     && let Some(entry) = self.pop_waiter(p)
@@ -528,12 +581,12 @@ impl Scheduler {
         let ps = &self.platforms[p as usize];
         match &ps.mode {
             Mode::Static => self.hosts.has_room(p),
-            Mode::Dynamic(t) => self.occupied(p) < t.max_instances,
+            Mode::Dynamic(t) => self.occupied(p) < t.max_instances && self.group_room(p),
             Mode::Pool(pool) => {
                 let (ready, booting) = self.instances.with_room(p);
                 !ready.is_empty()
                     || !booting.is_empty()
-                    || self.occupied(p) < pool.instance.max_instances
+                    || (self.occupied(p) < pool.instance.max_instances && self.group_room(p))
             }
             // Waiters of these are routed (secret written) by placement.
             Mode::Local | Mode::Disabled(_) | Mode::Unknown => true,

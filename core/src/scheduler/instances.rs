@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::arena::{Arena, Key};
+use super::groups::{GroupDef, GroupId, Groups};
 use super::invariant::{Invariant, StateError, ensure};
 use super::{DynamicPlatform, DynamicPool, InstState, LaunchId, OpId, PlatformId, Time};
 
@@ -175,6 +176,8 @@ pub(super) struct Fleet {
     terminated: BTreeMap<Arc<str>, (PlatformId, Time)>,
     /// TaskRuns that instances' terminations are awaited for (`cleanup_for`), with how many.
     awaited: BTreeMap<Key, u32>,
+    /// Capacity groups, counting the instances of their members with `counted`.
+    groups: Groups,
 }
 
 impl Fleet {
@@ -225,13 +228,17 @@ impl Fleet {
         self.ids.get(id).copied()
     }
 
-    /// Tracks an instance: it counts against its platform's `max-instances` from now on.
-    pub(super) fn insert(&mut self, i: Instance) -> Key {
+    /// Tracks an instance: it counts against its platform's `max-instances` and its capacity
+    /// groups from now on. `existing`: it already runs (recovered, adopted, an orphan), so it may
+    /// be above a group's limit; otherwise it is a launch, which the strategies made only with
+    /// room.
+    pub(super) fn insert(&mut self, i: Instance, existing: bool) -> Key {
         let p = i.platform;
         let key = self.instances.insert(i);
         let pp = self.platform_mut(p);
         pp.counted += 1;
         pp.members.insert(key);
+        self.groups.counted_up(p, existing);
         self.reindex(key);
         key
     }
@@ -257,6 +264,7 @@ impl Fleet {
         }
         pp.counted = pp.counted.saturating_sub(1);
         pp.members.remove(&key);
+        self.groups.counted_down(i.platform);
         Some(i)
     }
 
@@ -324,6 +332,23 @@ impl Fleet {
     /// Instances of platform `p` counted against its `max-instances`.
     pub(super) fn counted(&self, p: PlatformId) -> u32 {
         self.platforms.get(p as usize).map_or(0, |pp| pp.counted)
+    }
+
+    /// The capacity groups, with their counts.
+    pub(super) fn groups(&self) -> &Groups {
+        &self.groups
+    }
+
+    /// Installs a config's capacity groups, counted anew from the instances tracked now.
+    pub(super) fn configure_groups(&mut self, defs: Vec<GroupDef>) {
+        let counted: Vec<u32> = self.platforms.iter().map(|pp| pp.counted).collect();
+        self.groups
+            .configure(defs, |p| counted.get(p as usize).copied().unwrap_or(0));
+    }
+
+    /// Group `g`'s member at index `member` was served: the next turn starts after it.
+    pub(super) fn group_served(&mut self, g: GroupId, member: usize) {
+        self.groups.served(g, member);
     }
 
     /// Every instance entry of platform `p`.
@@ -458,6 +483,12 @@ impl Fleet {
             )?;
         }
         Ok(())
+    }
+
+    /// Test hook: the capacity groups, to corrupt.
+    #[cfg(test)]
+    pub(super) fn groups_mut(&mut self) -> &mut Groups {
+        &mut self.groups
     }
 
     /// Test hook: miscounts platform `p`'s instances.

@@ -36,6 +36,14 @@ pub enum Invariant {
     /// A platform's instance count is the number of its instances, leaked ones included (they
     /// still run and are billed).
     InstanceCount,
+    /// The capacity groups, their limits and scopes and each platform's groups are the config's.
+    GroupMembers,
+    /// A capacity group's count is the number of its members' instances.
+    GroupCount,
+    /// A capacity group holds more than its `max` only by what it was tolerated when the limit
+    /// was set (instances that already ran, a lowered limit), and that only shrinks: no launch
+    /// ever took it past its limit.
+    GroupLimit,
     /// A pool instance is in its platform's ready or booting set exactly when it takes work,
     /// under the key its load and age give.
     PoolIndex,
@@ -108,6 +116,9 @@ impl fmt::Display for Invariant {
             Invariant::InstanceIds => "instance ids",
             Invariant::InstanceMembers => "platform instance members",
             Invariant::InstanceCount => "max-instances ledger",
+            Invariant::GroupMembers => "capacity group members",
+            Invariant::GroupCount => "capacity group counts",
+            Invariant::GroupLimit => "capacity group limits",
             Invariant::PoolIndex => "index of pool instances with room",
             Invariant::PoolAttached => "pool attachments",
             Invariant::AwaitedTerminations => "awaited instance terminations",

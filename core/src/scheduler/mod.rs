@@ -90,6 +90,7 @@ mod check;
 mod emit;
 mod event;
 mod fleet;
+mod groups;
 mod handoff;
 mod hosts;
 mod ids;
@@ -130,7 +131,7 @@ pub use snapshot::{
     InstanceRecord, InstanceState, Ownership, ProofTag, SecretKind, SecretProbe, Snapshot,
     TaskRunRecord,
 };
-pub use stats::{Gauges, LedgerSize, PlatformGauges};
+pub use stats::{Gauges, GroupGauges, LedgerSize, PlatformGauges};
 pub use time::Time;
 
 use crate::config::{DynamicPlatform, DynamicPool, HostConfig, StaticHost};

@@ -1,5 +1,7 @@
 //! Config replacement: applies to new work. Running allocations keep the host definition or
-//! instance template they were made with; waiters are served by the new config.
+//! instance template they were made with; waiters are served by the new config. Capacity groups
+//! are counted anew from the instances tracked now: a `max` lowered below what its members hold
+//! terminates nothing, it only holds launches back until they are below it.
 
 use super::{Action, HostConfig, InstState, Mode, PlatformId, Scheduler, State, mode_of};
 
@@ -18,6 +20,8 @@ impl Scheduler {
         {
             self.platform_id(&platform);
         }
+        let groups = self.group_defs();
+        self.instances.configure_groups(groups);
         self.apply_hosts();
         for p in 0..self.platforms.len() as PlatformId {
             let new = mode_of(&self.config, &self.platforms[p as usize].platform);
@@ -26,10 +30,33 @@ impl Scheduler {
             }
         }
         self.unlist_unlistable(out);
+        // Room a group gained (a higher max, a new member) goes round its members first.
+        for g in 0..self.instances.groups().len() as super::groups::GroupId {
+            self.serve_group(g, out);
+        }
         for p in 0..self.platforms.len() as PlatformId {
             self.pump(p, out);
             self.ensure_warm(p, out);
         }
+    }
+
+    /// The config's capacity groups by platform id (every member has one: `apply_config` gives
+    /// each platform of the config its id first).
+    pub(super) fn group_defs(&self) -> Vec<super::groups::GroupDef> {
+        self.config
+            .capacity_groups
+            .values()
+            .map(|g| super::groups::GroupDef {
+                name: g.name.as_str().into(),
+                max: g.max,
+                scope: g.scope,
+                members: g
+                    .members
+                    .iter()
+                    .filter_map(|m| self.platform_ids.get(m).copied())
+                    .collect(),
+            })
+            .collect()
     }
 
     /// Upserts static hosts and rebuilds every platform's index of hosts with room.

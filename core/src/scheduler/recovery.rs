@@ -324,7 +324,7 @@ impl Scheduler {
         pool: Option<Arc<DynamicPool>>,
     ) -> Key {
         let timeout = template.allocation_timeout;
-        let inst = self.new_instance(p, template, pool.clone());
+        let inst = self.track_instance(p, template, pool.clone());
         let id: Arc<str> = rec.id.as_str().into();
         self.instances.update(inst, |i| {
             i.address = rec.address.as_deref().map(Arc::from);
@@ -416,7 +416,7 @@ impl Scheduler {
                 return ready;
             };
             let rec_i = listed.get(id.as_str()).copied();
-            let inst = self.new_instance(p, template.clone(), None);
+            let inst = self.track_instance(p, template.clone(), None);
             let id: Arc<str> = id.as_str().into();
             self.instances.update(inst, |i| {
                 i.address = rec_i.and_then(|l| l.address.as_deref()).map(Arc::from);
@@ -600,7 +600,7 @@ impl Scheduler {
                 } else {
                     p
                 };
-                let inst = self.new_instance(ip, template, None);
+                let inst = self.track_instance(ip, template, None);
                 let id: Arc<str> = id.as_str().into();
                 self.instances.update(inst, |i| {
                     i.state = InstState::Ready;

@@ -36,11 +36,26 @@ pub struct PlatformGauges {
     pub oldest_queued: Option<super::Time>,
 }
 
+/// Per capacity group gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupGauges {
+    /// Its `max`.
+    pub limit: u32,
+    /// Units it holds: its members' instances (leaked ones included), and with `scope: account`
+    /// their foreign ones as listed. May exceed `limit` after the limit was lowered or instances
+    /// were recovered; nothing is launched for a member until it is below.
+    pub in_use: u32,
+    /// TaskRuns queued for its members (whatever holds each one back).
+    pub waiting: u32,
+}
+
 /// All gauges.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Gauges {
     /// By platform (as written).
     pub platforms: BTreeMap<String, PlatformGauges>,
+    /// By capacity group name.
+    pub groups: BTreeMap<String, GroupGauges>,
     /// `(platform, namespace)` → (waiting, running).
     pub by_namespace: BTreeMap<(String, String), (u32, u32)>,
 }
@@ -124,6 +139,26 @@ impl Scheduler {
                 .or_default();
             n.0 += w;
             n.1 += r;
+        }
+        for (gid, group) in self.instances.groups().iter() {
+            let def = group.def();
+            let waiting = def
+                .members
+                .iter()
+                .filter_map(|&m| {
+                    g.platforms
+                        .get(self.platforms[m as usize].platform.as_str())
+                })
+                .map(|pg| pg.waiting)
+                .sum();
+            g.groups.insert(
+                def.name.to_string(),
+                GroupGauges {
+                    limit: def.max,
+                    in_use: self.group_in_use(gid),
+                    waiting,
+                },
+            );
         }
         g
     }

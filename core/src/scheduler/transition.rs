@@ -138,7 +138,20 @@ impl Scheduler {
         pool: Option<Arc<DynamicPool>>,
     ) -> Key {
         self.instances
-            .insert(Instance::new(p, template, pool, self.now))
+            .insert(Instance::new(p, template, pool, self.now), false)
+    }
+
+    /// A counted instance entry for an instance that already runs (recovered from a listing or a
+    /// TaskRun's record, or an orphan a listing shows): tracked whatever its capacity groups' room,
+    /// since it exists.
+    pub(in crate::scheduler) fn track_instance(
+        &mut self,
+        p: PlatformId,
+        template: Arc<DynamicPlatform>,
+        pool: Option<Arc<DynamicPool>>,
+    ) -> Key {
+        self.instances
+            .insert(Instance::new(p, template, pool, self.now), true)
     }
 }
 

@@ -63,6 +63,32 @@ impl Scheduler {
             .unwrap_or_default()
     }
 
+    /// Units group `g` holds: its members' instances, and with `scope: account` their foreign
+    /// ones as their last listings showed (the `max-instances` bill guard's count).
+    pub(in crate::scheduler) fn group_in_use(&self, g: super::groups::GroupId) -> u32 {
+        let group = self.instances.groups().get(g);
+        let foreign = match group.def().scope {
+            crate::config::GroupScope::Cluster => 0,
+            crate::config::GroupScope::Account => group
+                .def()
+                .members
+                .iter()
+                .map(|&m| self.platforms[m as usize].foreign)
+                .sum(),
+        };
+        group.in_use() + foreign
+    }
+
+    /// Every capacity group of platform `p` has room for one more instance (true when it is in
+    /// none). Read by every launch decision, beside `max-instances`.
+    pub(in crate::scheduler) fn group_room(&self, p: PlatformId) -> bool {
+        let groups = self.instances.groups();
+        groups
+            .of(p)
+            .iter()
+            .all(|&g| self.group_in_use(g) < groups.get(g).def().max)
+    }
+
     /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
     /// ones the last listing showed. An unlisted platform's are unknown: it counts as full, so
     /// nothing is launched for it (every launch decision compares this with the limit).

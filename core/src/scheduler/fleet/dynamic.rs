@@ -1,5 +1,5 @@
 //! The dynamic strategy: one instance per TaskRun, launched when it is placed (within
-//! `max-instances`), terminated when it finishes or handed, unused, to the next waiter of the
+//! `max-instances` and the platform's capacity groups), terminated when it finishes or handed, unused, to the next waiter of the
 //! same platform (`fleet::adopt`).
 
 use super::super::arena::Key;
@@ -21,7 +21,7 @@ impl Scheduler {
                 &self.failed_list(key),
             ));
         }
-        if self.occupied(p) >= template.max_instances {
+        if self.occupied(p) >= template.max_instances || !self.group_room(p) {
             return Choice::NoRoom;
         }
         Choice::Launch

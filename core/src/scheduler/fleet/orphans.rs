@@ -22,7 +22,7 @@ impl Scheduler {
         out: &mut Vec<Action>,
     ) {
         let moved_on = self.owner_moved_on(p, rec);
-        let inst = self.new_instance(p, template, None);
+        let inst = self.track_instance(p, template, None);
         self.instances.update(inst, |i| {
             i.created = rec.launched_at;
             i.launches = 1;

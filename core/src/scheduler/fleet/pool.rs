@@ -14,7 +14,8 @@ pub(super) const POOL_INSTANCE_FAILURES: u32 = 2;
 impl Scheduler {
     /// Where a waiter of pool platform `p` goes: its error once too many instances failed for
     /// it, else a ready instance with room (most loaded first, so idle ones can drain), else a
-    /// booting one, else a new instance while the platform has room.
+    /// booting one, else a new instance while the platform and its capacity groups have room
+    /// (joining an instance takes no group unit).
     pub(in crate::scheduler) fn choose_pool(
         &self,
         p: PlatformId,
@@ -44,7 +45,7 @@ impl Scheduler {
         if let Some(inst) = pick(booting) {
             return Choice::Join { inst, ready: false };
         }
-        if self.occupied(p) >= pool.instance.max_instances {
+        if self.occupied(p) >= pool.instance.max_instances || !self.group_room(p) {
             return Choice::NoRoom;
         }
         Choice::Launch

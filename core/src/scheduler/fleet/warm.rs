@@ -21,7 +21,11 @@ impl Scheduler {
             return;
         }
         let mut active = self.active_pool_instances(p);
-        while active < pool.min_instances && self.occupied(p) < pool.instance.max_instances {
+        // Warm instances hold group units too: they wait for room like launches for TaskRuns.
+        while active < pool.min_instances
+            && self.occupied(p) < pool.instance.max_instances
+            && self.group_room(p)
+        {
             let deadline = self.now + pool.instance.allocation_timeout;
             let inst = self.new_instance(p, Arc::new(pool.instance.clone()), Some(pool.clone()));
             self.timers.arm(deadline, Timer::Deadline(inst));

@@ -59,6 +59,16 @@ fn busy() -> H {
     consistent(h)
 }
 
+/// Dynamic linux/arm64 in capacity group `aws-ip` (max 2), launching an instance for `g`.
+fn grouped() -> H {
+    let mut pairs = dynamic_pairs(2, None);
+    pairs.push(kv("capacity-group.aws-ip.max", "2"));
+    pairs.push(kv("dynamic.linux-arm64.capacity-group", "aws-ip"));
+    let mut h = H::new(&pairs);
+    assert_eq!(launches(&h.submit("ns", "g", ARM)).len(), 1);
+    consistent(h)
+}
+
 /// How far the dynamic TaskRun `d` has come.
 #[derive(Clone, Copy, PartialEq, PartialOrd)]
 enum Stage {
@@ -234,6 +244,34 @@ const CASES: &[Case] = &[
             let mut h = busy();
             let p = platform(&h, ARM);
             h.s.instances.corrupt_count(p as PlatformId);
+            h
+        },
+    ),
+    (
+        Invariant::GroupMembers,
+        "a member platform missing from the index of its groups",
+        || {
+            let mut h = grouped();
+            let p = platform(&h, ARM);
+            h.s.instances.groups_mut().corrupt_of(p as PlatformId);
+            h
+        },
+    ),
+    (
+        Invariant::GroupCount,
+        "a capacity group's count off by one",
+        || {
+            let mut h = grouped();
+            h.s.instances.groups_mut().corrupt_count(0);
+            h
+        },
+    ),
+    (
+        Invariant::GroupLimit,
+        "a capacity group tolerating more above its limit than it holds",
+        || {
+            let mut h = grouped();
+            h.s.instances.groups_mut().corrupt_tolerated(0);
             h
         },
     ),
@@ -499,7 +537,10 @@ fn after(i: Option<Invariant>) -> Option<Invariant> {
         HostBackoff => Some(InstanceIds),
         InstanceIds => Some(InstanceMembers),
         InstanceMembers => Some(InstanceCount),
-        InstanceCount => Some(PoolIndex),
+        InstanceCount => Some(GroupMembers),
+        GroupMembers => Some(GroupCount),
+        GroupCount => Some(GroupLimit),
+        GroupLimit => Some(PoolIndex),
         PoolIndex => Some(PoolAttached),
         PoolAttached => Some(AwaitedTerminations),
         AwaitedTerminations => Some(TaskRunInstance),

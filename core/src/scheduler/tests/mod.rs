@@ -4,6 +4,7 @@
 mod check;
 mod dynamic;
 mod faults;
+mod groups;
 mod handoff;
 mod lifecycle;
 mod metrics;
