@@ -13,7 +13,8 @@
 //! scheduler crashes (in-flight operations complete unseen or are lost); other clusters sharing
 //! the instance tags launch and terminate instances, which the listings show.
 //!
-//! Checked on every action: host and pool-instance concurrency, `max-instances` counting the
+//! Checked on every action: host and pool-instance concurrency, `max-instances` and capacity
+//! groups (`capacity-group.<g>.max`, one lowered by a config change) counting the
 //! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
 //! ([`Fairness`]), no action on another cluster's instance, no new TaskRun on a host while the
 //! back-off the scheduler announced for it lasts, no TaskRun provisioned on a host of another
@@ -142,6 +143,19 @@ fn configs() -> Vec<HostConfig> {
     b.extend(dynamic("linux-amd64", "ami-1", 1, Some(3)));
     c.extend(dynamic("linux-arm64", "ami-2", 3, None));
     c.extend(dynamic("linux-amd64", "ami-2", 2, Some(2)));
+    // A capacity group over both cloud platforms: binding in each config (below the sum of their
+    // max-instances), lowered in `b` below what `a` may hold, counting the other clusters'
+    // instances in `c`.
+    for (cfg, max, scope) in [
+        (&mut a, 3, "cluster"),
+        (&mut b, 1, "cluster"),
+        (&mut c, 3, "account"),
+    ] {
+        cfg.push(("capacity-group.aws-ip.max".into(), max.to_string()));
+        cfg.push(("capacity-group.aws-ip.scope".into(), scope.into()));
+        cfg.push(("dynamic.linux-arm64.capacity-group".into(), "aws-ip".into()));
+        cfg.push(("dynamic.linux-amd64.capacity-group".into(), "aws-ip".into()));
+    }
     // Used to quiesce: every host the run may have used is configured again, so leftovers of
     // allocations lost with a host's removal (and a restart) can be swept.
     let mut all = a.clone();
@@ -491,6 +505,9 @@ struct World {
     users: BTreeMap<String, BTreeMap<String, Time>>,
     instances: BTreeMap<String, WInstance>,
     tokens: BTreeMap<String, String>,
+    /// Launch identities whose launch failed and may be retried: a retry is the same counted
+    /// instance entry, not a new unit.
+    retried: BTreeSet<String>,
     /// Cloud and SSH actions issued, each with its lane ([`lanes::lane_of`]).
     pending: Vec<(Option<LaneKey>, Pending)>,
     history: Vec<Event>,
@@ -599,6 +616,7 @@ impl World {
             users: BTreeMap::new(),
             instances: BTreeMap::new(),
             tokens: BTreeMap::new(),
+            retried: BTreeSet::new(),
             pending: Vec::new(),
             history: Vec::new(),
             alloc: Allocations::default(),
@@ -660,6 +678,48 @@ impl World {
             mpc::config::Strategy::Dynamic(d) => d.max_instances,
             mpc::config::Strategy::DynamicPool(d) => d.instance.max_instances,
             _ => 0,
+        }
+    }
+
+    /// A launch for `platform`: each of its capacity groups has room for it, counting the
+    /// members' instances alive in the cloud and launching (and, with `scope: account`, the other
+    /// clusters' instances the scheduler was shown, still alive). A `retry` of a failed launch
+    /// holds the unit its first try took, and other clusters' instances listed since then do not
+    /// take it back: the `max-instances` bill guard's slack (launches the others made since the
+    /// last listing), which `scope: account` shares.
+    fn check_groups(&self, platform: &str, retry: bool) {
+        let p = Platform::parse(platform).unwrap();
+        for g in self.config().groups_of(&p) {
+            let members: BTreeSet<String> =
+                g.members.iter().map(|m| m.as_str().to_owned()).collect();
+            let alive = self
+                .instances
+                .values()
+                .filter(|i| i.alive && members.contains(&i.platform))
+                .count();
+            let launching = self
+                .pending
+                .iter()
+                .filter(|(_, x)| {
+                    matches!(x, Pending::Launch { platform, .. } if members.contains(platform))
+                })
+                .count();
+            let foreign = match g.scope {
+                mpc::config::GroupScope::Account if retry => 0,
+                mpc::config::GroupScope::Cluster => 0,
+                mpc::config::GroupScope::Account => members
+                    .iter()
+                    .flat_map(|m| self.foreign_listed.get(m).into_iter().flatten())
+                    .filter(|id| self.foreign.contains_key(*id))
+                    .count(),
+            };
+            assert!(
+                alive + launching + foreign < g.max as usize,
+                "capacity group {}: {alive} alive + {launching} launching + {foreign} of other \
+                 clusters, max {}: no room for a launch for {platform}",
+                g.name,
+                g.max
+            );
         }
     }
 
@@ -987,6 +1047,8 @@ impl World {
                     "{p}: {alive} alive + {launching} launching + {foreign} of other clusters, \
                      max {max}: no room for another"
                 );
+                let token = format!("{}|{}", launch.owner_key(), launch.attempt_tag());
+                self.check_groups(&p, self.retried.contains(&token));
                 let slots = self.pool_slots(&p).unwrap_or(1);
                 // A new launch for a TaskRun: the one before (failed) is no longer its own.
                 self.launched_for.remove(&launch.owner_key());
@@ -1404,10 +1466,14 @@ impl World {
                 slots,
             } => {
                 if !ok {
+                    let retryable = !self.next.is_multiple_of(3);
+                    if retryable {
+                        self.retried.insert(token);
+                    }
                     return Some(Event::LaunchFailed {
                         op,
                         error: "simulated".into(),
-                        retryable: !self.next.is_multiple_of(3),
+                        retryable,
                     });
                 }
                 let id = match self.tokens.get(&token) {
@@ -3576,6 +3642,53 @@ fn colliding_users_are_never_placed_on_one_pool_instance() {
     for _ in 0..5 {
         w.drain();
         w.run(&Cmd::Advance(30));
+    }
+    w.quiesce();
+}
+
+/// Found by the model test's capacity-group check (which first counted a retry as a new unit):
+/// an account-wide group full only by other clusters' instances listed after a launch failed
+/// still lets that launch's retry go (it holds the unit its first try took), as `max-instances`
+/// does; a new launch it holds back.
+#[test]
+fn an_account_groups_launch_retry_keeps_the_unit_its_first_try_took() {
+    use Cmd::*;
+    let c = |platform, ns| Create { platform, ns };
+    let cmds = vec![
+        c(2, 0),
+        c(0, 0),
+        Retry(0),
+        c(0, 0),
+        c(0, 0),
+        c(3, 0),
+        Deliver { pick: 0, ok: true },
+        Advance(30),
+        c(0, 0),
+        Config(2),
+        c(1, 1),
+        Forge {
+            kind: 0,
+            pick: 18081,
+            flush: false,
+        },
+        c(0, 1),
+        c(0, 0),
+        Finish(1296),
+        Retry(0),
+        Deliver {
+            pick: 603,
+            ok: false,
+        },
+        Foreign {
+            pool: false,
+            up: true,
+        },
+        Sweep,
+        Advance(10),
+    ];
+    let mut w = World::new(Policy::mpc());
+    for cmd in &cmds {
+        w.run(cmd);
     }
     w.quiesce();
 }

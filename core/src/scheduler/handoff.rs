@@ -219,7 +219,7 @@ impl Scheduler {
     }
 
     /// Serves the capacity groups platform `p` is in (see [`Scheduler::serve_group`]).
-    fn serve_groups_of(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+    pub(in crate::scheduler) fn serve_groups_of(&mut self, p: PlatformId, out: &mut Vec<Action>) {
         let groups = self.instances.groups().of(p).to_vec();
         for g in groups {
             self.serve_group(g, out);

@@ -93,6 +93,8 @@ impl Scheduler {
         // waiter before the listing's count of others' instances is in.
         self.rebuild(&records, listed, Some(p), &released, out);
         self.platforms[p as usize].unlisted = false;
+        // Its groups held every member's launches while it was unlisted.
+        self.serve_groups_of(p, out);
         self.pump(p, out);
         self.ensure_warm(p, out);
         for spec in specs {

@@ -80,13 +80,18 @@ impl Scheduler {
     }
 
     /// Every capacity group of platform `p` has room for one more instance (true when it is in
-    /// none). Read by every launch decision, beside `max-instances`.
+    /// none). Read by every launch decision, beside `max-instances`. A group with an unlisted
+    /// member has none: what that member runs is unknown (it tracks no instance until its
+    /// listing arrives), as an unlisted platform has no room of its own.
     pub(in crate::scheduler) fn group_room(&self, p: PlatformId) -> bool {
         let groups = self.instances.groups();
-        groups
-            .of(p)
-            .iter()
-            .all(|&g| self.group_in_use(g) < groups.get(g).def().max)
+        groups.of(p).iter().all(|&g| {
+            let def = groups.get(g).def();
+            !def.members
+                .iter()
+                .any(|&m| self.platforms[m as usize].unlisted)
+                && self.group_in_use(g) < def.max
+        })
     }
 
     /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
