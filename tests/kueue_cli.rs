@@ -256,3 +256,74 @@ fn usage_errors() {
     assert_eq!(code, Some(1));
     assert!(err.contains("no ClusterQueue document"), "{err}");
 }
+
+/// stone-prd-rh01's host-config with capacity group `aws-ip` (`max`) over its two main AWS
+/// platforms.
+fn grouped_host_config(dir: &Path, max: u32) -> PathBuf {
+    let text = std::fs::read_to_string(host_config()).unwrap().replacen(
+        "\ndata:\n",
+        &format!(
+            "\ndata:\n  capacity-group.aws-ip.max: \"{max}\"\n  \
+             dynamic.linux-arm64.capacity-group: aws-ip\n  \
+             dynamic.linux-amd64.capacity-group: aws-ip\n"
+        ),
+        1,
+    );
+    write(dir, "host-config.yaml", &text)
+}
+
+#[test]
+fn a_capacity_group_is_a_resource_its_quota_checked_and_its_members_in_cel() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = kueue_fixture(&format!("{CLUSTER}/cluster-queue.yaml"));
+    // The committed queue keeps aws-ip at 250 in its base group: the same max agrees.
+    let agreeing = grouped_host_config(dir.path(), 250);
+    let (code, out, err) = mpc(&[
+        "check-config",
+        agreeing.to_str().unwrap(),
+        "--cluster-queue",
+        &queue,
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let raised = grouped_host_config(dir.path(), 500);
+    let (code, out, _) = mpc(&[
+        "check-config",
+        raised.to_str().unwrap(),
+        "--cluster-queue",
+        &queue,
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "  error: aws-ip: ClusterQueue quota 250 (250) but host-config allows 500 concurrent \
+             builds: capacity group aws-ip, max 500 instances of linux/amd64, linux/arm64; set \
+             nominalQuota to 500\n"
+        ),
+        "{out}"
+    );
+    // Rendered into the platform groups: the hand-kept base-group entry must go first.
+    let (code, _, err) = mpc(&[
+        "kueue-quotas",
+        raised.to_str().unwrap(),
+        "--cluster-queue",
+        &queue,
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("resource aws-ip is covered by the group of flavor default-flavor"),
+        "{err}"
+    );
+    let (code, groups, err) = mpc(&["kueue-quotas", raised.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(groups.contains("  - aws-ip\n"), "{groups}");
+    assert!(
+        groups.contains("    - name: aws-ip\n      nominalQuota: '500'\n"),
+        "{groups}"
+    );
+    // The tekton-kueue expressions name exactly the members.
+    let (code, cel, err) = mpc(&["kueue-quotas", raised.to_str().unwrap(), "--group-cel"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(cel.matches("resource('aws-ip', 1)").count(), 2, "{cel}");
+    assert_eq!(cel.matches("'linux/arm64',").count(), 2, "{cel}");
+    assert!(!cel.contains("linux-mlarge"), "{cel}");
+}

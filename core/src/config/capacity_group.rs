@@ -224,3 +224,29 @@ pub(super) fn static_member(key: &str, value: &str, sink: &mut Sink) {
          address whether or not it builds, so its builds take nothing a group limits)",
     );
 }
+
+/// Leaves out (with an error) a group named like a platform's Kueue resource: `mpc kueue-quotas`
+/// exports both under their names, which must differ.
+pub(super) fn refuse_platform_names(
+    groups: &mut BTreeMap<String, CapacityGroup>,
+    platforms: &BTreeSet<&Platform>,
+    sink: &mut Sink,
+) {
+    groups.retain(|name, _| {
+        let clash = platforms.iter().find(|p| {
+            let label = p.label_value();
+            label == *name || label.replace('_', "-") == *name
+        });
+        if let Some(p) = clash {
+            sink.error(
+                &format!("capacity-group.{name}.max"),
+                None,
+                format!(
+                    "group {name} has the Kueue resource name of platform {p}; the group is left out \
+                     (choose another name)"
+                ),
+            );
+        }
+        clash.is_none()
+    });
+}

@@ -336,6 +336,10 @@ pub fn parse(data: &ConfigData) -> Parsed {
         }
     }
 
+    let mut groups = std::mem::take(&mut cfg.capacity_groups);
+    capacity_group::refuse_platform_names(&mut groups, &cfg.platforms(), &mut sink);
+    cfg.capacity_groups = groups;
+
     Parsed {
         config: cfg,
         diagnostics: sink.0,

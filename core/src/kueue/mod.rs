@@ -13,7 +13,14 @@
 //! - groups ([`queue`]): resources sorted, at most 16 per group, flavors `platform-group-N`,
 //!   the other groups (the base group with `tekton.dev/pipelineruns`) kept as they are;
 //! - output ([`yaml`]): v1beta2 canonical quantities and PyYAML's layout, so the rendered file is
-//!   byte-for-byte the committed one.
+//!   byte-for-byte the committed one;
+//! - capacity groups (`capacity-group.<g>.max`): one resource each in the platform groups, named
+//!   after the group, its quota the group's `max`; [`cel`] renders the tekton-kueue expressions
+//!   that request it for exactly the member platforms (`--group-cel`). A ClusterQueue that
+//!   keeps the resource in its base group (as production keeps `aws-ip` today) is refused with
+//!   the overlap error until it is removed from there; `check-config --cluster-queue` compares
+//!   its quota wherever it is. Kueue counts one unit per PipelineRun's build-platforms entry,
+//!   the controller one per instance (see [`cel`]).
 //!
 //! Differences from the script, all deliberate: quotas come from the validated config, so a
 //! platform the controller does not serve (disabled by an error, listed without keys, or
@@ -24,6 +31,7 @@
 //!
 //! Pure code apart from [`run`], which reads the files a caller names.
 
+pub mod cel;
 pub mod check;
 pub mod queue;
 pub mod quota;
@@ -34,6 +42,7 @@ use std::path::{Path, PathBuf};
 use serde_norway::{Mapping, Value};
 
 use crate::config::{self, ConfigData, Diagnostic, Parsed};
+pub use cel::group_cel;
 pub use check::{Finding, check, render_findings};
 pub use queue::{
     allowed_annotations, format_annotation_list, platform_groups, render_cluster_queue,
@@ -153,6 +162,10 @@ pub struct KueueQuotasArgs {
     /// of the rendered ClusterQueue instead.
     #[arg(long)]
     pub allowed_annotations: bool,
+    /// Print the tekton-kueue CEL expressions that request each capacity group's resource for
+    /// its member platforms (to paste under tekton-kueue's `cel.expressions`) instead.
+    #[arg(long, conflicts_with_all = ["cluster_queue", "allowed_annotations"])]
+    pub group_cel: bool,
     /// Kueue API version of the groups printed without --cluster-queue (with it, the file's own).
     #[arg(long, value_enum, default_value_t = KueueApi::V1beta2)]
     pub api: KueueApi,
@@ -185,6 +198,15 @@ pub fn run(args: &KueueQuotasArgs) -> Result<KueueQuotasOutput, KueueError> {
         .iter()
         .map(|(p, why)| format!("{p}: no quota, the controller does not serve it: {why}"))
         .collect();
+    if args.group_cel {
+        if parsed.config.capacity_groups.is_empty() {
+            notes.push("host-config defines no capacity group (capacity-group.<name>.max)".into());
+        }
+        return Ok(KueueQuotasOutput {
+            stdout: group_cel(&parsed.config),
+            notes,
+        });
+    }
     let quotas = platform_quotas(&parsed.config);
     let stdout = match &args.cluster_queue {
         Some(path) => {

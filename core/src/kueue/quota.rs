@@ -35,6 +35,12 @@ pub enum Source {
         /// Their summed concurrency.
         slots: u32,
     },
+    /// A member of a capacity group, whose resource (named after the group) carries the group's
+    /// `max` once, whatever the number of members.
+    GroupMember {
+        /// The group's `max`.
+        max: u32,
+    },
 }
 
 impl Source {
@@ -48,6 +54,7 @@ impl Source {
                 concurrency,
             } => u64::from(max_instances) * u64::from(concurrency),
             Source::Static { slots, .. } => u64::from(slots),
+            Source::GroupMember { max } => u64::from(max),
         }
     }
 }
@@ -69,6 +76,7 @@ impl fmt::Display for Source {
             Source::Static { hosts, slots } => {
                 write!(f, "static, {hosts} host(s) with {slots} slots in total")
             }
+            Source::GroupMember { max } => write!(f, "capacity group member, max {max}"),
         }
     }
 }
@@ -86,8 +94,17 @@ pub struct ResourceQuota {
 }
 
 impl ResourceQuota {
-    /// `linux/arm64 (dynamic, max-instances 250)`, platforms joined by ` + `.
+    /// `linux/arm64 (dynamic, max-instances 250)`, platforms joined by ` + `; a capacity group:
+    /// `capacity group aws-ip, max 500 instances of linux/amd64, linux/arm64`.
     pub fn describe(&self) -> String {
+        if let Some((_, Source::GroupMember { max })) = self.platforms.first() {
+            let members: Vec<&str> = self.platforms.iter().map(|(p, _)| p.as_str()).collect();
+            return format!(
+                "capacity group {}, max {max} instances of {}",
+                self.resource,
+                members.join(", ")
+            );
+        }
         self.platforms
             .iter()
             .map(|(p, s)| format!("{p} ({s})"))
@@ -104,7 +121,8 @@ pub fn resource_name(platform: &Platform, local: bool) -> String {
     if local { name.replace('_', "-") } else { name }
 }
 
-/// Every platform the controller serves, as Kueue resources sorted by name. Disabled platforms
+/// Every platform the controller serves, and every capacity group (named after the group, its
+/// quota the group's `max`), as Kueue resources sorted by name. Disabled platforms
 /// (config errors, or listed without keys) get no resource: the controller answers their TaskRuns
 /// with an error secret, and infra-deployments' script exports none for them either.
 pub fn platform_quotas(config: &HostConfig) -> BTreeMap<String, ResourceQuota> {
@@ -135,6 +153,22 @@ pub fn platform_quotas(config: &HostConfig) -> BTreeMap<String, ResourceQuota> {
             });
         entry.quota += source.quota();
         entry.platforms.push((platform.clone(), source));
+    }
+    // Capacity groups: one resource each, its quota the group's max. (The config refuses a group
+    // named like a platform's resource, so the two never merge.)
+    for g in config.capacity_groups.values() {
+        out.insert(
+            g.name.clone(),
+            ResourceQuota {
+                resource: g.name.clone(),
+                quota: u64::from(g.max),
+                platforms: g
+                    .members
+                    .iter()
+                    .map(|p| (p.clone(), Source::GroupMember { max: g.max }))
+                    .collect(),
+            },
+        );
     }
     out
 }
