@@ -59,6 +59,9 @@ pub struct ControllerMetrics {
     action_failures: IntCounterVec,
     state_violations: IntCounterVec,
     leader: Gauge,
+    group_limit: IntGaugeVec,
+    group_in_use: IntGaugeVec,
+    group_waiting: IntGaugeVec,
 }
 
 impl ControllerMetrics {
@@ -183,6 +186,21 @@ impl ControllerMetrics {
                 name("leader"),
                 "Whether this replica holds the Lease and schedules (1) or not (0)",
             ))?,
+            group_limit: gauge(
+                "capacity_group_limit",
+                "The capacity group's max (capacity-group.<group>.max): instances its member platforms may hold together",
+                &["group"],
+            )?,
+            group_in_use: gauge(
+                "capacity_group_in_use",
+                "Instances the capacity group's members hold, from launch request to acknowledged termination (with scope account, plus the other clusters' instances of the members as last listed); above the limit only after the limit was lowered or instances were recovered",
+                &["group"],
+            )?,
+            group_waiting: gauge(
+                "capacity_group_waiting",
+                "TaskRuns queued for the capacity group's member platforms, whatever holds each back",
+                &["group"],
+            )?,
         };
         for c in m.collectors() {
             registry.register(c)?;
@@ -213,6 +231,9 @@ impl ControllerMetrics {
             Box::new(self.action_failures.clone()),
             Box::new(self.state_violations.clone()),
             Box::new(self.leader.clone()),
+            Box::new(self.group_limit.clone()),
+            Box::new(self.group_in_use.clone()),
+            Box::new(self.group_waiting.clone()),
         ]
     }
 
@@ -317,6 +338,15 @@ impl ControllerMetrics {
         self.available.reset();
         self.instances.reset();
         self.unlisted.reset();
+        for gauge in [&self.group_limit, &self.group_in_use, &self.group_waiting] {
+            gauge.reset();
+        }
+        for (group, c) in &g.groups {
+            let l = [group.as_str()];
+            self.group_limit.with_label_values(&l).set(i64::from(c.limit));
+            self.group_in_use.with_label_values(&l).set(i64::from(c.in_use));
+            self.group_waiting.with_label_values(&l).set(i64::from(c.waiting));
+        }
         for (platform, p) in &g.platforms {
             let label = crate::platform::label_value(platform);
             self.queue_length
@@ -412,6 +442,43 @@ mod tests {
             assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
         }
     }
+    /// Each capacity group has its limit, in-use and waiting series, with HELP text; a group the
+    /// config dropped loses its series.
+    #[test]
+    fn capacity_groups_have_their_limit_in_use_and_waiting() {
+        use crate::scheduler::{Gauges, GroupGauges, Time};
+        let registry = Registry::new();
+        let m = ControllerMetrics::register(&registry).unwrap();
+        let mut g = Gauges::default();
+        g.groups.insert(
+            "aws-ip".into(),
+            GroupGauges {
+                limit: 500,
+                in_use: 498,
+                waiting: 7,
+            },
+        );
+        m.set_gauges(&g, Time::from_secs(0));
+        let text = crate::metrics::encode(&registry);
+        for line in [
+            "multi_platform_controller_capacity_group_limit{group=\"aws-ip\"} 500",
+            "multi_platform_controller_capacity_group_in_use{group=\"aws-ip\"} 498",
+            "multi_platform_controller_capacity_group_waiting{group=\"aws-ip\"} 7",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        for family in ["limit", "in_use", "waiting"] {
+            assert!(
+                text.contains(&format!(
+                    "# HELP multi_platform_controller_capacity_group_{family} "
+                )),
+                "{text}"
+            );
+        }
+        m.set_gauges(&Gauges::default(), Time::from_secs(0));
+        assert!(!crate::metrics::encode(&registry).contains("aws-ip"));
+    }
+
     /// An unlisted platform has its series, at 1, only while unlisted: the alert keys on it.
     #[test]
     fn an_unlisted_platform_has_its_series_only_while_unlisted() {
