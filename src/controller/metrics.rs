@@ -343,9 +343,15 @@ impl ControllerMetrics {
         }
         for (group, c) in &g.groups {
             let l = [group.as_str()];
-            self.group_limit.with_label_values(&l).set(i64::from(c.limit));
-            self.group_in_use.with_label_values(&l).set(i64::from(c.in_use));
-            self.group_waiting.with_label_values(&l).set(i64::from(c.waiting));
+            self.group_limit
+                .with_label_values(&l)
+                .set(i64::from(c.limit));
+            self.group_in_use
+                .with_label_values(&l)
+                .set(i64::from(c.in_use));
+            self.group_waiting
+                .with_label_values(&l)
+                .set(i64::from(c.waiting));
         }
         for (platform, p) in &g.platforms {
             let label = crate::platform::label_value(platform);

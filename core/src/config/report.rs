@@ -73,6 +73,7 @@ impl HostConfig {
                     Strategy::Disabled(why) => ("disabled", why.to_owned()),
                     Strategy::Unknown => ("unknown", String::new()),
                 };
+                let capacity = capacity + &group_note(self, p);
                 PlatformSummary {
                     platform: p.clone(),
                     strategy,
@@ -80,6 +81,80 @@ impl HostConfig {
                 }
             })
             .collect()
+    }
+}
+
+/// The capacity groups a platform is in, for its report row.
+fn group_note(config: &HostConfig, p: &Platform) -> String {
+    let groups: Vec<String> = config
+        .groups_of(p)
+        .map(|g| format!("{} (max {})", g.name, g.max))
+        .collect();
+    if groups.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; launches only while capacity group(s) {} have room",
+            groups.join(", ")
+        )
+    }
+}
+
+/// What each capacity group means for its members.
+fn render_groups(out: &mut String, config: &HostConfig) {
+    if config.capacity_groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "capacity groups: {}", config.capacity_groups.len());
+    for g in config.capacity_groups.values() {
+        let members: Vec<String> = g
+            .members
+            .iter()
+            .map(|m| match config.resolve(m) {
+                Strategy::Dynamic(d) => format!("{m} (max-instances {})", d.max_instances),
+                Strategy::DynamicPool(pool) => format!(
+                    "{m} (pool, max-instances {}, concurrency {})",
+                    pool.instance.max_instances, pool.concurrency
+                ),
+                _ => m.to_string(),
+            })
+            .collect();
+        let own: u64 = g
+            .members
+            .iter()
+            .map(|m| match config.resolve(m) {
+                Strategy::Dynamic(d) => u64::from(d.max_instances),
+                Strategy::DynamicPool(pool) => u64::from(pool.instance.max_instances),
+                _ => 0,
+            })
+            .sum();
+        let counted = match g.scope {
+            super::GroupScope::Cluster => "this cluster's instances of its members",
+            super::GroupScope::Account => {
+                "its members' instances in their accounts (this cluster's, and other clusters' \
+                 with the same instance tag as last listed)"
+            }
+        };
+        let binding = if own <= u64::from(g.max) {
+            format!("; never binding: its members' max-instances add up to {own}, at most its max")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "  {}: max {} instances, counting {counted}, from launch request to acknowledged \
+             termination; each member launches only while the group holds fewer (a pool \
+             instance is one unit however many builds share it; joining one takes none){binding}; \
+             members: {}; Kueue resource {} (mpc kueue-quotas --group-cel)",
+            g.name,
+            g.max,
+            if members.is_empty() {
+                "none".to_owned()
+            } else {
+                members.join(", ")
+            },
+            g.name
+        );
     }
 }
 
@@ -153,6 +228,7 @@ pub fn render_report(source: &str, parsed: &Parsed) -> String {
             r.capacity
         );
     }
+    render_groups(&mut out, &parsed.config);
     render_build_users(&mut out, &parsed.config);
     for (sev, title) in [(Severity::Warning, "warnings"), (Severity::Error, "errors")] {
         let items: Vec<_> = parsed.of(sev).collect();

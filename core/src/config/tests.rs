@@ -1116,3 +1116,25 @@ fn a_broken_capacity_group_keeps_its_last_good_definition() {
             .any(|k| k.contains("capacity group aws-ip"))
     );
 }
+
+#[test]
+fn check_config_explains_each_group_for_its_members() {
+    let parsed = parse(&two_dynamic(&[
+        ("capacity-group.aws-ip.max", "4"),
+        ("capacity-group.aws-ip.scope", "account"),
+        ("dynamic.linux-arm64.capacity-group", "aws-ip"),
+        ("dynamic.linux-amd64.capacity-group", "aws-ip"),
+    ]));
+    let report = render_report("cm.yaml", &parsed);
+    let arm = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("linux/arm64"))
+        .unwrap();
+    assert!(
+        arm.ends_with("; launches only while capacity group(s) aws-ip (max 4) have room"),
+        "{report}"
+    );
+    assert!(report.contains("capacity groups: 1\n  aws-ip: max 4 instances, counting its members' instances in their accounts"), "{report}");
+    assert!(report.contains("members: linux/amd64 (max-instances 3), linux/arm64 (max-instances 3); Kueue resource aws-ip"), "{report}");
+    assert!(!report.contains("never binding"), "{report}");
+}
