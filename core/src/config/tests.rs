@@ -1138,3 +1138,16 @@ fn check_config_explains_each_group_for_its_members() {
     assert!(report.contains("members: linux/amd64 (max-instances 3), linux/arm64 (max-instances 3); Kueue resource aws-ip"), "{report}");
     assert!(!report.contains("never binding"), "{report}");
 }
+
+#[test]
+fn the_capacity_group_fixture_groups_every_aws_platform() {
+    let parsed = fixture("capacity-group.yaml");
+    assert!(!parsed.has_errors(), "{:?}", parsed.diagnostics);
+    let g = parsed
+        .config
+        .capacity_groups
+        .get("aws-ip")
+        .unwrap_or_else(|| panic!("{:?}", parsed.diagnostics));
+    assert_eq!(g.max, 120);
+    assert_eq!(g.members.len(), 5, "{g:?}");
+}

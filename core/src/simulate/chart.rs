@@ -172,6 +172,7 @@ mod tests {
         let o = |policy, peak| Outcome {
             policy,
             platforms: BTreeMap::new(),
+            group_peaks: BTreeMap::new(),
             samples: vec![
                 Sample {
                     t: 0.0,

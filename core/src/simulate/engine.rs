@@ -32,6 +32,10 @@ pub struct SimSettings {
     /// Check the scheduler's state ([`Scheduler::check`]) after every this many events and at
     /// the end; `None`: never. A broken invariant stops the run.
     pub check_every: Option<u64>,
+    /// Sets of platforms whose peak of instances alive at once is reported as a group's
+    /// ([`Outcome::group_peaks`]), by name, beside the config's own capacity groups: how a run
+    /// without a group shows the peak the group would have capped.
+    pub watch_groups: Vec<(String, Vec<String>)>,
 }
 
 impl SimSettings {
@@ -43,6 +47,7 @@ impl SimSettings {
             latencies: Latencies::default(),
             sample_every: Duration::from_secs(300),
             check_every: None,
+            watch_groups: Vec::new(),
         }
     }
 }
@@ -163,6 +168,8 @@ pub struct Outcome {
     pub checks: u64,
     /// The first broken invariant found, if any (the run stopped there).
     pub violation: Option<Violation>,
+    /// By capacity group: most of its members' instances alive at once.
+    pub group_peaks: BTreeMap<String, u32>,
 }
 
 /// A broken invariant of the scheduler's state, found by a sampled check.
@@ -247,6 +254,8 @@ struct Sim<'a> {
     out: Vec<Action>,
     checks: u64,
     violation: Option<Violation>,
+    /// Capacity groups: name, member platforms, most members' instances alive at once.
+    groups: Vec<(String, Vec<String>, u32)>,
 }
 
 fn ms(secs: f64) -> u64 {
@@ -285,7 +294,21 @@ pub fn simulate(config: &HostConfig, workload: &Workload, settings: &SimSettings
             }
         });
     }
+    let mut groups: Vec<(String, Vec<String>, u32)> = config
+        .capacity_groups
+        .values()
+        .map(|g| {
+            let members = g.members.iter().map(|m| m.as_str().to_owned()).collect();
+            (g.name.clone(), members, 0)
+        })
+        .collect();
+    for (name, members) in &settings.watch_groups {
+        if !groups.iter().any(|g| g.0 == *name) {
+            groups.push((name.clone(), members.clone(), 0));
+        }
+    }
     let mut sim = Sim {
+        groups,
         sched: Scheduler::new(config.clone(), settings.policy.clone()),
         workload,
         settings,
@@ -552,6 +575,7 @@ impl Sim<'_> {
                     if let Some(s) = self.stats.get_mut(&p) {
                         s.peak_instances = s.peak_instances.max(live);
                     }
+                    self.note_groups(&p);
                     self.after(
                         api,
                         SimEvent::Deliver(Box::new(Event::Launched {
@@ -703,6 +727,7 @@ impl Sim<'_> {
         if let Some(s) = self.stats.get_mut(platform) {
             s.peak_instances = s.peak_instances.max(live);
         }
+        self.note_groups(platform);
         self.after(
             api,
             SimEvent::Deliver(Box::new(Event::Launched {
@@ -710,6 +735,16 @@ impl Sim<'_> {
                 instance_id: id,
             })),
         );
+    }
+
+    /// An instance of `platform` was launched: the peaks of its capacity groups.
+    fn note_groups(&mut self, platform: &str) {
+        for (_, members, peak) in &mut self.groups {
+            if members.iter().any(|m| m == platform) {
+                let live: u32 = members.iter().filter_map(|m| self.live.get(m)).sum();
+                *peak = (*peak).max(live);
+            }
+        }
     }
 
     fn finish(mut self) -> Outcome {
@@ -733,6 +768,11 @@ impl Sim<'_> {
             events: self.events,
             checks: self.checks,
             violation: self.violation,
+            group_peaks: self
+                .groups
+                .into_iter()
+                .map(|(name, _, peak)| (name, peak))
+                .collect(),
         }
     }
 }

@@ -226,6 +226,64 @@ pub fn render_mac_hosts(outcomes: &[Outcome]) -> String {
     out
 }
 
+/// Capacity groups: per group and policy, its limit and peak, and its members' waits, with the
+/// group (`with`) and with every group removed from the config (`without`, the same trace and
+/// seed); `groups` holds each group's (name, limit, members).
+pub fn render_groups(
+    groups: &[(String, u32, Vec<String>)],
+    with: &[Outcome],
+    without: &[Outcome],
+) -> String {
+    let mut out = String::new();
+    if groups.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\ncapacity groups: their members' TaskRuns, with the group and without it (same trace and seed).\n\
+         {:<22} {:<7} {:<7} {:>5} {:>5} {:>8} {:>7} {:>7} {:>7} {:>7}",
+        "GROUP", "POLICY", "RUN", "LIMIT", "PEAK", "TASKRUNS", "WAIT50", "WAIT95", "WAIT99", "MAX"
+    );
+    for (name, limit, members) in groups {
+        let mut first = true;
+        for (o, base) in with.iter().zip(without) {
+            for (run, outcome, limit) in [
+                ("group", o, limit.to_string()),
+                ("without", base, "-".to_owned()),
+            ] {
+                let mut waits: Vec<f64> = Vec::new();
+                let mut taskruns = 0;
+                for m in members {
+                    if let Some(s) = outcome.platforms.get(m) {
+                        taskruns += s.taskruns;
+                        waits.extend_from_slice(&s.waits);
+                    }
+                }
+                waits.sort_by(f64::total_cmp);
+                // Without the group there is no group to count: the members' instances alive
+                // at once all the same.
+                let peak = outcome.group_peaks.get(name).copied().unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "{:<22} {:<7} {run:<7} {limit:>5} {peak:>5} {taskruns:>8} {:>7} {:>7} {:>7} {:>7}",
+                    if first { name.as_str() } else { "" },
+                    if run == "group" { outcome.policy } else { "" },
+                    duration(percentile(&waits, 50.0)),
+                    duration(percentile(&waits, 95.0)),
+                    duration(percentile(&waits, 99.0)),
+                    duration(waits.last().copied().unwrap_or(0.0)),
+                );
+                first = false;
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "PEAK = most instances of the group's members alive at once (a pool instance counts once)."
+    );
+    out
+}
+
 /// The legend printed under the table.
 pub const LEGEND: &str = "\
 WAIT = TaskRun created -> secret ready (queueing, instance boot, SSH provisioning). UTIL = build
