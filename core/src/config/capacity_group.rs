@@ -33,46 +33,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::entry::Sink;
-use super::values;
+use super::{CapacityGroup, GroupScope, MAX_GROUP_LIMIT, values};
 use crate::platform::Platform;
-
-/// Largest accepted `max`.
-pub const MAX_GROUP_LIMIT: u32 = 100_000;
 
 /// The member field of a `dynamic.<label>.*` group.
 pub(super) const MEMBER_FIELD: &str = "capacity-group";
-
-/// What counts against a group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GroupScope {
-    /// This cluster's instances of the members.
-    #[default]
-    Cluster,
-    /// Also the members' foreign instances in their accounts (the `max-instances` bill guard's
-    /// count), so clusters sharing an account and subnet share the limit.
-    Account,
-}
-
-impl GroupScope {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GroupScope::Cluster => "cluster",
-            GroupScope::Account => "account",
-        }
-    }
-}
-
-/// A capacity group (`capacity-group.<name>.*`) and the platforms that name it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CapacityGroup {
-    /// Also its Kueue resource name.
-    pub name: String,
-    /// Units (instances) its members may hold together.
-    pub max: u32,
-    pub scope: GroupScope,
-    /// Dynamic platforms and pools in it (served ones only).
-    pub members: BTreeSet<Platform>,
-}
 
 /// `capacity-group.<g>.<field>` keys, grouped by group name.
 pub(super) type GroupKeys<'a> = BTreeMap<&'a str, BTreeMap<&'a str, &'a str>>;

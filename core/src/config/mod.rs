@@ -6,8 +6,9 @@
 //! [`HostConfig::disabled`] so TaskRuns for it get an error secret that says why).
 //!
 //! Layout: `types` holds the validated configuration, `parse` the ConfigMap walk (key grouping,
-//! globals, platform lists, assembly), `dynamic`, `ibm` and `static_host` the per-entry parsers it
-//! calls, `entry` what it hands them (the diagnostic sink).
+//! globals, platform lists, assembly), `dynamic`, `ibm`, `static_host` and `capacity_group` (limits
+//! shared by several platforms: what they count, who can be a member and why static hosts cannot)
+//! the per-entry parsers it calls, `entry` what it hands them (the diagnostic sink).
 
 mod build_user;
 mod capacity_group;
@@ -24,7 +25,6 @@ mod types;
 pub mod values;
 
 pub use build_user::{BuildUserSettings, BuildUsers, CpuQuota, KeyType, MemoryMax};
-pub use capacity_group::{CapacityGroup, GroupScope, MAX_GROUP_LIMIT};
 pub use configmap::{ConfigMapError, read_configmap_yaml};
 pub use last_good::{Merged, keep_last_good};
 pub use parse::parse;

@@ -311,6 +311,41 @@ pub enum Strategy<'a> {
     Unknown,
 }
 
+/// Largest accepted `max`.
+pub const MAX_GROUP_LIMIT: u32 = 100_000;
+
+/// What counts against a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupScope {
+    /// This cluster's instances of the members.
+    #[default]
+    Cluster,
+    /// Also the members' foreign instances in their accounts (the `max-instances` bill guard's
+    /// count), so clusters sharing an account and subnet share the limit.
+    Account,
+}
+
+impl GroupScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupScope::Cluster => "cluster",
+            GroupScope::Account => "account",
+        }
+    }
+}
+
+/// A capacity group (`capacity-group.<name>.*`) and the platforms that name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityGroup {
+    /// Also its Kueue resource name.
+    pub name: String,
+    /// Units (instances) its members may hold together.
+    pub max: u32,
+    pub scope: GroupScope,
+    /// Dynamic platforms and pools in it (served ones only).
+    pub members: BTreeSet<Platform>,
+}
+
 /// The whole validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HostConfig {
@@ -337,7 +372,7 @@ pub struct HostConfig {
     /// How build users are set up (key type, slice caps) per static host and dynamic platform.
     pub build_users: BuildUsers,
     /// Limits shared by several dynamic platforms and pools, by name (`capacity-group.<g>.*`).
-    pub capacity_groups: BTreeMap<String, super::CapacityGroup>,
+    pub capacity_groups: BTreeMap<String, CapacityGroup>,
 }
 
 impl HostConfig {
@@ -377,7 +412,7 @@ impl HostConfig {
     pub fn groups_of<'a>(
         &'a self,
         platform: &'a Platform,
-    ) -> impl Iterator<Item = &'a super::CapacityGroup> + 'a {
+    ) -> impl Iterator<Item = &'a CapacityGroup> + 'a {
         self.capacity_groups
             .values()
             .filter(move |g| g.members.contains(platform))

@@ -9,7 +9,12 @@
 //! Guarantees (docs/architecture.md, "What the scheduler guarantees"), whatever the order of
 //! events, duplicates, replays or restarts:
 //! - a static host never gets more new allocations than its `concurrency`, and a platform never
-//!   more launched-or-booting instances than `max-instances` (see the bill guard below);
+//!   more launched-or-booting instances than `max-instances` (see the bill guard below), nor a
+//!   capacity group more than its `max` over its member platforms (`groups`: counted as
+//!   `max-instances` counts, in the fleet's own index; a limit lowered, or instances recovered
+//!   above it, are tolerated and only hold launches back; a member whose listing failed holds its
+//!   groups' launches until it is listed; room a group gets back goes round-robin across its
+//!   members with waiters);
 //! - waiters are served FIFO per platform, round-robin across namespaces, and a freed slot is
 //!   handed out in the same step ([`Handoff::Immediate`]);
 //! - every result carries the [`OpId`] of its action; results the core no longer waits for are
