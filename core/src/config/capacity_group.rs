@@ -14,8 +14,16 @@
 //! the sum over its members is below `max`; with `scope: account` the members' foreign instances
 //! (other clusters' with the same tag, in the same account and region, as the members' last
 //! listings showed: the `max-instances` bill guard's count) are added, so clusters sharing a
-//! subnet share the limit. Only launches are held back: a TaskRun joining a pool instance with
-//! room takes no unit.
+//! subnet share the limit (with the bill guard's slack: launches others made since the last
+//! listing are unseen, and a retry of a failed launch keeps the unit its first try took; members
+//! that share one instance tag see each other's instances as foreign, counted twice, which only
+//! holds launches back). Only launches are held back: a TaskRun joining a pool instance with
+//! room takes no unit. Room a group gets back is handed round-robin across its members with
+//! waiters (the scheduler's `groups` module), so a small member is not starved by a busy one.
+//!
+//! Membership is the platform's as configured now: a config change recounts every group from the
+//! instances tracked then (a platform that leaves a group stops counting for it at once, its
+//! instances still running).
 //!
 //! Static hosts are not members, and `host.<h>.capacity-group` is ignored with a warning: a static
 //! host holds its address (and whatever else it is) whether or not it builds, so a build on it

@@ -154,6 +154,12 @@ fn why_unknown(resource: &str, data: &ConfigData, config: &HostConfig) -> String
             return format!("{p} is disabled in host-config ({reason})");
         }
     }
+    let group = format!("capacity-group.{resource}.");
+    if data.keys().any(|k| k.starts_with(&group)) {
+        return format!(
+            "host-config's capacity group {resource} is left out by an error (see mpc check-config)"
+        );
+    }
     let prefix = format!("dynamic.{resource}.");
     if data.keys().any(|k| k.starts_with(&prefix)) {
         return format!(

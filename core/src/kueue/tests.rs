@@ -323,3 +323,40 @@ fn check_names_each_disagreement() {
     assert_eq!(got.len(), 8, "{got:#?}");
     assert!(!got.iter().any(|f| f.starts_with("cpu")), "{got:#?}");
 }
+
+/// A capacity group is a resource of the platform groups (its quota the group's max, once,
+/// whatever its members), so a queue rendered from the config passes; a queue whose group
+/// resource the config has lost names why.
+#[test]
+fn a_capacity_group_is_one_resource_of_the_platform_groups() {
+    let queue_without_aws_ip = BASE_QUEUE
+        .replace(", aws-ip]", "]")
+        .replace("      - {name: aws-ip, nominalQuota: '250'}\n", "");
+    let config = data_file(
+        3,
+        "capacity-group.subnet-a.max: \"20\"\n\
+         dynamic.linux-p00-arm64.capacity-group: subnet-a\n\
+         dynamic.linux-p02-arm64.capacity-group: subnet-a\n",
+    );
+    let q = quotas_of(&config);
+    assert_eq!(q["subnet-a"].quota, 20);
+    assert_eq!(
+        q["subnet-a"].describe(),
+        "capacity group subnet-a, max 20 instances of linux-p00/arm64, linux-p02/arm64"
+    );
+    let rendered = render_cluster_queue(&queue_without_aws_ip, &q).unwrap();
+    assert!(
+        rendered.contains("      - name: subnet-a\n        nominalQuota: '20'\n"),
+        "{rendered}"
+    );
+    assert_eq!(findings(&config, &rendered, None), Vec::<String>::new());
+    // The group's max now fails to parse: the queue's resource has no group behind it.
+    let broken = config.replace("max: \"20\"", "max: \"twenty\"");
+    let got = findings(&broken, &rendered, None);
+    assert!(
+        got.iter().any(|f| f.starts_with(
+            "subnet-a (flavor platform-group-1): host-config's capacity group subnet-a is left out by an error"
+        )),
+        "{got:#?}"
+    );
+}
