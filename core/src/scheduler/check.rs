@@ -42,6 +42,7 @@ impl Scheduler {
             |s| s.hosts.check(s.platforms.len()),
             Scheduler::check_host_load,
             Scheduler::check_host_backoff,
+            Scheduler::check_drained_hosts,
             |s| s.instances.check(s.platforms.len()),
             Scheduler::check_taskrun_instances,
             Scheduler::check_attached,
@@ -134,6 +135,31 @@ impl Scheduler {
                 })?;
             }
             hid += 1;
+        }
+        Ok(())
+    }
+
+    /// No first allocation is provisioned under a drained host definition.
+    fn check_drained_hosts(&self) -> Result<(), StateError> {
+        for (_, t) in self.taskruns.iter() {
+            if let State::OnHost {
+                host,
+                def: Some(def),
+                phase: Phase::Provisioning(_) | Phase::Reserved,
+            } = &t.state
+            {
+                ensure(
+                    !def.drained || t.retries > 0,
+                    Invariant::DrainedHost,
+                    || {
+                        format!(
+                            "{} is being provisioned on host {} (id {host}) under a drained definition",
+                            t.path(),
+                            def.name
+                        )
+                    },
+                )?;
+            }
         }
         Ok(())
     }

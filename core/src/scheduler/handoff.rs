@@ -528,12 +528,12 @@ impl Scheduler {
         let ps = &self.platforms[p as usize];
         match &ps.mode {
             Mode::Static => self.hosts.has_room(p),
-            Mode::Dynamic(t) => self.occupied(p) < t.max_instances,
+            Mode::Dynamic(t) => self.occupied(p) < t.capacity(),
             Mode::Pool(pool) => {
                 let (ready, booting) = self.instances.with_room(p);
                 !ready.is_empty()
                     || !booting.is_empty()
-                    || self.occupied(p) < pool.instance.max_instances
+                    || self.occupied(p) < pool.instance.capacity()
             }
             // Waiters of these are routed (secret written) by placement.
             Mode::Local | Mode::Disabled(_) | Mode::Unknown => true,

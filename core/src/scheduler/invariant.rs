@@ -29,6 +29,11 @@ pub enum Invariant {
     HostLoad,
     /// A host backing off has the timer that ends its back-off.
     HostBackoff,
+    /// No TaskRun is allocated to a drained static host: one being provisioned on a static host
+    /// holds a definition that was not drained (allocations made before a drain keep theirs),
+    /// unless it is a Tekton retry of a build found there at recovery (its pod mounted the
+    /// secret naming the host).
+    DrainedHost,
     /// Instance ids and instance entries map to each other.
     InstanceIds,
     /// A platform's member set holds exactly its instances.
@@ -105,6 +110,7 @@ impl fmt::Display for Invariant {
             Invariant::PlatformHosts => "platform host lists",
             Invariant::HostLoad => "host load",
             Invariant::HostBackoff => "host back-off timers",
+            Invariant::DrainedHost => "no allocation on a drained host",
             Invariant::InstanceIds => "instance ids",
             Invariant::InstanceMembers => "platform instance members",
             Invariant::InstanceCount => "max-instances ledger",

@@ -1,6 +1,7 @@
 //! The dynamic strategy: one instance per TaskRun, launched when it is placed (within
 //! `max-instances`), terminated when it finishes or handed, unused, to the next waiter of the
-//! same platform (`fleet::adopt`).
+//! same platform (`fleet::adopt`). A drained platform (`drain: "true"`) launches nothing and
+//! hands no instance on; what runs finishes, and its waiters wait for the drain to be lifted.
 
 use super::super::arena::Key;
 use super::super::handoff::Choice;
@@ -21,7 +22,8 @@ impl Scheduler {
                 &self.failed_list(key),
             ));
         }
-        if self.occupied(p) >= template.max_instances {
+        // Drained: capacity 0, so it waits until the drain is lifted.
+        if self.occupied(p) >= template.capacity() {
             return Choice::NoRoom;
         }
         Choice::Launch

@@ -21,7 +21,7 @@ impl Scheduler {
             return;
         }
         let mut active = self.active_pool_instances(p);
-        while active < pool.min_instances && self.occupied(p) < pool.instance.max_instances {
+        while active < pool.min_instances && self.occupied(p) < pool.instance.capacity() {
             let deadline = self.now + pool.instance.allocation_timeout;
             let inst = self.new_instance(p, Arc::new(pool.instance.clone()), Some(pool.clone()));
             self.timers.arm(deadline, Timer::Deadline(inst));

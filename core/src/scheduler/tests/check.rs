@@ -208,6 +208,21 @@ const CASES: &[Case] = &[
         },
     ),
     (
+        Invariant::DrainedHost,
+        "a first allocation provisioned under a drained host definition",
+        || {
+            let mut h = busy();
+            if let State::OnHost { def: Some(def), .. } = &mut taskrun(&mut h, "a").state {
+                let drained = crate::config::StaticHost {
+                    drained: true,
+                    ..(**def).clone()
+                };
+                *def = Arc::new(drained);
+            }
+            h
+        },
+    ),
+    (
         Invariant::InstanceIds,
         "an instance whose id resolves to nothing",
         || {
@@ -496,7 +511,8 @@ fn after(i: Option<Invariant>) -> Option<Invariant> {
         HostRoom => Some(PlatformHosts),
         PlatformHosts => Some(HostLoad),
         HostLoad => Some(HostBackoff),
-        HostBackoff => Some(InstanceIds),
+        HostBackoff => Some(DrainedHost),
+        DrainedHost => Some(InstanceIds),
         InstanceIds => Some(InstanceMembers),
         InstanceMembers => Some(InstanceCount),
         InstanceCount => Some(PoolIndex),

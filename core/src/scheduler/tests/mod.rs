@@ -2,6 +2,7 @@
 //! controller by hand.
 
 mod check;
+mod drain;
 mod dynamic;
 mod faults;
 mod handoff;
