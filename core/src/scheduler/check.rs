@@ -44,6 +44,7 @@ impl Scheduler {
             Scheduler::check_host_backoff,
             Scheduler::check_drained_hosts,
             |s| s.instances.check(s.platforms.len()),
+            Scheduler::check_scrub_holds,
             Scheduler::check_taskrun_instances,
             Scheduler::check_attached,
             Scheduler::check_owners,
@@ -159,6 +160,25 @@ impl Scheduler {
                         )
                     },
                 )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each slot held for a scrubbed dedicated host ends with a timer.
+    fn check_scrub_holds(&self) -> Result<(), StateError> {
+        for p in 0..self.platforms.len() as super::PlatformId {
+            for until in self.instances.scrub_ends(p) {
+                let armed = self
+                    .timers
+                    .iter()
+                    .any(|(at, t)| at == until && t == Timer::ScrubDone(p));
+                ensure(armed, Invariant::ScrubHold, || {
+                    format!(
+                        "{} holds a slot for a host scrubbed until {until} with no timer",
+                        self.platforms[p as usize].platform
+                    )
+                })?;
             }
         }
         Ok(())

@@ -361,6 +361,14 @@ impl Scheduler {
         };
         let p = i.platform();
         let cleanup_for = i.cleanup_for();
+        // A dedicated host that ran it is scrubbed now and takes no launch meanwhile: its slot
+        // stays taken until the scrub ends (an instance never launched used no host).
+        let scrub = i
+            .template
+            .dedicated_host
+            .as_ref()
+            .map(|h| h.scrub)
+            .filter(|s| self.policy.hold_scrubbing_hosts && !s.is_zero() && i.id().is_some());
         let stranded: Vec<Key> = i
             .owner
             .into_iter()
@@ -372,6 +380,11 @@ impl Scheduler {
                 )
             })
             .collect();
+        if let Some(scrub) = scrub {
+            let until = self.now + scrub;
+            self.instances.hold_for_scrub(p, until);
+            self.timers.arm(until, Timer::ScrubDone(p));
+        }
         self.instances.remove(inst);
         if let Some(tr) = cleanup_for {
             self.cleanup_done(tr, out);
@@ -478,6 +491,13 @@ impl Scheduler {
             &self.failed_list(key),
         );
         self.fail(key, msg, out);
+    }
+
+    /// Dedicated hosts' scrubs that ended free their slots for the platform's waiters.
+    pub(in crate::scheduler) fn scrub_done(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+        if self.instances.end_scrubs(p, self.now) > 0 {
+            self.capacity_freed(p, out);
+        }
     }
 
     pub(in crate::scheduler) fn host_back_due(

@@ -41,6 +41,9 @@ pub enum Invariant {
     /// A platform's instance count is the number of its instances, leaked ones included (they
     /// still run and are billed).
     InstanceCount,
+    /// A terminated instance's slot held while its dedicated host is scrubbed has the timer
+    /// that frees it when the scrub ends (else the platform's waiters would wait for good).
+    ScrubHold,
     /// A pool instance is in its platform's ready or booting set exactly when it takes work,
     /// under the key its load and age give.
     PoolIndex,
@@ -114,6 +117,7 @@ impl fmt::Display for Invariant {
             Invariant::InstanceIds => "instance ids",
             Invariant::InstanceMembers => "platform instance members",
             Invariant::InstanceCount => "max-instances ledger",
+            Invariant::ScrubHold => "slots held for scrubbed hosts",
             Invariant::PoolIndex => "index of pool instances with room",
             Invariant::PoolAttached => "pool attachments",
             Invariant::AwaitedTerminations => "awaited instance terminations",

@@ -323,6 +323,8 @@ enum Timer {
     Delayed(u64),
     Warm(PlatformId),
     Orphan(Key),
+    /// A dedicated host's scrub ends: the slot its terminated instance held is free.
+    ScrubDone(PlatformId),
 }
 
 /// How long late events for a finished TaskRun are recognised, at least (at most twice that).
@@ -461,6 +463,7 @@ impl Scheduler {
             }
             Timer::Warm(p) => self.ensure_warm(p, out),
             Timer::Orphan(inst) => self.orphan_due(inst, out),
+            Timer::ScrubDone(p) => self.scrub_done(p, out),
         }
     }
 

@@ -253,6 +253,17 @@ const CASES: &[Case] = &[
         },
     ),
     (
+        Invariant::ScrubHold,
+        "a slot held for a scrubbed host with no timer to free it",
+        || {
+            let mut h = busy();
+            let p = platform(&h, ARM);
+            let until = h.now + std::time::Duration::from_secs(3000);
+            h.s.instances.hold_for_scrub(p as PlatformId, until);
+            h
+        },
+    ),
+    (
         Invariant::PoolIndex,
         "a booting pool instance missing from its index",
         || {
@@ -515,7 +526,8 @@ fn after(i: Option<Invariant>) -> Option<Invariant> {
         DrainedHost => Some(InstanceIds),
         InstanceIds => Some(InstanceMembers),
         InstanceMembers => Some(InstanceCount),
-        InstanceCount => Some(PoolIndex),
+        InstanceCount => Some(ScrubHold),
+        ScrubHold => Some(PoolIndex),
         PoolIndex => Some(PoolAttached),
         PoolAttached => Some(AwaitedTerminations),
         AwaitedTerminations => Some(TaskRunInstance),

@@ -11,6 +11,7 @@ mod metrics;
 mod ownership;
 mod pool;
 mod recovery;
+mod scrub;
 mod shared_users;
 mod state;
 mod static_pool;
