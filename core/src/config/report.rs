@@ -93,6 +93,29 @@ impl HostConfig {
     }
 }
 
+impl HostConfig {
+    /// What the config drains, in words and sorted: `host h1 (linux/s390x)` for each drained
+    /// static host, `linux/arm64 (dynamic)` or `(dynamic pool)` for each drained cloud platform.
+    pub fn drained_summary(&self) -> Vec<String> {
+        let hosts = self
+            .drained_hosts()
+            .map(|h| format!("host {} ({})", h.name, h.platform));
+        let dynamic = self
+            .dynamic
+            .values()
+            .filter(|d| d.drained)
+            .map(|d| format!("{} (dynamic)", d.platform));
+        let pools = self
+            .pools
+            .values()
+            .filter(|p| p.instance.drained)
+            .map(|p| format!("{} (dynamic pool)", p.instance.platform));
+        let mut all: Vec<String> = hosts.chain(dynamic).chain(pools).collect();
+        all.sort();
+        all
+    }
+}
+
 /// How an IBM Cloud platform's instances are reached and named, for its report row.
 fn ibm_note(d: &DynamicPlatform) -> String {
     match &d.ibm {
