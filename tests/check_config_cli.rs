@@ -178,9 +178,8 @@ fn stone_prod_windows_and_macos_platforms_pass_with_nothing_ignored() {
 fn a_drained_host_passes_with_the_go_rollback_noted() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("drained.yaml");
-    let mut text = String::from(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: host-config\ndata:\n",
-    );
+    let mut text =
+        String::from("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: host-config\ndata:\n");
     for (name, extra) in [
         ("h1", "concurrency: \"0\""),
         ("h2", "drain: \"true\""),

@@ -218,3 +218,43 @@ fn a_drained_pool_launches_no_warm_instance() {
     let mut h = H::from(s, Time::from_secs(START));
     assert_eq!(launches(&reconfig(&mut h, &base)).len(), 1);
 }
+
+/// After a restart onto a config that drains h1: the served, proven build on h1 stays there
+/// (and is cleaned up there), one assigned but never served goes elsewhere (it would be new
+/// work), and a Tekton retry of the kept build re-arms on h1 (the DrainedHost invariant allows
+/// exactly that).
+#[test]
+fn a_restart_keeps_served_builds_on_a_drained_host_and_places_the_rest_elsewhere() {
+    use super::recovery::{rec, start};
+    let pairs = with(
+        &static_pairs(&[("h1", 2), ("h2", 1)]),
+        &[("host.h1.drain", "true")],
+    );
+    let mut running = rec("a", S390X);
+    running.assigned_host = Some("h1".into());
+    running.secret = Some(SecretKind::Remote);
+    running.secret_proven = true;
+    let mut half = rec("b", S390X);
+    half.assigned_host = Some("h1".into());
+    let (mut h, out) = start(
+        &pairs,
+        Snapshot {
+            taskruns: vec![running, half],
+            ..Default::default()
+        },
+    );
+    let p = provisions(&out);
+    assert_eq!(p.len(), 1, "{out:#?}");
+    assert_eq!((p[0].1.as_str(), p[0].2.as_str()), ("b", "h2"));
+    let mut spec = H::spec("ns", "a", S390X);
+    spec.retries = 1;
+    let a = h.send(Event::TaskRun(spec));
+    assert_eq!(provisions(&a).len(), 1, "{a:#?}");
+    assert_eq!(provisions(&a)[0].2, "h1");
+    h.send(Event::Provisioned {
+        op: provisions(&a)[0].0,
+        otp: "t".into(),
+    });
+    let a = h.done("ns", "a");
+    assert_eq!(deprovisions(&a)[0].2, "h1");
+}
