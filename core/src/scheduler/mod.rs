@@ -9,7 +9,12 @@
 //! Guarantees (docs/architecture.md, "What the scheduler guarantees"), whatever the order of
 //! events, duplicates, replays or restarts:
 //! - a static host never gets more new allocations than its `concurrency`, and a platform never
-//!   more launched-or-booting instances than `max-instances` (see the bill guard below);
+//!   more launched-or-booting instances than `max-instances` (see the bill guard below); a
+//!   drained host, dynamic platform or pool (`drain: "true"`, a host's `concurrency: "0"`) gets
+//!   none: what runs there finishes and is cleaned up there, its waiters wait (no error secret)
+//!   and are served in the step a config lifts the drain;
+//! - a terminated instance on a Mac dedicated host keeps its `max-instances` slot while the host
+//!   is scrubbed (`host-scrub`, [`Policy::hold_scrubbing_hosts`]): EC2 refuses launches onto it;
 //! - waiters are served FIFO per platform, round-robin across namespaces, and a freed slot is
 //!   handed out in the same step ([`Handoff::Immediate`]);
 //! - every result carries the [`OpId`] of its action; results the core no longer waits for are
