@@ -74,10 +74,12 @@ fn a_terminated_mac_instance_keeps_its_slot_while_its_host_is_scrubbed() {
         "launched into a host still being scrubbed: {a:#?}"
     );
     assert!(secret(&a, "b").is_none());
+    assert_eq!(h.s.gauges().platforms[MAC].scrubbing, 1);
     // Still scrubbing a minute before the 50 are up; b launches when they are.
     assert!(launches(&h.wait(49 * 60)).is_empty());
     let a = h.wait(60);
     assert_eq!(launches(&a).len(), 1, "{a:#?}");
+    assert_eq!(h.s.gauges().platforms[MAC].scrubbing, 0);
 }
 
 #[test]
