@@ -64,6 +64,8 @@ MUTANTS=(
     "proof-uid|src/controller/patch.rs|patch|the allocation proof does not cover the TaskRun's UID"
     "proof-previous|src/controller/patch.rs|patch|a proof made before a store-token rotation no longer verifies"
     "recovery-verdict|src/controller/sources/recovery.rs|recovery|recovery takes any well-formed proof as valid instead of the verifier's verdict"
+    "group-over|core/src/scheduler/view.rs|core,model|a capacity group launches one instance over its max"
+    "drained-host|core/src/config/types.rs|core,model|a drained static host keeps its concurrency"
     "recovery-platform|core/src/scheduler/recovery.rs|core,model|recovery keeps a TaskRun on a host that does not serve its platform"
     "recovery-room|core/src/scheduler/recovery.rs|core,model|recovery puts one TaskRun more on a host than its concurrency"
     "recovery-owner|core/src/scheduler/recovery.rs|core,model|recovery adopts an unannotated launch whose owner tag names another TaskRun"
@@ -95,11 +97,11 @@ mutant_strings() {
         OLD=$'HostRef::Static(def),\n                                    out,\n                                );\n                                1'
         NEW=$'HostRef::Static(def),\n                                    out,\n                                );\n                                0' ;;
     host-over)
-        OLD='|| self.load >= def.concurrency'
-        NEW='|| self.load > def.concurrency' ;;
+        OLD='|| self.load >= def.capacity()'
+        NEW='|| self.load > def.capacity()' ;;
     max-instances)
-        OLD='if self.occupied(p) >= template.max_instances {'
-        NEW='if self.occupied(p) > template.max_instances {' ;;
+        OLD='if self.occupied(p) >= template.capacity() || !self.group_room(p) {'
+        NEW='if self.occupied(p) > template.capacity() || !self.group_room(p) {' ;;
     orphan-foreign)
         OLD=$'|| !rec.is_ours_for(&label)\n'
         NEW=$'\n' ;;
@@ -130,12 +132,18 @@ mutant_strings() {
     recovery-verdict)
         OLD='let verified = proof.verify_allocation(r, rec.assigned_host.as_deref(), rec.proof.as_ref());'
         NEW='let verified = proof.verify_allocation(r, rec.assigned_host.as_deref(), rec.proof.as_ref()) || rec.proof.is_some();' ;;
+    group-over)
+        OLD='&& self.group_in_use(g) < def.max'
+        NEW='&& self.group_in_use(g) <= def.max' ;;
+    drained-host)
+        OLD='if self.drained { 0 } else { self.concurrency }'
+        NEW='self.concurrency' ;;
     recovery-platform)
-        OLD='if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {'
-        NEW='if (host.load() >= def.concurrency && !keeps) || rival {' ;;
+        OLD='if host.platform != p || (host.load() >= def.capacity() && !keeps) || rival {'
+        NEW='if (host.load() >= def.capacity() && !keeps) || rival {' ;;
     recovery-room)
-        OLD='if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {'
-        NEW='if host.platform != p || (host.load() > def.concurrency && !keeps) || rival {' ;;
+        OLD='if host.platform != p || (host.load() >= def.capacity() && !keeps) || rival {'
+        NEW='if host.platform != p || (host.load() > def.capacity() && !keeps) || rival {' ;;
     recovery-owner)
         OLD=$'l.is_ours_for(&label)\n                        && l.owner.as_deref() == Some(rec.uid.as_str())'
         NEW='l.is_ours_for(&label)' ;;

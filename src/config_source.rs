@@ -10,7 +10,9 @@
 //! readable update with entry errors keeps the previous definition of whatever those errors would
 //! disable ([`config::keep_last_good`]). Problems are logged and counted in `config_errors`;
 //! `platform_pool_size{platform}` (Go's: static slots, or `max-instances`) and
-//! `platform_capacity{platform}` (concurrent TaskRuns) follow the config that is actually served.
+//! `platform_capacity{platform}` (concurrent TaskRuns) follow the config that is actually served,
+//! and so do `host_drained{host,platform}` and `platform_drained{platform}` (what a drain took out
+//! of service).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -29,11 +31,13 @@ pub struct ConfigMetrics {
     errors: IntCounter,
     pool_size: IntGaugeVec,
     capacity: IntGaugeVec,
+    host_drained: IntGaugeVec,
+    platform_drained: IntGaugeVec,
 }
 
 impl ConfigMetrics {
-    /// Creates `config_errors`, `platform_pool_size` and `platform_capacity` and registers them in
-    /// `registry`.
+    /// Creates `config_errors`, `platform_pool_size`, `platform_capacity`, `host_drained` and
+    /// `platform_drained` and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let errors = IntCounter::with_opts(Opts::new(
             metrics::name("config_errors"),
@@ -53,14 +57,53 @@ impl ConfigMetrics {
             ),
             &["platform"],
         )?;
+        let host_drained = IntGaugeVec::new(
+            Opts::new(
+                metrics::name("host_drained"),
+                "1 while the served host-config drains the static host (drain: \"true\" or concurrency: \"0\"): it takes no new TaskRun, the builds on it finish; 0 for every other static host",
+            ),
+            &["host", "platform"],
+        )?;
+        let platform_drained = IntGaugeVec::new(
+            Opts::new(
+                metrics::name("platform_drained"),
+                "1 while the served host-config leaves the remote platform no capacity by a drain (a drained dynamic platform or pool, or every static host drained): its TaskRuns wait until the drain is lifted; 0 for every other remote platform",
+            ),
+            &["platform"],
+        )?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(pool_size.clone()))?;
         registry.register(Box::new(capacity.clone()))?;
+        registry.register(Box::new(host_drained.clone()))?;
+        registry.register(Box::new(platform_drained.clone()))?;
         Ok(Self {
             errors,
             pool_size,
             capacity,
+            host_drained,
+            platform_drained,
         })
+    }
+
+    /// What the served config drains: one series per static host and per remote platform.
+    fn set_drained(&self, cfg: &HostConfig) {
+        self.host_drained.reset();
+        self.platform_drained.reset();
+        for pool in cfg.static_pools.values() {
+            let platform = pool.platform.label_value();
+            for h in &pool.hosts {
+                self.host_drained
+                    .with_label_values(&[h.name.as_str(), platform.as_str()])
+                    .set(i64::from(h.drained));
+            }
+        }
+        for p in cfg.platforms() {
+            if cfg.capacity(p).is_some() {
+                self.platform_drained
+                    .with_label_values(&[p.label_value()])
+                    .set(i64::from(cfg.is_drained(p)));
+            }
+        }
     }
 
     fn set_pool_sizes(&self, cfg: &HostConfig) {
@@ -71,9 +114,11 @@ impl ConfigMetrics {
             // Go's label value: `linux-arm64`.
             let label = [p.label_value()];
             self.capacity.with_label_values(&label).set(i64::from(n));
-            // Go registers a pool with its `max-instances`: the instance alerts divide by it.
+            // Go registers a pool with its `max-instances`: the instance alerts divide by it, so
+            // a drained cloud platform keeps it (its instances finish under it).
             let machines = match cfg.resolve(p) {
                 config::Strategy::DynamicPool(pool) => pool.instance.max_instances,
+                config::Strategy::Dynamic(d) => d.max_instances,
                 _ => n,
             };
             self.pool_size
@@ -239,6 +284,7 @@ impl ConfigSource {
     fn serve(&self, cfg: HostConfig) {
         if let Some(m) = &self.inner.metrics {
             m.set_pool_sizes(&cfg);
+            m.set_drained(&cfg);
         }
         self.inner.tx.send_if_modified(|cur| {
             if cur.as_deref() == Some(&cfg) {
@@ -445,6 +491,49 @@ mod tests {
         let text = metrics::encode(&registry);
         assert!(!text.contains("platform=\"linux-arm64\""), "{text}");
         assert!(text.contains("platform=\"linux-ppc64le\"} 5"), "{text}");
+    }
+
+    /// The drain gauges follow the served config: a drained host and a drained platform read 1,
+    /// the rest 0; the capacity drops, the cloud platform's pool size (the alerts' divisor) stays.
+    #[test]
+    fn drained_hosts_and_platforms_have_their_gauges() {
+        let registry = Registry::new();
+        let metrics = ConfigMetrics::register(&registry).unwrap();
+        let src = ConfigSource::new(Some(metrics.clone()));
+        src.publish("t", base(), Vec::new());
+        let host = |h: &str| {
+            metrics
+                .host_drained
+                .with_label_values(&[h, "linux-ppc64le"])
+                .get()
+        };
+        let platform = |p: &str| metrics.platform_drained.with_label_values(&[p]).get();
+        assert_eq!((host("p1"), host("p2")), (0, 0));
+        assert_eq!(platform("linux-arm64"), 0);
+        let mut drained = base();
+        drained.insert("host.p1.concurrency".into(), "0".into());
+        drained.insert("dynamic.linux-arm64.drain".into(), "true".into());
+        src.publish("t", drained.clone(), Vec::new());
+        assert_eq!((host("p1"), host("p2")), (1, 0));
+        assert_eq!(platform("linux-arm64"), 1);
+        assert_eq!(platform("linux-ppc64le"), 0, "p2 still serves");
+        assert_eq!(
+            metrics.capacity.with_label_values(&["linux-arm64"]).get(),
+            0
+        );
+        assert_eq!(
+            metrics.pool_size.with_label_values(&["linux-arm64"]).get(),
+            4
+        );
+        assert_eq!(
+            metrics.capacity.with_label_values(&["linux-ppc64le"]).get(),
+            3
+        );
+        drained.insert("host.p2.drain".into(), "true".into());
+        src.publish("t", drained, Vec::new());
+        assert_eq!(platform("linux-ppc64le"), 1, "every host drained");
+        src.publish("t", base(), Vec::new());
+        assert_eq!((host("p1"), platform("linux-arm64")), (0, 0));
     }
 
     /// Go's `platform_pool_size` is `max-instances` for a dynamic pool (what the instance alerts

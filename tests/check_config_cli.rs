@@ -170,3 +170,45 @@ fn stone_prod_windows_and_macos_platforms_pass_with_nothing_ignored() {
     assert!(mac.contains("at least 120 host-hours"), "{out}");
     assert!(!out.contains("ignored"), "{out}");
 }
+
+/// Operators drain a host with `concurrency: "0"`: served here (exit 0, the host drained), with a
+/// note that the Go controller rejects the value, so a rollback to it would serve no static
+/// platform of the cluster; `drain: "true"` the same, which Go ignores.
+#[test]
+fn a_drained_host_passes_with_the_go_rollback_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("drained.yaml");
+    let mut text =
+        String::from("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: host-config\ndata:\n");
+    for (name, extra) in [
+        ("h1", "concurrency: \"0\""),
+        ("h2", "drain: \"true\""),
+        ("h3", "concurrency: \"2\""),
+    ] {
+        for (k, v) in [
+            ("address", "10.0.0.1"),
+            ("platform", "linux/s390x"),
+            ("user", "builder"),
+            ("secret", "ssh-key"),
+        ] {
+            text.push_str(&format!("  host.{name}.{k}: {v}\n"));
+        }
+        text.push_str(&format!("  host.{name}.{extra}\n"));
+    }
+    std::fs::write(&file, text).unwrap();
+    let (code, out, err) = check_config(&[file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(row(&out, "linux/s390x")[1], "static", "{out}");
+    assert!(out.contains("drained: h1, h2"), "{out}");
+    assert!(
+        out.contains("warning: host.h1.concurrency = \"0\": host h1 is drained")
+            && out.contains("the Go controller rejects concurrency 0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: host.h2.drain = \"true\": host h2 is drained")
+            && out.contains("the Go controller ignores drain"),
+        "{out}"
+    );
+    assert!(out.contains("errors: 0"), "{out}");
+}

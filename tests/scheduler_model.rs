@@ -13,8 +13,9 @@
 //! scheduler crashes (in-flight operations complete unseen or are lost); other clusters sharing
 //! the instance tags launch and terminate instances, which the listings show.
 //!
-//! Checked on every action: host and pool-instance concurrency, `max-instances` and capacity
-//! groups (`capacity-group.<g>.max`, one lowered by a config change) counting the
+//! Checked on every action: host and pool-instance concurrency (0 on a drained host: no new
+//! allocation there while its builds finish), `max-instances` and capacity groups
+//! (`capacity-group.<g>.max`, one lowered by a config change) counting the
 //! other clusters' instances the scheduler was shown, one secret per attempt, fair queueing
 //! ([`Fairness`]), no action on another cluster's instance, no new TaskRun on a host while the
 //! back-off the scheduler announced for it lasts, no TaskRun provisioned on a host of another
@@ -114,8 +115,9 @@ fn host(name: &str, c: u32) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Three configs the run switches between: capacities shrink and grow, a host disappears, a
-/// platform turns local, instance templates change, the webhook gates remote TaskRuns or not.
+/// Three configs the run switches between: capacities shrink and grow, a host disappears or is
+/// drained, a platform turns local, instance templates change, the webhook gates remote TaskRuns
+/// or not.
 fn configs() -> Vec<HostConfig> {
     let mut a = vec![
         ("local-platforms".to_owned(), "linux/x86_64".to_owned()),
@@ -138,6 +140,8 @@ fn configs() -> Vec<HostConfig> {
     a.extend(dynamic("linux-arm64", "ami-1", 2, None));
     a.extend(dynamic("linux-amd64", "ami-1", 2, Some(2)));
     b.extend(host("h1", 1));
+    // Drained in b: what runs on it finishes, nothing new goes there.
+    b.push(("host.h1.drain".into(), "true".into()));
     b.extend(host("h333", 2));
     b.extend(dynamic("linux-arm64", "ami-1", 1, None));
     b.extend(dynamic("linux-amd64", "ami-1", 1, Some(3)));
@@ -760,7 +764,7 @@ impl World {
             .values()
             .flat_map(|p| &p.hosts)
             .find(|h| h.name == name)
-            .map(|h| h.concurrency)
+            .map(|h| h.capacity())
     }
 
     fn apply(&mut self, mut actions: Vec<Action>) {
@@ -1853,7 +1857,7 @@ impl World {
             .flat_map(|p| &p.hosts)
             .map(|h| {
                 let l = load.get(&h.name).copied().unwrap_or(0);
-                (h.name.clone(), l - i64::from(h.concurrency))
+                (h.name.clone(), l - i64::from(h.capacity()))
             })
             .collect();
         let (label, value) = match kind {

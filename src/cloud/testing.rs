@@ -38,6 +38,7 @@ pub(crate) fn platform() -> DynamicPlatform {
         os: crate::config::HostOs::Linux,
         dedicated_host: None,
         ibm: None,
+        drained: false,
     }
 }
 

@@ -402,6 +402,7 @@ mod tests {
             secret: "s".into(),
             concurrency: 1,
             host_key: None,
+            drained: false,
         }));
         let user = LaneKey::HostUser("h1".into(), tr.remote_user());
         assert_eq!(

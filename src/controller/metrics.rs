@@ -55,6 +55,7 @@ pub struct ControllerMetrics {
     queue_length: IntGaugeVec,
     queue_oldest: GaugeVec,
     instances: IntGaugeVec,
+    scrub_held: IntGaugeVec,
     actions_in_flight: IntGaugeVec,
     action_failures: IntCounterVec,
     state_violations: IntCounterVec,
@@ -162,6 +163,11 @@ impl ControllerMetrics {
                 "Cloud instances in the scheduler's ledger by state (booting, ready, terminating; leaked: termination kept failing, still counted against max-instances and retried)",
                 &["platform", "state"],
             )?,
+            scrub_held: gauge(
+                "scrub_held_slots",
+                "max-instances slots held for terminated instances whose Mac dedicated host is still being scrubbed (host-scrub): launches onto it would be refused; no series while none is held",
+                &["platform"],
+            )?,
             unlisted: gauge(
                 "platform_unlisted",
                 "1 while the platform's cloud listing has failed since recovery: its recorded TaskRuns are held and nothing is launched, terminated or finalized for it until a listing succeeds (no series otherwise)",
@@ -227,6 +233,7 @@ impl ControllerMetrics {
             Box::new(self.queue_length.clone()),
             Box::new(self.queue_oldest.clone()),
             Box::new(self.instances.clone()),
+            Box::new(self.scrub_held.clone()),
             Box::new(self.actions_in_flight.clone()),
             Box::new(self.action_failures.clone()),
             Box::new(self.state_violations.clone()),
@@ -337,6 +344,7 @@ impl ControllerMetrics {
         self.queue_oldest.reset();
         self.available.reset();
         self.instances.reset();
+        self.scrub_held.reset();
         self.unlisted.reset();
         for gauge in [&self.group_limit, &self.group_in_use, &self.group_waiting] {
             gauge.reset();
@@ -368,6 +376,11 @@ impl ControllerMetrics {
             }
             if p.unlisted {
                 self.unlisted.with_label_values(&[&label]).set(1);
+            }
+            if p.scrubbing > 0 {
+                self.scrub_held
+                    .with_label_values(&[&label])
+                    .set(i64::from(p.scrubbing));
             }
             if p.instances > 0 || p.leaked > 0 {
                 let ready = p.instances.saturating_sub(p.booting + p.terminating);
@@ -512,6 +525,28 @@ mod tests {
         m.set_gauges(&g, Time::from_secs(0));
         let text = crate::metrics::encode(&registry);
         assert!(!text.contains("platform_unlisted{"), "{text}");
+    }
+
+    /// Slots held for scrubbed Mac hosts have their series while any is held.
+    #[test]
+    fn slots_held_for_scrubbed_hosts_have_their_series_while_held() {
+        use crate::scheduler::{Gauges, PlatformGauges, Time};
+        let registry = Registry::new();
+        let m = ControllerMetrics::register(&registry).unwrap();
+        let mut g = Gauges::default();
+        let held = PlatformGauges {
+            scrubbing: 2,
+            ..Default::default()
+        };
+        g.platforms.insert("macos-m2/arm64".into(), held);
+        m.set_gauges(&g, Time::from_secs(0));
+        let text = crate::metrics::encode(&registry);
+        let series = "multi_platform_controller_scrub_held_slots{platform=\"macos-m2-arm64\"} 2";
+        assert!(text.lines().any(|l| l == series), "{text}");
+        g.platforms.get_mut("macos-m2/arm64").unwrap().scrubbing = 0;
+        m.set_gauges(&g, Time::from_secs(0));
+        let text = crate::metrics::encode(&registry);
+        assert!(!text.contains("scrub_held_slots{"), "{text}");
     }
 
     /// Each observation lands in its family with its value: Go's families keep Go's meaning

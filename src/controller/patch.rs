@@ -692,6 +692,7 @@ mod tests {
             secret: "s".into(),
             concurrency: 1,
             host_key: None,
+            drained: false,
         }));
         let s = secret(
             &r,
@@ -831,6 +832,7 @@ mod tests {
             secret: "s".into(),
             concurrency: 1,
             host_key: None,
+            drained: false,
         }));
         let remote = SecretData::Remote {
             otp: "tok".into(),

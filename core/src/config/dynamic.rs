@@ -7,13 +7,13 @@ use super::build_user;
 use super::entry::{DynKind, PoolFields, Sink};
 use super::{
     BuildUserSettings, CloudKind, DEFAULT_ALLOCATION_TIMEOUT, DEFAULT_CHECK_INTERVAL,
-    DEFAULT_DISK_GB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER, DEFAULT_MAX_AGE, DedicatedHost,
-    DynamicPlatform, HostKeyPolicy, HostOs, ImdsOptions, MAX_CONCURRENCY, MAX_USER_DATA_BYTES,
-    values,
+    DEFAULT_DISK_GB, DEFAULT_HOST_SCRUB, DEFAULT_INSTANCE_TAG, DEFAULT_INSTANCE_USER,
+    DEFAULT_MAX_AGE, DedicatedHost, DynamicPlatform, HostKeyPolicy, HostOs, ImdsOptions,
+    MAX_CONCURRENCY, MAX_USER_DATA_BYTES, values,
 };
 use crate::platform::Platform;
 
-const DYNAMIC_FIELDS: [&str; 34] = [
+const DYNAMIC_FIELDS: [&str; 35] = [
     "type",
     "region",
     "ami",
@@ -45,6 +45,8 @@ const DYNAMIC_FIELDS: [&str; 34] = [
     "tenancy",
     "host-resource-group-arn",
     "license-configuration-arn",
+    // Ours, with the three above: minutes a host is scrubbed after each instance.
+    "host-scrub",
     // Pool-only.
     "concurrency",
     "max-age",
@@ -117,7 +119,9 @@ pub(super) fn parse_dynamic(
                     os.admin_user().unwrap_or_default()
                 ),
             );
-        } else if os != HostOs::MacOs && DEDICATED_HOST_FIELDS.contains(field) {
+        } else if os != HostOs::MacOs
+            && (DEDICATED_HOST_FIELDS.contains(field) || *field == "host-scrub")
+        {
             sink.warn(
                 &key(field),
                 Some(value),
@@ -496,6 +500,7 @@ pub(super) fn parse_dynamic(
             os,
             dedicated_host,
             ibm: None,
+            drained: false,
         },
         pool,
         build_user.ok()?,
@@ -515,6 +520,13 @@ fn dedicated_host(
         .filter(|f_| f.contains_key(f_))
         .collect();
     if set.is_empty() {
+        if let Some(v) = f.get("host-scrub") {
+            sink.warn(
+                &key("host-scrub"),
+                Some(v),
+                "ignored: host-scrub applies with the dedicated-host keys (tenancy, host-resource-group-arn, license-configuration-arn)",
+            );
+        }
         return Ok(None);
     }
     if set.len() < DEDICATED_HOST_FIELDS.len() {
@@ -562,6 +574,17 @@ fn dedicated_host(
             ok = false;
         }
     }
+    let scrub = match f.get("host-scrub") {
+        None => DEFAULT_HOST_SCRUB,
+        Some(v) => match values::parse_u32_in(v, 0, 1_440) {
+            Ok(m) => Duration::from_secs(u64::from(m) * 60),
+            Err(e) => {
+                sink.error(&key("host-scrub"), Some(v), e);
+                ok = false;
+                DEFAULT_HOST_SCRUB
+            }
+        },
+    };
     if !ok {
         return Err(());
     }
@@ -569,5 +592,6 @@ fn dedicated_host(
         tenancy,
         host_resource_group_arn: group,
         license_configuration_arn: licence,
+        scrub,
     }))
 }

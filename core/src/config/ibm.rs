@@ -161,6 +161,7 @@ impl IbmPlatform {
             imds: super::ImdsOptions::default(),
             dedicated_host: None,
             ibm: Some(self.service),
+            drained: false,
         };
         (d, pool, self.build_user)
     }

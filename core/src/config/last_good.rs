@@ -301,7 +301,7 @@ mod tests {
         assert!(m.kept[0].contains("static host p2"), "{:?}", m.kept);
 
         // Every host broken: the platform is disabled, so the previous pool is kept whole.
-        next.insert("host.p1.concurrency".into(), "0".into());
+        next.insert("host.p1.concurrency".into(), "nine".into());
         let m = merge(&prev, &next);
         assert_eq!(m.config.static_pools[&p("linux/ppc64le")].capacity(), 5);
     }

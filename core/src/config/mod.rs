@@ -5,6 +5,14 @@
 //! and the bad value, and a bad entry disables only its own host or platform (recorded in
 //! [`HostConfig::disabled`] so TaskRuns for it get an error secret that says why).
 //!
+//! Drains (ours): `host.<h>.drain: "true"` or `host.<h>.concurrency: "0"` drains a static host,
+//! `dynamic.<p>.drain: "true"` a dynamic platform or pool. A drained entry stays configured
+//! (running allocations keep their definition, waiters wait rather than get an error secret) and
+//! counts 0 in every capacity ([`StaticHost::capacity`], [`HostConfig::capacity`], the Kueue
+//! export). The Go controller rejects `concurrency: 0`, and one invalid host there disables every
+//! static platform of the cluster; it ignores `drain`. Both are reported as warnings, so that a
+//! rollback to it is a known step.
+//!
 //! Layout: `types` holds the validated configuration, `parse` the ConfigMap walk (key grouping,
 //! globals, platform lists, assembly), `dynamic`, `ibm`, `static_host` and `capacity_group` (limits
 //! shared by several platforms: what they count, who can be a member and why static hosts cannot)

@@ -201,16 +201,45 @@ pub fn parse(data: &ConfigData) -> Parsed {
             continue;
         };
         let before = sink.0.len();
+        // `drain` (ours) applies alike to every cloud: read here, kept from the entry parsers.
+        let mut fields = fields.clone();
+        let drain = fields.remove("drain");
         let parsed = parse_dynamic(
             &platform,
             &prefix,
-            fields,
+            &fields,
             kind,
             global_tag.as_deref(),
             &mut sink,
         );
+        let drained = match drain {
+            None => false,
+            Some(v) => match values::parse_bool(v) {
+                Ok(b) => b,
+                Err(e) => {
+                    sink.error(
+                        &format!("{prefix}.drain"),
+                        Some(v),
+                        format!("{e}; platform disabled"),
+                    );
+                    disable_for_error(&mut cfg, &platform, &sink, before);
+                    continue;
+                }
+            },
+        };
+        if drained {
+            sink.warn(
+                &format!("{prefix}.drain"),
+                Some(drain.unwrap_or_default()),
+                format!(
+                    "{platform} is drained: nothing new is launched{}, what runs finishes, and its TaskRuns wait; the Go controller ignores drain and would launch again",
+                    if kind == DynKind::Pool { " and its instances take no new TaskRun (idle ones are terminated)" } else { "" }
+                ),
+            );
+        }
         match parsed {
-            Some((d, pool, build_user)) => {
+            Some((mut d, pool, build_user)) => {
+                d.drained = drained;
                 if build_user != BuildUserSettings::DEFAULT {
                     cfg.build_users
                         .platforms
@@ -234,17 +263,7 @@ pub fn parse(data: &ConfigData) -> Parsed {
                     (DynKind::Pool, None) => unreachable!("pool fields are parsed for pools"),
                 }
             }
-            None => {
-                let reason = first_error_since(&sink, before)
-                    .map(|d| {
-                        format!(
-                            "{platform} is disabled by a configuration error: {}",
-                            d.detail()
-                        )
-                    })
-                    .unwrap_or_else(|| format!("{platform} is disabled by a configuration error"));
-                cfg.disabled.insert(platform, reason);
-            }
+            None => disable_for_error(&mut cfg, &platform, &sink, before),
         }
     }
     for (label, fields) in &dyn_groups {
@@ -344,6 +363,19 @@ pub fn parse(data: &ConfigData) -> Parsed {
         config: cfg,
         diagnostics: sink.0,
     }
+}
+
+/// Disables a dynamic platform for the first error its entry reported.
+fn disable_for_error(cfg: &mut HostConfig, platform: &Platform, sink: &Sink, before: usize) {
+    let reason = first_error_since(sink, before)
+        .map(|d| {
+            format!(
+                "{platform} is disabled by a configuration error: {}",
+                d.detail()
+            )
+        })
+        .unwrap_or_else(|| format!("{platform} is disabled by a configuration error"));
+    cfg.disabled.insert(platform.clone(), reason);
 }
 
 fn first_error_since(sink: &Sink, from: usize) -> Option<&Diagnostic> {

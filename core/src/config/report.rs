@@ -34,7 +34,8 @@ impl HostConfig {
                     Strategy::Dynamic(d) => (
                         "dynamic",
                         format!(
-                            "max-instances {} ({} in {}, 1 TaskRun per instance){}{}",
+                            "{}max-instances {} ({} in {}, 1 TaskRun per instance){}{}",
+                            drained_note(d),
                             d.max_instances,
                             d.instance_type,
                             d.region,
@@ -45,7 +46,8 @@ impl HostConfig {
                     Strategy::DynamicPool(pool) => (
                         "dynamic-pool",
                         format!(
-                            "max-instances {} × concurrency {} = {} slots ({} in {}, max-age {} min{}){}",
+                            "{}max-instances {} × concurrency {} = {} slots ({} in {}, max-age {} min{}){}",
+                            drained_note(&pool.instance),
                             pool.instance.max_instances,
                             pool.concurrency,
                             pool.instance.max_instances * pool.concurrency,
@@ -63,11 +65,19 @@ impl HostConfig {
                     Strategy::Static(s) => {
                         let n = s.hosts.len();
                         let first = s.hosts[0].concurrency;
-                        let capacity = if s.hosts.iter().all(|h| h.concurrency == first) {
+                        let mut capacity = if s.hosts.iter().all(|h| h.concurrency == first) {
                             format!("{n} host(s) × concurrency {first} = {} slots", s.capacity())
                         } else {
                             format!("{n} host(s), {} slots in total", s.capacity())
                         };
+                        let drained: Vec<&str> = s.drained().map(|h| h.name.as_str()).collect();
+                        if !drained.is_empty() {
+                            let _ = write!(
+                                capacity,
+                                "; drained: {} (no new TaskRuns, counted 0)",
+                                drained.join(", ")
+                            );
+                        }
                         ("static", capacity)
                     }
                     Strategy::Disabled(why) => ("disabled", why.to_owned()),
@@ -158,6 +168,29 @@ fn render_groups(out: &mut String, config: &HostConfig) {
     }
 }
 
+impl HostConfig {
+    /// What the config drains, in words and sorted: `host h1 (linux/s390x)` for each drained
+    /// static host, `linux/arm64 (dynamic)` or `(dynamic pool)` for each drained cloud platform.
+    pub fn drained_summary(&self) -> Vec<String> {
+        let hosts = self
+            .drained_hosts()
+            .map(|h| format!("host {} ({})", h.name, h.platform));
+        let dynamic = self
+            .dynamic
+            .values()
+            .filter(|d| d.drained)
+            .map(|d| format!("{} (dynamic)", d.platform));
+        let pools = self
+            .pools
+            .values()
+            .filter(|p| p.instance.drained)
+            .map(|p| format!("{} (dynamic pool)", p.instance.platform));
+        let mut all: Vec<String> = hosts.chain(dynamic).chain(pools).collect();
+        all.sort();
+        all
+    }
+}
+
 /// How an IBM Cloud platform's instances are reached and named, for its report row.
 fn ibm_note(d: &DynamicPlatform) -> String {
     match &d.ibm {
@@ -174,6 +207,15 @@ fn ibm_note(d: &DynamicPlatform) -> String {
     }
 }
 
+/// A drained platform's prefix for its report row.
+fn drained_note(d: &DynamicPlatform) -> &'static str {
+    if d.drained {
+        "drained (nothing new is launched, counted 0); "
+    } else {
+        ""
+    }
+}
+
 /// What a windows or macOS platform does differently, for its report row.
 fn os_note(d: &DynamicPlatform) -> String {
     match d.os {
@@ -184,8 +226,12 @@ fn os_note(d: &DynamicPlatform) -> String {
         HostOs::MacOs => {
             let placement = match &d.dedicated_host {
                 Some(h) => format!(
-                    "dedicated hosts of {} (tenancy {}, licence {})",
-                    h.host_resource_group_arn, h.tenancy, h.license_configuration_arn
+                    "dedicated hosts of {} (tenancy {}, licence {}; an instance's max-instances slot \
+                     stays taken {} min after it terminates, while its host is scrubbed: host-scrub)",
+                    h.host_resource_group_arn,
+                    h.tenancy,
+                    h.license_configuration_arn,
+                    h.scrub.as_secs() / 60
                 ),
                 None => "no dedicated-host keys (the account's own host placement applies)".to_owned(),
             };

@@ -8,13 +8,15 @@ use super::values::ValueError;
 use super::{BuildUserSettings, MAX_CONCURRENCY, StaticHost, values};
 use crate::platform::Platform;
 
-const HOST_FIELDS: [&str; 7] = [
+const HOST_FIELDS: [&str; 8] = [
     "address",
     "user",
     "platform",
     "secret",
     "concurrency",
     "host-key",
+    // Ours: takes no new TaskRun (as `concurrency: "0"` does).
+    "drain",
     // Go-era key for a per-host sudo list; accepted and ignored with a warning below.
     "sudo-commands",
 ];
@@ -93,7 +95,8 @@ pub(super) fn parse_host(
             sink.warn(&key("concurrency"), None, "not set; using 1");
             Some(1)
         }
-        Some(v) => match values::parse_u32_in(v, 1, MAX_CONCURRENCY) {
+        // 0 drains the host (operators' habit); the Go controller rejects it (below).
+        Some(v) => match values::parse_u32_in(v, 0, MAX_CONCURRENCY) {
             Ok(n) => Some(n),
             Err(e) => {
                 sink.error(&key("concurrency"), Some(v), format!("{e}; host disabled"));
@@ -102,6 +105,28 @@ pub(super) fn parse_host(
             }
         },
     };
+    let drain = match f.get("drain") {
+        None => false,
+        Some(v) => values::parse_bool(v).unwrap_or_else(|e| {
+            sink.error(&key("drain"), Some(v), format!("{e}; host disabled"));
+            ok = false;
+            false
+        }),
+    };
+    if concurrency == Some(0) {
+        sink.warn(
+            &key("concurrency"),
+            f.get("concurrency").copied(),
+            format!("host {name} is drained: it takes no new TaskRun, the builds on it finish; the Go controller rejects concurrency 0 and then serves no static platform of the cluster, so set drain: \"true\" (with the host's real concurrency) if a rollback to it must keep them"),
+        );
+    }
+    if drain {
+        sink.warn(
+            &key("drain"),
+            f.get("drain").copied(),
+            format!("host {name} is drained: it takes no new TaskRun, the builds on it finish; the Go controller ignores drain and would give it builds again"),
+        );
+    }
     let host_key = match f.get("host-key") {
         None => {
             sink.warn(
@@ -148,6 +173,7 @@ pub(super) fn parse_host(
                 secret,
                 concurrency,
                 host_key,
+                drained: drain || concurrency == 0,
             },
             build_user,
         )),

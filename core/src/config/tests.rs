@@ -843,6 +843,7 @@ fn stone_prod_windows_and_macos_platforms_load_with_nothing_ignored() {
             host_resource_group_arn: "arn:aws:resource-groups:eu-central-1:381491906438:group/macos"
                 .into(),
             license_configuration_arn: "arn:aws:license-manager:eu-central-1:381491906438:license-configuration:lic-f8ce13fa40eab0916af2734edf5c85ab".into(),
+            scrub: DEFAULT_HOST_SCRUB,
         })
     );
     let report = report::render_report("p02", &parsed);
@@ -1150,4 +1151,202 @@ fn the_capacity_group_fixture_groups_every_aws_platform() {
         .unwrap_or_else(|| panic!("{:?}", parsed.diagnostics));
     assert_eq!(g.max, 120);
     assert_eq!(g.members.len(), 5, "{g:?}");
+}
+
+/// `host.<h>.*` keys of a linux/s390x host with these extra fields.
+fn s390x_host(name: &str, n: u8, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = [
+        ("address", format!("10.0.0.{n}")),
+        ("platform", "linux/s390x".to_owned()),
+        ("user", "root".to_owned()),
+        ("secret", "key".to_owned()),
+        (
+            "host-key",
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB2a".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .map(|(f, v)| (format!("host.{name}.{f}"), v))
+    .collect();
+    v.extend(
+        extra
+            .iter()
+            .map(|(f, v)| (format!("host.{name}.{f}"), (*v).to_owned())),
+    );
+    v
+}
+
+fn warning_for<'a>(parsed: &'a Parsed, key: &str) -> Option<&'a Diagnostic> {
+    parsed.of(Severity::Warning).find(|d| d.key == key)
+}
+
+#[test]
+fn a_host_drained_by_concurrency_0_or_drain_serves_with_no_capacity() {
+    let mut pairs = s390x_host("zero", 1, &[("concurrency", "0")]);
+    pairs.extend(s390x_host(
+        "drained",
+        2,
+        &[("concurrency", "4"), ("drain", "true")],
+    ));
+    pairs.extend(s390x_host(
+        "up",
+        3,
+        &[("concurrency", "2"), ("drain", "false")],
+    ));
+    let parsed = parse(&pairs.into_iter().collect());
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let pool = &parsed.config.static_pools[&p("linux/s390x")];
+    let drained: Vec<_> = pool.drained().map(|h| h.name.as_str()).collect();
+    assert_eq!(drained, ["drained", "zero"]);
+    assert_eq!(pool.hosts.len(), 3, "drained hosts stay configured");
+    assert_eq!(pool.hosts[0].concurrency, 4, "the real concurrency is kept");
+    assert_eq!(pool.capacity(), 2);
+    assert_eq!(parsed.config.capacity(&p("linux/s390x")), Some(2));
+    // What a rollback to the Go controller does with each.
+    let zero = warning_for(&parsed, "host.zero.concurrency").expect("noted");
+    assert!(
+        zero.message.contains("Go controller rejects concurrency 0"),
+        "{zero}"
+    );
+    let drain = warning_for(&parsed, "host.drained.drain").expect("noted");
+    assert!(
+        drain.message.contains("Go controller ignores drain"),
+        "{drain}"
+    );
+    assert!(warning_for(&parsed, "host.up.drain").is_none());
+}
+
+#[test]
+fn a_platform_whose_every_host_is_drained_is_served_not_disabled() {
+    let mut pairs = s390x_host("a", 1, &[("concurrency", "0")]);
+    pairs.extend(s390x_host("b", 2, &[("drain", "TRUE")]));
+    let parsed = parse(&pairs.into_iter().collect());
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    assert!(matches!(
+        parsed.config.resolve(&p("linux/s390x")),
+        Strategy::Static(s) if s.capacity() == 0 && s.hosts.len() == 2
+    ));
+    assert!(parsed.config.is_drained(&p("linux/s390x")));
+    let report = report::render_report("x", &parsed);
+    assert!(report.contains("drained: a, b"), "{report}");
+}
+
+#[test]
+fn a_bad_drain_value_disables_only_its_own_entry() {
+    let mut pairs = s390x_host("a", 1, &[("drain", "soon")]);
+    pairs.extend(s390x_host("b", 2, &[]));
+    let parsed = parse(&pairs.into_iter().collect());
+    assert_eq!(errors_for(&parsed, "host.a.drain").len(), 1);
+    let pool = &parsed.config.static_pools[&p("linux/s390x")];
+    assert_eq!(pool.hosts.len(), 1);
+    assert_eq!(pool.hosts[0].name, "b");
+
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("instance-tag", "t"),
+            ("dynamic.linux-arm64.drain", "soon"),
+        ],
+    );
+    let parsed = parse(&d);
+    assert_eq!(errors_for(&parsed, "dynamic.linux-arm64.drain").len(), 1);
+    assert!(matches!(
+        parsed.config.resolve(&p("linux/arm64")),
+        Strategy::Disabled(r) if r.contains("drain")
+    ));
+}
+
+#[test]
+fn a_drained_dynamic_platform_or_pool_has_no_capacity() {
+    let d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic-platforms", "linux/arm64"),
+            ("instance-tag", "t"),
+            ("dynamic.linux-arm64.drain", "true"),
+        ],
+    );
+    let parsed = parse(&d);
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let dp = &parsed.config.dynamic[&p("linux/arm64")];
+    assert!(dp.drained);
+    assert_eq!(dp.max_instances, 3, "kept for when the drain is lifted");
+    assert_eq!(parsed.config.capacity(&p("linux/arm64")), Some(0));
+    assert!(parsed.config.is_drained(&p("linux/arm64")));
+    let w = warning_for(&parsed, "dynamic.linux-arm64.drain").expect("noted");
+    assert!(w.message.contains("Go controller ignores drain"), "{w}");
+    assert!(
+        !parsed
+            .diagnostics
+            .iter()
+            .any(|d| d.message.contains("unknown field")),
+        "{:#?}",
+        parsed.diagnostics
+    );
+
+    let mut d = with(
+        dynamic_keys("linux-arm64"),
+        &[
+            ("dynamic.linux-arm64.drain", "true"),
+            ("dynamic.linux-arm64.concurrency", "4"),
+            ("instance-tag", "t"),
+        ],
+    );
+    d.insert("dynamic-pool-platforms".into(), "linux/arm64".into());
+    let parsed = parse(&d);
+    assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+    let pool = &parsed.config.pools[&p("linux/arm64")];
+    assert!(pool.instance.drained);
+    assert_eq!(parsed.config.capacity(&p("linux/arm64")), Some(0));
+    let w = warning_for(&parsed, "dynamic.linux-arm64.drain").expect("noted");
+    assert!(w.message.contains("idle ones are terminated"), "{w}");
+}
+
+#[test]
+fn a_mac_dedicated_host_is_scrubbed_50_minutes_unless_host_scrub_says_otherwise() {
+    let parsed = fixture("stone-prod-p02-windows-macos.yaml");
+    let mac = &parsed.config.dynamic[&p("macos-mac2metal/arm64")];
+    assert_eq!(
+        mac.dedicated_host.as_ref().map(|h| h.scrub),
+        Some(Duration::from_secs(50 * 60))
+    );
+    let path = format!(
+        "{}/tests/fixtures/configmaps/stone-prod-p02-windows-macos.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let (mut data, _) = read_configmap_yaml(&text).unwrap();
+    for (v, want) in [("0", Some(0)), ("65", Some(65 * 60))] {
+        data.insert("dynamic.macos-mac2metal-arm64.host-scrub".into(), v.into());
+        let parsed = parse(&data);
+        assert!(!parsed.has_errors(), "{:#?}", parsed.diagnostics);
+        let mac = &parsed.config.dynamic[&p("macos-mac2metal/arm64")];
+        assert_eq!(
+            mac.dedicated_host.as_ref().map(|h| h.scrub.as_secs()),
+            want,
+            "{v}"
+        );
+    }
+    data.insert(
+        "dynamic.macos-mac2metal-arm64.host-scrub".into(),
+        "soon".into(),
+    );
+    let parsed = parse(&data);
+    assert_eq!(
+        errors_for(&parsed, "dynamic.macos-mac2metal-arm64.host-scrub").len(),
+        1
+    );
+    // Elsewhere it means nothing.
+    data.insert(
+        "dynamic.windows-4xlarge-amd64.host-scrub".into(),
+        "10".into(),
+    );
+    let parsed = parse(&data);
+    assert!(
+        warning_for(&parsed, "dynamic.windows-4xlarge-amd64.host-scrub")
+            .is_some_and(|w| w.message.contains("ignored")),
+        "{:#?}",
+        parsed.diagnostics
+    );
 }

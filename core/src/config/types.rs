@@ -22,6 +22,8 @@ pub const DEFAULT_ALLOCATION_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// Dynamic pool instances stop taking work after this age unless `max-age` says otherwise.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long AWS scrubs a Mac dedicated host after an instance on it terminates (about 50 min).
+pub const DEFAULT_HOST_SCRUB: Duration = Duration::from_secs(50 * 60);
 /// Largest per-host / per-instance concurrency.
 pub const MAX_CONCURRENCY: u32 = 8;
 /// AWS limit on raw user-data.
@@ -179,6 +181,10 @@ pub struct DedicatedHost {
     pub host_resource_group_arn: String,
     /// `LicenseSpecifications[0].LicenseConfigurationArn`.
     pub license_configuration_arn: String,
+    /// How long a host is scrubbed after each instance terminates (`host-scrub`, minutes, ours;
+    /// default [`DEFAULT_HOST_SCRUB`]): the instance's `max-instances` slot stays taken as long,
+    /// since a launch onto a host still scrubbing is refused.
+    pub scrub: Duration,
 }
 
 /// A dynamic platform: one cloud instance per TaskRun (also the instance template of a pool).
@@ -244,6 +250,23 @@ pub struct DynamicPlatform {
     /// The IBM service and its keys, for [`CloudKind::Ibm`] (the EC2 fields above then carry
     /// what they can: image, profile or system, key, disk, user-data).
     pub ibm: Option<super::ibm_service::IbmService>,
+    /// `drain: true` (ours): nothing new is launched, and a pool's instances take no new
+    /// TaskRuns (idle ones are terminated); what runs finishes. Its capacity counts as 0.
+    pub drained: bool,
+}
+
+impl DynamicPlatform {
+    /// Concurrent TaskRuns it may start now: `max-instances`, or 0 while drained.
+    pub fn capacity(&self) -> u32 {
+        if self.drained { 0 } else { self.max_instances }
+    }
+}
+
+impl DynamicPool {
+    /// Concurrent TaskRuns it may serve now: `max-instances × concurrency`, or 0 while drained.
+    pub fn capacity(&self) -> u32 {
+        self.instance.capacity() * self.concurrency
+    }
 }
 
 /// A dynamic pool: instances shared by up to `concurrency` TaskRuns each.
@@ -272,10 +295,20 @@ pub struct StaticHost {
     pub platform: Platform,
     /// Secret with the admin user's `id_rsa`.
     pub secret: String,
-    /// Concurrent TaskRuns.
+    /// Concurrent TaskRuns as configured (0 only when drained by `concurrency: "0"`).
     pub concurrency: u32,
     /// Pinned host key (`<alg> <base64>`), if given.
     pub host_key: Option<String>,
+    /// Drained (`drain: "true"` or `concurrency: "0"`, ours): takes no new TaskRun; the builds
+    /// on it finish and their users are removed from it.
+    pub drained: bool,
+}
+
+impl StaticHost {
+    /// TaskRuns it may hold now: its `concurrency`, or 0 while drained.
+    pub fn capacity(&self) -> u32 {
+        if self.drained { 0 } else { self.concurrency }
+    }
 }
 
 /// The static hosts serving one platform.
@@ -288,9 +321,14 @@ pub struct StaticPool {
 }
 
 impl StaticPool {
-    /// Total concurrent TaskRuns over all hosts.
+    /// Total concurrent TaskRuns over all hosts (drained hosts count 0).
     pub fn capacity(&self) -> u32 {
-        self.hosts.iter().map(|h| h.concurrency).sum()
+        self.hosts.iter().map(StaticHost::capacity).sum()
+    }
+
+    /// The drained hosts, by name.
+    pub fn drained(&self) -> impl Iterator<Item = &StaticHost> {
+        self.hosts.iter().filter(|h| h.drained)
     }
 }
 
@@ -418,11 +456,28 @@ impl HostConfig {
             .filter(move |g| g.members.contains(platform))
     }
 
-    /// Concurrent TaskRuns a platform can serve (`platform_pool_size`); `None` for local/unknown.
+    /// The platform takes no new work because of a drain: a drained dynamic platform or pool,
+    /// or static hosts that are all drained.
+    pub fn is_drained(&self, platform: &Platform) -> bool {
+        match self.resolve(platform) {
+            Strategy::Dynamic(d) => d.drained,
+            Strategy::DynamicPool(p) => p.instance.drained,
+            Strategy::Static(s) => s.hosts.iter().all(|h| h.drained),
+            _ => false,
+        }
+    }
+
+    /// Every drained static host of a served static platform.
+    pub fn drained_hosts(&self) -> impl Iterator<Item = &StaticHost> {
+        self.static_pools.values().flat_map(StaticPool::drained)
+    }
+
+    /// Concurrent TaskRuns a platform can serve (`platform_pool_size`; drained capacity counts
+    /// 0); `None` for local/unknown.
     pub fn capacity(&self, platform: &Platform) -> Option<u32> {
         match self.resolve(platform) {
-            Strategy::Dynamic(d) => Some(d.max_instances),
-            Strategy::DynamicPool(p) => Some(p.instance.max_instances * p.concurrency),
+            Strategy::Dynamic(d) => Some(d.capacity()),
+            Strategy::DynamicPool(p) => Some(p.capacity()),
             Strategy::Static(s) => Some(s.capacity()),
             Strategy::Disabled(_) => Some(0),
             Strategy::Local | Strategy::Unknown => None,

@@ -28,12 +28,20 @@ pub enum Source {
         /// TaskRuns per instance.
         concurrency: u32,
     },
-    /// Static hosts: the sum of their `concurrency`.
+    /// Static hosts: the sum of their `concurrency`, drained hosts counting 0.
     Static {
         /// Number of hosts.
         hosts: usize,
-        /// Their summed concurrency.
+        /// Their summed concurrency, drained hosts left out.
         slots: u32,
+        /// How many of them are drained (`drain: "true"` or `concurrency: "0"`).
+        drained: usize,
+    },
+    /// A drained dynamic platform or pool (`dynamic.<p>.drain: "true"`): nothing new is
+    /// launched, so it carries no quota until the drain is lifted.
+    Drained {
+        /// What it would carry undrained.
+        capacity: u32,
     },
     /// A member of a capacity group, whose resource (named after the group) carries the group's
     /// `max` once, whatever the number of members.
@@ -55,6 +63,7 @@ impl Source {
             } => u64::from(max_instances) * u64::from(concurrency),
             Source::Static { slots, .. } => u64::from(slots),
             Source::GroupMember { max } => u64::from(max),
+            Source::Drained { .. } => 0,
         }
     }
 }
@@ -73,10 +82,22 @@ impl fmt::Display for Source {
                 f,
                 "dynamic pool, max-instances {max_instances} × concurrency {concurrency}"
             ),
-            Source::Static { hosts, slots } => {
-                write!(f, "static, {hosts} host(s) with {slots} slots in total")
+            Source::Static {
+                hosts,
+                slots,
+                drained,
+            } => {
+                write!(f, "static, {hosts} host(s) with {slots} slots in total")?;
+                if drained > 0 {
+                    write!(f, " ({drained} drained, counted 0)")?;
+                }
+                Ok(())
             }
             Source::GroupMember { max } => write!(f, "capacity group member, max {max}"),
+            Source::Drained { capacity } => write!(
+                f,
+                "drained: nothing new is launched, counted 0 ({capacity} once the drain is lifted)"
+            ),
         }
     }
 }
@@ -124,14 +145,22 @@ pub fn resource_name(platform: &Platform, local: bool) -> String {
 /// Every platform the controller serves, and every capacity group (named after the group, its
 /// quota the group's `max`), as Kueue resources sorted by name. Disabled platforms
 /// (config errors, or listed without keys) get no resource: the controller answers their TaskRuns
-/// with an error secret, and infra-deployments' script exports none for them either.
+/// with an error secret, and infra-deployments' script exports none for them either. Drained
+/// capacity counts 0 (a drained host adds nothing, a drained dynamic platform or pool exports 0,
+/// keeping its resource so its PipelineRuns wait in Kueue as its TaskRuns would in the controller).
 pub fn platform_quotas(config: &HostConfig) -> BTreeMap<String, ResourceQuota> {
     let mut out: BTreeMap<String, ResourceQuota> = BTreeMap::new();
     for platform in config.platforms() {
         let source = match config.resolve(platform) {
             Strategy::Local => Source::Local,
+            Strategy::Dynamic(d) if d.drained => Source::Drained {
+                capacity: d.max_instances,
+            },
             Strategy::Dynamic(d) => Source::Dynamic {
                 max_instances: d.max_instances,
+            },
+            Strategy::DynamicPool(p) if p.instance.drained => Source::Drained {
+                capacity: p.instance.max_instances * p.concurrency,
             },
             Strategy::DynamicPool(p) => Source::Pool {
                 max_instances: p.instance.max_instances,
@@ -140,6 +169,7 @@ pub fn platform_quotas(config: &HostConfig) -> BTreeMap<String, ResourceQuota> {
             Strategy::Static(s) => Source::Static {
                 hosts: s.hosts.len(),
                 slots: s.capacity(),
+                drained: s.drained().count(),
             },
             Strategy::Disabled(_) | Strategy::Unknown => continue,
         };
@@ -372,6 +402,72 @@ mod tests {
         assert_eq!(
             q["linux-amd64"].describe(),
             "linux/amd64 (dynamic pool, max-instances 10 × concurrency 4)"
+        );
+    }
+
+    #[test]
+    fn drained_capacity_drops_out_of_the_quotas() {
+        let c = config(
+            r#"  dynamic-platforms: "linux/arm64"
+  dynamic-pool-platforms: linux/amd64
+  dynamic.linux-arm64.type: aws
+  dynamic.linux-arm64.region: us-east-1
+  dynamic.linux-arm64.ami: ami-1
+  dynamic.linux-arm64.instance-type: m6g.large
+  dynamic.linux-arm64.aws-secret: aws
+  dynamic.linux-arm64.ssh-secret: ssh
+  dynamic.linux-arm64.max-instances: "250"
+  dynamic.linux-arm64.drain: "true"
+  dynamic.linux-amd64.type: aws
+  dynamic.linux-amd64.region: us-east-1
+  dynamic.linux-amd64.ami: ami-2
+  dynamic.linux-amd64.instance-type: m6a.large
+  dynamic.linux-amd64.aws-secret: aws
+  dynamic.linux-amd64.ssh-secret: ssh
+  dynamic.linux-amd64.max-instances: "10"
+  dynamic.linux-amd64.concurrency: "4"
+  dynamic.linux-amd64.drain: "true"
+  host.s1.address: 10.0.0.1
+  host.s1.platform: linux/s390x
+  host.s1.user: u
+  host.s1.secret: s
+  host.s1.concurrency: "4"
+  host.s2.address: 10.0.0.2
+  host.s2.platform: linux/s390x
+  host.s2.user: u
+  host.s2.secret: s
+  host.s2.concurrency: "0"
+  host.s3.address: 10.0.0.3
+  host.s3.platform: linux/s390x
+  host.s3.user: u
+  host.s3.secret: s
+  host.s3.concurrency: "2"
+  host.s3.drain: "true"
+  host.p1.address: 10.0.0.4
+  host.p1.platform: linux/ppc64le
+  host.p1.user: u
+  host.p1.secret: s
+  host.p1.drain: "true"
+"#,
+        );
+        let q = platform_quotas(&c);
+        let got: Vec<(&str, u64)> = q.values().map(|r| (r.resource.as_str(), r.quota)).collect();
+        assert_eq!(
+            got,
+            [
+                ("linux-amd64", 0),
+                ("linux-arm64", 0),
+                ("linux-ppc64le", 0),
+                ("linux-s390x", 4),
+            ]
+        );
+        assert_eq!(
+            q["linux-s390x"].describe(),
+            "linux/s390x (static, 3 host(s) with 4 slots in total (2 drained, counted 0))"
+        );
+        assert_eq!(
+            q["linux-amd64"].describe(),
+            "linux/amd64 (drained: nothing new is launched, counted 0 (40 once the drain is lifted))"
         );
     }
 

@@ -360,3 +360,23 @@ fn a_capacity_group_is_one_resource_of_the_platform_groups() {
         "{got:#?}"
     );
 }
+
+#[test]
+fn a_drain_makes_the_check_ask_for_the_drained_quota() {
+    let config = data_file(2, "");
+    let queue_file = render_cluster_queue(BASE_QUEUE, &quotas_of(&config)).unwrap();
+    assert_eq!(findings(&config, &queue_file, None), Vec::<String>::new());
+    // Drain linux-p01/arm64: the queue rendered before still says 11, the config now 0.
+    let drained = data_file(2, "dynamic.linux-p01-arm64.drain: \"true\"\n");
+    let got = findings(&drained, &queue_file, None);
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert!(
+        got[0].starts_with(
+            "linux-p01-arm64: ClusterQueue quota 11 (11) but host-config allows 0 concurrent builds: linux-p01/arm64 (drained: nothing new is launched"
+        ),
+        "{got:#?}"
+    );
+    // And a queue rendered from the drained config passes.
+    let again = render_cluster_queue(BASE_QUEUE, &quotas_of(&drained)).unwrap();
+    assert_eq!(findings(&drained, &again, None), Vec::<String>::new());
+}

@@ -42,7 +42,9 @@ impl Scheduler {
             |s| s.hosts.check(s.platforms.len()),
             Scheduler::check_host_load,
             Scheduler::check_host_backoff,
+            Scheduler::check_drained_hosts,
             |s| s.instances.check(s.platforms.len()),
+            Scheduler::check_scrub_holds,
             Scheduler::check_taskrun_instances,
             Scheduler::check_attached,
             Scheduler::check_owners,
@@ -141,6 +143,50 @@ impl Scheduler {
                 })?;
             }
             hid += 1;
+        }
+        Ok(())
+    }
+
+    /// No first allocation is provisioned under a drained host definition.
+    fn check_drained_hosts(&self) -> Result<(), StateError> {
+        for (_, t) in self.taskruns.iter() {
+            if let State::OnHost {
+                host,
+                def: Some(def),
+                phase: Phase::Provisioning(_) | Phase::Reserved,
+            } = &t.state
+            {
+                ensure(
+                    !def.drained || t.retries > 0,
+                    Invariant::DrainedHost,
+                    || {
+                        format!(
+                            "{} is being provisioned on host {} (id {host}) under a drained definition",
+                            t.path(),
+                            def.name
+                        )
+                    },
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each slot held for a scrubbed dedicated host ends with a timer.
+    fn check_scrub_holds(&self) -> Result<(), StateError> {
+        for p in 0..self.platforms.len() as super::PlatformId {
+            for until in self.instances.scrub_ends(p) {
+                let armed = self
+                    .timers
+                    .iter()
+                    .any(|(at, t)| at == until && t == Timer::ScrubDone(p));
+                ensure(armed, Invariant::ScrubHold, || {
+                    format!(
+                        "{} holds a slot for a host scrubbed until {until} with no timer",
+                        self.platforms[p as usize].platform
+                    )
+                })?;
+            }
         }
         Ok(())
     }

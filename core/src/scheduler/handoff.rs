@@ -414,6 +414,14 @@ impl Scheduler {
         };
         let p = i.platform();
         let cleanup_for = i.cleanup_for();
+        // A dedicated host that ran it is scrubbed now and takes no launch meanwhile: its slot
+        // stays taken until the scrub ends (an instance never launched used no host).
+        let scrub = i
+            .template
+            .dedicated_host
+            .as_ref()
+            .map(|h| h.scrub)
+            .filter(|s| self.policy.hold_scrubbing_hosts && !s.is_zero() && i.id().is_some());
         let stranded: Vec<Key> = i
             .owner
             .into_iter()
@@ -425,6 +433,11 @@ impl Scheduler {
                 )
             })
             .collect();
+        if let Some(scrub) = scrub {
+            let until = self.now + scrub;
+            self.instances.hold_for_scrub(p, until);
+            self.timers.arm(until, Timer::ScrubDone(p));
+        }
         self.instances.remove(inst);
         if let Some(tr) = cleanup_for {
             self.cleanup_done(tr, out);
@@ -533,6 +546,13 @@ impl Scheduler {
         self.fail(key, msg, out);
     }
 
+    /// Dedicated hosts' scrubs that ended free their slots for the platform's waiters.
+    pub(in crate::scheduler) fn scrub_done(&mut self, p: PlatformId, out: &mut Vec<Action>) {
+        if self.instances.end_scrubs(p, self.now) > 0 {
+            self.capacity_freed(p, out);
+        }
+    }
+
     pub(in crate::scheduler) fn host_back_due(
         &mut self,
         hid: HostId,
@@ -581,12 +601,12 @@ impl Scheduler {
         let ps = &self.platforms[p as usize];
         match &ps.mode {
             Mode::Static => self.hosts.has_room(p),
-            Mode::Dynamic(t) => self.occupied(p) < t.max_instances && self.group_room(p),
+            Mode::Dynamic(t) => self.occupied(p) < t.capacity() && self.group_room(p),
             Mode::Pool(pool) => {
                 let (ready, booting) = self.instances.with_room(p);
                 !ready.is_empty()
                     || !booting.is_empty()
-                    || (self.occupied(p) < pool.instance.max_instances && self.group_room(p))
+                    || (self.occupied(p) < pool.instance.capacity() && self.group_room(p))
             }
             // Waiters of these are routed (secret written) by placement.
             Mode::Local | Mode::Disabled(_) | Mode::Unknown => true,

@@ -1,12 +1,19 @@
 //! Static host pools: the least-loaded placement strategy, per-host load accounting and health
 //! back-off. The load follows the TaskRuns on a host through the transitions (`transition.rs`).
 //!
+//! A drained host (`drain: "true"` or `concurrency: "0"`) has capacity 0: it leaves the index of
+//! hosts with room, so it takes no new TaskRun; the TaskRuns on it keep the definition they were
+//! allocated under, finish there, and their users are removed from it. A Tekton retry of a build
+//! on it is that build: its pod mounted the secret naming the host, so it is re-armed there once
+//! (a re-arm that fails goes by the current config, and moves elsewhere). Waiters of a platform whose every host is drained wait (no error
+//! secret), and are served when a config lifts the drain (`reconfig.rs` pumps every platform).
+//!
 //! Hosts with room sit in an ordered set per platform keyed by (load / concurrency, rank by
 //! name), so the least-loaded host (ties: by name) is the first entry: O(log hosts) per decision.
 //!
 //! The hosts, their names and those sets are owned by [`Hosts`] (the private `table` module): a
 //! host is in its platform's set exactly when it is configured for the platform, not backing off
-//! and below its concurrency. Its definition, load and back-off change only through the table's
+//! and below its capacity (its concurrency, 0 while drained). Its definition, load and back-off change only through the table's
 //! methods, and each of them re-indexes the host in the same call: no path (a release, a retry's
 //! re-provisioning, a back-off tripping or ending, a config change) can leave a full or
 //! backing-off host taking new work.
@@ -83,14 +90,15 @@ mod table {
         /// not in it).
         fn wanted_key(&self, hid: HostId) -> Option<(u32, u32, HostId)> {
             let def = self.def.as_ref()?;
+            // A drained host has no room (capacity 0), whatever its load.
             if self.platform == NO_PLATFORM
                 || self.backoff_until.is_some()
-                || self.load >= def.concurrency
+                || self.load >= def.capacity()
             {
                 return None;
             }
             Some((
-                self.load * RATIO_SCALE / def.concurrency.max(1),
+                self.load * RATIO_SCALE / def.capacity().max(1),
                 self.rank,
                 hid,
             ))

@@ -161,6 +161,9 @@ struct PerPlatform {
     /// Pool instances with room, ready and booting.
     ready: PoolSet,
     booting: PoolSet,
+    /// Slots of terminated instances whose dedicated host is still scrubbed: when each scrub
+    /// ends, with how many end then.
+    scrubbing: BTreeMap<Time, u32>,
 }
 
 /// Tracked instances and their indexes.
@@ -349,6 +352,39 @@ impl Fleet {
     /// Group `g`'s member at index `member` was served: the next turn starts after it.
     pub(super) fn group_served(&mut self, g: GroupId, member: usize) {
         self.groups.served(g, member);
+    }
+
+    /// A terminated instance's dedicated host is scrubbed until `until`: its slot of platform
+    /// `p` stays taken till then.
+    pub(super) fn hold_for_scrub(&mut self, p: PlatformId, until: Time) {
+        *self.platform_mut(p).scrubbing.entry(until).or_default() += 1;
+    }
+
+    /// Ends the scrubs of platform `p` due by `now`; returns how many slots that frees.
+    pub(super) fn end_scrubs(&mut self, p: PlatformId, now: Time) -> u32 {
+        let Some(pp) = self.platforms.get_mut(p as usize) else {
+            return 0;
+        };
+        let later = pp
+            .scrubbing
+            .split_off(&(now + std::time::Duration::from_millis(1)));
+        let ended = std::mem::replace(&mut pp.scrubbing, later);
+        ended.values().sum()
+    }
+
+    /// Slots of platform `p` held for dedicated hosts being scrubbed.
+    pub(super) fn scrubbing(&self, p: PlatformId) -> u32 {
+        self.platforms
+            .get(p as usize)
+            .map_or(0, |pp| pp.scrubbing.values().sum())
+    }
+
+    /// When platform `p`'s scrubs end.
+    pub(super) fn scrub_ends(&self, p: PlatformId) -> impl Iterator<Item = Time> + '_ {
+        self.platforms
+            .get(p as usize)
+            .into_iter()
+            .flat_map(|pp| pp.scrubbing.keys().copied())
     }
 
     /// Every instance entry of platform `p`.

@@ -29,6 +29,11 @@ pub enum Invariant {
     HostLoad,
     /// A host backing off has the timer that ends its back-off.
     HostBackoff,
+    /// No TaskRun is allocated to a drained static host: one being provisioned on a static host
+    /// holds a definition that was not drained (allocations made before a drain keep theirs),
+    /// unless it is a Tekton retry of a build found there at recovery (its pod mounted the
+    /// secret naming the host).
+    DrainedHost,
     /// Instance ids and instance entries map to each other.
     InstanceIds,
     /// A platform's member set holds exactly its instances.
@@ -44,6 +49,9 @@ pub enum Invariant {
     /// was set (instances that already ran, a lowered limit), and that only shrinks: no launch
     /// ever took it past its limit.
     GroupLimit,
+    /// A terminated instance's slot held while its dedicated host is scrubbed has the timer
+    /// that frees it when the scrub ends (else the platform's waiters would wait for good).
+    ScrubHold,
     /// A pool instance is in its platform's ready or booting set exactly when it takes work,
     /// under the key its load and age give.
     PoolIndex,
@@ -113,12 +121,14 @@ impl fmt::Display for Invariant {
             Invariant::PlatformHosts => "platform host lists",
             Invariant::HostLoad => "host load",
             Invariant::HostBackoff => "host back-off timers",
+            Invariant::DrainedHost => "no allocation on a drained host",
             Invariant::InstanceIds => "instance ids",
             Invariant::InstanceMembers => "platform instance members",
             Invariant::InstanceCount => "max-instances ledger",
             Invariant::GroupMembers => "capacity group members",
             Invariant::GroupCount => "capacity group counts",
             Invariant::GroupLimit => "capacity group limits",
+            Invariant::ScrubHold => "slots held for scrubbed hosts",
             Invariant::PoolIndex => "index of pool instances with room",
             Invariant::PoolAttached => "pool attachments",
             Invariant::AwaitedTerminations => "awaited instance terminations",

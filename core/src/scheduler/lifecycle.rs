@@ -286,14 +286,14 @@ impl Scheduler {
         if t.token != Token::Rearm {
             return;
         }
-        // As configured now: a host removed, given to another platform or shrunk below its
-        // load meanwhile takes no new user, not even this one.
+        // As configured now: a host removed, given to another platform, drained or shrunk below
+        // its load meanwhile takes no new user, not even this one.
         let platform = &self.platforms[t.platform as usize].platform;
         let h = &self.hosts[host];
         let def = h
             .def
             .clone()
-            .filter(|d| d.platform == **platform && h.load() <= d.concurrency);
+            .filter(|d| d.platform == **platform && h.load() <= d.capacity());
         self.rearm_on_host(key, host, def, "the host can no longer take it", out);
     }
 

@@ -14,7 +14,11 @@
 //!   `max-instances` counts, in the fleet's own index; a limit lowered, or instances recovered
 //!   above it, are tolerated and only hold launches back; a member whose listing failed holds its
 //!   groups' launches until it is listed; room a group gets back goes round-robin across its
-//!   members with waiters);
+//!   members with waiters); a drained host, dynamic platform or pool (`drain: "true"`, a host's
+//!   `concurrency: "0"`) gets none: what runs there finishes and is cleaned up there, its waiters
+//!   wait (no error secret) and are served in the step a config lifts the drain;
+//! - a terminated instance on a Mac dedicated host keeps its `max-instances` slot while the host
+//!   is scrubbed (`host-scrub`, [`Policy::hold_scrubbing_hosts`]): EC2 refuses launches onto it;
 //! - waiters are served FIFO per platform, round-robin across namespaces, and a freed slot is
 //!   handed out in the same step ([`Handoff::Immediate`]);
 //! - every result carries the [`OpId`] of its action; results the core no longer waits for are
@@ -329,6 +333,8 @@ enum Timer {
     Delayed(u64),
     Warm(PlatformId),
     Orphan(Key),
+    /// A dedicated host's scrub ends: the slot its terminated instance held is free.
+    ScrubDone(PlatformId),
 }
 
 /// How long late events for a finished TaskRun are recognised, at least (at most twice that).
@@ -467,6 +473,7 @@ impl Scheduler {
             }
             Timer::Warm(p) => self.ensure_warm(p, out),
             Timer::Orphan(inst) => self.orphan_due(inst, out),
+            Timer::ScrubDone(p) => self.scrub_done(p, out),
         }
     }
 

@@ -90,6 +90,11 @@ pub struct Policy {
     /// allocation whose result is still on its way, or to the Go controller during a switch (its
     /// own host cleanup waits a day too).
     pub host_user_grace: Duration,
+    /// A terminated instance on a dedicated host (a macOS platform with the dedicated-host keys)
+    /// keeps its `max-instances` slot for the host's scrub (`host-scrub`, about 50 min): EC2
+    /// refuses launches onto a host still scrubbed, so launching into that slot only spends the
+    /// waiter's attempts. False: the slot is free at the termination (the Go controller).
+    pub hold_scrubbing_hosts: bool,
 }
 
 impl Policy {
@@ -120,6 +125,7 @@ impl Policy {
             secret_attempts: 4,
             secret_backoff: Duration::from_secs(2),
             host_user_grace: HOST_USER_GRACE,
+            hold_scrubbing_hosts: true,
         }
     }
 
@@ -151,6 +157,7 @@ impl Policy {
             secret_attempts: 4,
             secret_backoff: Duration::from_secs(2),
             host_user_grace: HOST_USER_GRACE,
+            hold_scrubbing_hosts: false,
         }
     }
 }

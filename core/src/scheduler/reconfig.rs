@@ -1,7 +1,9 @@
 //! Config replacement: applies to new work. Running allocations keep the host definition or
 //! instance template they were made with; waiters are served by the new config. Capacity groups
 //! are counted anew from the instances tracked now: a `max` lowered below what its members hold
-//! terminates nothing, it only holds launches back until they are below it.
+//! terminates nothing, it only holds launches back until they are below it. A drain (a static
+//! host's, a dynamic platform's or a pool's) is such a change too: nothing new goes there, what
+//! runs finishes, and lifting it serves the platform's waiters in the same step.
 
 use super::{Action, HostConfig, InstState, Mode, PlatformId, Scheduler, State, mode_of};
 
@@ -87,7 +89,8 @@ impl Scheduler {
                 continue;
             }
             match &new {
-                Mode::Pool(pool) if pool.instance == *i.template => {
+                // A drain keeps the machines but takes them out of service (below).
+                Mode::Pool(pool) if pool.instance == *i.template && !pool.instance.drained => {
                     // Same machines: new concurrency, max-age and min-instances apply.
                     let at = i.created + pool.max_age;
                     let live = !matches!(
@@ -100,7 +103,8 @@ impl Scheduler {
                     }
                 }
                 _ => {
-                    // Different machines (or no pool any more): drain the old ones.
+                    // Different machines, a drained pool, or no pool any more: drain the old
+                    // ones (no new TaskRun; idle ones are terminated, busy ones once empty).
                     self.instances.update(inst, |i| i.draining = true);
                     self.settle(inst, out);
                 }

@@ -499,7 +499,8 @@ impl Scheduler {
             let rival = self
                 .user_guard(key)
                 .is_some_and(|g| self.user_blocked(&g, super::users::Target::Host(h)));
-            if host.platform != p || (host.load() >= def.concurrency && !keeps) || rival {
+            // A drained host has capacity 0: only proven, served allocations stay on it.
+            if host.platform != p || (host.load() >= def.capacity() && !keeps) || rival {
                 // Not a host of its platform, or full with allocations already rebuilt: the
                 // claim is not the controller's (or no longer fits): queued again.
                 return false;

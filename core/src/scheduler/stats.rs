@@ -25,6 +25,9 @@ pub struct PlatformGauges {
     /// Instances whose termination kept failing: still retried, still counted (in `instances`,
     /// not in `terminating`).
     pub leaked: u32,
+    /// Slots held for terminated instances whose dedicated host is still scrubbed (counted
+    /// against `max-instances` until the scrub ends).
+    pub scrubbing: u32,
     /// Concurrent TaskRuns the platform can serve (`platform_pool_size`).
     pub capacity: Option<u32>,
     /// Its listing failed at recovery and none has succeeded since: nothing is launched,
@@ -82,6 +85,7 @@ impl Scheduler {
             let mut pg = PlatformGauges {
                 instances: self.instances.counted(p),
                 foreign: ps.foreign,
+                scrubbing: self.instances.scrubbing(p),
                 capacity: self.config.capacity(&ps.platform),
                 unlisted: ps.unlisted,
                 ..Default::default()

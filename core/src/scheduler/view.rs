@@ -94,15 +94,16 @@ impl Scheduler {
         })
     }
 
-    /// Instances counted against the platform's `max-instances`: the ledger's and the foreign
-    /// ones the last listing showed. An unlisted platform's are unknown: it counts as full, so
-    /// nothing is launched for it (every launch decision compares this with the limit).
+    /// Instances counted against the platform's `max-instances`: the ledger's, the foreign
+    /// ones the last listing showed, and the slots of terminated instances whose dedicated host
+    /// is still scrubbed. An unlisted platform's are unknown: it counts as full, so nothing is
+    /// launched for it (every launch decision compares this with the limit).
     pub(in crate::scheduler) fn occupied(&self, p: PlatformId) -> u32 {
         let ps = &self.platforms[p as usize];
         if ps.unlisted {
             return u32::MAX;
         }
-        self.instances.counted(p) + ps.foreign
+        self.instances.counted(p) + ps.foreign + self.instances.scrubbing(p)
     }
 
     /// The identity of a launch for a TaskRun: its UID, Tekton retry, and one more than the

@@ -221,7 +221,9 @@ pub fn render_mac_hosts(outcomes: &[Outcome]) -> String {
         out,
         "HOST-H = host-hours billed (24 h minimum per host, past the end of the run included); BUSY =\n\
          instance time / host time billed; REFUSED = launches refused while every host was busy or\n\
-         scrubbing (InsufficientInstanceCapacity; the scheduler backs off and launches again)."
+         scrubbing (InsufficientInstanceCapacity; the scheduler backs off and launches again). mpc\n\
+         counts a terminated instance's max-instances slot taken for the host's scrub (host-scrub,\n\
+         50 min by default), mpc-go frees it at the termination."
     );
     out
 }

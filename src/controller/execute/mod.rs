@@ -663,6 +663,7 @@ mod tests {
             secret: "h1-admin".into(),
             concurrency: 1,
             host_key: None,
+            drained: false,
         };
         let job = Job::Action(Action::Deprovision {
             op: OpId(7),

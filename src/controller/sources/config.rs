@@ -53,6 +53,7 @@ pub async fn watch_config_map(
             () = stop.cancelled() => return,
             n = stream.next() => n,
         };
+        let drained_before = source.current().map(|c| c.drained_summary());
         let update = match next {
             Some(Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm))) => {
                 let mut diagnostics = Vec::new();
@@ -76,6 +77,25 @@ pub async fn watch_config_map(
             }
             None => return,
         };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        };
+        if let Some(cfg) = source.current()
+            && let Some((reason, message)) =
+                drain_note(drained_before.as_deref(), &cfg.drained_summary())
+        {
+            let note = events::Note {
+                reference: reference.clone(),
+                warning: false,
+                reason,
+                message,
+            };
+            events::publish(&recorder, &note).await;
+        }
         let message = match update {
             Update::Applied { errors, kept } if errors > 0 || !kept.is_empty() => format!(
                 "host-config has {errors} error(s); entries kept from the previous config: {}. Run `mpc check-config` on it for details.",
@@ -90,13 +110,6 @@ pub async fn watch_config_map(
             }
             _ => continue,
         };
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ConfigMap".into()),
-            name: Some(name.clone()),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        };
         let note = events::Note {
             reference,
             warning: true,
@@ -104,5 +117,56 @@ pub async fn watch_config_map(
             message,
         };
         events::publish(&recorder, &note).await;
+    }
+}
+
+/// The Normal Event a served config that changes what is drained gets (on the host-config
+/// ConfigMap): `Drained` naming everything drained now, or `DrainLifted` once nothing is.
+/// `before` is what the config served until then drained (`None`: no config yet).
+fn drain_note(before: Option<&[String]>, now: &[String]) -> Option<(&'static str, String)> {
+    if before.unwrap_or_default() == now {
+        return None;
+    }
+    if now.is_empty() {
+        return Some((
+            "DrainLifted",
+            "no build host or platform is drained any more: new TaskRuns go everywhere again"
+                .into(),
+        ));
+    }
+    Some((
+        "Drained",
+        format!(
+            "drained: {}. No new TaskRun goes there; builds running there finish and are cleaned up (see the host_drained and platform_drained metrics)",
+            now.join(", ")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drain_note;
+
+    #[test]
+    fn a_change_of_what_is_drained_is_noted_once() {
+        let h1 = vec!["host h1 (linux/arm64)".to_owned()];
+        let both = vec![
+            "host h1 (linux/arm64)".to_owned(),
+            "linux/amd64 (dynamic)".to_owned(),
+        ];
+        assert_eq!(drain_note(None, &[]), None, "nothing drained at the start");
+        let (reason, message) = drain_note(None, &h1).unwrap();
+        assert_eq!(reason, "Drained");
+        assert!(
+            message.starts_with("drained: host h1 (linux/arm64). "),
+            "{message}"
+        );
+        assert_eq!(drain_note(Some(&h1), &h1), None, "unchanged: no new Event");
+        let (_, message) = drain_note(Some(&h1), &both).unwrap();
+        assert!(
+            message.contains("host h1 (linux/arm64), linux/amd64 (dynamic)"),
+            "{message}"
+        );
+        assert_eq!(drain_note(Some(&both), &[]).unwrap().0, "DrainLifted");
     }
 }

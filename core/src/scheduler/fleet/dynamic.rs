@@ -1,6 +1,8 @@
 //! The dynamic strategy: one instance per TaskRun, launched when it is placed (within
-//! `max-instances` and the platform's capacity groups), terminated when it finishes or handed, unused, to the next waiter of the
-//! same platform (`fleet::adopt`).
+//! `max-instances` and the platform's capacity groups), terminated when it finishes or handed,
+//! unused, to the next waiter of the same platform (`fleet::adopt`). A drained platform
+//! (`drain: "true"`) launches nothing and hands no instance on; what runs finishes, and its
+//! waiters wait for the drain to be lifted.
 
 use super::super::arena::Key;
 use super::super::handoff::Choice;
@@ -21,7 +23,8 @@ impl Scheduler {
                 &self.failed_list(key),
             ));
         }
-        if self.occupied(p) >= template.max_instances || !self.group_room(p) {
+        // Drained: capacity 0, so it waits until the drain is lifted.
+        if self.occupied(p) >= template.capacity() || !self.group_room(p) {
             return Choice::NoRoom;
         }
         Choice::Launch

@@ -181,8 +181,7 @@ impl Scheduler {
             return false;
         };
         let p = i.platform();
-        let current =
-            matches!(&self.platforms[p as usize].mode, Mode::Dynamic(t) if **t == *i.template);
+        let current = matches!(&self.platforms[p as usize].mode, Mode::Dynamic(t) if **t == *i.template && !t.drained);
         let usable = matches!(
             i.state,
             InstState::Launching(_) | InstState::Booting | InstState::Ready

@@ -1,6 +1,8 @@
 //! The dynamic pool strategy: instances shared up to `concurrency`, most loaded first, then
 //! booting ones, then a launch. Idle and past-`max-age` instances drain and are terminated once
-//! empty (`handoff::settle`, and the timers in `launch`).
+//! empty (`handoff::settle`, and the timers in `launch`). A drained pool (`drain: "true"`)
+//! launches nothing and its instances drain: they take no new TaskRun and idle ones are
+//! terminated; lifting the drain launches fresh ones (the drained ones do not come back).
 
 use super::super::arena::Key;
 use super::super::handoff::Choice;
@@ -45,7 +47,8 @@ impl Scheduler {
         if let Some(inst) = pick(booting) {
             return Choice::Join { inst, ready: false };
         }
-        if self.occupied(p) >= pool.instance.max_instances || !self.group_room(p) {
+        // Drained: capacity 0 (its instances drain too: `reconfig.rs`), so it waits.
+        if self.occupied(p) >= pool.instance.capacity() || !self.group_room(p) {
             return Choice::NoRoom;
         }
         Choice::Launch

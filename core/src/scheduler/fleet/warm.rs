@@ -23,7 +23,7 @@ impl Scheduler {
         let mut active = self.active_pool_instances(p);
         // Warm instances hold group units too: they wait for room like launches for TaskRuns.
         while active < pool.min_instances
-            && self.occupied(p) < pool.instance.max_instances
+            && self.occupied(p) < pool.instance.capacity()
             && self.group_room(p)
         {
             let deadline = self.now + pool.instance.allocation_timeout;

@@ -218,6 +218,21 @@ const CASES: &[Case] = &[
         },
     ),
     (
+        Invariant::DrainedHost,
+        "a first allocation provisioned under a drained host definition",
+        || {
+            let mut h = busy();
+            if let State::OnHost { def: Some(def), .. } = &mut taskrun(&mut h, "a").state {
+                let drained = crate::config::StaticHost {
+                    drained: true,
+                    ..(**def).clone()
+                };
+                *def = Arc::new(drained);
+            }
+            h
+        },
+    ),
+    (
         Invariant::InstanceIds,
         "an instance whose id resolves to nothing",
         || {
@@ -272,6 +287,17 @@ const CASES: &[Case] = &[
         || {
             let mut h = grouped();
             h.s.instances.groups_mut().corrupt_tolerated(0);
+            h
+        },
+    ),
+    (
+        Invariant::ScrubHold,
+        "a slot held for a scrubbed host with no timer to free it",
+        || {
+            let mut h = busy();
+            let p = platform(&h, ARM);
+            let until = h.now + std::time::Duration::from_secs(3000);
+            h.s.instances.hold_for_scrub(p as PlatformId, until);
             h
         },
     ),
@@ -534,13 +560,15 @@ fn after(i: Option<Invariant>) -> Option<Invariant> {
         HostRoom => Some(PlatformHosts),
         PlatformHosts => Some(HostLoad),
         HostLoad => Some(HostBackoff),
-        HostBackoff => Some(InstanceIds),
+        HostBackoff => Some(DrainedHost),
+        DrainedHost => Some(InstanceIds),
         InstanceIds => Some(InstanceMembers),
         InstanceMembers => Some(InstanceCount),
         InstanceCount => Some(GroupMembers),
         GroupMembers => Some(GroupCount),
         GroupCount => Some(GroupLimit),
-        GroupLimit => Some(PoolIndex),
+        GroupLimit => Some(ScrubHold),
+        ScrubHold => Some(PoolIndex),
         PoolIndex => Some(PoolAttached),
         PoolAttached => Some(AwaitedTerminations),
         AwaitedTerminations => Some(TaskRunInstance),

@@ -2,6 +2,7 @@
 //! controller by hand.
 
 mod check;
+mod drain;
 mod dynamic;
 mod faults;
 mod groups;
@@ -11,6 +12,7 @@ mod metrics;
 mod ownership;
 mod pool;
 mod recovery;
+mod scrub;
 mod shared_users;
 mod state;
 mod static_pool;
