@@ -257,6 +257,16 @@ impl Product {
     /// Starts the API server, Tekton stand-in, OTP server and the webhook registration, with
     /// `hosts` static build hosts; no controller yet ([`Product::start_controller`]).
     pub async fn start(mpc: &Path, hosts: &[(&str, u32)]) -> anyhow::Result<Self> {
+        Self::start_with(mpc, hosts, None).await
+    }
+
+    /// [`Product::start`] with build hosts that each have their own user database
+    /// ([`HostSetup::own_users`](crate::sshd::HostSetup::own_users)) when `own_users` is set.
+    pub async fn start_with(
+        mpc: &Path,
+        hosts: &[(&str, u32)],
+        own_users: Option<crate::sshd::OwnUsers>,
+    ) -> anyhow::Result<Self> {
         mpc::tls::install_crypto_provider();
         let api = ApiServer::start(Options::default()).await?;
         api.create_yaml(TEKTON_CRDS).await?;
@@ -327,7 +337,11 @@ impl Product {
             webhook_port,
         };
         for (name, _) in hosts {
-            let sshd = SshdHost::start_on_port_22()?;
+            let sshd = SshdHost::start_with(crate::sshd::HostSetup {
+                port: Some(22),
+                own_users,
+                ..Default::default()
+            })?;
             product
                 .put_secret(
                     NS,
