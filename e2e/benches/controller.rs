@@ -49,6 +49,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
 use e2e::product::Product;
+use e2e::sshd::OwnUsers;
 use e2e::tekton::Outcome;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -223,10 +224,39 @@ fn key_of(s: &Secret) -> String {
 /// Starts the product with `hosts` and one controller; the users of `names` are removed from
 /// the machine when the product stops, whatever happens.
 async fn product(hosts: &[(&str, u32)]) -> anyhow::Result<(Product, Arc<Secrets>)> {
-    let mut p = Product::start(std::path::Path::new(MPC), hosts).await?;
+    let own_users = host_users()?;
+    println!(
+        "hosts' user databases: {} (MPC_BENCH_HOST_USERS); load average {}",
+        match own_users {
+            None => "shared (this machine's /etc, /home)",
+            Some(OwnUsers::Disk) => "each its own, on this machine's disk",
+            Some(OwnUsers::Memory) => "each its own, on tmpfs",
+        },
+        loadavg()
+    );
+    let mut p = Product::start_with(std::path::Path::new(MPC), hosts, own_users).await?;
     p.start_controller("c1").await?;
     let secrets = Secrets::watch(p.client.clone());
     Ok((p, secrets))
+}
+
+/// `MPC_BENCH_HOST_USERS`: `memory` (default: each host its own `/etc` and `/home` on tmpfs, so
+/// hosts never wait for each other's locks or disk), `disk` (its own, on this machine's disk:
+/// real fsyncs, but the hosts share one disk) or `shared` (this machine's, as before: every
+/// host's `useradd` takes the one `/etc/.pwd.lock`).
+fn host_users() -> anyhow::Result<Option<OwnUsers>> {
+    match std::env::var("MPC_BENCH_HOST_USERS").as_deref() {
+        Err(_) => Ok(Some(OwnUsers::Memory)),
+        Ok("shared") => Ok(None),
+        Ok(other) => other.parse().map(Some).context("MPC_BENCH_HOST_USERS"),
+    }
+}
+
+/// `/proc/loadavg`'s three averages, for the record beside each figure.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn track(p: &Product, ns: &str, name: &str) {
@@ -725,6 +755,19 @@ fn breakdown(
     .into_iter()
     .map(|n| (n, Vec::new()))
     .collect();
+    // Per TaskRun: the controller's side is everything but the provisioning script on the host
+    // (admission, watch, job caps, SSH permits, master check, OTP store, secret write, the
+    // watch back); the permits are shown apart too, since hosts slower than the rate fill them.
+    let mut sums: Vec<Step> = [
+        "CREATE -> secret",
+        "controller side (all but the provisioning script)",
+        "  of which waiting for SSH permits (all hosts, host)",
+        "  the rest: the controller's own steps",
+        "hosts' share: the provisioning script",
+    ]
+    .into_iter()
+    .map(|n| (n, Vec::new()))
+    .collect();
     let mut missing = 0;
     for s in sent {
         let get = |what: &str| lines.get(&(s.key.clone(), what.to_owned()));
@@ -753,6 +796,15 @@ fn breakdown(
         let prov_start = *prov_end - prov_job;
         let ws_job = us(ws, "elapsed_us").unwrap_or_default();
         let ws_start = *ws_end - ws_job;
+        let total = since(wall(served), s.sent);
+        let script = us(user, "script_us").unwrap_or_default();
+        let permits = us(stepv, "ssh_permit_us").unwrap_or_default()
+            + us(user, "permit_us").unwrap_or_default();
+        sums[0].1.push(total);
+        sums[1].1.push(total.saturating_sub(script));
+        sums[2].1.push(permits);
+        sums[3].1.push(total.saturating_sub(script + permits));
+        sums[4].1.push(script);
         let vals = [
             Some(since(s.answered, s.sent)),
             Some(since(*received, s.answered)),
@@ -781,6 +833,13 @@ fn breakdown(
         sent.len() - missing
     );
     for (name, v) in &mut steps {
+        if !v.is_empty() {
+            let mean = v.iter().sum::<Duration>() / v.len() as u32;
+            println!("burst:   {name:<56} mean={:.1} ms {}", ms(mean), summary(v));
+        }
+    }
+    println!("burst: per TaskRun, the controller's side against the hosts':");
+    for (name, v) in &mut sums {
         if !v.is_empty() {
             let mean = v.iter().sum::<Duration>() / v.len() as u32;
             println!("burst:   {name:<56} mean={:.1} ms {}", ms(mean), summary(v));
@@ -1003,8 +1062,9 @@ impl CpuSample {
         );
         println!(
             "{phase}:   whole machine over the window: {:.2} of {cores:.0} cores busy (anything \
-             else running included)",
-            (self.machine - before.machine) / wall
+             else running included); load average now {}",
+            (self.machine - before.machine) / wall,
+            loadavg()
         );
     }
 }
