@@ -24,6 +24,17 @@
 //!   answered, the secret's watch event) against the controller's debug lines of target
 //!   `mpc::timing` (watch event received, each job's duration, provisioning's steps).
 //!
+//! The sshd hosts of every phase but `memory` and `dynamic` each have their own user database
+//! (`MPC_BENCH_HOST_USERS`): `memory` (default) a copy of this machine's `/etc` and an empty
+//! `/home` on tmpfs, in the host's own mount, PID and IPC namespaces, as a real host has its own
+//! (no host waits for another's `/etc/.pwd.lock` or fsyncs, and the cleanup's `/proc` scans see
+//! only that host's processes); `disk` the same on this machine's disk (each `useradd` pays its
+//! fsyncs, but all hosts share the one disk); `shared` this machine's own, as every host had
+//! before (one lock and one disk for all: the disk sets the rate). `MPC_BENCH_HOST_NICE=<n>`
+//! runs the hosts at that niceness: they still do all their work (and their CPU is counted), but
+//! the controller, the OTP server and the API server, which in production have cores of their
+//! own, are served first on this machine's.
+//!
 //! `latency`, `throughput` and `burst` also print the CPU time (user + system) each party spent
 //! per TaskRun, provisioning and removal included: the controller, its SSH master connections,
 //! the OTP server, the sshd hosts (sessions and the scripts they ran) and this process (the API
@@ -225,16 +236,28 @@ fn key_of(s: &Secret) -> String {
 /// the machine when the product stops, whatever happens.
 async fn product(hosts: &[(&str, u32)]) -> anyhow::Result<(Product, Arc<Secrets>)> {
     let own_users = host_users()?;
+    let nice = std::env::var("MPC_BENCH_HOST_NICE")
+        .ok()
+        .map(|n| n.parse::<i32>())
+        .transpose()
+        .context("MPC_BENCH_HOST_NICE")?;
     println!(
-        "hosts' user databases: {} (MPC_BENCH_HOST_USERS); load average {}",
+        "hosts' user databases: {} (MPC_BENCH_HOST_USERS); hosts' niceness {} \
+         (MPC_BENCH_HOST_NICE); load average {}",
         match own_users {
             None => "shared (this machine's /etc, /home)",
             Some(OwnUsers::Disk) => "each its own, on this machine's disk",
             Some(OwnUsers::Memory) => "each its own, on tmpfs",
         },
+        nice.unwrap_or(0),
         loadavg()
     );
-    let mut p = Product::start_with(std::path::Path::new(MPC), hosts, own_users).await?;
+    let setup = e2e::sshd::HostSetup {
+        own_users,
+        nice,
+        ..Default::default()
+    };
+    let mut p = Product::start_with(std::path::Path::new(MPC), hosts, setup).await?;
     p.start_controller("c1").await?;
     let secrets = Secrets::watch(p.client.clone());
     Ok((p, secrets))

@@ -257,15 +257,15 @@ impl Product {
     /// Starts the API server, Tekton stand-in, OTP server and the webhook registration, with
     /// `hosts` static build hosts; no controller yet ([`Product::start_controller`]).
     pub async fn start(mpc: &Path, hosts: &[(&str, u32)]) -> anyhow::Result<Self> {
-        Self::start_with(mpc, hosts, None).await
+        Self::start_with(mpc, hosts, crate::sshd::HostSetup::default()).await
     }
 
-    /// [`Product::start`] with build hosts that each have their own user database
-    /// ([`HostSetup::own_users`](crate::sshd::HostSetup::own_users)) when `own_users` is set.
+    /// [`Product::start`] with build hosts set up as `host` says (on port 22 whatever it says):
+    /// e.g. each with its own user database ([`HostSetup::own_users`](crate::sshd::HostSetup)).
     pub async fn start_with(
         mpc: &Path,
         hosts: &[(&str, u32)],
-        own_users: Option<crate::sshd::OwnUsers>,
+        host: crate::sshd::HostSetup,
     ) -> anyhow::Result<Self> {
         mpc::tls::install_crypto_provider();
         let api = ApiServer::start(Options::default()).await?;
@@ -339,8 +339,7 @@ impl Product {
         for (name, _) in hosts {
             let sshd = SshdHost::start_with(crate::sshd::HostSetup {
                 port: Some(22),
-                own_users,
-                ..Default::default()
+                ..host.clone()
             })?;
             product
                 .put_secret(

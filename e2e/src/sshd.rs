@@ -211,6 +211,10 @@ pub struct HostSetup {
     /// [`OwnUsers`] says; only for a host otherwise like this machine (root admin, this
     /// machine's tools).
     pub own_users: Option<OwnUsers>,
+    /// sshd and everything it runs at this niceness (`nice -n`): the hosts still do all their
+    /// work, but a controller sharing the machine's cores with many of them is served first,
+    /// as it would be on cores of its own.
+    pub nice: Option<i32>,
 }
 
 /// Where a host with its own user database keeps its `/etc` and `/home`.
@@ -309,6 +313,7 @@ pub struct SshdHost {
     // parents build users cannot traverse.
     tools: Option<tempfile::TempDir>,
     own: Option<OwnRoot>,
+    nice: Option<i32>,
 }
 
 /// The `/etc` and `/home` of a host with its own user database.
@@ -509,6 +514,7 @@ impl SshdHost {
             users: Mutex::new(Vec::new()),
             tools: None,
             own: None,
+            nice: setup.nice,
         };
         host.own = match setup.own_users {
             None => None,
@@ -625,12 +631,16 @@ impl SshdHost {
             .create(true)
             .append(true)
             .open(self.dir.path().join("sshd.log"))?;
-        let mut command = match &self.own {
-            None => Command::new(sshd_binary()),
-            Some(own) => {
-                // `--kill-child`: sshd and with it the namespace go when unshare is killed.
-                let mut c = Command::new("unshare");
-                c.args([
+        // The programs before sshd exec what follows them: the child's pid stays the host's root.
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(n) = self.nice {
+            argv.extend(["nice".into(), "-n".into(), n.to_string().into()]);
+        }
+        if let Some(own) = &self.own {
+            // `--kill-child`: sshd and with it the namespace go when unshare is killed.
+            argv.extend(
+                [
+                    "unshare",
                     "--mount",
                     "--propagation",
                     "private",
@@ -644,13 +654,14 @@ impl SshdHost {
                     "-c",
                     OWN_ROOT_SCRIPT,
                     "mpc-e2e-host",
-                ])
-                .arg(&own.etc)
-                .arg(&own.home)
-                .arg(sshd_binary());
-                c
-            }
-        };
+                ]
+                .map(Into::into),
+            );
+            argv.extend([own.etc.clone().into(), own.home.clone().into()]);
+        }
+        argv.push(sshd_binary().into());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
         // Its own process group, so a terminal's Ctrl-C to the harness does not stop it first.
         let child = command
             .args(["-D", "-e", "-f"])
