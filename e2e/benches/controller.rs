@@ -780,11 +780,12 @@ fn breakdown(
     .collect();
     // Per TaskRun: the controller's side is everything but the provisioning script on the host
     // (admission, watch, job caps, SSH permits, master check, OTP store, secret write, the
-    // watch back); the permits are shown apart too, since hosts slower than the rate fill them.
+    // watch back); the waits for an SSH job's place and permits are shown apart too, since
+    // hosts slower than the rate fill them.
     let mut sums: Vec<Step> = [
         "CREATE -> secret",
         "controller side (all but the provisioning script)",
-        "  of which waiting for SSH permits (all hosts, host)",
+        "  of which waiting for an SSH job place and permits",
         "  the rest: the controller's own steps",
         "hosts' share: the provisioning script",
     ]
@@ -821,7 +822,10 @@ fn breakdown(
         let ws_start = *ws_end - ws_job;
         let total = since(wall(served), s.sent);
         let script = us(user, "script_us").unwrap_or_default();
-        let permits = us(stepv, "ssh_permit_us").unwrap_or_default()
+        let prov_job_us = us(prov, "elapsed_us").unwrap_or_default();
+        // A place among the SSH jobs, then the permits: taken by jobs waiting for the hosts.
+        let permits = since(*prov_end - prov_job_us, *received)
+            + us(stepv, "ssh_permit_us").unwrap_or_default()
             + us(user, "permit_us").unwrap_or_default();
         sums[0].1.push(total);
         sums[1].1.push(total.saturating_sub(script));
