@@ -24,6 +24,17 @@
 //!   answered, the secret's watch event) against the controller's debug lines of target
 //!   `mpc::timing` (watch event received, each job's duration, provisioning's steps).
 //!
+//! The sshd hosts of every phase but `memory` and `dynamic` each have their own user database
+//! (`MPC_BENCH_HOST_USERS`): `memory` (default) a copy of this machine's `/etc` and an empty
+//! `/home` on tmpfs, in the host's own mount, PID and IPC namespaces, as a real host has its own
+//! (no host waits for another's `/etc/.pwd.lock` or fsyncs, and the cleanup's `/proc` scans see
+//! only that host's processes); `disk` the same on this machine's disk (each `useradd` pays its
+//! fsyncs, but all hosts share the one disk); `shared` this machine's own, as every host had
+//! before (one lock and one disk for all: the disk sets the rate). `MPC_BENCH_HOST_NICE=<n>`
+//! runs the hosts at that niceness: they still do all their work (and their CPU is counted), but
+//! the controller, the OTP server and the API server, which in production have cores of their
+//! own, are served first on this machine's.
+//!
 //! `latency`, `throughput` and `burst` also print the CPU time (user + system) each party spent
 //! per TaskRun, provisioning and removal included: the controller, its SSH master connections,
 //! the OTP server, the sshd hosts (sessions and the scripts they ran) and this process (the API
@@ -49,6 +60,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
 use e2e::product::Product;
+use e2e::sshd::OwnUsers;
 use e2e::tekton::Outcome;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -223,10 +235,51 @@ fn key_of(s: &Secret) -> String {
 /// Starts the product with `hosts` and one controller; the users of `names` are removed from
 /// the machine when the product stops, whatever happens.
 async fn product(hosts: &[(&str, u32)]) -> anyhow::Result<(Product, Arc<Secrets>)> {
-    let mut p = Product::start(std::path::Path::new(MPC), hosts).await?;
+    let own_users = host_users()?;
+    let nice = std::env::var("MPC_BENCH_HOST_NICE")
+        .ok()
+        .map(|n| n.parse::<i32>())
+        .transpose()
+        .context("MPC_BENCH_HOST_NICE")?;
+    println!(
+        "hosts' user databases: {} (MPC_BENCH_HOST_USERS); hosts' niceness {} \
+         (MPC_BENCH_HOST_NICE); load average {}",
+        match own_users {
+            None => "shared (this machine's /etc, /home)",
+            Some(OwnUsers::Disk) => "each its own, on this machine's disk",
+            Some(OwnUsers::Memory) => "each its own, on tmpfs",
+        },
+        nice.unwrap_or(0),
+        loadavg()
+    );
+    let setup = e2e::sshd::HostSetup {
+        own_users,
+        nice,
+        ..Default::default()
+    };
+    let mut p = Product::start_with(std::path::Path::new(MPC), hosts, setup).await?;
     p.start_controller("c1").await?;
     let secrets = Secrets::watch(p.client.clone());
     Ok((p, secrets))
+}
+
+/// `MPC_BENCH_HOST_USERS`: `memory` (default: each host its own `/etc` and `/home` on tmpfs, so
+/// hosts never wait for each other's locks or disk), `disk` (its own, on this machine's disk:
+/// real fsyncs, but the hosts share one disk) or `shared` (this machine's, as before: every
+/// host's `useradd` takes the one `/etc/.pwd.lock`).
+fn host_users() -> anyhow::Result<Option<OwnUsers>> {
+    match std::env::var("MPC_BENCH_HOST_USERS").as_deref() {
+        Err(_) => Ok(Some(OwnUsers::Memory)),
+        Ok("shared") => Ok(None),
+        Ok(other) => other.parse().map(Some).context("MPC_BENCH_HOST_USERS"),
+    }
+}
+
+/// `/proc/loadavg`'s three averages, for the record beside each figure.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn track(p: &Product, ns: &str, name: &str) {
@@ -725,6 +778,20 @@ fn breakdown(
     .into_iter()
     .map(|n| (n, Vec::new()))
     .collect();
+    // Per TaskRun: the controller's side is everything but the provisioning script on the host
+    // (admission, watch, job caps, SSH permits, master check, OTP store, secret write, the
+    // watch back); the waits for an SSH job's place and permits are shown apart too, since
+    // hosts slower than the rate fill them.
+    let mut sums: Vec<Step> = [
+        "CREATE -> secret",
+        "controller side (all but the provisioning script)",
+        "  of which waiting for an SSH job place and permits",
+        "  the rest: the controller's own steps",
+        "hosts' share: the provisioning script",
+    ]
+    .into_iter()
+    .map(|n| (n, Vec::new()))
+    .collect();
     let mut missing = 0;
     for s in sent {
         let get = |what: &str| lines.get(&(s.key.clone(), what.to_owned()));
@@ -753,6 +820,18 @@ fn breakdown(
         let prov_start = *prov_end - prov_job;
         let ws_job = us(ws, "elapsed_us").unwrap_or_default();
         let ws_start = *ws_end - ws_job;
+        let total = since(wall(served), s.sent);
+        let script = us(user, "script_us").unwrap_or_default();
+        let prov_job_us = us(prov, "elapsed_us").unwrap_or_default();
+        // A place among the SSH jobs, then the permits: taken by jobs waiting for the hosts.
+        let permits = since(*prov_end - prov_job_us, *received)
+            + us(stepv, "ssh_permit_us").unwrap_or_default()
+            + us(user, "permit_us").unwrap_or_default();
+        sums[0].1.push(total);
+        sums[1].1.push(total.saturating_sub(script));
+        sums[2].1.push(permits);
+        sums[3].1.push(total.saturating_sub(script + permits));
+        sums[4].1.push(script);
         let vals = [
             Some(since(s.answered, s.sent)),
             Some(since(*received, s.answered)),
@@ -781,6 +860,13 @@ fn breakdown(
         sent.len() - missing
     );
     for (name, v) in &mut steps {
+        if !v.is_empty() {
+            let mean = v.iter().sum::<Duration>() / v.len() as u32;
+            println!("burst:   {name:<56} mean={:.1} ms {}", ms(mean), summary(v));
+        }
+    }
+    println!("burst: per TaskRun, the controller's side against the hosts':");
+    for (name, v) in &mut sums {
         if !v.is_empty() {
             let mean = v.iter().sum::<Duration>() / v.len() as u32;
             println!("burst:   {name:<56} mean={:.1} ms {}", ms(mean), summary(v));
@@ -1003,8 +1089,9 @@ impl CpuSample {
         );
         println!(
             "{phase}:   whole machine over the window: {:.2} of {cores:.0} cores busy (anything \
-             else running included)",
-            (self.machine - before.machine) / wall
+             else running included); load average now {}",
+            (self.machine - before.machine) / wall,
+            loadavg()
         );
     }
 }

@@ -257,6 +257,16 @@ impl Product {
     /// Starts the API server, Tekton stand-in, OTP server and the webhook registration, with
     /// `hosts` static build hosts; no controller yet ([`Product::start_controller`]).
     pub async fn start(mpc: &Path, hosts: &[(&str, u32)]) -> anyhow::Result<Self> {
+        Self::start_with(mpc, hosts, crate::sshd::HostSetup::default()).await
+    }
+
+    /// [`Product::start`] with build hosts set up as `host` says (on port 22 whatever it says):
+    /// e.g. each with its own user database ([`HostSetup::own_users`](crate::sshd::HostSetup)).
+    pub async fn start_with(
+        mpc: &Path,
+        hosts: &[(&str, u32)],
+        host: crate::sshd::HostSetup,
+    ) -> anyhow::Result<Self> {
         mpc::tls::install_crypto_provider();
         let api = ApiServer::start(Options::default()).await?;
         api.create_yaml(TEKTON_CRDS).await?;
@@ -327,7 +337,10 @@ impl Product {
             webhook_port,
         };
         for (name, _) in hosts {
-            let sshd = SshdHost::start_on_port_22()?;
+            let sshd = SshdHost::start_with(crate::sshd::HostSetup {
+                port: Some(22),
+                ..host.clone()
+            })?;
             product
                 .put_secret(
                     NS,

@@ -11,6 +11,14 @@
 //! dropping the host kills their processes and deletes them. Dropping also kills sshd with all its
 //! session processes and removes the host's directory.
 //!
+//! A host can instead have a user database of its own ([`HostSetup::own_users`]), as a real
+//! machine does: sshd then runs under `unshare` in its own mount, PID and IPC namespaces, with a
+//! copy of this machine's `/etc` and an empty `/home` bound over the real ones, and fresh tmpfs
+//! on `/tmp`, `/var/tmp` and `/dev/shm`. Its `useradd`/`userdel` take that copy's locks, not the
+//! machine's, and the cleanup's scans (`/proc`, the shared directories, SysV IPC) see only that
+//! host's processes and files, so uids that repeat between hosts never reach each other. Its
+//! users vanish with it.
+//!
 //! A host can stand for a machine that lacks some tools or has others ([`HostSetup`]): its
 //! sessions then get `PATH` set (sshd's `SetEnv`) to a directory of links to this machine's
 //! executables minus the hidden ones, plus the host's own scripts.
@@ -199,6 +207,37 @@ pub struct HostSetup {
     /// with passwordless sudo, and root logins refused, as on cloud images that no longer put
     /// keys on root (IBM Cloud VPC since 2026-01-19).
     pub admin_user: Option<String>,
+    /// A user database (`/etc`, `/home`) of the host's own instead of this machine's, kept where
+    /// [`OwnUsers`] says; only for a host otherwise like this machine (root admin, this
+    /// machine's tools).
+    pub own_users: Option<OwnUsers>,
+    /// sshd and everything it runs at this niceness (`nice -n`): the hosts still do all their
+    /// work, but a controller sharing the machine's cores with many of them is served first,
+    /// as it would be on cores of its own.
+    pub nice: Option<i32>,
+}
+
+/// Where a host with its own user database keeps its `/etc` and `/home`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnUsers {
+    /// On this machine's disk, beside the host's directory: `useradd`'s fsyncs cost what they
+    /// cost here, but every such host shares the one disk (a real host has its own).
+    Disk,
+    /// On tmpfs (`/dev/shm`): fsyncs cost nothing, so hosts never wait for each other's disk;
+    /// every other cost (sshd, the shell, the tools' CPU) is the same.
+    Memory,
+}
+
+impl std::str::FromStr for OwnUsers {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "disk" => Ok(Self::Disk),
+            "memory" => Ok(Self::Memory),
+            other => bail!("{other:?}: expected disk or memory"),
+        }
+    }
 }
 
 /// An admin (root) key pair: the private half in OpenSSH format, the public half as an
@@ -273,6 +312,58 @@ pub struct SshdHost {
     // The sessions' PATH directory when the host differs from this machine; outside `dir`, whose
     // parents build users cannot traverse.
     tools: Option<tempfile::TempDir>,
+    own: Option<OwnRoot>,
+    nice: Option<i32>,
+}
+
+/// The `/etc` and `/home` of a host with its own user database.
+struct OwnRoot {
+    etc: PathBuf,
+    home: PathBuf,
+    // Set for [`OwnUsers::Memory`]; for `Disk` both live in the host's directory.
+    _tmpfs: Option<tempfile::TempDir>,
+}
+
+/// Run by `unshare` as the new namespaces' first process: binds the host's `/etc` (`$1`) and
+/// `/home` (`$2`) over the machine's, gives it empty temporary directories, then becomes sshd
+/// (the rest of the arguments), PID 1 there, reaping its sessions.
+const OWN_ROOT_SCRIPT: &str = r#"set -e
+mount --bind "$1" /etc
+mount --bind "$2" /home
+for d in /tmp /var/tmp /dev/shm; do
+  [ -d "$d" ] && mount -t tmpfs -o mode=1777 mpc-e2e-host "$d"
+done
+shift 2
+exec "$@"
+"#;
+
+impl OwnRoot {
+    /// A copy of this machine's `/etc` and an empty `/home` under `base`.
+    fn create(base: &Path, tmpfs: Option<tempfile::TempDir>) -> anyhow::Result<Self> {
+        let etc = base.join("etc");
+        let home = base.join("home");
+        let out = Command::new("cp")
+            .args(["-a", "--", "/etc"])
+            .arg(&etc)
+            .output()
+            .context("running cp")?;
+        if !out.status.success() {
+            bail!("copying /etc: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        // A lock file another process held on the machine's files at the moment of the copy.
+        for e in fs::read_dir(&etc)?.flatten() {
+            if e.file_name().to_str().is_some_and(|n| n.ends_with(".lock")) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        fs::create_dir(&home)?;
+        fs::set_permissions(&home, fs::Permissions::from_mode(0o755))?;
+        Ok(Self {
+            etc,
+            home,
+            _tmpfs: tmpfs,
+        })
+    }
 }
 
 impl std::fmt::Debug for SshdHost {
@@ -359,6 +450,21 @@ impl SshdHost {
             None => AdminKey::generate()?,
         };
         let admin_user = setup.admin_user.clone().unwrap_or_else(|| "root".into());
+        if setup.own_users.is_some() {
+            // Those put files in the machine's /home or /tmp, which such a host does not see.
+            if admin_user != "root" || setup.changes_path() {
+                bail!("a host with its own users has root as its admin and this machine's tools");
+            }
+            for shadowed in ["/tmp", "/var/tmp", "/dev/shm"] {
+                if dir.path().starts_with(shadowed) {
+                    bail!(
+                        "{}: a host with its own users gets an empty {shadowed}; set \
+                         MPC_E2E_HOME outside it",
+                        dir.path().display()
+                    );
+                }
+            }
+        }
         let keys_file = dir.path().join(format!("admin_keys/{admin_user}"));
         write_mode(&keys_file, format!("{}\n", admin.public).as_bytes(), 0o600)?;
         if admin_user != "root" {
@@ -407,6 +513,20 @@ impl SshdHost {
             host_public: String::new(),
             users: Mutex::new(Vec::new()),
             tools: None,
+            own: None,
+            nice: setup.nice,
+        };
+        host.own = match setup.own_users {
+            None => None,
+            Some(OwnUsers::Disk) => Some(OwnRoot::create(host.dir.path(), None)?),
+            Some(OwnUsers::Memory) => {
+                let tmpfs = tempfile::Builder::new()
+                    .prefix("mpc-e2e-host-")
+                    .tempdir_in("/dev/shm")
+                    .context("creating the host's directory in /dev/shm")?;
+                let base = tmpfs.path().to_owned();
+                Some(OwnRoot::create(&base, Some(tmpfs))?)
+            }
         };
         host.new_host_key()?;
         let mut env = setup.env.clone();
@@ -511,8 +631,39 @@ impl SshdHost {
             .create(true)
             .append(true)
             .open(self.dir.path().join("sshd.log"))?;
+        // The programs before sshd exec what follows them: the child's pid stays the host's root.
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(n) = self.nice {
+            argv.extend(["nice".into(), "-n".into(), n.to_string().into()]);
+        }
+        if let Some(own) = &self.own {
+            // `--kill-child`: sshd and with it the namespace go when unshare is killed.
+            argv.extend(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
+                    "--ipc",
+                    "--",
+                    "/bin/sh",
+                    "-c",
+                    OWN_ROOT_SCRIPT,
+                    "mpc-e2e-host",
+                ]
+                .map(Into::into),
+            );
+            argv.extend([own.etc.clone().into(), own.home.clone().into()]);
+        }
+        argv.push(sshd_binary().into());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
         // Its own process group, so a terminal's Ctrl-C to the harness does not stop it first.
-        let child = Command::new(sshd_binary())
+        let child = command
             .args(["-D", "-e", "-f"])
             .arg(self.dir.path().join("sshd_config"))
             .process_group(0)
@@ -548,7 +699,14 @@ impl SshdHost {
         self.address.to_string()
     }
 
-    /// The listening sshd's process id while it runs (its sessions are its descendants).
+    /// The host's own `/etc/passwd` if it has its own user database, as its sessions see it.
+    pub fn own_passwd(&self) -> Option<String> {
+        let own = self.own.as_ref()?;
+        fs::read_to_string(own.etc.join("passwd")).ok()
+    }
+
+    /// The listening sshd's process id while it runs (its sessions are its descendants; for a
+    /// host with its own users, the `unshare` above sshd).
     pub fn pid(&self) -> Option<u32> {
         self.child().as_ref().map(|c| c.id())
     }
@@ -598,8 +756,12 @@ impl SshdHost {
         fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
     }
 
-    /// Deletes `user` (and its processes and files) when this host is dropped.
+    /// Deletes `user` (and its processes and files) when this host is dropped; nothing to do
+    /// for a host with its own users, whose users go with it.
     pub fn track_user(&self, user: &str) {
+        if self.own.is_some() {
+            return;
+        }
         self.users
             .lock()
             .unwrap_or_else(|e| e.into_inner())

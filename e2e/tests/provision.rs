@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::sshd::{HostSetup, SshdHost, require_tools, slice_drop_in_dirs, unique_name, user_exists};
+use e2e::sshd::{
+    HostSetup, OwnUsers, SshdHost, require_tools, slice_drop_in_dirs, unique_name, user_exists,
+};
 use mpc::config::{BuildUserSettings, CpuQuota, KeyType, MemoryMax};
 use mpc::provision::{Blame, ProvisionError, ProvisionRequest, Provisioner, SshOptions};
 
@@ -1382,4 +1384,116 @@ async fn cleanup_fails_while_a_subordinate_id_process_keeps_coming_back() {
     p.deprovision(&target, &user).await.unwrap();
     assert!(!user_exists(&user));
     drop(supervisor);
+}
+
+/// Runs `command` as root on `host` over ssh.
+fn as_root(host: &SshdHost, command: &str) -> std::process::Output {
+    let key = String::from_utf8(host.admin_key().to_vec()).unwrap();
+    host.ssh_as("root", &key, command).unwrap()
+}
+
+/// Two hosts that each have their own user database, as two machines do: a build user provisioned
+/// on one is not on the other nor on this machine, and removing a user on one host does not touch
+/// the other's user of the same uid (each copy of `/etc` hands out the same next uid).
+async fn hosts_keep_their_own_users(own: OwnUsers) {
+    let setup = || HostSetup {
+        own_users: Some(own),
+        ..HostSetup::default()
+    };
+    let (a, b) = (
+        SshdHost::start_with(setup()).unwrap(),
+        SshdHost::start_with(setup()).unwrap(),
+    );
+    let machine_passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let p = provisioner(&state);
+    let (ta, tb) = (a.target("own-a"), b.target("own-b"));
+    // Tracked in case the isolation fails and the users land on this machine.
+    let (name_a, user_a) = new_user(&a, "own-a");
+    let (name_b, user_b) = new_user(&b, "own-b");
+    let _untrack = scopeguard_users(&[&user_a, &user_b]);
+
+    let got_a = p.provision(&ta, &request(&name_a, &[])).await.unwrap();
+    let got_b = p.provision(&tb, &request(&name_b, &[])).await.unwrap();
+
+    // Each host's sessions see their own user only; this machine sees neither.
+    let getent = |host: &SshdHost, user: &str| {
+        as_root(host, &format!("getent passwd {user}"))
+            .status
+            .success()
+    };
+    assert!(
+        getent(&a, &user_a) && !getent(&a, &user_b),
+        "host A's users"
+    );
+    assert!(
+        getent(&b, &user_b) && !getent(&b, &user_a),
+        "host B's users"
+    );
+    assert!(!user_exists(&user_a) && !user_exists(&user_b));
+    assert!(
+        !std::fs::read_to_string("/etc/passwd")
+            .unwrap()
+            .contains("own-")
+    );
+    assert!(!machine_passwd.contains(&user_a));
+    assert!(a.own_passwd().unwrap().contains(&user_a));
+    assert!(!b.own_passwd().unwrap().contains(&user_a));
+    let out = as_root(&a, "ls /home");
+    assert_eq!(stdout(&out), user_a, "host A's /home");
+    assert!(!Path::new(&format!("/home/{user_a}")).exists());
+
+    // Same uid on both hosts; B's user leaves a process running.
+    let uid = |host: &SshdHost, user: &str| stdout(&as_root(host, &format!("id -u {user}")));
+    assert_eq!(
+        uid(&a, &user_a),
+        uid(&b, &user_b),
+        "both copies hand out the same uid"
+    );
+    let out = b
+        .ssh_as(
+            &user_b,
+            &got_b.private_key,
+            "nohup sleep 300 >/dev/null 2>&1 &",
+        )
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = a.ssh_as(&user_a, &got_a.private_key, "id -un").unwrap();
+    assert_eq!(stdout(&out), user_a);
+
+    p.deprovision(&ta, &user_a).await.unwrap();
+    assert!(!getent(&a, &user_a));
+    // Live, not a zombie left unreaped.
+    let sleeping = format!(
+        "ps -o stat=,comm= -u {user_b} | awk '$1 !~ /^Z/ && $2 == \"sleep\" {{ f = 1 }} END {{ exit !f }}'"
+    );
+    assert!(
+        as_root(&b, &sleeping).status.success(),
+        "removing host A's user killed host B's process of the same uid"
+    );
+    p.deprovision(&tb, &user_b).await.unwrap();
+    assert!(!getent(&b, &user_b));
+}
+
+/// Deletes `users` from this machine at the end, should they have landed there.
+fn scopeguard_users(users: &[&str]) -> impl Drop + use<> {
+    struct Guard(Vec<String>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            for u in &self.0 {
+                e2e::sshd::remove_user(u);
+            }
+        }
+    }
+    Guard(users.iter().map(|u| (*u).to_owned()).collect())
+}
+
+#[tokio::test]
+async fn hosts_with_their_own_users_on_disk_do_not_share_them() {
+    hosts_keep_their_own_users(OwnUsers::Disk).await;
+}
+
+#[tokio::test]
+async fn hosts_with_their_own_users_in_memory_do_not_share_them() {
+    hosts_keep_their_own_users(OwnUsers::Memory).await;
 }
