@@ -438,7 +438,7 @@ impl Shared {
         }
     }
 
-    fn commit_create(
+    pub(crate) fn commit_create(
         &self,
         def: &ResourceDef,
         k: ObjKey,
