@@ -423,7 +423,7 @@ impl Shared {
         match e {
             StoreError::Gone { .. } if opts.continue_token.is_some() => match last {
                 Some(last) => ApiError {
-                    list_continue: Some(encode_continue(def, ns, -1, last)),
+                    list_continue: Some(encode_continue(def, ns, -1, last).into()),
                     ..ApiError::expired(INCONSISTENT_CONTINUE)
                 },
                 None => ApiError::expired(CONTINUE_EXPIRED),

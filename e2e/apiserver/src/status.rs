@@ -20,7 +20,7 @@ pub struct ApiError {
     /// `Retry-After` seconds (429).
     pub retry_after: Option<u64>,
     /// `metadata.continue` of the Status: where an expired paged list can go on, inconsistently.
-    pub list_continue: Option<String>,
+    pub list_continue: Option<Box<str>>,
 }
 
 fn details(def: &ResourceDef, name: &str) -> Value {
@@ -238,7 +238,7 @@ impl ApiError {
             s["details"] = d.clone();
         }
         if let Some(c) = &self.list_continue {
-            s["metadata"]["continue"] = json!(c);
+            s["metadata"]["continue"] = json!(&**c);
         }
         s
     }
