@@ -152,11 +152,11 @@ fn write_list(
         send(serde_json::to_vec(&v).unwrap_or_default());
         return;
     }
-    let envelope = render::list(def, Vec::new(), rv, cont, remaining, fmt);
+    let list = render::list(def, Vec::new(), rv, cont, remaining, fmt);
     if check {
-        shared.nonconforming(request, conformance::check(&envelope));
+        shared.nonconforming(request, conformance::check(&list));
     }
-    let envelope = serde_json::to_vec(&envelope).unwrap_or_default();
+    let envelope = serde_json::to_vec(&list).unwrap_or_default();
     // The objects go between the brackets of the envelope's empty `items`.
     const EMPTY: &[u8] = b"\"items\":[]";
     let Some(at) = envelope.windows(EMPTY.len()).position(|w| w == EMPTY) else {
@@ -171,7 +171,7 @@ fn write_list(
         }
         let item = render::list_item(def.to_version(o.decode()), fmt);
         if check {
-            shared.nonconforming(request, conformance::check(&item));
+            shared.nonconforming(request, conformance::check_list_item(&list, &item, i));
         }
         if serde_json::to_writer(&mut buf, &item).is_err() {
             return;
