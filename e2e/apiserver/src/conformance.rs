@@ -48,6 +48,18 @@ pub(crate) fn check(v: &Value) -> Vec<String> {
     out
 }
 
+/// Whether a list's objects are held to a schema of their own (else only their `metadata`).
+pub(crate) fn typed_list(list: &Value) -> bool {
+    let (Some(api_version), Some(kind)) = (list["apiVersion"].as_str(), list["kind"].as_str())
+    else {
+        return false;
+    };
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    SCHEMAS
+        .by_gvk
+        .contains_key(&(group.to_owned(), version.to_owned(), kind.to_owned()))
+}
+
 /// What [`check`] of a whole list would report about its `i`th object (`list` is the list with
 /// its `items` empty, `item` that object): lists are checked object by object as they are written.
 pub(crate) fn check_list_item(list: &Value, item: &Value, i: usize) -> Vec<String> {

@@ -17,7 +17,7 @@ use super::openapi;
 use super::ops::{DeleteOpts, Deleted, ListOpts, ListPage, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
 use super::protobuf;
-use super::resources::ResourceDef;
+use super::resources::{Conversion, ResourceDef};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::watch::{self, WatchParams};
@@ -164,17 +164,31 @@ fn write_list(
         return;
     };
     let split = at + EMPTY.len() - 1;
+    // Objects stored in the version served are written as stored (kube-apiserver's watch cache
+    // keeps objects encoded for the same reason); others are decoded and converted.
+    let verbatim = fmt == render::Format::Json
+        && def.conversion == Conversion::None
+        && def.storage_api_version == def.api_version();
+    let typed = conformance::typed_list(&list);
     let mut buf = envelope[..split].to_vec();
     for (i, o) in items.iter().enumerate() {
         if i > 0 {
             buf.push(b',');
         }
-        let item = render::list_item(def.to_version(o.decode()), fmt);
-        if check {
-            shared.nonconforming(request, conformance::check_list_item(&list, &item, i));
-        }
-        if serde_json::to_writer(&mut buf, &item).is_err() {
-            return;
+        if verbatim {
+            if check {
+                let item = if typed { o.decode() } else { o.metadata() };
+                shared.nonconforming(request, conformance::check_list_item(&list, &item, i));
+            }
+            buf.extend_from_slice(o.as_bytes());
+        } else {
+            let item = render::list_item(def.to_version(o.decode()), fmt);
+            if check {
+                shared.nonconforming(request, conformance::check_list_item(&list, &item, i));
+            }
+            if serde_json::to_writer(&mut buf, &item).is_err() {
+                return;
+            }
         }
         if buf.len() >= PIECE && !send(std::mem::replace(&mut buf, Vec::with_capacity(PIECE))) {
             return;

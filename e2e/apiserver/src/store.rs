@@ -84,6 +84,11 @@ impl Encoded {
         json!({ "metadata": m })
     }
 
+    /// The encoding itself.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// The object's resourceVersion.
     pub fn rv(&self) -> u64 {
         self.rv
