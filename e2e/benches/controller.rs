@@ -34,10 +34,10 @@
 //!   queued for the one slot of one host; then the controller starts, lists them, rebuilds its
 //!   ledger and serves the oldest queued one; its resident memory 10 s later (VmRSS, and VmHWM
 //!   the peak), the CPU time it spent (per 1,000 TaskRuns) and the load average then. The
-//!   TaskRuns are loaded in-process before the controller starts, as admission stores them (the
-//!   first two through the CREATE and status write a client makes, the rest with the webhook's
-//!   decision applied, in one write each: `ApiServer::restore`), so the controller lists what it
-//!   would have after them; 100,000 in about a minute in a release build. The
+//!   TaskRuns are loaded in-process before the controller starts, as the API stores them (the
+//!   first two through the CREATE and status write a client makes, the rest compared with those
+//!   and stored in one write each: `ApiServer::restore`), so the controller lists what it would
+//!   have after them; 100,000 in about a minute in a release build. The
 //!   controller runs with the shipped lease timings (15 s duration, 10 s renew deadline, 2 s
 //!   retry, adoption every 5 min), which replace the harness's short ones through
 //!   `Product::controller_flags`: under load the test API server misses 2 s renew deadlines,
@@ -1098,42 +1098,23 @@ fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64, u64)> {
 }
 
 /// Loads `n` Konflux-shaped TaskRuns ([`konflux`]): even ones finished, odd ones started and
-/// waiting for their secret, queued for `PLATFORM` (as a previous leader left them). Returns the
-/// JSON size of the largest and the queued ones' `(namespace, name)`.
+/// waiting for their secret, queued for `PLATFORM` (as a previous leader left them: labelled, with
+/// their finalizer). Returns the JSON size of the largest and the queued ones' `(namespace, name)`.
 ///
-/// The first two go through the API as a client writes them (CREATE through the product's
-/// mutating webhook, then the status write: [`e2e_apiserver::ApiServer::create_with_status`]).
-/// The rest are stored as those were ([`e2e_apiserver::ApiServer::restore`]): the webhook's
-/// own decision ([`mpc::admission::decide`] on the host-config the webhook serves, its patch
-/// applied) and the status, in one write each; the two written through the API are rebuilt the
-/// same way and compared, so the shortcut stores what admission stores. 100,000 then load in
-/// well under a minute instead of half an hour.
+/// The first two go through the API as a client writes them (CREATE with admission, then the
+/// status write: [`e2e_apiserver::ApiServer::create_with_status`]; the product's webhook is not
+/// up yet, and its registration ignores failures, so admission leaves them as they are). The rest
+/// are stored as those were, in one write each ([`e2e_apiserver::ApiServer::restore`]); the two
+/// written through the API are rebuilt the same way and compared, so the shortcut stores what
+/// the API stores. 100,000 then load in about a minute instead of half an hour.
 async fn load_konflux(
     p: &Product,
     n: usize,
     task_spec: &Value,
 ) -> anyhow::Result<(usize, Vec<(String, String)>)> {
-    let cm = p.api.get(
-        "v1",
-        "configmaps",
-        Some(e2e::product::NS),
-        contract::HOST_CONFIG_NAME,
-    )?;
-    let data: std::collections::BTreeMap<String, String> =
-        serde_json::from_value(cm["data"].clone()).context("host-config data")?;
-    let config = mpc::config::parse(&data).config;
     let admitted = |i: usize| -> anyhow::Result<(konflux::TaskRun, Value)> {
         let tr = konflux::TaskRun::new(i, i % 2 == 1, PLATFORM);
         let mut obj = tr.object();
-        let text = serde_json::to_string(&obj)?;
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)?
-            .as_secs();
-        let view = mpc::admission::TaskRunView::from_json(&text)?;
-        let decided = mpc::admission::decide(&view, &config, now);
-        let patch: json_patch::Patch =
-            serde_json::from_value(serde_json::to_value(&decided.patch)?)?;
-        json_patch::patch(&mut obj, &patch)?;
         obj["status"] = tr.status(task_spec);
         Ok((tr, obj))
     };
@@ -1147,9 +1128,6 @@ async fn load_konflux(
             "managedFields",
         ] {
             m.as_object_mut().map(|m| m.remove(f));
-        }
-        if let Some(a) = m["annotations"].as_object_mut() {
-            a.remove(contract::ALLOCATION_START_TIME_ANNOTATION);
         }
         v
     };
