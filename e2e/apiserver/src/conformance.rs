@@ -48,6 +48,49 @@ pub(crate) fn check(v: &Value) -> Vec<String> {
     out
 }
 
+/// Whether a list's objects are held to a schema of their own (else only their `metadata`).
+pub(crate) fn typed_list(list: &Value) -> bool {
+    let (Some(api_version), Some(kind)) = (list["apiVersion"].as_str(), list["kind"].as_str())
+    else {
+        return false;
+    };
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    SCHEMAS
+        .by_gvk
+        .contains_key(&(group.to_owned(), version.to_owned(), kind.to_owned()))
+}
+
+/// What [`check`] of a whole list would report about its `i`th object (`list` is the list with
+/// its `items` empty, `item` that object): lists are checked object by object as they are written.
+pub(crate) fn check_list_item(list: &Value, item: &Value, i: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let (Some(api_version), Some(kind)) = (list["apiVersion"].as_str(), list["kind"].as_str())
+    else {
+        return out;
+    };
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let s = &*SCHEMAS;
+    let at = format!("/items/{i}");
+    let key = (group.to_owned(), version.to_owned(), kind.to_owned());
+    if let Some(def) = s.by_gvk.get(&key) {
+        // A typed list's items are its kind without `List`; reported under the list's name.
+        let item_def = def.strip_suffix("List").unwrap_or(def);
+        if s.validators.get(&format!("#/$defs/{item_def}")).is_some() {
+            let mut inner = Vec::new();
+            validate(item_def, item, &at, &mut inner);
+            out.extend(inner.into_iter().map(|p| p.replacen(item_def, def, 1)));
+        }
+    } else if kind.ends_with("List") {
+        validate(
+            &format!("{META}.ObjectMeta"),
+            &item["metadata"],
+            &format!("{at}/metadata"),
+            &mut out,
+        );
+    }
+    out
+}
+
 /// Like [`check`] for one watch event (`{"type": ..., "object": ...}`).
 pub(crate) fn check_event(e: &Value) -> Vec<String> {
     let mut out = Vec::new();

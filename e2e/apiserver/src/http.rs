@@ -14,10 +14,10 @@ use super::Shared;
 use super::faults::{RequestFacts, Verb};
 use super::meta::UpdateTarget;
 use super::openapi;
-use super::ops::{DeleteOpts, Deleted, ListOpts, WriteOpts, deleted_status, parse_rv};
+use super::ops::{DeleteOpts, Deleted, ListOpts, ListPage, WriteOpts, deleted_status, parse_rv};
 use super::patch::PatchType;
 use super::protobuf;
-use super::resources::ResourceDef;
+use super::resources::{Conversion, ResourceDef};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::watch::{self, WatchParams};
@@ -65,6 +65,9 @@ async fn checked(shared: Arc<Shared>, request: String, watch: bool, resp: Respon
     if !json {
         return resp;
     }
+    if resp.extensions().get::<CheckedAsWritten>().is_some() {
+        return resp;
+    }
     let (parts, body) = resp.into_parts();
     if watch {
         use futures::StreamExt;
@@ -92,6 +95,107 @@ async fn checked(shared: Arc<Shared>, request: String, watch: bool, resp: Respon
     };
     shared.nonconforming(&request, problems);
     Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+/// Marks a response whose body was checked against the schemas while it was written.
+#[derive(Debug, Clone, Copy)]
+struct CheckedAsWritten;
+
+/// A list's response, written out an object at a time on a blocking thread as the client reads
+/// it: a list of 100,000 objects (gigabytes of JSON) is never held whole, and decoding and
+/// encoding it keeps no async worker from other requests (kube-apiserver serves each request on
+/// its own goroutine).
+fn list_response(
+    shared: Arc<Shared>,
+    def: Arc<ResourceDef>,
+    page: ListPage,
+    fmt: render::Format,
+    request: String,
+) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(2);
+    tokio::task::spawn_blocking(move || write_list(&shared, &def, page, fmt, &request, &tx));
+    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let mut r = Response::new(axum::body::Body::from_stream(stream));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r.extensions_mut().insert(CheckedAsWritten);
+    r
+}
+
+/// Writes a list into `tx` in pieces of about a megabyte; stops when the client is gone.
+fn write_list(
+    shared: &Shared,
+    def: &ResourceDef,
+    page: ListPage,
+    fmt: render::Format,
+    request: &str,
+    tx: &tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
+) {
+    const PIECE: usize = 1 << 20;
+    let check = shared.opts.check_responses;
+    let send = |b: Vec<u8>| tx.blocking_send(Ok(b.into())).is_ok();
+    let ListPage {
+        items,
+        rv,
+        cont,
+        remaining,
+    } = page;
+    if let render::Format::Table(_) = fmt {
+        // Tables are what kubectl reads a page at a time: built whole.
+        let items = items.iter().map(|o| def.to_version(o.decode())).collect();
+        let v = render::list(def, items, rv, cont, remaining, fmt);
+        if check {
+            shared.nonconforming(request, conformance::check(&v));
+        }
+        send(serde_json::to_vec(&v).unwrap_or_default());
+        return;
+    }
+    let list = render::list(def, Vec::new(), rv, cont, remaining, fmt);
+    if check {
+        shared.nonconforming(request, conformance::check(&list));
+    }
+    let envelope = serde_json::to_vec(&list).unwrap_or_default();
+    // The objects go between the brackets of the envelope's empty `items`.
+    const EMPTY: &[u8] = b"\"items\":[]";
+    let Some(at) = envelope.windows(EMPTY.len()).position(|w| w == EMPTY) else {
+        send(envelope);
+        return;
+    };
+    let split = at + EMPTY.len() - 1;
+    // Objects stored in the version served are written as stored (kube-apiserver's watch cache
+    // keeps objects encoded for the same reason); others are decoded and converted.
+    let verbatim = fmt == render::Format::Json
+        && def.conversion == Conversion::None
+        && def.storage_api_version == def.api_version();
+    let typed = conformance::typed_list(&list);
+    let mut buf = envelope[..split].to_vec();
+    for (i, o) in items.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        if verbatim {
+            if check {
+                let item = if typed { o.decode() } else { o.metadata() };
+                shared.nonconforming(request, conformance::check_list_item(&list, &item, i));
+            }
+            buf.extend_from_slice(o.as_bytes());
+        } else {
+            let item = render::list_item(def.to_version(o.decode()), fmt);
+            if check {
+                shared.nonconforming(request, conformance::check_list_item(&list, &item, i));
+            }
+            if serde_json::to_writer(&mut buf, &item).is_err() {
+                return;
+            }
+        }
+        if buf.len() >= PIECE && !send(std::mem::replace(&mut buf, Vec::with_capacity(PIECE))) {
+            return;
+        }
+    }
+    buf.extend_from_slice(&envelope[split..]);
+    send(buf);
 }
 
 struct Query(HashMap<String, String>);
@@ -352,8 +456,14 @@ async fn route(shared: Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             {
                 shared.wait_for_rv(rv).await?;
             }
-            let (items, rv, cont, remaining) = shared.list(&def, ns, &lopts)?;
-            Ok(ok(&render::list(&def, items, rv, cont, remaining, fmt)))
+            let page = shared.list(&def, ns, &lopts).await?;
+            Ok(list_response(
+                Arc::clone(&shared),
+                def,
+                page,
+                fmt,
+                format!("{method} {path}"),
+            ))
         }
         Verb::Watch => {
             let mut lopts = list_opts(&query)?;

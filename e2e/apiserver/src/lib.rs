@@ -548,6 +548,38 @@ impl ApiServer {
         }
     }
 
+    /// Stores an object that went through admission elsewhere (the caller applied what the
+    /// mutating webhooks would), with its `status`: the stored form, system fields (uid,
+    /// creationTimestamp, generation), validation and an ADDED event, as
+    /// [`ApiServer::create_with_status`] stores it but in one write and without admission.
+    /// Benchmarks load 100,000 large objects this way in seconds. Returns the stored object.
+    pub fn restore(&self, mut obj: Value) -> Result<Value, Error> {
+        let def = self.def_for(&obj)?;
+        let status = obj.as_object_mut().and_then(|o| o.remove("status"));
+        let ns = def.namespaced.then(|| {
+            obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_owned()
+        });
+        let mut stored = def.to_storage(obj);
+        meta::prepare_create(&def, &mut stored, time::OffsetDateTime::now_utc());
+        let name = stored["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let errs = meta::validate(&def, &stored, None);
+        if !errs.is_empty() {
+            return Err(Error::Api(ApiError::invalid(&def, &name, &errs)));
+        }
+        if let Some(st) = status {
+            stored["status"] = st;
+        }
+        self.shared
+            .commit_create(&def, (ns.unwrap_or_default(), name), stored)
+            .map_err(Error::Api)
+    }
+
     /// Reads one object: `get("tekton.dev/v1", "taskruns", Some("ns"), "name")`.
     pub fn get(
         &self,

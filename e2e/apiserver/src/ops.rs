@@ -86,9 +86,19 @@ pub(crate) enum Deleted {
     Pending(Value),
 }
 
-/// A page of a list: items (in the version asked for), list resourceVersion, continue token,
+/// A page of a list: the objects as stored, the list's resourceVersion, continue token and
 /// remaining item count.
-pub(crate) type ListPage = (Vec<Value>, u64, Option<String>, Option<usize>);
+#[derive(Debug)]
+pub(crate) struct ListPage {
+    pub items: Vec<Encoded>,
+    pub rv: u64,
+    pub cont: Option<String>,
+    pub remaining: Option<usize>,
+}
+
+/// kube-apiserver's messages for a continuation of a compacted revision (`etcd3/store.go`).
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.";
+const INCONSISTENT_CONTINUE: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
 
 /// Selection and paging of a list.
 #[derive(Debug, Clone, Default)]
@@ -155,38 +165,107 @@ pub(crate) fn check_fields(def: &ResourceDef, fields: &FieldSelector) -> Result<
     Ok(())
 }
 
+/// kube-apiserver's continue token (`k8s.io/apiserver/pkg/storage`): the list's revision and the
+/// key to resume after, relative to the list's key prefix (`name` in one namespace,
+/// `namespace/name` across namespaces), with `\0` appended so the range starts just after it,
+/// as unpadded URL-safe base64 of JSON. A revision of -1 continues at the latest one (the token
+/// an expired continuation offers).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ContinueToken {
     v: String,
-    rv: u64,
+    rv: i64,
     start: String,
 }
 
-fn encode_continue(rv: u64, ns: &str, name: &str) -> String {
+/// The key prefix a list ranges over: `true` when keys are relative to one namespace (or the
+/// resource is cluster-scoped), `false` for `namespace/name`.
+fn relative_to_namespace(def: &ResourceDef, ns: Option<&str>) -> bool {
+    !def.namespaced || ns.is_some()
+}
+
+fn encode_continue(def: &ResourceDef, ns: Option<&str>, rv: i64, last: &ObjKey) -> String {
     use base64::Engine;
+    let start = if relative_to_namespace(def, ns) {
+        format!("{}\u{0}", last.1)
+    } else {
+        format!("{}/{}\u{0}", last.0, last.1)
+    };
     let t = ContinueToken {
         v: "meta.k8s.io/v1".into(),
         rv,
-        start: format!("{ns}/{name}\u{0}"),
+        start,
     };
-    base64::engine::general_purpose::URL_SAFE.encode(serde_json::to_vec(&t).unwrap_or_default())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(&t).unwrap_or_default())
 }
 
-fn decode_continue(s: &str) -> Result<(u64, ObjKey), ApiError> {
+/// A token's revision (`None`: the latest) and the key to resume after; refused as
+/// kube-apiserver refuses it (`storage.DecodeContinue`, answered with 400 "invalid continue
+/// token").
+fn decode_continue(
+    def: &ResourceDef,
+    ns: Option<&str>,
+    s: &str,
+) -> Result<(Option<u64>, ObjKey), ApiError> {
     use base64::Engine;
-    let bad = || {
-        ApiError::bad_request(
-            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+    let invalid = |why: String| ApiError::bad_request(format!("invalid continue token: {why}"));
+    let generic = "continue key is not valid";
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s.trim_end_matches('='))
+        .map_err(|e| invalid(format!("{generic}: {e}")))?;
+    let t: ContinueToken =
+        serde_json::from_slice(&raw).map_err(|e| invalid(format!("{generic}: {e}")))?;
+    if t.v != "meta.k8s.io/v1" {
+        return Err(invalid(format!(
+            "{generic}: server does not recognize this encoded version {}",
+            t.v
+        )));
+    }
+    if t.rv == 0 {
+        return Err(invalid(format!(
+            "{generic}: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"
+        )));
+    }
+    if t.start.is_empty() {
+        return Err(invalid(format!(
+            "{generic}: encoded start key empty (version meta.k8s.io/v1)"
+        )));
+    }
+    // As `path.Clean` leaves it, so a token cannot range outside the list's prefix.
+    let key = t.start.strip_prefix('/').unwrap_or(&t.start);
+    if key
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Err(invalid(format!("{generic}: {}", t.start)));
+    }
+    // Tokens end in `\0` (resume after the key); one without it resumes after the key too, a
+    // difference only a hand-made token could see.
+    let key = key.strip_suffix('\u{0}').unwrap_or(key);
+    let key = if relative_to_namespace(def, ns) {
+        (
+            ns.filter(|_| def.namespaced).unwrap_or_default().to_owned(),
+            key.to_owned(),
         )
+    } else {
+        let (n, name) = key
+            .split_once('/')
+            .ok_or_else(|| invalid(format!("{generic}: {}", t.start)))?;
+        (n.to_owned(), name.to_owned())
     };
-    let raw = base64::engine::general_purpose::URL_SAFE
-        .decode(s)
-        .map_err(|_| bad())?;
-    let t: ContinueToken = serde_json::from_slice(&raw).map_err(|_| bad())?;
-    let start = t.start.trim_end_matches('\u{0}');
-    let (ns, name) = start.split_once('/').ok_or_else(bad)?;
-    Ok((t.rv, (ns.to_owned(), name.to_owned())))
+    let rv = match t.rv {
+        -1 => None,
+        rv => Some(u64::try_from(rv).map_err(|_| {
+            invalid(format!(
+                "{generic}: incorrect encoded start resourceVersion (version meta.k8s.io/v1)"
+            ))
+        })?),
+    };
+    Ok((rv, key))
 }
+
+/// How many objects a list reads from the store per lock: writers wait at most for one chunk.
+const LIST_CHUNK: usize = 500;
 
 impl Shared {
     fn namespace_check(
@@ -227,83 +306,139 @@ impl Shared {
         Ok(def.to_version(obj.decode()))
     }
 
-    /// Lists objects: `(items in def's version, list resourceVersion, continue, remaining)`.
-    pub(crate) fn list(
+    /// Lists objects as stored (decoded, converted and written out by the caller, without the
+    /// store). The store is read a chunk at a time ([`Cursor`]): a list of 100,000 objects holds
+    /// the lock no longer than a write does, and every page reads the revision of the first.
+    pub(crate) async fn list(
         &self,
         def: &ResourceDef,
         ns: Option<&str>,
         opts: &ListOpts,
     ) -> Result<ListPage, ApiError> {
         check_fields(def, &opts.fields)?;
-        let store = self.lock();
-        let current = store.current_rv();
-        let (at, after) = match &opts.continue_token {
-            Some(tok) => {
-                let (rv, start) = decode_continue(tok)?;
-                (rv, Some(start))
-            }
-            None => {
-                let requested = parse_rv(opts.resource_version.as_deref())?;
-                match (requested, opts.rv_match.as_deref()) {
-                    (Some(rv), Some("Exact")) => (rv, None),
-                    // Callers wait for the revision first (`Shared::wait_for_rv`).
-                    (Some(rv), _) if rv > current => {
-                        return Err(ApiError::too_large_resource_version(rv, current));
+        let token = opts
+            .continue_token
+            .as_deref()
+            .map(|t| decode_continue(def, ns, t))
+            .transpose()?;
+        let resumed = token.as_ref().map(|(_, k)| k.clone());
+        let mut cursor = {
+            let store = self.lock();
+            let current = store.current_rv();
+            let (at, after) = match token {
+                Some((rv, start)) => (rv.unwrap_or(current), Some(start)),
+                None => {
+                    let requested = parse_rv(opts.resource_version.as_deref())?;
+                    match (requested, opts.rv_match.as_deref()) {
+                        (Some(rv), Some("Exact")) => (rv, None),
+                        // Callers wait for the revision first (`Shared::wait_for_rv`).
+                        (Some(rv), _) if rv > current => {
+                            return Err(ApiError::too_large_resource_version(rv, current));
+                        }
+                        (None, Some("Exact")) => {
+                            return Err(ApiError::bad_request(
+                                "resourceVersionMatch \"Exact\" requires a resourceVersion",
+                            ));
+                        }
+                        _ => (current, None),
                     }
-                    (None, Some("Exact")) => {
-                        return Err(ApiError::bad_request(
-                            "resourceVersionMatch \"Exact\" requires a resourceVersion",
-                        ));
-                    }
-                    _ => (current, None),
                 }
-            }
+            };
+            store
+                .cursor(&def.storage, ns, at, after.as_ref())
+                .map_err(|e| self.list_error(def, ns, opts, after.as_ref(), e))?
         };
-        let snapshot = store
-            .snapshot_after(&def.storage, ns, at, after.as_ref())
-            .map_err(|e| match e {
-                StoreError::Gone { requested, oldest } if opts.continue_token.is_some() => {
-                    ApiError::expired(format!("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (requested {requested}, oldest {oldest})"))
-                }
-                StoreError::Future { requested, current } => {
-                    ApiError::too_large_resource_version(requested, current)
-                }
-                StoreError::Gone { requested, oldest } => {
-                    ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
-                }
-                _ => ApiError::internal("snapshot failed"),
-            })?;
-        let mut matching =
-            snapshot.filter(|(_, o)| selected_encoded(def, o, &opts.labels, &opts.fields));
+        let unfiltered = opts.labels.is_empty() && opts.fields.terms.is_empty();
         let limit = opts.limit.filter(|l| *l > 0);
+        // Without selectors a page needs one object more than it holds, to know there are more.
+        let chunk = match limit {
+            Some(l) if unfiltered => (l + 1).min(LIST_CHUNK),
+            _ => LIST_CHUNK,
+        };
         let mut page = Vec::new();
         let mut last: Option<ObjKey> = None;
         let mut more = None;
-        for (k, o) in matching.by_ref() {
-            if limit.is_some_and(|l| page.len() >= l) {
-                // One more exists: the page is full.
-                let (ns, name) = last.clone().unwrap_or_default();
-                let unfiltered = opts.labels.is_empty() && opts.fields.terms.is_empty();
-                let remaining = unfiltered.then(|| 1 + matching.by_ref().count());
-                more = Some((encode_continue(at, &ns, &name), remaining));
+        'read: loop {
+            let objs = {
+                let store = self.lock();
+                cursor.next_chunk(&store, chunk)
+            }
+            .map_err(|e| self.list_error(def, ns, opts, last.as_ref().or(resumed.as_ref()), e))?;
+            if objs.is_empty() {
                 break;
             }
-            last = Some(k);
-            page.push(o);
+            let n = objs.len();
+            for (i, (k, o)) in objs.into_iter().enumerate() {
+                if !selected_encoded(def, &o, &opts.labels, &opts.fields) {
+                    continue;
+                }
+                if limit.is_some_and(|l| page.len() >= l) {
+                    // One more exists: the page is full. Only an unselective list counts the rest
+                    // (`remainingItemCount`), as kube-apiserver does.
+                    more = Some((unfiltered, n - i));
+                    break 'read;
+                }
+                last = Some(k);
+                page.push(o);
+            }
+            // Other requests get the worker between chunks.
+            tokio::task::yield_now().await;
         }
-        drop(matching);
-        drop(store);
-        let items = page
-            .into_iter()
-            .map(|o| def.to_version(o.decode()))
-            .collect();
-        Ok(match more {
-            Some((token, remaining)) => (items, at, Some(token), remaining),
-            None => (items, at, None, None),
+        let rv = cursor.rv();
+        let Some((count, in_chunk)) = more else {
+            return Ok(ListPage {
+                items: page,
+                rv,
+                cont: None,
+                remaining: None,
+            });
+        };
+        let remaining = if count {
+            let rest = cursor
+                .count_rest(&self.lock())
+                .map_err(|e| self.list_error(def, ns, opts, last.as_ref(), e))?;
+            Some(in_chunk + rest)
+        } else {
+            None
+        };
+        let last = last.unwrap_or_default();
+        Ok(ListPage {
+            items: page,
+            rv,
+            cont: Some(encode_continue(def, ns, rv as i64, &last)),
+            remaining,
         })
     }
 
-    fn commit_create(
+    /// What a failed read of a list answers: a continuation whose revision was compacted gets
+    /// 410 with a token to go on at the latest revision, as kube-apiserver answers it.
+    fn list_error(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        opts: &ListOpts,
+        last: Option<&ObjKey>,
+        e: StoreError,
+    ) -> ApiError {
+        match e {
+            StoreError::Gone { .. } if opts.continue_token.is_some() => match last {
+                Some(last) => ApiError {
+                    list_continue: Some(encode_continue(def, ns, -1, last).into()),
+                    ..ApiError::expired(INCONSISTENT_CONTINUE)
+                },
+                None => ApiError::expired(CONTINUE_EXPIRED),
+            },
+            StoreError::Future { requested, current } => {
+                ApiError::too_large_resource_version(requested, current)
+            }
+            StoreError::Gone { requested, oldest } => {
+                ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
+            }
+            _ => ApiError::internal("snapshot failed"),
+        }
+    }
+
+    pub(crate) fn commit_create(
         &self,
         def: &ResourceDef,
         k: ObjKey,
@@ -774,17 +909,19 @@ impl Shared {
         dopts: &DeleteOpts,
         opts: &WriteOpts,
     ) -> Result<usize, ApiError> {
-        let (items, ..) = self.list(
-            def,
-            ns,
-            &ListOpts {
-                limit: None,
-                continue_token: None,
-                ..lopts.clone()
-            },
-        )?;
+        let page = self
+            .list(
+                def,
+                ns,
+                &ListOpts {
+                    limit: None,
+                    continue_token: None,
+                    ..lopts.clone()
+                },
+            )
+            .await?;
         let mut n = 0;
-        for item in items {
+        for item in page.items.iter().map(Encoded::metadata) {
             let name = item["metadata"]["name"].as_str().unwrap_or_default();
             let ns = item["metadata"]["namespace"].as_str();
             match self.delete(def, ns, name, dopts, opts).await {

@@ -123,6 +123,14 @@ pub(crate) fn item(def: &ResourceDef, obj: Value, fmt: Format) -> Value {
     }
 }
 
+/// One object of a list in the requested format (not a Table: those are built whole).
+pub(crate) fn list_item(obj: Value, fmt: Format) -> Value {
+    match fmt {
+        Format::Metadata => partial(&obj),
+        _ => obj,
+    }
+}
+
 /// A list in the requested format.
 pub(crate) fn list(
     def: &ResourceDef,

@@ -19,6 +19,8 @@ pub struct ApiError {
     pub details: Option<Value>,
     /// `Retry-After` seconds (429).
     pub retry_after: Option<u64>,
+    /// `metadata.continue` of the Status: where an expired paged list can go on, inconsistently.
+    pub list_continue: Option<Box<str>>,
 }
 
 fn details(def: &ResourceDef, name: &str) -> Value {
@@ -37,6 +39,7 @@ impl ApiError {
             message: message.into(),
             details: None,
             retry_after: None,
+            list_continue: None,
         }
     }
 
@@ -233,6 +236,9 @@ impl ApiError {
         });
         if let Some(d) = &self.details {
             s["details"] = d.clone();
+        }
+        if let Some(c) = &self.list_continue {
+            s["metadata"]["continue"] = json!(&**c);
         }
         s
     }

@@ -84,6 +84,11 @@ impl Encoded {
         json!({ "metadata": m })
     }
 
+    /// The encoding itself.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// The object's resourceVersion.
     pub fn rv(&self) -> u64 {
         self.rv
@@ -389,21 +394,40 @@ impl Store {
     ) -> Result<Vec<(ObjKey, Arc<Value>)>, StoreError> {
         Ok(self
             .snapshot_after(storage, namespace, rv, None)?
+            .into_iter()
             .map(|(k, e)| (k, Arc::new(e.decode())))
             .collect())
     }
 
-    /// The objects of a resource as of revision `rv`, in key order, after the key `after`, lazily
-    /// and encoded: a page of a list costs the page plus the history since `rv`, not the whole
-    /// resource, as kube-apiserver's paginated reads do (a controller with a small page size must
-    /// not pay quadratically here).
-    pub fn snapshot_after<'a>(
-        &'a self,
+    /// The objects of a resource as of revision `rv`, in key order, after the key `after`,
+    /// encoded, read in one go (see [`Cursor`] to read them a chunk at a time).
+    pub fn snapshot_after(
+        &self,
         storage: &str,
-        namespace: Option<&'a str>,
+        namespace: Option<&str>,
         rv: u64,
         after: Option<&ObjKey>,
-    ) -> Result<impl Iterator<Item = (ObjKey, Encoded)> + 'a, StoreError> {
+    ) -> Result<Vec<(ObjKey, Encoded)>, StoreError> {
+        let mut cursor = self.cursor(storage, namespace, rv, after)?;
+        let mut out = Vec::new();
+        loop {
+            let chunk = cursor.next_chunk(self, usize::MAX)?;
+            if chunk.is_empty() {
+                return Ok(out);
+            }
+            out.extend(chunk);
+        }
+    }
+
+    /// A read of a resource as of revision `rv` after the key `after` (optionally in one
+    /// namespace), taken a chunk at a time with [`Cursor::next_chunk`].
+    pub fn cursor(
+        &self,
+        storage: &str,
+        namespace: Option<&str>,
+        rv: u64,
+        after: Option<&ObjKey>,
+    ) -> Result<Cursor, StoreError> {
         if rv > self.rv {
             return Err(StoreError::Future {
                 requested: rv,
@@ -423,60 +447,16 @@ impl Store {
             (None, Some(n)) => Bound::Included(n),
             (None, None) => Bound::Unbounded,
         };
-        // Each key changed since `rv` as it was at `rv`: the state before its first later change
-        // (`None`: it did not exist).
-        let mut rewound: BTreeMap<ObjKey, Option<Encoded>> = BTreeMap::new();
-        let start = self.history.partition_point(|e| e.rv <= rv);
-        for ev in self.history.range(start..).rev() {
-            if &*ev.storage != storage {
-                continue;
-            }
-            let before = match ev.kind {
-                EventType::Added => None,
-                EventType::Modified | EventType::Deleted => ev.prev.clone(),
-            };
-            rewound.insert(ev.key.clone(), before);
-        }
-        let from_lower = |k: &ObjKey| match &lower {
-            Bound::Included(b) => k >= b,
-            Bound::Excluded(b) => k > b,
-            Bound::Unbounded => true,
-        };
-        let rewound: Vec<_> = rewound.into_iter().filter(|(k, _)| from_lower(k)).collect();
-        let mut rewound = rewound.into_iter().peekable();
-        let mut current = self
-            .objects
-            .get(storage)
-            .into_iter()
-            .flat_map(move |m| m.range((lower.clone(), Bound::Unbounded)))
-            .peekable();
-        let merged = std::iter::from_fn(move || {
-            loop {
-                let next_is_rewound = match (current.peek(), rewound.peek()) {
-                    (None, None) => return None,
-                    (Some(_), None) => false,
-                    (None, Some(_)) => true,
-                    (Some((c, _)), Some((r, _))) => match (*c).cmp(r) {
-                        std::cmp::Ordering::Less => false,
-                        std::cmp::Ordering::Greater => true,
-                        std::cmp::Ordering::Equal => {
-                            current.next();
-                            true
-                        }
-                    },
-                };
-                if next_is_rewound {
-                    if let Some((k, Some(v))) = rewound.next() {
-                        return Some((k, v));
-                    }
-                } else if let Some((k, v)) = current.next() {
-                    return Some((k.clone(), v.clone()));
-                }
-            }
-        });
-        Ok(merged.take_while(move |((ns, _), _)| namespace.is_none_or(|n| n == ns)))
+        Ok(Cursor {
+            storage: storage.into(),
+            namespace: namespace.map(str::to_owned),
+            rv,
+            lower,
+            rewound: BTreeMap::new(),
+            seen: rv,
+            done: false,
+        })
     }
-
     /// Drops all history: every earlier resourceVersion becomes too old.
     pub fn compact(&mut self) {
         self.history.clear();
@@ -494,6 +474,171 @@ impl Store {
     /// Number of events kept.
     pub fn history_len(&self) -> usize {
         self.history.len()
+    }
+}
+
+/// A read of one resource as of a revision, taken a chunk at a time so that the store is free for
+/// writers between chunks: kube-apiserver serves a list from a snapshot of its watch cache while
+/// writes go on, and a Lease renewal is not queued behind 100,000 objects. The state at the
+/// revision is the current state with every key changed since then read as it was before its
+/// first later change; the cursor follows the history as it goes, so it needs every event after
+/// the revision to stay in the history until it is done (otherwise `Gone`, as a compacted etcd
+/// revision).
+#[derive(Debug)]
+pub struct Cursor {
+    storage: Arc<str>,
+    namespace: Option<String>,
+    rv: u64,
+    /// Where the next chunk starts (keys before it were read).
+    lower: Bound<ObjKey>,
+    /// Keys after `lower` changed since `rv`: their state at `rv` (`None`: absent then).
+    rewound: BTreeMap<ObjKey, Option<Encoded>>,
+    /// The history has been followed up to this revision.
+    seen: u64,
+    done: bool,
+}
+
+impl Cursor {
+    /// The revision read.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    fn after_lower(&self, k: &ObjKey) -> bool {
+        match &self.lower {
+            Bound::Included(b) => k >= b,
+            Bound::Excluded(b) => k > b,
+            Bound::Unbounded => true,
+        }
+    }
+
+    fn in_namespace(&self, k: &ObjKey) -> bool {
+        self.namespace.as_deref().is_none_or(|n| n == k.0)
+    }
+
+    /// Takes in the history since the last chunk: the first change after `rv` of each key still
+    /// to be read records its state at `rv`.
+    fn follow(&mut self, store: &Store) -> Result<(), StoreError> {
+        if self.seen == store.rv {
+            return Ok(());
+        }
+        if self.seen < store.compacted {
+            return Err(StoreError::Gone {
+                requested: self.rv,
+                oldest: store.compacted,
+            });
+        }
+        let start = store.history.partition_point(|e| e.rv <= self.seen);
+        for ev in store.history.range(start..) {
+            if *ev.storage != *self.storage
+                || !self.after_lower(&ev.key)
+                || !self.in_namespace(&ev.key)
+                || self.rewound.contains_key(&ev.key)
+            {
+                continue;
+            }
+            let before = match ev.kind {
+                EventType::Added => None,
+                EventType::Modified | EventType::Deleted => ev.prev.clone(),
+            };
+            self.rewound.insert(ev.key.clone(), before);
+        }
+        self.seen = store.rv;
+        Ok(())
+    }
+
+    /// The next (at most) `n` objects in key order; empty when the read is complete. `store`
+    /// must be the store the cursor was taken from.
+    pub fn next_chunk(
+        &mut self,
+        store: &Store,
+        n: usize,
+    ) -> Result<Vec<(ObjKey, Encoded)>, StoreError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        self.follow(store)?;
+        let mut current = store
+            .objects
+            .get(&*self.storage)
+            .into_iter()
+            .flat_map(|m| m.range((self.lower.clone(), Bound::Unbounded)))
+            .peekable();
+        let mut rewound = self
+            .rewound
+            .range((self.lower.clone(), Bound::Unbounded))
+            .peekable();
+        let mut out = Vec::new();
+        let mut last = None;
+        while out.len() < n {
+            let from_rewound = match (current.peek(), rewound.peek()) {
+                (None, None) => break,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((c, _)), Some((r, _))) => match (*c).cmp(*r) {
+                    std::cmp::Ordering::Less => false,
+                    std::cmp::Ordering::Greater => true,
+                    std::cmp::Ordering::Equal => {
+                        current.next();
+                        true
+                    }
+                },
+            };
+            let (k, v) = if from_rewound {
+                match rewound.next() {
+                    Some((k, v)) => (k, v.as_ref()),
+                    None => break,
+                }
+            } else {
+                match current.next() {
+                    Some((k, v)) => (k, Some(v)),
+                    None => break,
+                }
+            };
+            if !self.in_namespace(k) {
+                // Keys are ordered by namespace first: nothing further is in it.
+                self.done = true;
+                break;
+            }
+            last = Some(k);
+            if let Some(v) = v {
+                out.push((k.clone(), v.clone()));
+            }
+        }
+        match last {
+            Some(k) => self.lower = Bound::Excluded(k.clone()),
+            None => self.done = true,
+        }
+        if let Bound::Excluded(l) = &self.lower {
+            // What was read no longer needs its old state.
+            let rest = self.rewound.split_off(l);
+            self.rewound = rest;
+            self.rewound.remove(l);
+        }
+        Ok(out)
+    }
+
+    /// How many objects are left to read, without reading them.
+    pub fn count_rest(&mut self, store: &Store) -> Result<usize, StoreError> {
+        self.follow(store)?;
+        if self.done {
+            return Ok(0);
+        }
+        let in_range = |k: &ObjKey| self.in_namespace(k);
+        let current = store
+            .objects
+            .get(&*self.storage)
+            .into_iter()
+            .flat_map(|m| m.range((self.lower.clone(), Bound::Unbounded)))
+            .take_while(|(k, _)| in_range(k))
+            .count();
+        let m = store.objects.get(&*self.storage);
+        let mut n = current as isize;
+        for (k, then) in self.rewound.range((self.lower.clone(), Bound::Unbounded)) {
+            let now = m.is_some_and(|m| m.contains_key(k));
+            n += isize::from(then.is_some()) - isize::from(now);
+        }
+        Ok(n.max(0) as usize)
     }
 }
 
@@ -680,11 +825,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let after = |ns: Option<&str>, from: ObjKey| {
-            keys(
-                s.snapshot_after("r", ns, at, Some(&from))
-                    .unwrap()
-                    .collect(),
-            )
+            keys(s.snapshot_after("r", ns, at, Some(&from)).unwrap())
         };
         // As of `at`: a/3 back, b/2 as it was, b/0 not yet there; strictly after the key.
         assert_eq!(
@@ -697,9 +838,56 @@ mod tests {
         assert!(after(Some("b"), k("c", "0")).is_empty());
         let now = s.snapshot_after("r", None, s.current_rv(), Some(&k("a", "1")));
         assert_eq!(
-            keys(now.unwrap().collect()),
+            keys(now.unwrap()),
             ["b/0=later", "b/1=b1", "b/2=new", "c/1=c1"]
         );
+    }
+
+    #[test]
+    fn a_cursor_reads_one_revision_while_writes_go_on_between_chunks() {
+        let mut s = Store::new(1_000);
+        for i in 0..10 {
+            s.create("r", k("a", &format!("{i:02}")), json!({"v": i}))
+                .unwrap();
+        }
+        s.create("r", k("b", "x"), json!({"v": "b"})).unwrap();
+        let at = s.current_rv();
+        let mut c = s.cursor("r", Some("a"), at, None).unwrap();
+        let read = |c: &mut Cursor, s: &Store, n| {
+            c.next_chunk(s, n)
+                .unwrap()
+                .into_iter()
+                .map(|((_, name), v)| format!("{name}={}", v.decode()["v"]))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(read(&mut c, &s, 3), ["00=0", "01=1", "02=2"]);
+        assert_eq!(c.count_rest(&s).unwrap(), 7);
+        // Between chunks: a read key changes, unread ones change, go, and a new one comes.
+        s.update("r", &k("a", "01"), json!({"v": 100}), None)
+            .unwrap();
+        s.update("r", &k("a", "04"), json!({"v": 400}), None)
+            .unwrap();
+        s.update("r", &k("a", "04"), json!({"v": 401}), None)
+            .unwrap();
+        s.delete("r", &k("a", "05"), None, None).unwrap();
+        s.create("r", k("a", "055"), json!({"v": "new"})).unwrap();
+        s.create("r", k("a", "99"), json!({"v": "new"})).unwrap();
+        assert_eq!(c.count_rest(&s).unwrap(), 7);
+        assert_eq!(read(&mut c, &s, 3), ["03=3", "04=4", "05=5"]);
+        s.delete("r", &k("a", "09"), None, None).unwrap();
+        assert_eq!(
+            read(&mut c, &s, 100),
+            ["06=6", "07=7", "08=8", "09=9"],
+            "nothing from after the revision, nothing of namespace b"
+        );
+        assert!(read(&mut c, &s, 100).is_empty());
+        assert_eq!(c.count_rest(&s).unwrap(), 0);
+        // A read that falls behind the history fails as a compacted revision does.
+        let mut c = s.cursor("r", None, s.current_rv(), None).unwrap();
+        assert_eq!(read(&mut c, &s, 2).len(), 2);
+        s.update("r", &k("a", "08"), json!({"v": 0}), None).unwrap();
+        s.compact();
+        assert!(matches!(c.next_chunk(&s, 2), Err(StoreError::Gone { .. })));
     }
 
     #[test]
