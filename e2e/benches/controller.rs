@@ -142,7 +142,10 @@ fn summary(v: &mut [Duration]) -> String {
 }
 
 /// When each TaskRun's secret got its token and when it was deleted, from a watch on the
-/// product's secrets (what a kubelet would see), with the most held at once.
+/// product's secrets (what a kubelet would see), with the most held at once by builds still
+/// running. A finished build stops holding its slot when the bench ends it ([`Secrets::finished`]):
+/// the controller frees the slot in the step that sees the end, while its secret's deletion may
+/// land after the next TaskRun's secret (so counting undeleted secrets overstates by those).
 #[derive(Default)]
 struct Secrets {
     state: Mutex<SecretState>,
@@ -153,6 +156,8 @@ struct Secrets {
 struct SecretState {
     served: HashMap<String, Instant>,
     deleted: HashMap<String, Instant>,
+    /// Builds the bench ended: no longer holding a slot.
+    finished: std::collections::HashSet<String>,
     holding: usize,
     max_holding: usize,
 }
@@ -191,7 +196,10 @@ impl Secrets {
                 }
                 if let Some(s) = gone {
                     let key = key_of(&s);
-                    if st.served.contains_key(&key) && !st.deleted.contains_key(&key) {
+                    if st.served.contains_key(&key)
+                        && !st.deleted.contains_key(&key)
+                        && !st.finished.contains(&key)
+                    {
                         st.holding -= 1;
                     }
                     st.deleted.insert(key, now);
@@ -219,6 +227,17 @@ impl Secrets {
                 bail!("timed out waiting for the secret of {key} (deleted: {deleted})");
             }
             let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), notified).await;
+        }
+    }
+
+    /// The bench ended `key`'s build: its slot is free whatever its secret's deletion does.
+    fn finished(&self, key: &str) {
+        let mut st = self.state.lock().unwrap();
+        if st.served.contains_key(key)
+            && !st.deleted.contains_key(key)
+            && st.finished.insert(key.to_owned())
+        {
+            st.holding -= 1;
         }
     }
 
@@ -507,6 +526,8 @@ async fn throughput(n: usize) -> anyhow::Result<()> {
             let key = format!("{ns}/{name}");
             let served = secrets.wait(&key, false, Duration::from_secs(900)).await?;
             tokio::time::sleep(build).await;
+            // Before the write: once it lands the controller may hand the slot on.
+            secrets.finished(&key);
             finish(&p, &ns, &name).await?;
             secrets.wait(&key, true, Duration::from_secs(900)).await?;
             anyhow::Ok(served - created)
@@ -618,6 +639,8 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
                 .await?;
             let key = format!("tenant-a/{name}");
             secrets.wait(&key, false, Duration::from_secs(120)).await?;
+            // Before the write: once it lands the controller may hand the slot on.
+            secrets.finished(&key);
             finish(&p, "tenant-a", &name).await?;
             secrets.wait(&key, true, Duration::from_secs(120)).await?;
             anyhow::Ok(())
@@ -663,6 +686,8 @@ async fn burst(setup: BurstSetup) -> anyhow::Result<()> {
             let key = format!("{ns}/{name}");
             let served = secrets.wait(&key, false, Duration::from_secs(300)).await?;
             tokio::time::sleep(build).await;
+            // Before the write: once it lands the controller may hand the slot on.
+            secrets.finished(&key);
             finish(&p, ns, &name).await?;
             secrets.wait(&key, true, Duration::from_secs(300)).await?;
             in_flight.fetch_sub(1, SeqCst);
