@@ -110,10 +110,15 @@ pub fn label_value(platform: &str) -> String {
 
 /// True when `s` is a DNS-1035 label: `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
 pub fn is_dns1035_label(s: &str) -> bool {
+    is_dns1123_label(s) && s.as_bytes()[0].is_ascii_lowercase()
+}
+
+/// True when `s` is a DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+pub fn is_dns1123_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= MAX_LABEL_LEN
-        && b[0].is_ascii_lowercase()
+        && b[0] != b'-'
         && b[b.len() - 1] != b'-'
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')

@@ -50,16 +50,10 @@ pub(super) const MEMBER_FIELD: &str = "capacity-group";
 /// `capacity-group.<g>.<field>` keys, grouped by group name.
 pub(super) type GroupKeys<'a> = BTreeMap<&'a str, BTreeMap<&'a str, &'a str>>;
 
-/// A group name: a DNS label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63), so it is a valid
-/// Kueue resource and metric label value as it stands.
+/// A group name is a DNS-1123 label, so it is a valid Kueue resource and metric label value as
+/// it stands.
 fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    crate::platform::is_dns1123_label(name)
 }
 
 /// Parses the group definitions (no members yet).
