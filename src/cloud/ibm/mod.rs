@@ -707,42 +707,18 @@ impl IbmCloud {
                 },
             },
         });
-        // A create that failed in flight may have created the instance: look by name before
-        // each retry (names are unique, so a second create is refused anyway).
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let start = Instant::now();
-            let result = vpc.create(&prototype).await;
-            let elapsed = start.elapsed();
-            match result {
-                Ok(created) => {
-                    self.metrics.call(op, Ok(()), elapsed);
-                    return Ok(Seen::vpc(&created));
-                }
-                Err(e) => {
-                    let f = Failure::from(e);
-                    self.metrics.call(op, Err(f.class), elapsed);
-                    if let Ok(Some(found)) = vpc.instance_named(name).await {
-                        return Ok(Seen::vpc(&found));
-                    }
-                    let class = if f.class == ErrorClass::Other {
-                        // A 400 that did not create the instance: the request is wrong.
-                        ErrorClass::Config
-                    } else {
-                        f.class
-                    };
-                    match self
-                        .options
-                        .retry
-                        .next_delay(class, attempts, rand::random::<f64>())
-                    {
-                        Some(d) => tokio::time::sleep(d).await,
-                        None => return Err(self.error(p, op, Failure { class, ..f }, attempts)),
-                    }
-                }
-            }
-        }
+        self.create_or_find(
+            p,
+            || vpc.create(&prototype),
+            || vpc.instance_named(name),
+            Seen::vpc,
+            // A VPC 400 that did not create the instance: the request is wrong.
+            |class| match class {
+                ErrorClass::Other => ErrorClass::Config,
+                c => c,
+            },
+        )
+        .await
     }
 
     async fn launch_inner(&self, request: &LaunchRequest<'_>) -> Result<LaunchOutcome, CloudError> {
@@ -844,32 +820,59 @@ impl IbmCloud {
         let op = Operation::RunInstances;
         let image = self.call(p, op, || pw.image_id(&cfg.image)).await?;
         let body = power::create_body(cfg, name, &image, tags);
+        self.create_or_find(
+            p,
+            || pw.create(&body),
+            || pw.instance_named(name),
+            Seen::power,
+            |class| class,
+        )
+        .await
+    }
+
+    /// Creates an instance with the retry policy. A create that failed in flight may have made
+    /// the instance, so before each retry the instance is looked up by its name (names are
+    /// unique per launch, so a second create would be refused anyway). `reclassify` maps a
+    /// failure's class before the retry decision.
+    async fn create_or_find<R, E, C, F, FE>(
+        &self,
+        p: &DynamicPlatform,
+        create: impl Fn() -> C,
+        find: impl Fn() -> F,
+        seen: impl Fn(&R) -> Seen,
+        reclassify: impl Fn(ErrorClass) -> ErrorClass,
+    ) -> Result<Seen, CloudError>
+    where
+        C: Future<Output = Result<R, E>>,
+        F: Future<Output = Result<Option<R>, FE>>,
+        Failure: From<E>,
+    {
+        let op = Operation::RunInstances;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
             let start = Instant::now();
-            let result = pw.create(&body).await;
+            let result = create().await;
             let elapsed = start.elapsed();
-            match result {
+            let f = match result {
                 Ok(created) => {
                     self.metrics.call(op, Ok(()), elapsed);
-                    return Ok(Seen::power(&created));
+                    return Ok(seen(&created));
                 }
-                Err(e) => {
-                    let f = Failure::from(e);
-                    self.metrics.call(op, Err(f.class), elapsed);
-                    if let Ok(Some(found)) = pw.instance_named(name).await {
-                        return Ok(Seen::power(&found));
-                    }
-                    match self
-                        .options
-                        .retry
-                        .next_delay(f.class, attempts, rand::random::<f64>())
-                    {
-                        Some(d) => tokio::time::sleep(d).await,
-                        None => return Err(self.error(p, op, f, attempts)),
-                    }
-                }
+                Err(e) => Failure::from(e),
+            };
+            self.metrics.call(op, Err(f.class), elapsed);
+            if let Ok(Some(found)) = find().await {
+                return Ok(seen(&found));
+            }
+            let class = reclassify(f.class);
+            match self
+                .options
+                .retry
+                .next_delay(class, attempts, rand::random::<f64>())
+            {
+                Some(d) => tokio::time::sleep(d).await,
+                None => return Err(self.error(p, op, Failure { class, ..f }, attempts)),
             }
         }
     }
