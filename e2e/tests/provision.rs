@@ -1443,21 +1443,20 @@ async fn hosts_keep_their_own_users(own: OwnUsers) {
     assert_eq!(stdout(&out), user_a, "host A's /home");
     assert!(!Path::new(&format!("/home/{user_a}")).exists());
 
-    // Same uid on both hosts; B's user leaves a process running.
-    let uid = |host: &SshdHost, user: &str| stdout(&as_root(host, &format!("id -u {user}")));
-    assert_eq!(
-        uid(&a, &user_a),
-        uid(&b, &user_b),
-        "both copies hand out the same uid"
+    // A process on B under the uid A's user has there (the copies usually hand out the same
+    // next uid, but another test may add a machine user between the two copies): removing A's
+    // user must not touch it.
+    let uid_a = stdout(&as_root(&a, &format!("id -u {user_a}")));
+    assert!(uid_a.parse::<u32>().is_ok(), "{uid_a:?}");
+    let out = as_root(
+        &b,
+        &format!(
+            "nohup setsid setpriv --reuid={uid_a} --regid={uid_a} --clear-groups sleep 300 >/dev/null 2>&1 &"
+        ),
     );
-    let out = b
-        .ssh_as(
-            &user_b,
-            &got_b.private_key,
-            "nohup sleep 300 >/dev/null 2>&1 &",
-        )
-        .unwrap();
     assert!(out.status.success(), "{out:?}");
+    let out = b.ssh_as(&user_b, &got_b.private_key, "id -un").unwrap();
+    assert_eq!(stdout(&out), user_b);
     let out = a.ssh_as(&user_a, &got_a.private_key, "id -un").unwrap();
     assert_eq!(stdout(&out), user_a);
 
@@ -1465,7 +1464,7 @@ async fn hosts_keep_their_own_users(own: OwnUsers) {
     assert!(!getent(&a, &user_a));
     // Live, not a zombie left unreaped.
     let sleeping = format!(
-        "ps -o stat=,comm= -u {user_b} | awk '$1 !~ /^Z/ && $2 == \"sleep\" {{ f = 1 }} END {{ exit !f }}'"
+        "ps -o stat=,comm= -u {uid_a} | awk '$1 !~ /^Z/ && $2 == \"sleep\" {{ f = 1 }} END {{ exit !f }}'"
     );
     assert!(
         as_root(&b, &sleeping).status.success(),
