@@ -347,8 +347,13 @@ impl OwnRoot {
             .arg(&etc)
             .output()
             .context("running cp")?;
-        if !out.status.success() {
-            bail!("copying /etc: {}", String::from_utf8_lossy(&out.stderr));
+        // Files that vanished mid-copy are another process's transient lock files (a `useradd`
+        // elsewhere on this machine); anything else is an error.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let vanished =
+            |l: &str| l.starts_with("cp: cannot stat") && l.ends_with("No such file or directory");
+        if !out.status.success() && !stderr.lines().all(vanished) {
+            bail!("copying /etc: {stderr}");
         }
         // A lock file another process held on the machine's files at the moment of the copy.
         for e in fs::read_dir(&etc)?.flatten() {
